@@ -1,0 +1,413 @@
+//! Events: what happened, with the evidence that it happened.
+//!
+//! An event is the only input of the state machine. Evidence types have private fields and checked
+//! constructors, so "succeeded without a validated result" or "cancelled because we sent DELETE" cannot
+//! even be expressed.
+
+use serde::{Deserialize, Serialize};
+
+/// Evidence was missing or malformed; the event was not built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("missing evidence: {0}")]
+pub struct MissingEvidence(pub &'static str);
+
+fn required(value: &str, what: &'static str) -> Result<String, MissingEvidence> {
+    let v = value.trim();
+    if v.is_empty() {
+        Err(MissingEvidence(what))
+    } else {
+        Ok(v.to_owned())
+    }
+}
+
+/// Who asked for a cancel and why. Required for `cancel_requested`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    actor: String,
+    reason: String,
+}
+
+impl CancelRequest {
+    pub fn new(actor: &str, reason: &str) -> Result<Self, MissingEvidence> {
+        Ok(Self {
+            actor: required(actor, "a cancel request needs an actor")?,
+            reason: required(reason, "a cancel request needs a reason")?,
+        })
+    }
+    pub fn actor(&self) -> &str {
+        &self.actor
+    }
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+/// A person's recorded decision: required actor and reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    actor: String,
+    reason: String,
+}
+
+impl Decision {
+    pub fn new(actor: &str, reason: &str) -> Result<Self, MissingEvidence> {
+        Ok(Self {
+            actor: required(actor, "a decision needs an actor")?,
+            reason: required(reason, "a decision needs a reason")?,
+        })
+    }
+    pub fn actor(&self) -> &str {
+        &self.actor
+    }
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+/// The provider's own terminal cancel: its state name as it said it. Required for `cancelled`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelConfirmation {
+    remote_state: String,
+}
+
+impl CancelConfirmation {
+    /// `remote_state` is the provider's word for the state that the contract maps to cancelled.
+    pub fn from_provider(remote_state: &str) -> Result<Self, MissingEvidence> {
+        Ok(Self {
+            remote_state: required(
+                remote_state,
+                "a cancel confirmation needs the provider's state",
+            )?,
+        })
+    }
+    pub fn remote_state(&self) -> &str {
+        &self.remote_state
+    }
+}
+
+/// A result that was fetched, checked against every rule of the contract, and stored. Required for
+/// `succeeded`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidatedResult {
+    location: String,
+    size: u64,
+    sha256: String,
+    content_type: Option<String>,
+    checks: Vec<String>,
+    summary: serde_json::Value,
+}
+
+impl ValidatedResult {
+    /// `checks` names every validation rule that passed (at least one: the integrity record itself).
+    pub fn new(
+        location: &str,
+        size: u64,
+        sha256: &str,
+        content_type: Option<String>,
+        checks: Vec<String>,
+        summary: serde_json::Value,
+    ) -> Result<Self, MissingEvidence> {
+        let location = required(location, "a validated result needs a stored location")?;
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(MissingEvidence("a validated result needs a sha256 digest"));
+        }
+        if checks.is_empty() {
+            return Err(MissingEvidence("a validated result needs the checks it passed"));
+        }
+        Ok(Self {
+            location,
+            size,
+            sha256: sha256.to_ascii_lowercase(),
+            content_type,
+            checks,
+            summary,
+        })
+    }
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+    pub fn content_type(&self) -> Option<&str> {
+        self.content_type.as_deref()
+    }
+    pub fn checks(&self) -> &[String] {
+        &self.checks
+    }
+    pub fn summary(&self) -> &serde_json::Value {
+        &self.summary
+    }
+}
+
+/// Everything that can happen to an operation. Each variant carries its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    // --- create ---------------------------------------------------------------------------------
+    /// The provider definitively accepted the create and named the job.
+    CreateAccepted {
+        remote_job_id: String,
+        remote_state: Option<String>,
+    },
+    /// The provider answered create with the finished result, synchronously.
+    CreateCompleted { remote_job_id: Option<String> },
+    /// Create was sent and the answer is unknown (timeout, reset, ambiguous status).
+    CreateAmbiguous { error_class: String },
+    /// The provider definitively rejected the create.
+    CreateRejected {
+        http_status: Option<u16>,
+        reason: String,
+    },
+    /// The worker starts reconciling an ambiguous create.
+    ReconciliationStarted { method: String },
+    /// A reconciliation attempt did not settle it; try again later.
+    ReconciliationInconclusive { error_class: String },
+    /// Reconciliation cannot settle it: a person must.
+    ReconciliationExhausted { why: String },
+    /// The same token came back with a different job id. Both are kept.
+    ContractViolated {
+        recorded_job_id: String,
+        other_job_id: String,
+    },
+
+    // --- observe --------------------------------------------------------------------------------
+    /// A status read that is not terminal (queued, running, progress, or a state name we do not know).
+    RemoteProgress {
+        remote_state: String,
+        known: bool,
+    },
+    /// The provider says the job succeeded. Not `succeeded` yet: the result must be collected.
+    RemoteSucceeded { remote_state: String },
+    /// The provider says the job failed.
+    RemoteFailed {
+        remote_state: String,
+        reason: Option<String>,
+    },
+    /// The provider says the job is cancelled.
+    RemoteCancelled(CancelConfirmation),
+    /// A status or cancel call failed in a way worth retrying (counts against the retry budget).
+    CallFailed { error_class: String },
+    /// The result deadline passed before the job ended.
+    ResultDeadlinePassed,
+
+    // --- cancel ---------------------------------------------------------------------------------
+    /// A recorded cancel request on an operation whose create may have reached the provider.
+    CancelRequested(CancelRequest),
+    /// A cancel request on an operation whose create was never sent: nothing to cancel remotely.
+    Withdraw(CancelRequest),
+    /// The one cancel call was sent (and not refused).
+    CancelSent { http_status: Option<u16> },
+    /// The cancel deadline passed without confirmation.
+    CancelDeadlinePassed,
+
+    // --- collect --------------------------------------------------------------------------------
+    /// The result passed validation and is stored.
+    ResultValidated(ValidatedResult),
+    /// A result fetch failed in a way worth retrying.
+    ResultFetchFailed { error_class: String },
+    /// The result cannot be fetched.
+    ResultUnavailable { why: String },
+    /// The result failed validation.
+    ResultInvalid { violations: Vec<String> },
+
+    // --- people ---------------------------------------------------------------------------------
+    /// A person found the remote job and adopts its id.
+    AdoptRemoteJob {
+        decision: Decision,
+        remote_job_id: String,
+    },
+    /// A person established that the remote job was never created.
+    DeclareNotCreated { decision: Decision },
+    /// A person records the provider's confirmation of a cancel obtained out of band.
+    ConfirmCancellation {
+        decision: Decision,
+        evidence: String,
+    },
+    /// A person resolves a contract violation by choosing which job id is ours.
+    ChooseRemoteJob {
+        decision: Decision,
+        remote_job_id: String,
+    },
+    /// A person resumes automation (e.g. after extending a deadline).
+    Resume { decision: Decision },
+    /// A person stops tracking the operation.
+    Abandon { decision: Decision },
+    /// A person retried the operation as a new, linked operation.
+    Superseded {
+        decision: Decision,
+        new_operation_id: String,
+    },
+}
+
+macro_rules! event_kinds {
+    ($($variant:ident = $name:literal),* $(,)?) => {
+        /// The name of an event, without its evidence: the key of the transition table.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum EventKind { $($variant),* }
+
+        impl EventKind {
+            pub const ALL: &'static [EventKind] = &[$(EventKind::$variant),*];
+            pub const fn as_str(self) -> &'static str {
+                match self { $(EventKind::$variant => $name),* }
+            }
+        }
+
+        impl std::str::FromStr for EventKind {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s { $($name => Ok(EventKind::$variant),)* other => Err(format!("unknown event {other:?}")) }
+            }
+        }
+    };
+}
+
+event_kinds! {
+    CreateAccepted = "create_accepted",
+    CreateCompleted = "create_completed",
+    CreateAmbiguous = "create_ambiguous",
+    CreateRejected = "create_rejected",
+    ReconciliationStarted = "reconciliation_started",
+    ReconciliationInconclusive = "reconciliation_inconclusive",
+    ReconciliationExhausted = "reconciliation_exhausted",
+    ContractViolated = "contract_violated",
+    RemoteProgress = "remote_progress",
+    RemoteSucceeded = "remote_succeeded",
+    RemoteFailed = "remote_failed",
+    RemoteCancelled = "remote_cancelled",
+    CallFailed = "call_failed",
+    ResultDeadlinePassed = "result_deadline_passed",
+    CancelRequested = "cancel_requested",
+    Withdraw = "withdraw",
+    CancelSent = "cancel_sent",
+    CancelDeadlinePassed = "cancel_deadline_passed",
+    ResultValidated = "result_validated",
+    ResultFetchFailed = "result_fetch_failed",
+    ResultUnavailable = "result_unavailable",
+    ResultInvalid = "result_invalid",
+    AdoptRemoteJob = "adopt_remote_job",
+    DeclareNotCreated = "declare_not_created",
+    ConfirmCancellation = "confirm_cancellation",
+    ChooseRemoteJob = "choose_remote_job",
+    Resume = "resume",
+    Abandon = "abandon",
+    Superseded = "superseded",
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Event {
+    /// The table key. Exhaustive: adding an event without deciding its kind does not compile.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::CreateAccepted { .. } => EventKind::CreateAccepted,
+            Event::CreateCompleted { .. } => EventKind::CreateCompleted,
+            Event::CreateAmbiguous { .. } => EventKind::CreateAmbiguous,
+            Event::CreateRejected { .. } => EventKind::CreateRejected,
+            Event::ReconciliationStarted { .. } => EventKind::ReconciliationStarted,
+            Event::ReconciliationInconclusive { .. } => EventKind::ReconciliationInconclusive,
+            Event::ReconciliationExhausted { .. } => EventKind::ReconciliationExhausted,
+            Event::ContractViolated { .. } => EventKind::ContractViolated,
+            Event::RemoteProgress { .. } => EventKind::RemoteProgress,
+            Event::RemoteSucceeded { .. } => EventKind::RemoteSucceeded,
+            Event::RemoteFailed { .. } => EventKind::RemoteFailed,
+            Event::RemoteCancelled(_) => EventKind::RemoteCancelled,
+            Event::CallFailed { .. } => EventKind::CallFailed,
+            Event::ResultDeadlinePassed => EventKind::ResultDeadlinePassed,
+            Event::CancelRequested(_) => EventKind::CancelRequested,
+            Event::Withdraw(_) => EventKind::Withdraw,
+            Event::CancelSent { .. } => EventKind::CancelSent,
+            Event::CancelDeadlinePassed => EventKind::CancelDeadlinePassed,
+            Event::ResultValidated(_) => EventKind::ResultValidated,
+            Event::ResultFetchFailed { .. } => EventKind::ResultFetchFailed,
+            Event::ResultUnavailable { .. } => EventKind::ResultUnavailable,
+            Event::ResultInvalid { .. } => EventKind::ResultInvalid,
+            Event::AdoptRemoteJob { .. } => EventKind::AdoptRemoteJob,
+            Event::DeclareNotCreated { .. } => EventKind::DeclareNotCreated,
+            Event::ConfirmCancellation { .. } => EventKind::ConfirmCancellation,
+            Event::ChooseRemoteJob { .. } => EventKind::ChooseRemoteJob,
+            Event::Resume { .. } => EventKind::Resume,
+            Event::Abandon { .. } => EventKind::Abandon,
+            Event::Superseded { .. } => EventKind::Superseded,
+        }
+    }
+
+    /// The remote job id this event establishes, if any.
+    pub fn remote_job_id(&self) -> Option<&str> {
+        match self {
+            Event::CreateAccepted { remote_job_id, .. }
+            | Event::AdoptRemoteJob { remote_job_id, .. }
+            | Event::ChooseRemoteJob { remote_job_id, .. } => Some(remote_job_id),
+            Event::CreateCompleted { remote_job_id } => remote_job_id.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// A short human cause for the history row: the evidence in one line.
+    pub fn cause(&self) -> String {
+        match self {
+            Event::CreateAccepted { remote_job_id, .. } => format!("provider accepted create as {remote_job_id}"),
+            Event::CreateCompleted { .. } => "provider answered create synchronously".into(),
+            Event::CreateAmbiguous { error_class } => format!("create outcome unknown: {error_class}"),
+            Event::CreateRejected { http_status, reason } => match http_status {
+                Some(s) => format!("provider rejected create ({s}): {reason}"),
+                None => format!("provider rejected create: {reason}"),
+            },
+            Event::ReconciliationStarted { method } => format!("reconciling by {method}"),
+            Event::ReconciliationInconclusive { error_class } => format!("reconciliation inconclusive: {error_class}"),
+            Event::ReconciliationExhausted { why } => format!("reconciliation exhausted: {why}"),
+            Event::ContractViolated { recorded_job_id, other_job_id } => {
+                format!("same token answered with job {other_job_id}, recorded {recorded_job_id}")
+            }
+            Event::RemoteProgress { remote_state, known: true } => format!("provider reports {remote_state}"),
+            Event::RemoteProgress { remote_state, known: false } => {
+                format!("provider reports unknown state {remote_state:?}")
+            }
+            Event::RemoteSucceeded { remote_state } => format!("provider reports success ({remote_state})"),
+            Event::RemoteFailed { remote_state, reason } => match reason {
+                Some(r) => format!("provider reports failure ({remote_state}): {r}"),
+                None => format!("provider reports failure ({remote_state})"),
+            },
+            Event::RemoteCancelled(c) => format!("provider confirms cancel ({})", c.remote_state()),
+            Event::CallFailed { error_class } => format!("provider call failed: {error_class}"),
+            Event::ResultDeadlinePassed => "result deadline passed".into(),
+            Event::CancelRequested(r) | Event::Withdraw(r) => {
+                format!("cancel requested by {}: {}", r.actor(), r.reason())
+            }
+            Event::CancelSent { http_status } => match http_status {
+                Some(s) => format!("cancel call sent ({s})"),
+                None => "cancel call sent".into(),
+            },
+            Event::CancelDeadlinePassed => "cancel deadline passed without confirmation".into(),
+            Event::ResultValidated(r) => format!("result validated and stored ({} bytes)", r.size()),
+            Event::ResultFetchFailed { error_class } => format!("result fetch failed: {error_class}"),
+            Event::ResultUnavailable { why } => format!("result unavailable: {why}"),
+            Event::ResultInvalid { violations } => format!("result invalid: {}", violations.join("; ")),
+            Event::AdoptRemoteJob { decision, remote_job_id } => {
+                format!("{} adopted {remote_job_id}: {}", decision.actor(), decision.reason())
+            }
+            Event::DeclareNotCreated { decision } => {
+                format!("{} declared never created: {}", decision.actor(), decision.reason())
+            }
+            Event::ConfirmCancellation { decision, evidence } => {
+                format!("{} confirmed cancel ({evidence}): {}", decision.actor(), decision.reason())
+            }
+            Event::ChooseRemoteJob { decision, remote_job_id } => {
+                format!("{} chose {remote_job_id}: {}", decision.actor(), decision.reason())
+            }
+            Event::Resume { decision } => format!("{} resumed: {}", decision.actor(), decision.reason()),
+            Event::Abandon { decision } => format!("{} abandoned: {}", decision.actor(), decision.reason()),
+            Event::Superseded { decision, new_operation_id } => {
+                format!("{} retried as {new_operation_id}: {}", decision.actor(), decision.reason())
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Identifiers. Ours (operation id), the provider's (remote job id, a plain string), the idempotency
+//! token and the trace id are distinct types so they cannot be confused: the trace id is not the token,
+//! and the job id is not an approval.
+//!
+//! Randomness comes in as bytes: the core never draws it.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Our id for one logical operation: `op_` + a ULID rendering of a UUIDv7 (sortable by creation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct OperationId(Uuid);
+
+/// An id that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?} is malformed: expected {expected}")]
+pub struct BadId {
+    pub what: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl OperationId {
+    pub const PREFIX: &'static str = "op_";
+
+    /// Wrap a UUID made by the caller (UUIDv7 from `Uuid::now_v7()` in the store).
+    pub fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl std::fmt::Display for OperationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}{}",
+            Self::PREFIX,
+            ulid::Ulid::from_bytes(self.0.into_bytes())
+        )
+    }
+}
+
+impl std::str::FromStr for OperationId {
+    type Err = BadId;
+    fn from_str(s: &str) -> Result<Self, BadId> {
+        let bad = || BadId {
+            what: "operation id",
+            value: s.to_owned(),
+            expected: "op_ followed by 26 Crockford base32 characters (e.g. op_01J7Q5X4D4PA3DZ2V6K8M9N0PQ)",
+        };
+        let rest = s.strip_prefix(Self::PREFIX).ok_or_else(bad)?;
+        let ulid = ulid::Ulid::from_string(rest).map_err(|_| bad())?;
+        Ok(Self(Uuid::from_bytes(ulid.to_bytes())))
+    }
+}
+
+impl TryFrom<String> for OperationId {
+    type Error = BadId;
+    fn try_from(s: String) -> Result<Self, BadId> {
+        s.parse()
+    }
+}
+
+impl From<OperationId> for String {
+    fn from(id: OperationId) -> String {
+        id.to_string()
+    }
+}
+
+/// The idempotency token sent with every create of one operation: `idem_` + 32 hex (128 bits from a
+/// CSPRNG, drawn by the caller). Bound to exactly one fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct IdempotencyToken(String);
+
+impl IdempotencyToken {
+    pub const PREFIX: &'static str = "idem_";
+
+    pub fn from_random(bytes: [u8; 16]) -> Self {
+        Self(format!("{}{}", Self::PREFIX, hex::encode(bytes)))
+    }
+    /// Rebuild from storage.
+    pub fn from_stored(s: String) -> Self {
+        Self(s)
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for IdempotencyToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A W3C trace id: 16 bytes, lowercase hex, not all zero. One per operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TraceId([u8; 16]);
+
+impl TraceId {
+    /// From caller-drawn random bytes. All-zero is invalid in W3C trace context; it is nudged.
+    pub fn from_random(mut bytes: [u8; 16]) -> Self {
+        if bytes == [0; 16] {
+            bytes[15] = 1;
+        }
+        Self(bytes)
+    }
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0
+    }
+}
+
+impl std::fmt::Display for TraceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl std::str::FromStr for TraceId {
+    type Err = BadId;
+    fn from_str(s: &str) -> Result<Self, BadId> {
+        let bad = || BadId {
+            what: "trace id",
+            value: s.to_owned(),
+            expected: "32 lowercase hex characters, not all zero",
+        };
+        if s.len() != 32 || s.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(bad());
+        }
+        let mut out = [0u8; 16];
+        hex::decode_to_slice(s, &mut out).map_err(|_| bad())?;
+        if out == [0; 16] {
+            return Err(bad());
+        }
+        Ok(Self(out))
+    }
+}
+
+impl TryFrom<String> for TraceId {
+    type Error = BadId;
+    fn try_from(s: String) -> Result<Self, BadId> {
+        s.parse()
+    }
+}
+
+impl From<TraceId> for String {
+    fn from(id: TraceId) -> String {
+        id.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_ids_round_trip_and_sort_by_time() {
+        let a = OperationId::from_uuid(Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001));
+        let b = OperationId::from_uuid(Uuid::from_u128(0x0190_0000_0001_7000_8000_0000_0000_0000));
+        assert!(a.to_string() < b.to_string());
+        assert_eq!(a.to_string().parse::<OperationId>().unwrap(), a);
+        assert_eq!(a.to_string().len(), 3 + 26);
+        assert!("op_nothex!".parse::<OperationId>().is_err());
+        assert!("01J7Q5X4D4PA3DZ2V6K8M9N0PQ".parse::<OperationId>().is_err());
+    }
+
+    #[test]
+    fn trace_ids_are_w3c_shaped() {
+        let t = TraceId::from_random([0xab; 16]);
+        assert_eq!(t.to_string(), "ab".repeat(16));
+        assert_eq!(t.to_string().parse::<TraceId>().unwrap(), t);
+        assert!("0".repeat(32).parse::<TraceId>().is_err());
+        assert!("AB".repeat(16).parse::<TraceId>().is_err());
+        assert_ne!(TraceId::from_random([0; 16]).to_bytes(), [0; 16]);
+    }
+
+    #[test]
+    fn tokens_carry_128_bits() {
+        let t = IdempotencyToken::from_random([7; 16]);
+        assert_eq!(t.as_str().len(), 5 + 32);
+    }
+}

@@ -1,0 +1,303 @@
+//! The intent: what must be written durably before anything reaches a provider.
+//!
+//! [`Submission::validate`] turns untrusted input (raw body bytes, deadlines, names) into an [`Intent`]
+//! or a [`SubmitError`] that says exactly what is wrong. It is pure: the clock reading and the random
+//! bytes for the operation id, the token and the trace id are arguments.
+
+use crate::ids::{IdempotencyToken, OperationId, TraceId};
+use crate::request::{Fingerprint, SensitiveFieldError, check_sensitive_fields};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Where a provider takes the idempotency token. With `None` at-most-once creation cannot be
+/// guaranteed, and every record of that provider says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdempotencyMode {
+    Header,
+    BodyField,
+    None,
+}
+
+impl IdempotencyMode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            IdempotencyMode::Header => "header",
+            IdempotencyMode::BodyField => "body_field",
+            IdempotencyMode::None => "none",
+        }
+    }
+    pub const fn guarantees_at_most_once(self) -> bool {
+        !matches!(self, IdempotencyMode::None)
+    }
+}
+
+impl std::str::FromStr for IdempotencyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "header" => Ok(Self::Header),
+            "body_field" => Ok(Self::BodyField),
+            "none" => Ok(Self::None),
+            o => Err(format!("unknown idempotency mode {o:?}")),
+        }
+    }
+}
+
+/// What submit needs to know about a provider (from its contract).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderTerms {
+    pub name: String,
+    pub idempotency: IdempotencyMode,
+    pub sensitive_fields: Vec<String>,
+    pub default_create_window: Duration,
+    pub default_result_window: Duration,
+    pub default_cancel_window: Duration,
+}
+
+impl ProviderTerms {
+    /// Terms with sane defaults: 2 min to create, 1 h for the result, 5 min to confirm a cancel.
+    pub fn new(name: &str, idempotency: IdempotencyMode) -> Self {
+        Self {
+            name: name.to_owned(),
+            idempotency,
+            sensitive_fields: Vec::new(),
+            default_create_window: Duration::from_secs(120),
+            default_result_window: Duration::from_secs(3600),
+            default_cancel_window: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Untrusted input to submit.
+#[derive(Debug, Clone, Default)]
+pub struct Submission {
+    pub operation_id: Option<OperationId>,
+    pub provider: String,
+    pub target: String,
+    /// The request body exactly as received.
+    pub body: Vec<u8>,
+    pub caller: String,
+    pub approved_by: String,
+    pub approval_ref: Option<String>,
+    pub create_deadline: Option<DateTime<Utc>>,
+    pub result_deadline: Option<DateTime<Utc>>,
+    pub cancel_window: Option<Duration>,
+    pub supersedes: Option<OperationId>,
+}
+
+/// Caller-drawn randomness for a new intent.
+#[derive(Debug, Clone, Copy)]
+pub struct Entropy {
+    /// A UUIDv7 for the operation id (used only when the caller did not name one).
+    pub operation_uuid: uuid::Uuid,
+    pub token: [u8; 16],
+    pub trace: [u8; 16],
+}
+
+/// Submit limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmitLimits {
+    pub max_body_bytes: usize,
+}
+
+impl Default for SubmitLimits {
+    fn default() -> Self {
+        Self { max_body_bytes: 1024 * 1024 }
+    }
+}
+
+/// A validated intent, ready to be written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Intent {
+    pub operation_id: OperationId,
+    pub provider: String,
+    pub target: String,
+    pub body: serde_json::Value,
+    pub fingerprint: Fingerprint,
+    pub token: IdempotencyToken,
+    pub idempotency: IdempotencyMode,
+    pub trace_id: TraceId,
+    pub caller: String,
+    pub approved_by: String,
+    pub approval_ref: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub create_deadline: DateTime<Utc>,
+    pub result_deadline: DateTime<Utc>,
+    pub cancel_window: Duration,
+    pub supersedes: Option<OperationId>,
+}
+
+/// Why a submission was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("request body is not valid JSON: {message} (line {line}, column {column})")]
+    MalformedJson {
+        message: String,
+        line: usize,
+        column: usize,
+    },
+    #[error("request body is {size} bytes, over the limit of {limit} bytes")]
+    BodyTooLarge { size: usize, limit: usize },
+    #[error("unknown provider {name:?}; known providers: {known}")]
+    UnknownProvider { name: String, known: String },
+    #[error("{field} is required")]
+    Missing { field: &'static str },
+    #[error("{field} is {at}, which is not in the future (now {now})")]
+    DeadlineInPast {
+        field: &'static str,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    },
+    #[error(
+        "deadlines out of order: result_deadline {result} must not be before create_deadline {create}"
+    )]
+    DeadlinesOutOfOrder {
+        create: DateTime<Utc>,
+        result: DateTime<Utc>,
+    },
+    #[error("cancel window must be at least one second")]
+    CancelWindowTooShort,
+    #[error(transparent)]
+    Sensitive(#[from] SensitiveFieldError),
+    #[error(
+        "operation {operation_id} already exists with fingerprint {stored}; this request has fingerprint {submitted}. A changed request is a new operation: submit it without --id (or with a new one)"
+    )]
+    FingerprintConflict {
+        operation_id: OperationId,
+        stored: Fingerprint,
+        submitted: Fingerprint,
+    },
+    #[error("operation {0} named by supersedes does not exist")]
+    SupersededMissing(OperationId),
+}
+
+impl Submission {
+    /// Validate against the provider's terms at time `now`.
+    pub fn validate(
+        &self,
+        terms: &ProviderTerms,
+        limits: SubmitLimits,
+        now: DateTime<Utc>,
+        entropy: Entropy,
+    ) -> Result<Intent, SubmitError> {
+        if self.body.len() > limits.max_body_bytes {
+            return Err(SubmitError::BodyTooLarge {
+                size: self.body.len(),
+                limit: limits.max_body_bytes,
+            });
+        }
+        let body: serde_json::Value =
+            serde_json::from_slice(&self.body).map_err(|e| SubmitError::MalformedJson {
+                message: e.to_string(),
+                line: e.line(),
+                column: e.column(),
+            })?;
+        let non_empty = |v: &str, field: &'static str| {
+            let v = v.trim();
+            if v.is_empty() {
+                Err(SubmitError::Missing { field })
+            } else {
+                Ok(v.to_owned())
+            }
+        };
+        let target = non_empty(&self.target, "target")?;
+        let caller = non_empty(&self.caller, "caller")?;
+        let approved_by = non_empty(&self.approved_by, "approved_by")?;
+        check_sensitive_fields(&body, &terms.sensitive_fields)?;
+
+        let now = crate::chain::storable(now);
+        let after = |d: Duration| now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        let create_deadline = crate::chain::storable(
+            self.create_deadline.unwrap_or_else(|| after(terms.default_create_window)),
+        );
+        if create_deadline <= now {
+            return Err(SubmitError::DeadlineInPast { field: "create_deadline", at: create_deadline, now });
+        }
+        let result_deadline = crate::chain::storable(self.result_deadline.unwrap_or_else(|| {
+            after(terms.default_result_window).max(create_deadline)
+        }));
+        if result_deadline <= now {
+            return Err(SubmitError::DeadlineInPast { field: "result_deadline", at: result_deadline, now });
+        }
+        if result_deadline < create_deadline {
+            return Err(SubmitError::DeadlinesOutOfOrder { create: create_deadline, result: result_deadline });
+        }
+        let cancel_window = self.cancel_window.unwrap_or(terms.default_cancel_window);
+        if cancel_window < Duration::from_secs(1) {
+            return Err(SubmitError::CancelWindowTooShort);
+        }
+
+        Ok(Intent {
+            operation_id: self
+                .operation_id
+                .unwrap_or(OperationId::from_uuid(entropy.operation_uuid)),
+            fingerprint: Fingerprint::of(&terms.name, &target, &body),
+            provider: terms.name.clone(),
+            target,
+            body,
+            token: IdempotencyToken::from_random(entropy.token),
+            idempotency: terms.idempotency,
+            trace_id: TraceId::from_random(entropy.trace),
+            caller,
+            approved_by,
+            approval_ref: self.approval_ref.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned),
+            created_at: now,
+            create_deadline,
+            result_deadline,
+            cancel_window,
+            supersedes: self.supersedes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entropy() -> Entropy {
+        Entropy { operation_uuid: uuid::Uuid::from_u128(1), token: [1; 16], trace: [2; 16] }
+    }
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_750_000_000, 0).unwrap()
+    }
+    fn sub(body: &str) -> Submission {
+        Submission {
+            provider: "sim".into(),
+            target: "reports".into(),
+            body: body.as_bytes().to_vec(),
+            caller: "agent-7".into(),
+            approved_by: "alice".into(),
+            ..Default::default()
+        }
+    }
+    fn terms() -> ProviderTerms {
+        ProviderTerms::new("sim", IdempotencyMode::Header)
+    }
+
+    #[test]
+    fn a_good_submission_gets_defaults() {
+        let i = sub(r#"{"a":1}"#).validate(&terms(), SubmitLimits::default(), now(), entropy()).unwrap();
+        assert_eq!(i.create_deadline, now() + chrono::Duration::seconds(120));
+        assert_eq!(i.result_deadline, now() + chrono::Duration::seconds(3600));
+        assert!(i.token.as_str().starts_with("idem_"));
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_what_is_wrong() {
+        let v = |s: Submission| s.validate(&terms(), SubmitLimits { max_body_bytes: 16 }, now(), entropy());
+        assert!(matches!(v(sub("{not json")), Err(SubmitError::MalformedJson { .. })));
+        assert!(matches!(v(sub(r#"{"a":"0123456789abcdef"}"#)), Err(SubmitError::BodyTooLarge { size: 24, limit: 16 })));
+        let mut s = sub("{}");
+        s.create_deadline = Some(now() - chrono::Duration::seconds(1));
+        assert!(matches!(v(s), Err(SubmitError::DeadlineInPast { field: "create_deadline", .. })));
+        let mut s = sub("{}");
+        s.create_deadline = Some(now() + chrono::Duration::seconds(60));
+        s.result_deadline = Some(now() + chrono::Duration::seconds(30));
+        assert!(matches!(v(s), Err(SubmitError::DeadlinesOutOfOrder { .. })));
+        let mut s = sub("{}");
+        s.caller = " ".into();
+        assert!(matches!(v(s), Err(SubmitError::Missing { field: "caller" })));
+    }
+}

@@ -1,0 +1,74 @@
+//! The store's errors. Expected cases are variants; database errors are translated in one place
+//! ([`StoreError::from_db`]).
+
+use jobtrail_core::machine::IllegalTransition;
+use jobtrail_core::{OperationId, State, SubmitError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("operation {0} not found")]
+    NotFound(OperationId),
+    /// The write was conditioned on a lease this worker no longer holds (expired or re-claimed).
+    /// Nothing was written.
+    #[error("lease lost on {operation_id} (epoch {epoch}, owner {owner}): nothing was written")]
+    LeaseLost {
+        operation_id: OperationId,
+        owner: String,
+        epoch: i64,
+    },
+    /// The state machine does not allow this event in the row's current state. Nothing was written.
+    #[error("operation {operation_id}: {source}")]
+    Illegal {
+        operation_id: OperationId,
+        #[source]
+        source: IllegalTransition,
+    },
+    /// A person decided on a view that is no longer current. Nothing was written.
+    #[error(
+        "operation {operation_id} changed since you looked: you saw {seen}, it is now {current} (history #{seq}); look again and decide on the current state"
+    )]
+    Stale {
+        operation_id: OperationId,
+        seen: String,
+        current: State,
+        seq: i64,
+    },
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    #[error("stored data is inconsistent: {0}")]
+    Corrupt(String),
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Database(sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl StoreError {
+    /// The one place where database errors are classified.
+    pub fn from_db(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
+            sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")) => {
+                StoreError::Unavailable(e.to_string())
+            }
+            _ => StoreError::Database(e),
+        }
+    }
+
+    /// Worth retrying after a pause (the database went away); everything else is not.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::from_db(e)
+    }
+}

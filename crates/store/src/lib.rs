@@ -1,0 +1,560 @@
+//! # jobtrail-store
+//!
+//! The PostgreSQL side of jobtrail, and the only crate that holds SQL (in `src/sql/*.sql`, one file
+//! per query, named entity_verb_guard).
+//!
+//! The model: an operation row is written (with the first link of its hash-chained history) before
+//! anything reaches a provider. Workers claim due rows in batches with `FOR UPDATE SKIP LOCKED`, in a
+//! transaction that commits at once and hands out a lease (owner, expiry, a new fencing epoch). Every
+//! later write by that worker is one short transaction that re-locks the row *by id and epoch*: if the
+//! lease expired or was taken over, the write finds nothing and returns [`StoreError::LeaseLost`]. No
+//! transaction is ever held open across an HTTP call.
+//!
+//! State changes are decided by `jobtrail_core::transition` against the state locked in the same
+//! transaction, so a cancel request or a person's decision that landed meanwhile is never overwritten.
+//! History, provider calls and operations refuse DELETE (and history and calls refuse UPDATE) in the
+//! database itself.
+
+pub mod cluster;
+pub mod error;
+pub mod record;
+pub mod testing;
+mod write;
+
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use jobtrail_core::chain::{self, ChainBreak, ChainEntry, GENESIS, storable};
+use jobtrail_core::{
+    CancelRequest, Entropy, Event, Intent, OperationId, ProviderTerms, State, Submission, SubmitError,
+    SubmitLimits,
+};
+use std::collections::BTreeMap;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use error::StoreError;
+pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
+pub use write::{Applied, Counters, FailureCount, Observation, Step};
+
+use record::{HistoryRow, LockedRow, OperationRow};
+
+/// The migrations, embedded in every binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// The channel workers LISTEN on for new and newly due work.
+pub const WORK_CHANNEL: &str = "jobtrail_work";
+
+/// A worker's proof of ownership of one operation. Every write by the worker repeats it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub operation_id: OperationId,
+    pub owner: String,
+    pub epoch: i64,
+}
+
+/// A claimed operation: the lease and the row as it was at the claim.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub lease: Lease,
+    pub operation: OperationRecord,
+}
+
+/// What submit did.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub operation: OperationRecord,
+    /// False when the operation already existed with the same fingerprint (an idempotent re-submit).
+    pub created: bool,
+}
+
+/// The result of verifying chains.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct VerifyReport {
+    pub operations: u64,
+    pub rows: u64,
+    pub breaks: Vec<ChainBreak>,
+}
+
+impl VerifyReport {
+    pub fn is_clean(&self) -> bool {
+        self.breaks.is_empty()
+    }
+}
+
+/// The operation store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connect with sane pool settings (bounded waits everywhere).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, 16).await
+    }
+
+    pub async fn connect_with(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let opts = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Unavailable(format!("bad database URL: {e}")))?
+            .application_name("jobtrail");
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(10))
+            .idle_timeout(Duration::from_secs(60))
+            .connect_with(opts)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    /// Apply pending migrations (idempotent; concurrent callers serialise on sqlx's advisory lock).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// A listener on [`WORK_CHANNEL`]. Notifications are hints; the due-time scan is the truth.
+    pub async fn listen(&self) -> Result<sqlx::postgres::PgListener, StoreError> {
+        let mut l = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        l.listen(WORK_CHANNEL).await?;
+        Ok(l)
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Submit
+    // ----------------------------------------------------------------------------------------------
+
+    /// Validate untrusted input against the provider catalogue and submit it. Randomness for the
+    /// token (128 bits from the OS CSPRNG), the trace id and the operation id is drawn here. Bad input
+    /// is refused before anything is written.
+    pub async fn submit_new(
+        &self,
+        submission: &Submission,
+        providers: &BTreeMap<String, ProviderTerms>,
+        limits: SubmitLimits,
+    ) -> Result<Submitted, StoreError> {
+        let terms = providers.get(submission.provider.trim()).ok_or_else(|| {
+            SubmitError::UnknownProvider {
+                name: submission.provider.clone(),
+                known: providers.keys().cloned().collect::<Vec<_>>().join(", "),
+            }
+        })?;
+        let intent = submission.validate(terms, limits, Utc::now(), draw_entropy()?)?;
+        self.submit(&intent).await
+    }
+
+    /// Write an intent and its first history link in one transaction, or return the existing record
+    /// if the same id was submitted with the same fingerprint. A different fingerprint under the same
+    /// id is refused and nothing is written.
+    pub async fn submit(&self, intent: &Intent) -> Result<Submitted, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let first = ChainEntry {
+            operation_id: intent.operation_id.to_string(),
+            seq: 1,
+            at: storable(intent.created_at),
+            actor: intent.caller.clone(),
+            from_state: None,
+            to_state: State::INITIAL.as_str().to_owned(),
+            event: "submitted".to_owned(),
+            cause: format!("submitted by {}, approved by {}", intent.caller, intent.approved_by),
+            remote_job_id: None,
+            call_id: None,
+            detail: serde_json::json!({
+                "provider": intent.provider,
+                "target": intent.target,
+                "fingerprint": intent.fingerprint.as_str(),
+                "idempotency": intent.idempotency.as_str(),
+                "at_most_once": intent.idempotency.guarantees_at_most_once(),
+                "approval_ref": intent.approval_ref,
+                "trace_id": intent.trace_id.to_string(),
+                "create_deadline": intent.create_deadline,
+                "result_deadline": intent.result_deadline,
+                "cancel_window_ms": intent.cancel_window.as_millis() as i64,
+                "supersedes": intent.supersedes.map(|s| s.to_string()),
+            }),
+        };
+        let hash = first.hash(&GENESIS);
+        let inserted = sqlx::query(include_str!("sql/operation_insert_if_absent.sql"))
+            .bind(intent.operation_id.as_uuid())
+            .bind(&intent.provider)
+            .bind(&intent.target)
+            .bind(&intent.body)
+            .bind(intent.fingerprint.as_str())
+            .bind(intent.token.as_str())
+            .bind(intent.idempotency.as_str())
+            .bind(intent.idempotency.guarantees_at_most_once())
+            .bind(&intent.caller)
+            .bind(&intent.approved_by)
+            .bind(&intent.approval_ref)
+            .bind(intent.trace_id.to_string())
+            .bind(first.at)
+            .bind(storable(intent.create_deadline))
+            .bind(storable(intent.result_deadline))
+            .bind(intent.cancel_window.as_millis() as i64)
+            .bind(intent.supersedes.map(|s| s.as_uuid()))
+            .bind(hash.as_slice())
+            .fetch_optional(&mut *tx)
+            .await;
+        let inserted = match inserted {
+            Ok(row) => row,
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {
+                let missing = intent.supersedes.unwrap_or(intent.operation_id);
+                return Err(SubmitError::SupersededMissing(missing).into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if inserted.is_none() {
+            tx.rollback().await?;
+            let existing = self.get(intent.operation_id).await?;
+            if existing.fingerprint != intent.fingerprint {
+                return Err(SubmitError::FingerprintConflict {
+                    operation_id: intent.operation_id,
+                    stored: existing.fingerprint,
+                    submitted: intent.fingerprint.clone(),
+                }
+                .into());
+            }
+            return Ok(Submitted { operation: existing, created: false });
+        }
+        write::insert_history(&mut tx, &first, None, &GENESIS, &hash).await?;
+        sqlx::query(include_str!("sql/notify_work.sql"))
+            .bind(intent.operation_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Submitted { operation: self.get(intent.operation_id).await?, created: true })
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Reads
+    // ----------------------------------------------------------------------------------------------
+
+    pub async fn get(&self, id: OperationId) -> Result<OperationRecord, StoreError> {
+        let row: Option<OperationRow> = sqlx::query_as(include_str!("sql/operation_get.sql"))
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.ok_or(StoreError::NotFound(id))?.try_into()
+    }
+
+    pub async fn history(&self, id: OperationId) -> Result<Vec<HistoryRecord>, StoreError> {
+        let rows: Vec<HistoryRow> = sqlx::query_as(include_str!("sql/history_list.sql"))
+            .bind(id.as_uuid())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(HistoryRecord::from).collect())
+    }
+
+    pub async fn calls(&self, id: OperationId) -> Result<Vec<StoredCall>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/call_list.sql"))
+            .bind(id.as_uuid())
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Leases
+    // ----------------------------------------------------------------------------------------------
+
+    /// Claim up to `limit` due operations for `owner` with a lease of `ttl`. One short transaction.
+    pub async fn claim_due(
+        &self,
+        owner: &str,
+        limit: i64,
+        ttl: Duration,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let rows: Vec<OperationRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
+            .bind(owner)
+            .bind(limit)
+            .bind(ttl.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|r| {
+                let op: OperationRecord = r.try_into()?;
+                Ok(Claimed {
+                    lease: Lease { operation_id: op.id, owner: owner.to_owned(), epoch: op.lease_epoch },
+                    operation: op,
+                })
+            })
+            .collect()
+    }
+
+    /// Extend a live lease. Returns the new expiry, or `LeaseLost`.
+    pub async fn extend_lease(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        let row: Option<(DateTime<Utc>,)> =
+            sqlx::query_as(include_str!("sql/operation_extend_lease_if_leased.sql"))
+                .bind(lease.operation_id.as_uuid())
+                .bind(&lease.owner)
+                .bind(lease.epoch)
+                .bind(ttl.as_secs_f64())
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|r| r.0).ok_or_else(|| lost(lease))
+    }
+
+    /// Give a lease back without a transition, with the next action time. `LeaseLost` if not held.
+    pub async fn release(
+        &self,
+        lease: &Lease,
+        next_action_at: DateTime<Utc>,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let row: Option<(uuid::Uuid,)> =
+            sqlx::query_as(include_str!("sql/operation_release_if_leased.sql"))
+                .bind(lease.operation_id.as_uuid())
+                .bind(&lease.owner)
+                .bind(lease.epoch)
+                .bind(next_action_at)
+                .bind(reason)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|_| ()).ok_or_else(|| lost(lease))
+    }
+
+    /// A fenced write: apply one step as the holder of `lease`. `LeaseLost` if the lease expired or
+    /// was taken over; `Illegal` if the event is not allowed in the row's current state (a person's
+    /// decision landed meanwhile). In both cases the row is untouched, but the provider call the step
+    /// reports did happen, so it is still appended to the call log (with the stale epoch).
+    pub async fn apply(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
+        let call = step.call.clone();
+        let result = self.apply_fenced(lease, step).await;
+        if let (Err(StoreError::LeaseLost { .. } | StoreError::Illegal { .. }), Some(call)) = (&result, call) {
+            write::insert_call(&self.pool, lease.operation_id, lease.epoch, &lease.owner, &call).await?;
+        }
+        result
+    }
+
+    async fn apply_fenced(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let locked = lock_if_leased(&mut tx, lease).await?;
+        let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Writes by people and agents (not lease holders)
+    // ----------------------------------------------------------------------------------------------
+
+    /// Record a cancel request. Before any create could have been sent (no attempt recorded, nobody
+    /// holding a lease) the operation is withdrawn and nothing is ever sent. While the create may be in
+    /// flight the request is noted and acted on once the job id is known. Otherwise the operation moves
+    /// to `cancel_requested` and is due at once for the lease owner's single cancel call.
+    pub async fn request_cancel(
+        &self,
+        id: OperationId,
+        request: CancelRequest,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let locked = lock(&mut tx, id).await?;
+        let state: State = locked
+            .row_state()
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+        let never_sent = state == State::CreatePending
+            && locked.row_create_attempts() == 0
+            && locked.row_lease_owner().is_none();
+        let event = if never_sent {
+            Event::Withdraw(request.clone())
+        } else {
+            Event::CancelRequested(request.clone())
+        };
+        let step = Step { event: Some(event), keep_lease: true, ..Default::default() };
+        let applied = write::apply_locked(&mut tx, locked, request.actor(), step).await?;
+        sqlx::query(include_str!("sql/notify_work.sql"))
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// A person's decision, applied only if the operation is still in the state (and, if given, at the
+    /// history position) the person saw. Refused with `Stale` otherwise, and with `Illegal` if the
+    /// table does not allow it; either way nothing is written.
+    pub async fn decide(
+        &self,
+        id: OperationId,
+        seen_state: State,
+        seen_seq: Option<i64>,
+        step: Step,
+    ) -> Result<Applied, StoreError> {
+        let actor = match &step.event {
+            Some(ev) => decision_actor(ev).unwrap_or("admin").to_owned(),
+            None => "admin".to_owned(),
+        };
+        let mut tx = self.pool.begin().await?;
+        let locked = lock(&mut tx, id).await?;
+        let current: State = locked
+            .row_state()
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+        let seq = locked.row_history_seq();
+        if current != seen_state || seen_seq.is_some_and(|s| s != seq) {
+            return Err(StoreError::Stale {
+                operation_id: id,
+                seen: match seen_seq {
+                    Some(s) => format!("{seen_state} (history #{s})"),
+                    None => seen_state.to_string(),
+                },
+                current,
+                seq,
+            });
+        }
+        let applied = write::apply_locked(&mut tx, locked, &actor, step).await?;
+        sqlx::query(include_str!("sql/notify_work.sql"))
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Audit
+    // ----------------------------------------------------------------------------------------------
+
+    /// Recompute one operation's chain and compare its end with the head recorded on the operation.
+    pub async fn verify_operation(&self, id: OperationId) -> Result<VerifyReport, StoreError> {
+        let op = self.get(id).await?;
+        let rows = self.history(id).await?;
+        let mut report = VerifyReport { operations: 1, rows: rows.len() as u64, breaks: vec![] };
+        check_chain(&op.id.to_string(), op.history_seq, &op.history_head, &rows, &mut report);
+        Ok(report)
+    }
+
+    /// Recompute every chain (streamed, so memory stays flat however large history grows): a merge
+    /// of the operations' recorded heads with the history rows, both in operation order.
+    pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
+        let heads: Vec<(uuid::Uuid, i64, Vec<u8>)> =
+            sqlx::query_as(include_str!("sql/operation_list_heads.sql"))
+                .fetch_all(&self.pool)
+                .await?;
+        let mut report = VerifyReport::default();
+        let mut stream =
+            sqlx::query_as::<_, HistoryRow>(include_str!("sql/history_list_all.sql")).fetch(&self.pool);
+        let mut next = stream.try_next().await?.map(HistoryRecord::from);
+        let orphan = |r: &HistoryRecord, report: &mut VerifyReport| {
+            report.rows += 1;
+            report.breaks.push(ChainBreak {
+                operation_id: r.operation_id.to_string(),
+                seq: r.seq,
+                problem: "history row of an operation that does not exist".into(),
+                expected: "an operations row".into(),
+                stored: "none".into(),
+            });
+        };
+        for (id, head_seq, head_hash) in heads {
+            while let Some(r) = next.as_ref().filter(|r| r.operation_id.as_uuid() < id) {
+                orphan(r, &mut report);
+                next = stream.try_next().await?.map(HistoryRecord::from);
+            }
+            let mut rows = Vec::new();
+            while let Some(r) = next.take() {
+                if r.operation_id.as_uuid() != id {
+                    next = Some(r);
+                    break;
+                }
+                rows.push(r);
+                next = stream.try_next().await?.map(HistoryRecord::from);
+            }
+            report.operations += 1;
+            report.rows += rows.len() as u64;
+            let op = OperationId::from_uuid(id).to_string();
+            check_chain(&op, head_seq, &head_hash, &rows, &mut report);
+        }
+        while let Some(r) = next {
+            orphan(&r, &mut report);
+            next = stream.try_next().await?.map(HistoryRecord::from);
+        }
+        Ok(report)
+    }
+}
+
+fn check_chain(
+    op: &str,
+    head_seq: i64,
+    head_hash: &[u8],
+    rows: &[HistoryRecord],
+    report: &mut VerifyReport,
+) {
+    let links: Vec<_> = rows.iter().map(HistoryRecord::link).collect();
+    report.breaks.extend(chain::verify(&links));
+    let (last_seq, last_hash) = rows
+        .last()
+        .map(|r| (r.seq, r.hash.clone()))
+        .unwrap_or((0, GENESIS.to_vec()));
+    if last_seq != head_seq || last_hash != head_hash {
+        report.breaks.push(ChainBreak {
+            operation_id: op.to_owned(),
+            seq: last_seq,
+            problem: "chain end does not match the head recorded on the operation (rows removed or appended out of band)".into(),
+            expected: format!("#{head_seq} {}", hex::encode(head_hash)),
+            stored: format!("#{last_seq} {}", hex::encode(&last_hash)),
+        });
+    }
+}
+
+fn decision_actor(ev: &Event) -> Option<&str> {
+    match ev {
+        Event::AdoptRemoteJob { decision, .. }
+        | Event::DeclareNotCreated { decision }
+        | Event::ConfirmCancellation { decision, .. }
+        | Event::ChooseRemoteJob { decision, .. }
+        | Event::Resume { decision }
+        | Event::Abandon { decision }
+        | Event::Superseded { decision, .. } => Some(decision.actor()),
+        Event::CancelRequested(r) | Event::Withdraw(r) => Some(r.actor()),
+        _ => None,
+    }
+}
+
+/// Fresh randomness for a new intent, from the operating system's CSPRNG.
+pub fn draw_entropy() -> Result<Entropy, StoreError> {
+    let mut token = [0u8; 16];
+    let mut trace = [0u8; 16];
+    getrandom::fill(&mut token)
+        .and_then(|_| getrandom::fill(&mut trace))
+        .map_err(|e| StoreError::Corrupt(format!("no randomness from the OS: {e}")))?;
+    Ok(Entropy { operation_uuid: uuid::Uuid::now_v7(), token, trace })
+}
+
+fn lost(lease: &Lease) -> StoreError {
+    StoreError::LeaseLost {
+        operation_id: lease.operation_id,
+        owner: lease.owner.clone(),
+        epoch: lease.epoch,
+    }
+}
+
+async fn lock_if_leased(
+    tx: &mut Transaction<'_, Postgres>,
+    lease: &Lease,
+) -> Result<LockedRow, StoreError> {
+    let row: Option<LockedRow> = sqlx::query_as(include_str!("sql/operation_lock_if_leased.sql"))
+        .bind(lease.operation_id.as_uuid())
+        .bind(&lease.owner)
+        .bind(lease.epoch)
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.ok_or_else(|| lost(lease))
+}
+
+async fn lock(tx: &mut Transaction<'_, Postgres>, id: OperationId) -> Result<LockedRow, StoreError> {
+    let row: Option<LockedRow> = sqlx::query_as(include_str!("sql/operation_lock.sql"))
+        .bind(id.as_uuid())
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.ok_or(StoreError::NotFound(id))
+}

@@ -1,0 +1,6 @@
+-- Record one provider call. Never credentials: the URL and headers were sanitized before this.
+INSERT INTO provider_calls (
+    id, operation_id, kind, attempt, actor, lease_epoch, started_at, duration_ms, method, url,
+    http_status, response_headers, provider_request_id, error_class, outcome, trace_id, span_id,
+    response_sha256
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)

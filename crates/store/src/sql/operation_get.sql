@@ -1,0 +1,2 @@
+-- One operation by id.
+SELECT * FROM operations WHERE id = $1

@@ -1,0 +1,160 @@
+//! Fresh, migrated databases for tests, one per test, safe to use in parallel.
+//!
+//! The server is `DATABASE_URL` when set; otherwise a throwaway private cluster started once per test
+//! process (see [`crate::cluster`]) and removed when the process exits. A template database is
+//! migrated once; each test gets `CREATE DATABASE … TEMPLATE`, which takes milliseconds.
+
+use crate::Store;
+use crate::cluster::Cluster;
+use sqlx::Connection;
+use std::sync::OnceLock;
+
+struct Server {
+    /// URL of database `{db}` on this server: `prefix + db + suffix`.
+    prefix: String,
+    suffix: String,
+    template: String,
+    external: bool,
+}
+
+impl Server {
+    fn url(&self, db: &str) -> String {
+        format!("{}{db}{}", self.prefix, self.suffix)
+    }
+}
+
+static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+
+fn split_url(url: &str) -> Result<(String, String), String> {
+    // postgres://user@host:port/db?params → ("postgres://user@host:port/", "?params")
+    let after_scheme = url.find("://").map(|i| i + 3).ok_or("DATABASE_URL has no scheme")?;
+    let path_start = url[after_scheme..]
+        .find('/')
+        .map(|i| after_scheme + i + 1)
+        .unwrap_or(url.len());
+    let (prefix, rest) = url.split_at(path_start);
+    let prefix = if prefix.ends_with('/') { prefix.to_owned() } else { format!("{prefix}/") };
+    let suffix = rest.find('?').map(|i| rest[i..].to_owned()).unwrap_or_default();
+    Ok((prefix, suffix))
+}
+
+fn start_server() -> Result<Server, String> {
+    let (prefix, suffix, external) = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+        Some(url) => {
+            let (p, s) = split_url(&url)?;
+            (p, s, true)
+        }
+        None => {
+            let cluster = Cluster::throwaway(std::process::id()).map_err(|e| e.to_string())?;
+            let (p, s) = split_url(&cluster.url("postgres"))?;
+            (p, s, false)
+        }
+    };
+    let template = format!("jobtrail_tpl_{}", uuid::Uuid::now_v7().simple());
+    let server = Server { prefix, suffix, template, external };
+    // The template is built on a runtime of its own: tests each have theirs, and a connection must not
+    // outlive the runtime it was made on.
+    let admin = server.url("postgres");
+    let tpl_name = server.template.clone();
+    let tpl_url = server.url(&server.template);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            crate::cluster::ensure_database(&admin, &tpl_name).await.map_err(|e| e.to_string())?;
+            let store = Store::connect_with(&tpl_url, 1).await.map_err(|e| e.to_string())?;
+            store.migrate().await.map_err(|e| e.to_string())?;
+            store.close().await;
+            Ok::<_, String>(())
+        })
+    })
+    .join()
+    .map_err(|_| "template setup panicked".to_string())??;
+    Ok(server)
+}
+
+/// A fresh database, migrated, private to one test.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    admin_url: String,
+    external: bool,
+}
+
+impl TestDb {
+    /// Create a fresh database from the migrated template.
+    pub async fn new() -> Self {
+        let server = SERVER
+            .get_or_init(start_server)
+            .as_ref()
+            .unwrap_or_else(|e| panic!("no PostgreSQL for tests: {e}"));
+        let name = format!("jobtrail_t_{}", uuid::Uuid::now_v7().simple());
+        let admin_url = server.url("postgres");
+        let mut conn = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to the test server: {e}"));
+        let sql = format!("CREATE DATABASE {name} TEMPLATE {}", server.template);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("creating test database: {e}"));
+        let _ = conn.close().await;
+        Self { url: server.url(&name), name, admin_url, external: server.external }
+    }
+
+    /// A store on this database.
+    pub async fn store(&self) -> Store {
+        Store::connect(&self.url).await.expect("connect to test database")
+    }
+
+    /// The admin URL of the server (database `postgres`), for tests that act as a superuser.
+    pub fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // A throwaway cluster disappears with the process; on a shared server, clean up after us.
+        if !self.external {
+            return;
+        }
+        let admin = self.admin_url.clone();
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut c).await;
+                    let _ = c.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_url;
+
+    #[test]
+    fn urls_split_around_the_database_name() {
+        assert_eq!(
+            split_url("postgres://postgres@127.0.0.1:5432/test").unwrap(),
+            ("postgres://postgres@127.0.0.1:5432/".into(), "".into())
+        );
+        assert_eq!(
+            split_url("postgres://postgres@localhost/postgres?host=/tmp/x").unwrap(),
+            ("postgres://postgres@localhost/".into(), "?host=/tmp/x".into())
+        );
+        assert_eq!(
+            split_url("postgres://u@h:1").unwrap(),
+            ("postgres://u@h:1/".into(), "".into())
+        );
+    }
+}

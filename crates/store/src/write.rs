@@ -1,0 +1,380 @@
+//! The one way a row changes state: lock it, let the core decide the transition against the state
+//! that is locked, append the history link, write the row, all in one short transaction.
+
+use chrono::{DateTime, Utc};
+use jobtrail_core::chain::{ChainEntry, storable};
+use jobtrail_core::machine::Transition;
+use jobtrail_core::{Event, transition};
+use sqlx::{Postgres, Transaction};
+use std::time::Duration;
+
+use crate::error::StoreError;
+use crate::record::{CallRecord, LockedRow, OperationRecord};
+
+/// What the remote side looked like at this step (provider's words).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observation {
+    pub remote_state: Option<String>,
+    pub remote_updated_at: Option<String>,
+    pub progress: Option<serde_json::Value>,
+    pub status_url: Option<String>,
+    pub provider_context: Option<serde_json::Value>,
+}
+
+/// How the failure counter (the retry budget) moves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FailureCount {
+    #[default]
+    Keep,
+    Increment,
+    Reset,
+}
+
+/// Counter movements of one step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub create_attempts: i32,
+    pub polls: i32,
+    pub cancel_attempts: i32,
+    pub result_attempts: i32,
+    pub failures: FailureCount,
+}
+
+/// One step of a worker (or a person) on one operation: at most one event, at most one call, the
+/// observation, counters and the next action. Written atomically or not at all.
+#[derive(Debug, Clone, Default)]
+pub struct Step {
+    pub event: Option<Event>,
+    pub call: Option<CallRecord>,
+    pub observation: Option<Observation>,
+    pub counters: Counters,
+    /// Delay before the next action (from the database clock) and why. `None`: due at once.
+    pub next_in: Option<(Duration, &'static str)>,
+    /// Keep the lease after this step (the worker continues at once). Released otherwise.
+    pub keep_lease: bool,
+    /// Extra evidence for the history row (sanitized response metadata, provider request id, …).
+    pub detail: Option<serde_json::Value>,
+    pub set_create_deadline: Option<DateTime<Utc>>,
+    pub set_result_deadline: Option<DateTime<Utc>>,
+    pub set_cancel_deadline: Option<DateTime<Utc>>,
+}
+
+impl Step {
+    pub fn event(event: Event) -> Self {
+        Self { event: Some(event), ..Default::default() }
+    }
+    pub fn with_call(mut self, call: CallRecord) -> Self {
+        self.call = Some(call);
+        self
+    }
+    pub fn next_in(mut self, delay: Duration, reason: &'static str) -> Self {
+        self.next_in = Some((delay, reason));
+        self
+    }
+}
+
+/// The result of a written step.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub record: OperationRecord,
+    pub transition: Option<Transition>,
+}
+
+/// Apply `step` to a row this transaction holds locked. On an illegal event nothing of the row is
+/// written and the error is returned; the caller decides whether the call record is still kept.
+pub(crate) async fn apply_locked(
+    tx: &mut Transaction<'_, Postgres>,
+    locked: LockedRow,
+    actor: &str,
+    step: Step,
+) -> Result<Applied, StoreError> {
+    let now = storable(locked.db_now);
+    let before: OperationRecord = locked.row.try_into()?;
+    let mut rec = before.clone();
+    let epoch = before.lease_epoch;
+
+    let decided = match &step.event {
+        Some(ev) => Some(transition(rec.state, ev).map_err(|source| StoreError::Illegal {
+            operation_id: rec.id,
+            source,
+        })?),
+        None => None,
+    };
+
+    if let Some(call) = &step.call {
+        insert_call(&mut **tx, rec.id, rec.lease_epoch, actor, call).await?;
+    }
+
+    if let Some(obs) = &step.observation {
+        if obs.remote_state.is_some() {
+            rec.remote_state.clone_from(&obs.remote_state);
+            rec.observed_at = Some(now);
+        }
+        if obs.remote_updated_at.is_some() {
+            rec.remote_updated_at.clone_from(&obs.remote_updated_at);
+        }
+        if obs.progress.is_some() {
+            rec.remote_progress.clone_from(&obs.progress);
+        }
+        if obs.status_url.is_some() {
+            rec.status_url.clone_from(&obs.status_url);
+        }
+        if let Some(ctx) = &obs.provider_context {
+            rec.provider_context = ctx.clone();
+        }
+    }
+    let c = step.counters;
+    rec.create_attempts += c.create_attempts;
+    rec.poll_count += c.polls;
+    rec.cancel_attempts += c.cancel_attempts;
+    rec.result_attempts += c.result_attempts;
+    match c.failures {
+        FailureCount::Keep => {}
+        FailureCount::Increment => rec.failure_count += 1,
+        FailureCount::Reset => rec.failure_count = 0,
+    }
+    if let Some(d) = step.set_create_deadline {
+        rec.create_deadline = storable(d);
+    }
+    if let Some(d) = step.set_result_deadline {
+        rec.result_deadline = storable(d);
+    }
+    if let Some(d) = step.set_cancel_deadline {
+        rec.cancel_deadline = Some(storable(d));
+    }
+
+    if let (Some(ev), Some(t)) = (&step.event, decided) {
+        apply_event_effects(&mut rec, ev, t, now);
+    }
+
+    // The schedule and the lease.
+    let (delay, reason) = step.next_in.unwrap_or((Duration::ZERO, "immediate"));
+    let automated = rec.state.is_automated();
+    rec.next_action_at = if automated {
+        now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::days(365))
+    } else {
+        now
+    };
+    rec.next_action_reason = if automated { reason.to_owned() } else { "none".to_owned() };
+    if !(step.keep_lease && automated) {
+        rec.lease_owner = None;
+        rec.lease_expires_at = None;
+    } else if let Some(exp) = rec.lease_expires_at {
+        // A kept lease stays out of the due index until it expires.
+        rec.next_action_at = exp;
+    }
+
+    // The history link.
+    let mut transition_out = None;
+    if let (Some(ev), Some(t)) = (&step.event, decided) {
+        let mut detail = serde_json::to_value(ev).unwrap_or(serde_json::Value::Null);
+        if let (Some(obj), Some(extra)) = (detail.as_object_mut(), &step.detail) {
+            obj.insert("evidence".into(), extra.clone());
+        }
+        if let (Some(obj), Some(obs)) = (detail.as_object_mut(), &step.observation)
+            && let Some(p) = &obs.progress
+        {
+            obj.insert("progress".into(), p.clone());
+        }
+        let entry = ChainEntry {
+            operation_id: rec.id.to_string(),
+            seq: rec.history_seq + 1,
+            at: now,
+            actor: actor.to_owned(),
+            from_state: Some(t.from.as_str().to_owned()),
+            to_state: t.to.as_str().to_owned(),
+            event: ev.kind().as_str().to_owned(),
+            cause: ev.cause(),
+            remote_job_id: rec.remote_job_id.clone(),
+            call_id: step.call.as_ref().map(|c| c.id.to_string()),
+            detail,
+        };
+        let prev: [u8; 32] = rec
+            .history_head
+            .as_slice()
+            .try_into()
+            .map_err(|_| StoreError::Corrupt("history_head is not 32 bytes".into()))?;
+        let hash = entry.hash(&prev);
+        insert_history(tx, &entry, step.call.as_ref().map(|c| c.id), &prev, &hash).await?;
+        rec.history_seq = entry.seq;
+        rec.history_head = hash.to_vec();
+        transition_out = Some(t);
+    }
+
+    update_row(tx, &rec, epoch).await?;
+    Ok(Applied { record: rec, transition: transition_out })
+}
+
+/// The column effects of an allowed transition.
+fn apply_event_effects(rec: &mut OperationRecord, ev: &Event, t: Transition, now: DateTime<Utc>) {
+    if let Some(job) = ev.remote_job_id() {
+        rec.remote_job_id = Some(job.to_owned());
+    }
+    match ev {
+        Event::ContractViolated { other_job_id, .. } => {
+            rec.conflicting_remote_job_id = Some(other_job_id.clone());
+        }
+        Event::CancelRequested(req) | Event::Withdraw(req) => {
+            if rec.cancel_requested_at.is_none() {
+                rec.cancel_requested_at = Some(now);
+                rec.cancel_requested_by = Some(req.actor().to_owned());
+                rec.cancel_reason = Some(req.reason().to_owned());
+            }
+            if t.to != t.from || rec.cancel_deadline.is_none() {
+                rec.cancel_deadline =
+                    Some(now + chrono::Duration::milliseconds(rec.cancel_window_ms));
+            }
+        }
+        Event::ResultValidated(r) => {
+            rec.result_location = Some(r.location().to_owned());
+            rec.result_size = Some(r.size() as i64);
+            rec.result_sha256 = Some(r.sha256().to_owned());
+            rec.result_content_type = r.content_type().map(str::to_owned);
+            rec.result_summary = Some(r.summary().clone());
+        }
+        Event::ResultInvalid { violations } => {
+            rec.result_summary = Some(serde_json::json!({ "violations": violations }));
+        }
+        Event::ResultUnavailable { why } => {
+            rec.result_summary = Some(serde_json::json!({ "unavailable": why }));
+        }
+        Event::Superseded { new_operation_id, .. } => {
+            rec.superseded_by = new_operation_id.parse().ok();
+        }
+        _ => {}
+    }
+    if t.changes_state() {
+        rec.state = t.to;
+        rec.state_changed_at = now;
+        if t.to.is_terminal() {
+            rec.finished_at = Some(now);
+        }
+        if t.to.needs_human() {
+            rec.escalated_at = Some(now);
+            rec.escalation_reason = Some(ev.cause());
+        } else {
+            rec.escalated_at = None;
+            rec.escalation_reason = None;
+        }
+    }
+    // Moving back to automation from a held state is due at once.
+    if t.from.needs_human() && t.to.is_automated() {
+        rec.failure_count = 0;
+    }
+}
+
+pub(crate) async fn insert_call<'c, E: sqlx::PgExecutor<'c>>(
+    exec: E,
+    operation_id: jobtrail_core::OperationId,
+    epoch: i64,
+    actor: &str,
+    call: &CallRecord,
+) -> Result<(), StoreError> {
+    sqlx::query(include_str!("sql/call_insert.sql"))
+        .bind(call.id)
+        .bind(operation_id.as_uuid())
+        .bind(call.kind.as_str())
+        .bind(call.attempt)
+        .bind(actor)
+        .bind(epoch)
+        .bind(call.started_at)
+        .bind(call.duration_ms)
+        .bind(&call.method)
+        .bind(&call.url)
+        .bind(call.http_status)
+        .bind(&call.response_headers)
+        .bind(&call.provider_request_id)
+        .bind(&call.error_class)
+        .bind(&call.outcome)
+        .bind(&call.trace_id)
+        .bind(&call.span_id)
+        .bind(&call.response_sha256)
+        .execute(exec)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn insert_history(
+    tx: &mut Transaction<'_, Postgres>,
+    e: &ChainEntry,
+    call_id: Option<uuid::Uuid>,
+    prev: &[u8; 32],
+    hash: &[u8; 32],
+) -> Result<(), StoreError> {
+    let op: jobtrail_core::OperationId = e
+        .operation_id
+        .parse()
+        .map_err(|err| StoreError::Corrupt(format!("{err}")))?;
+    sqlx::query(include_str!("sql/history_insert.sql"))
+        .bind(op.as_uuid())
+        .bind(e.seq)
+        .bind(e.at)
+        .bind(&e.actor)
+        .bind(&e.from_state)
+        .bind(&e.to_state)
+        .bind(&e.event)
+        .bind(&e.cause)
+        .bind(&e.remote_job_id)
+        .bind(call_id)
+        .bind(&e.detail)
+        .bind(prev.as_slice())
+        .bind(hash.as_slice())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn update_row(
+    tx: &mut Transaction<'_, Postgres>,
+    r: &OperationRecord,
+    epoch: i64,
+) -> Result<(), StoreError> {
+    let done = sqlx::query(include_str!("sql/operation_update_locked.sql"))
+        .bind(r.id.as_uuid())
+        .bind(epoch)
+        .bind(r.state.as_str())
+        .bind(r.state_changed_at)
+        .bind(r.finished_at)
+        .bind(r.escalated_at)
+        .bind(&r.escalation_reason)
+        .bind(&r.remote_job_id)
+        .bind(&r.conflicting_remote_job_id)
+        .bind(&r.remote_state)
+        .bind(&r.remote_updated_at)
+        .bind(&r.remote_progress)
+        .bind(r.observed_at)
+        .bind(&r.status_url)
+        .bind(&r.provider_context)
+        .bind(r.next_action_at)
+        .bind(&r.next_action_reason)
+        .bind(r.create_attempts)
+        .bind(r.poll_count)
+        .bind(r.failure_count)
+        .bind(r.cancel_attempts)
+        .bind(r.result_attempts)
+        .bind(&r.lease_owner)
+        .bind(r.lease_expires_at)
+        .bind(r.cancel_requested_at)
+        .bind(&r.cancel_requested_by)
+        .bind(&r.cancel_reason)
+        .bind(r.cancel_deadline)
+        .bind(&r.result_location)
+        .bind(r.result_size)
+        .bind(&r.result_sha256)
+        .bind(&r.result_content_type)
+        .bind(&r.result_summary)
+        .bind(r.superseded_by.map(|s| s.as_uuid()))
+        .bind(r.result_deadline)
+        .bind(r.create_deadline)
+        .bind(r.history_seq)
+        .bind(r.history_head.as_slice())
+        .fetch_optional(&mut **tx)
+        .await?;
+    match done {
+        Some(_) => Ok(()),
+        None => Err(StoreError::Corrupt(format!(
+            "locked row {} changed epoch inside its own transaction",
+            r.id
+        ))),
+    }
+}
