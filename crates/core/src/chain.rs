@@ -161,7 +161,11 @@ mod tests {
             .map(|seq| {
                 let e = entry(seq, &format!("c{seq}"));
                 let h = e.hash(&prev);
-                let link = StoredLink { entry: e, prev_hash: prev.to_vec(), hash: h.to_vec() };
+                let link = StoredLink {
+                    entry: e,
+                    prev_hash: prev.to_vec(),
+                    hash: h.to_vec(),
+                };
                 prev = h;
                 link
             })
@@ -187,7 +191,10 @@ mod tests {
         let mut c = chain(5);
         c.remove(1);
         let b = verify(&c);
-        assert!(b.iter().any(|b| b.seq == 3 && b.problem.contains("sequence")));
+        assert!(
+            b.iter()
+                .any(|b| b.seq == 3 && b.problem.contains("sequence"))
+        );
     }
 
     #[test]

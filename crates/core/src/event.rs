@@ -112,7 +112,9 @@ impl ValidatedResult {
             return Err(MissingEvidence("a validated result needs a sha256 digest"));
         }
         if checks.is_empty() {
-            return Err(MissingEvidence("a validated result needs the checks it passed"));
+            return Err(MissingEvidence(
+                "a validated result needs the checks it passed",
+            ));
         }
         Ok(Self {
             location,
@@ -176,10 +178,7 @@ pub enum Event {
 
     // --- observe --------------------------------------------------------------------------------
     /// A status read that is not terminal (queued, running, progress, or a state name we do not know).
-    RemoteProgress {
-        remote_state: String,
-        known: bool,
-    },
+    RemoteProgress { remote_state: String, known: bool },
     /// The provider says the job succeeded. Not `succeeded` yet: the result must be collected.
     RemoteSucceeded { remote_state: String },
     /// The provider says the job failed.
@@ -354,25 +353,48 @@ impl Event {
     /// A short human cause for the history row: the evidence in one line.
     pub fn cause(&self) -> String {
         match self {
-            Event::CreateAccepted { remote_job_id, .. } => format!("provider accepted create as {remote_job_id}"),
+            Event::CreateAccepted { remote_job_id, .. } => {
+                format!("provider accepted create as {remote_job_id}")
+            }
             Event::CreateCompleted { .. } => "provider answered create synchronously".into(),
-            Event::CreateAmbiguous { error_class } => format!("create outcome unknown: {error_class}"),
-            Event::CreateRejected { http_status, reason } => match http_status {
+            Event::CreateAmbiguous { error_class } => {
+                format!("create outcome unknown: {error_class}")
+            }
+            Event::CreateRejected {
+                http_status,
+                reason,
+            } => match http_status {
                 Some(s) => format!("provider rejected create ({s}): {reason}"),
                 None => format!("provider rejected create: {reason}"),
             },
             Event::ReconciliationStarted { method } => format!("reconciling by {method}"),
-            Event::ReconciliationInconclusive { error_class } => format!("reconciliation inconclusive: {error_class}"),
+            Event::ReconciliationInconclusive { error_class } => {
+                format!("reconciliation inconclusive: {error_class}")
+            }
             Event::ReconciliationExhausted { why } => format!("reconciliation exhausted: {why}"),
-            Event::ContractViolated { recorded_job_id, other_job_id } => {
+            Event::ContractViolated {
+                recorded_job_id,
+                other_job_id,
+            } => {
                 format!("same token answered with job {other_job_id}, recorded {recorded_job_id}")
             }
-            Event::RemoteProgress { remote_state, known: true } => format!("provider reports {remote_state}"),
-            Event::RemoteProgress { remote_state, known: false } => {
+            Event::RemoteProgress {
+                remote_state,
+                known: true,
+            } => format!("provider reports {remote_state}"),
+            Event::RemoteProgress {
+                remote_state,
+                known: false,
+            } => {
                 format!("provider reports unknown state {remote_state:?}")
             }
-            Event::RemoteSucceeded { remote_state } => format!("provider reports success ({remote_state})"),
-            Event::RemoteFailed { remote_state, reason } => match reason {
+            Event::RemoteSucceeded { remote_state } => {
+                format!("provider reports success ({remote_state})")
+            }
+            Event::RemoteFailed {
+                remote_state,
+                reason,
+            } => match reason {
                 Some(r) => format!("provider reports failure ({remote_state}): {r}"),
                 None => format!("provider reports failure ({remote_state})"),
             },
@@ -387,26 +409,65 @@ impl Event {
                 None => "cancel call sent".into(),
             },
             Event::CancelDeadlinePassed => "cancel deadline passed without confirmation".into(),
-            Event::ResultValidated(r) => format!("result validated and stored ({} bytes)", r.size()),
-            Event::ResultFetchFailed { error_class } => format!("result fetch failed: {error_class}"),
+            Event::ResultValidated(r) => {
+                format!("result validated and stored ({} bytes)", r.size())
+            }
+            Event::ResultFetchFailed { error_class } => {
+                format!("result fetch failed: {error_class}")
+            }
             Event::ResultUnavailable { why } => format!("result unavailable: {why}"),
-            Event::ResultInvalid { violations } => format!("result invalid: {}", violations.join("; ")),
-            Event::AdoptRemoteJob { decision, remote_job_id } => {
-                format!("{} adopted {remote_job_id}: {}", decision.actor(), decision.reason())
+            Event::ResultInvalid { violations } => {
+                format!("result invalid: {}", violations.join("; "))
+            }
+            Event::AdoptRemoteJob {
+                decision,
+                remote_job_id,
+            } => {
+                format!(
+                    "{} adopted {remote_job_id}: {}",
+                    decision.actor(),
+                    decision.reason()
+                )
             }
             Event::DeclareNotCreated { decision } => {
-                format!("{} declared never created: {}", decision.actor(), decision.reason())
+                format!(
+                    "{} declared never created: {}",
+                    decision.actor(),
+                    decision.reason()
+                )
             }
             Event::ConfirmCancellation { decision, evidence } => {
-                format!("{} confirmed cancel ({evidence}): {}", decision.actor(), decision.reason())
+                format!(
+                    "{} confirmed cancel ({evidence}): {}",
+                    decision.actor(),
+                    decision.reason()
+                )
             }
-            Event::ChooseRemoteJob { decision, remote_job_id } => {
-                format!("{} chose {remote_job_id}: {}", decision.actor(), decision.reason())
+            Event::ChooseRemoteJob {
+                decision,
+                remote_job_id,
+            } => {
+                format!(
+                    "{} chose {remote_job_id}: {}",
+                    decision.actor(),
+                    decision.reason()
+                )
             }
-            Event::Resume { decision } => format!("{} resumed: {}", decision.actor(), decision.reason()),
-            Event::Abandon { decision } => format!("{} abandoned: {}", decision.actor(), decision.reason()),
-            Event::Superseded { decision, new_operation_id } => {
-                format!("{} retried as {new_operation_id}: {}", decision.actor(), decision.reason())
+            Event::Resume { decision } => {
+                format!("{} resumed: {}", decision.actor(), decision.reason())
+            }
+            Event::Abandon { decision } => {
+                format!("{} abandoned: {}", decision.actor(), decision.reason())
+            }
+            Event::Superseded {
+                decision,
+                new_operation_id,
+            } => {
+                format!(
+                    "{} retried as {new_operation_id}: {}",
+                    decision.actor(),
+                    decision.reason()
+                )
             }
         }
     }

@@ -22,6 +22,8 @@ pub mod state;
 pub use event::{CancelConfirmation, CancelRequest, Decision, Event, EventKind, ValidatedResult};
 pub use ids::{IdempotencyToken, OperationId, TraceId};
 pub use machine::{IllegalTransition, Transition, transition};
-pub use operation::{Entropy, IdempotencyMode, Intent, ProviderTerms, Submission, SubmitError, SubmitLimits};
+pub use operation::{
+    Entropy, IdempotencyMode, Intent, ProviderTerms, Submission, SubmitError, SubmitLimits,
+};
 pub use request::{Fingerprint, SecretRef};
 pub use state::State;

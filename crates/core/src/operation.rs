@@ -104,7 +104,9 @@ pub struct SubmitLimits {
 
 impl Default for SubmitLimits {
     fn default() -> Self {
-        Self { max_body_bytes: 1024 * 1024 }
+        Self {
+            max_body_bytes: 1024 * 1024,
+        }
     }
 }
 
@@ -208,21 +210,35 @@ impl Submission {
         check_sensitive_fields(&body, &terms.sensitive_fields)?;
 
         let now = crate::chain::storable(now);
-        let after = |d: Duration| now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        let after =
+            |d: Duration| now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
         let create_deadline = crate::chain::storable(
-            self.create_deadline.unwrap_or_else(|| after(terms.default_create_window)),
+            self.create_deadline
+                .unwrap_or_else(|| after(terms.default_create_window)),
         );
         if create_deadline <= now {
-            return Err(SubmitError::DeadlineInPast { field: "create_deadline", at: create_deadline, now });
+            return Err(SubmitError::DeadlineInPast {
+                field: "create_deadline",
+                at: create_deadline,
+                now,
+            });
         }
-        let result_deadline = crate::chain::storable(self.result_deadline.unwrap_or_else(|| {
-            after(terms.default_result_window).max(create_deadline)
-        }));
+        let result_deadline = crate::chain::storable(
+            self.result_deadline
+                .unwrap_or_else(|| after(terms.default_result_window).max(create_deadline)),
+        );
         if result_deadline <= now {
-            return Err(SubmitError::DeadlineInPast { field: "result_deadline", at: result_deadline, now });
+            return Err(SubmitError::DeadlineInPast {
+                field: "result_deadline",
+                at: result_deadline,
+                now,
+            });
         }
         if result_deadline < create_deadline {
-            return Err(SubmitError::DeadlinesOutOfOrder { create: create_deadline, result: result_deadline });
+            return Err(SubmitError::DeadlinesOutOfOrder {
+                create: create_deadline,
+                result: result_deadline,
+            });
         }
         let cancel_window = self.cancel_window.unwrap_or(terms.default_cancel_window);
         if cancel_window < Duration::from_secs(1) {
@@ -242,7 +258,12 @@ impl Submission {
             trace_id: TraceId::from_random(entropy.trace),
             caller,
             approved_by,
-            approval_ref: self.approval_ref.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned),
+            approval_ref: self
+                .approval_ref
+                .as_deref()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
             created_at: now,
             create_deadline,
             result_deadline,
@@ -257,7 +278,11 @@ mod tests {
     use super::*;
 
     fn entropy() -> Entropy {
-        Entropy { operation_uuid: uuid::Uuid::from_u128(1), token: [1; 16], trace: [2; 16] }
+        Entropy {
+            operation_uuid: uuid::Uuid::from_u128(1),
+            token: [1; 16],
+            trace: [2; 16],
+        }
     }
     fn now() -> DateTime<Utc> {
         DateTime::from_timestamp(1_750_000_000, 0).unwrap()
@@ -278,7 +303,9 @@ mod tests {
 
     #[test]
     fn a_good_submission_gets_defaults() {
-        let i = sub(r#"{"a":1}"#).validate(&terms(), SubmitLimits::default(), now(), entropy()).unwrap();
+        let i = sub(r#"{"a":1}"#)
+            .validate(&terms(), SubmitLimits::default(), now(), entropy())
+            .unwrap();
         assert_eq!(i.create_deadline, now() + chrono::Duration::seconds(120));
         assert_eq!(i.result_deadline, now() + chrono::Duration::seconds(3600));
         assert!(i.token.as_str().starts_with("idem_"));
@@ -286,18 +313,43 @@ mod tests {
 
     #[test]
     fn bad_input_is_refused_with_what_is_wrong() {
-        let v = |s: Submission| s.validate(&terms(), SubmitLimits { max_body_bytes: 16 }, now(), entropy());
-        assert!(matches!(v(sub("{not json")), Err(SubmitError::MalformedJson { .. })));
-        assert!(matches!(v(sub(r#"{"a":"0123456789abcdef"}"#)), Err(SubmitError::BodyTooLarge { size: 24, limit: 16 })));
+        let v = |s: Submission| {
+            s.validate(
+                &terms(),
+                SubmitLimits { max_body_bytes: 16 },
+                now(),
+                entropy(),
+            )
+        };
+        assert!(matches!(
+            v(sub("{not json")),
+            Err(SubmitError::MalformedJson { .. })
+        ));
+        assert!(matches!(
+            v(sub(r#"{"a":"0123456789abcdef"}"#)),
+            Err(SubmitError::BodyTooLarge {
+                size: 24,
+                limit: 16
+            })
+        ));
         let mut s = sub("{}");
         s.create_deadline = Some(now() - chrono::Duration::seconds(1));
-        assert!(matches!(v(s), Err(SubmitError::DeadlineInPast { field: "create_deadline", .. })));
+        assert!(matches!(
+            v(s),
+            Err(SubmitError::DeadlineInPast {
+                field: "create_deadline",
+                ..
+            })
+        ));
         let mut s = sub("{}");
         s.create_deadline = Some(now() + chrono::Duration::seconds(60));
         s.result_deadline = Some(now() + chrono::Duration::seconds(30));
         assert!(matches!(v(s), Err(SubmitError::DeadlinesOutOfOrder { .. })));
         let mut s = sub("{}");
         s.caller = " ".into();
-        assert!(matches!(v(s), Err(SubmitError::Missing { field: "caller" })));
+        assert!(matches!(
+            v(s),
+            Err(SubmitError::Missing { field: "caller" })
+        ));
     }
 }

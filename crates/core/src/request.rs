@@ -27,7 +27,10 @@ impl Fingerprint {
             "body": body,
         }))
         .expect("a serde_json::Value always serialises");
-        Self(format!("sha256:{}", hex::encode(Sha256::digest(&canonical))))
+        Self(format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(&canonical))
+        ))
     }
     pub fn from_stored(s: String) -> Self {
         Self(s)
@@ -147,7 +150,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(Fingerprint::of("p", "t", &a), Fingerprint::of("p", "t", &b));
-        assert!(Fingerprint::of("p", "t", &a).as_str().starts_with("sha256:"));
+        assert!(
+            Fingerprint::of("p", "t", &a)
+                .as_str()
+                .starts_with("sha256:")
+        );
         assert_eq!(Fingerprint::of("p", "t", &a).as_str().len(), 7 + 64);
     }
 
@@ -155,8 +162,22 @@ mod tests {
     fn fingerprint_changes_with_any_effect() {
         let base = json!({"account":"acct_218","format":"csv"});
         let fp = Fingerprint::of("p", "reports", &base);
-        assert_ne!(fp, Fingerprint::of("p", "reports", &json!({"account":"acct_219","format":"csv"})));
-        assert_ne!(fp, Fingerprint::of("p", "reports", &json!({"account":"acct_218","format":"json"})));
+        assert_ne!(
+            fp,
+            Fingerprint::of(
+                "p",
+                "reports",
+                &json!({"account":"acct_219","format":"csv"})
+            )
+        );
+        assert_ne!(
+            fp,
+            Fingerprint::of(
+                "p",
+                "reports",
+                &json!({"account":"acct_218","format":"json"})
+            )
+        );
         assert_ne!(fp, Fingerprint::of("p", "exports", &base));
         assert_ne!(fp, Fingerprint::of("q", "reports", &base));
     }
@@ -164,12 +185,27 @@ mod tests {
     #[test]
     fn sensitive_fields_take_references_only() {
         let ptrs = vec!["/card/number".to_string()];
-        assert!(check_sensitive_fields(&json!({"card":{"number":{"$secret":"env:CARD"}}}), &ptrs).is_ok());
+        assert!(
+            check_sensitive_fields(&json!({"card":{"number":{"$secret":"env:CARD"}}}), &ptrs)
+                .is_ok()
+        );
         assert!(check_sensitive_fields(&json!({"amount": 3}), &ptrs).is_ok());
         let err = check_sensitive_fields(&json!({"card":{"number":"4111"}}), &ptrs).unwrap_err();
         assert!(err.to_string().contains("/card/number"));
         assert!(!err.to_string().contains("4111"));
-        assert!(check_sensitive_fields(&json!({"card":{"number":{"$secret":"env:bad-name"}}}), &ptrs).is_err());
-        assert!(check_sensitive_fields(&json!({"card":{"number":{"$secret":"file:relative"}}}), &ptrs).is_err());
+        assert!(
+            check_sensitive_fields(
+                &json!({"card":{"number":{"$secret":"env:bad-name"}}}),
+                &ptrs
+            )
+            .is_err()
+        );
+        assert!(
+            check_sensitive_fields(
+                &json!({"card":{"number":{"$secret":"file:relative"}}}),
+                &ptrs
+            )
+            .is_err()
+        );
     }
 }

@@ -103,7 +103,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        let b = Backoff { jitter: 0.0, ..Backoff::default() };
+        let b = Backoff {
+            jitter: 0.0,
+            ..Backoff::default()
+        };
         assert_eq!(b.delay(0, 0.5), Duration::from_secs(2));
         assert_eq!(b.delay(1, 0.5), Duration::from_secs(4));
         assert_eq!(b.delay(2, 0.5), Duration::from_secs(8));
@@ -122,11 +125,23 @@ mod tests {
 
     #[test]
     fn retry_after_wins_within_bounds() {
-        let bounds = RetryAfterBounds { min: Duration::from_secs(1), max: Duration::from_secs(30) };
+        let bounds = RetryAfterBounds {
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        };
         let b = Backoff::default();
-        assert_eq!(next_poll(Some(Duration::from_secs(5)), &bounds, &b, 3, 0.5), (Duration::from_secs(5), NextReason::RetryAfter));
-        assert_eq!(next_poll(Some(Duration::from_secs(0)), &bounds, &b, 3, 0.5).0, Duration::from_secs(1));
-        assert_eq!(next_poll(Some(Duration::from_secs(999)), &bounds, &b, 3, 0.5).0, Duration::from_secs(30));
+        assert_eq!(
+            next_poll(Some(Duration::from_secs(5)), &bounds, &b, 3, 0.5),
+            (Duration::from_secs(5), NextReason::RetryAfter)
+        );
+        assert_eq!(
+            next_poll(Some(Duration::from_secs(0)), &bounds, &b, 3, 0.5).0,
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            next_poll(Some(Duration::from_secs(999)), &bounds, &b, 3, 0.5).0,
+            Duration::from_secs(30)
+        );
         assert_eq!(next_poll(None, &bounds, &b, 0, 0.5).1, NextReason::Backoff);
     }
 }

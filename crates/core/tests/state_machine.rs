@@ -12,38 +12,98 @@ fn decision() -> Decision {
 /// One event of every kind, with valid evidence.
 fn sample_events() -> Vec<Event> {
     vec![
-        Event::CreateAccepted { remote_job_id: "job_1".into(), remote_state: Some("queued".into()) },
-        Event::CreateCompleted { remote_job_id: None },
-        Event::CreateAmbiguous { error_class: "timeout".into() },
-        Event::CreateRejected { http_status: Some(422), reason: "bad".into() },
-        Event::ReconciliationStarted { method: "resend".into() },
-        Event::ReconciliationInconclusive { error_class: "timeout".into() },
-        Event::ReconciliationExhausted { why: "deadline".into() },
-        Event::ContractViolated { recorded_job_id: "job_1".into(), other_job_id: "job_2".into() },
-        Event::RemoteProgress { remote_state: "running".into(), known: true },
-        Event::RemoteSucceeded { remote_state: "done".into() },
-        Event::RemoteFailed { remote_state: "failed".into(), reason: None },
+        Event::CreateAccepted {
+            remote_job_id: "job_1".into(),
+            remote_state: Some("queued".into()),
+        },
+        Event::CreateCompleted {
+            remote_job_id: None,
+        },
+        Event::CreateAmbiguous {
+            error_class: "timeout".into(),
+        },
+        Event::CreateRejected {
+            http_status: Some(422),
+            reason: "bad".into(),
+        },
+        Event::ReconciliationStarted {
+            method: "resend".into(),
+        },
+        Event::ReconciliationInconclusive {
+            error_class: "timeout".into(),
+        },
+        Event::ReconciliationExhausted {
+            why: "deadline".into(),
+        },
+        Event::ContractViolated {
+            recorded_job_id: "job_1".into(),
+            other_job_id: "job_2".into(),
+        },
+        Event::RemoteProgress {
+            remote_state: "running".into(),
+            known: true,
+        },
+        Event::RemoteSucceeded {
+            remote_state: "done".into(),
+        },
+        Event::RemoteFailed {
+            remote_state: "failed".into(),
+            reason: None,
+        },
         Event::RemoteCancelled(CancelConfirmation::from_provider("cancelled").unwrap()),
-        Event::CallFailed { error_class: "503".into() },
+        Event::CallFailed {
+            error_class: "503".into(),
+        },
         Event::ResultDeadlinePassed,
         Event::CancelRequested(CancelRequest::new("alice", "wrong range").unwrap()),
         Event::Withdraw(CancelRequest::new("alice", "never mind").unwrap()),
-        Event::CancelSent { http_status: Some(202) },
+        Event::CancelSent {
+            http_status: Some(202),
+        },
         Event::CancelDeadlinePassed,
         Event::ResultValidated(
-            ValidatedResult::new("file:///r", 3, &"a".repeat(64), None, vec!["sha256".into()], serde_json::json!({}))
-                .unwrap(),
+            ValidatedResult::new(
+                "file:///r",
+                3,
+                &"a".repeat(64),
+                None,
+                vec!["sha256".into()],
+                serde_json::json!({}),
+            )
+            .unwrap(),
         ),
-        Event::ResultFetchFailed { error_class: "reset".into() },
+        Event::ResultFetchFailed {
+            error_class: "reset".into(),
+        },
         Event::ResultUnavailable { why: "404".into() },
-        Event::ResultInvalid { violations: vec!["checksum".into()] },
-        Event::AdoptRemoteJob { decision: decision(), remote_job_id: "job_9".into() },
-        Event::DeclareNotCreated { decision: decision() },
-        Event::ConfirmCancellation { decision: decision(), evidence: "ticket 7".into() },
-        Event::ChooseRemoteJob { decision: decision(), remote_job_id: "job_1".into() },
-        Event::Resume { decision: decision() },
-        Event::Abandon { decision: decision() },
-        Event::Superseded { decision: decision(), new_operation_id: "op_x".into() },
+        Event::ResultInvalid {
+            violations: vec!["checksum".into()],
+        },
+        Event::AdoptRemoteJob {
+            decision: decision(),
+            remote_job_id: "job_9".into(),
+        },
+        Event::DeclareNotCreated {
+            decision: decision(),
+        },
+        Event::ConfirmCancellation {
+            decision: decision(),
+            evidence: "ticket 7".into(),
+        },
+        Event::ChooseRemoteJob {
+            decision: decision(),
+            remote_job_id: "job_1".into(),
+        },
+        Event::Resume {
+            decision: decision(),
+        },
+        Event::Abandon {
+            decision: decision(),
+        },
+        Event::Superseded {
+            decision: decision(),
+            new_operation_id: "op_x".into(),
+        },
     ]
 }
 
@@ -59,9 +119,39 @@ fn evidence_cannot_be_faked() {
     assert!(CancelRequest::new("alice", "  ").is_err());
     assert!(Decision::new("bob", "").is_err());
     assert!(CancelConfirmation::from_provider("").is_err());
-    assert!(ValidatedResult::new("loc", 1, "not-a-digest", None, vec!["x".into()], serde_json::Value::Null).is_err());
-    assert!(ValidatedResult::new("loc", 1, &"a".repeat(64), None, vec![], serde_json::Value::Null).is_err());
-    assert!(ValidatedResult::new("", 1, &"a".repeat(64), None, vec!["x".into()], serde_json::Value::Null).is_err());
+    assert!(
+        ValidatedResult::new(
+            "loc",
+            1,
+            "not-a-digest",
+            None,
+            vec!["x".into()],
+            serde_json::Value::Null
+        )
+        .is_err()
+    );
+    assert!(
+        ValidatedResult::new(
+            "loc",
+            1,
+            &"a".repeat(64),
+            None,
+            vec![],
+            serde_json::Value::Null
+        )
+        .is_err()
+    );
+    assert!(
+        ValidatedResult::new(
+            "",
+            1,
+            &"a".repeat(64),
+            None,
+            vec!["x".into()],
+            serde_json::Value::Null
+        )
+        .is_err()
+    );
 }
 
 #[test]
@@ -82,15 +172,25 @@ fn the_essay_paths_are_allowed() {
         (EventKind::RemoteSucceeded, ResultCollecting),
         (EventKind::ResultValidated, Succeeded),
     ]);
-    walk(&[(EventKind::CreateAmbiguous, CreateUnknown), (EventKind::ReconciliationStarted, Reconciliation)]);
+    walk(&[
+        (EventKind::CreateAmbiguous, CreateUnknown),
+        (EventKind::ReconciliationStarted, Reconciliation),
+    ]);
     walk(&[
         (EventKind::CreateAccepted, Accepted),
         (EventKind::CancelRequested, CancelRequested),
         (EventKind::CancelSent, Cancelling),
         (EventKind::RemoteCancelled, Cancelled),
     ]);
-    walk(&[(EventKind::CreateAccepted, Accepted), (EventKind::RemoteProgress, Observing), (EventKind::ResultDeadlinePassed, ResultTimedOut)]);
-    walk(&[(EventKind::CreateAccepted, Accepted), (EventKind::RemoteFailed, Failed)]);
+    walk(&[
+        (EventKind::CreateAccepted, Accepted),
+        (EventKind::RemoteProgress, Observing),
+        (EventKind::ResultDeadlinePassed, ResultTimedOut),
+    ]);
+    walk(&[
+        (EventKind::CreateAccepted, Accepted),
+        (EventKind::RemoteFailed, Failed),
+    ]);
     walk(&[(EventKind::Withdraw, Withdrawn)]);
 }
 

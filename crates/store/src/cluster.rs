@@ -45,7 +45,10 @@ pub enum ClusterError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
-    move |source| ClusterError::Io { path: path.display().to_string(), source }
+    move |source| ClusterError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// A directory holding `initdb`, `pg_ctl` and `postgres`, and its major version.
@@ -77,7 +80,12 @@ impl Binaries {
                 }
             }
         }
-        for pattern_dir in ["/usr/lib/postgresql", "/opt/homebrew/opt", "/usr/local/opt", "/usr"] {
+        for pattern_dir in [
+            "/usr/lib/postgresql",
+            "/opt/homebrew/opt",
+            "/usr/local/opt",
+            "/usr",
+        ] {
             if let Ok(entries) = fs::read_dir(pattern_dir) {
                 for e in entries.flatten() {
                     let name = e.file_name().to_string_lossy().into_owned();
@@ -105,13 +113,19 @@ impl Binaries {
                 return None;
             }
         }
-        let out = Command::new(dir.join("postgres")).arg("--version").output().ok()?;
+        let out = Command::new(dir.join("postgres"))
+            .arg("--version")
+            .output()
+            .ok()?;
         let text = String::from_utf8_lossy(&out.stdout);
         // "postgres (PostgreSQL) 15.19 (Debian ...)"
         let major = text
             .split_whitespace()
             .find_map(|w| w.split('.').next().and_then(|m| m.parse::<u32>().ok()))?;
-        Some(Self { dir: dir.to_path_buf(), major })
+        Some(Self {
+            dir: dir.to_path_buf(),
+            major,
+        })
     }
 
     fn bin(&self, name: &str) -> PathBuf {
@@ -140,7 +154,11 @@ fn run_as() -> Result<Option<RunAs>, ClusterError> {
     }
     // SAFETY: pw is non-null and points to a valid passwd record.
     let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-    Ok(Some(RunAs { name: "postgres".into(), uid, gid }))
+    Ok(Some(RunAs {
+        name: "postgres".into(),
+        uid,
+        gid,
+    }))
 }
 
 /// A running private cluster.
@@ -207,19 +225,30 @@ impl Cluster {
                 chown(&data_dir, u)?;
             }
         }
-        Ok(Self { data_dir, socket_dir, bins, run_as })
+        Ok(Self {
+            data_dir,
+            socket_dir,
+            bins,
+            run_as,
+        })
     }
 
     /// The connection URL of database `db` (over the private socket).
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@localhost/{db}?host={}", self.socket_dir.display())
+        format!(
+            "postgres://postgres@localhost/{db}?host={}",
+            self.socket_dir.display()
+        )
     }
 
     fn command(&self, program: &str) -> Command {
         let mut c = match &self.run_as {
             Some(u) => {
                 let mut c = Command::new("runuser");
-                c.arg("-u").arg(&u.name).arg("--").arg(self.bins.bin(program));
+                c.arg("-u")
+                    .arg(&u.name)
+                    .arg("--")
+                    .arg(self.bins.bin(program));
                 c
             }
             None => Command::new(self.bins.bin(program)),
@@ -249,13 +278,23 @@ impl Cluster {
 
     fn initdb(&self, throwaway: bool) -> Result<(), ClusterError> {
         let mut c = self.command("initdb");
-        c.arg("-D").arg(&self.data_dir).args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]);
+        c.arg("-D").arg(&self.data_dir).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]);
         if throwaway {
             c.arg("--no-sync");
         }
         self.run("initdb", c)?;
         let conf = self.data_dir.join("postgresql.conf");
-        let mut f = fs::OpenOptions::new().append(true).open(&conf).map_err(io_err(&conf))?;
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .map_err(io_err(&conf))?;
         let mut settings = format!(
             "\n# jobtrail private cluster\nlisten_addresses = ''\nunix_socket_directories = '{}'\nunix_socket_permissions = 0700\nmax_connections = 300\nshared_buffers = 128MB\n",
             self.socket_dir.display()
@@ -269,7 +308,11 @@ impl Cluster {
 
     fn is_running(&self) -> bool {
         let mut c = self.command("pg_ctl");
-        c.arg("-D").arg(&self.data_dir).arg("status").stdout(Stdio::null()).stderr(Stdio::null());
+        c.arg("-D")
+            .arg(&self.data_dir)
+            .arg("status")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         c.status().map(|s| s.success()).unwrap_or(false)
     }
 
@@ -290,13 +333,19 @@ impl Cluster {
     /// Stop the server (fast shutdown).
     pub fn stop(&self) -> Result<(), ClusterError> {
         let mut c = self.command("pg_ctl");
-        c.arg("-D").arg(&self.data_dir).args(["-m", "fast", "-w", "-t", "60", "stop"]);
+        c.arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", "fast", "-w", "-t", "60", "stop"]);
         self.run("pg_ctl stop", c)
     }
 
     fn spawn_watchdog(&self, pid: u32, base: &Path) -> Result<(), ClusterError> {
         let stop = match &self.run_as {
-            Some(u) => format!("runuser -u {} -- '{}'", u.name, self.bins.bin("pg_ctl").display()),
+            Some(u) => format!(
+                "runuser -u {} -- '{}'",
+                u.name,
+                self.bins.bin("pg_ctl").display()
+            ),
             None => format!("'{}'", self.bins.bin("pg_ctl").display()),
         };
         let script = format!(
@@ -312,7 +361,10 @@ impl Cluster {
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()
-            .map_err(|e| ClusterError::Command { what: "watchdog".into(), detail: e.to_string() })?;
+            .map_err(|e| ClusterError::Command {
+                what: "watchdog".into(),
+                detail: e.to_string(),
+            })?;
         Ok(())
     }
 }
@@ -330,7 +382,8 @@ fn default_data_root() -> Result<PathBuf, ClusterError> {
         Some(h) => Ok(PathBuf::from(h).join(".local/share/jobtrail/postgres")),
         None => Err(ClusterError::Command {
             what: "finding a data directory".into(),
-            detail: "neither XDG_DATA_HOME nor HOME is set; set JOBTRAIL_PGDATA or DATABASE_URL".into(),
+            detail: "neither XDG_DATA_HOME nor HOME is set; set JOBTRAIL_PGDATA or DATABASE_URL"
+                .into(),
         }),
     }
 }
@@ -369,7 +422,10 @@ pub async fn database_url() -> Result<String, ClusterError> {
     }
     let cluster = tokio::task::spawn_blocking(Cluster::persistent)
         .await
-        .map_err(|e| ClusterError::Command { what: "starting the private cluster".into(), detail: e.to_string() })??;
+        .map_err(|e| ClusterError::Command {
+            what: "starting the private cluster".into(),
+            detail: e.to_string(),
+        })??;
     ensure_database(&cluster.url("postgres"), "jobtrail").await?;
     Ok(cluster.url("jobtrail"))
 }
@@ -377,7 +433,10 @@ pub async fn database_url() -> Result<String, ClusterError> {
 /// Create database `name` on the server at `admin_url` if it does not exist.
 pub async fn ensure_database(admin_url: &str, name: &str) -> Result<(), ClusterError> {
     use sqlx::Connection;
-    let fail = |e: sqlx::Error| ClusterError::Command { what: format!("creating database {name}"), detail: e.to_string() };
+    let fail = |e: sqlx::Error| ClusterError::Command {
+        what: format!("creating database {name}"),
+        detail: e.to_string(),
+    };
     let mut conn = sqlx::PgConnection::connect(admin_url).await.map_err(fail)?;
     let exists: Option<(i32,)> = sqlx::query_as("SELECT 1 FROM pg_database WHERE datname = $1")
         .bind(name)
@@ -388,7 +447,10 @@ pub async fn ensure_database(admin_url: &str, name: &str) -> Result<(), ClusterE
         // Identifiers cannot be bound; `name` is ours and checked to be a plain identifier.
         assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
         let sql = format!("CREATE DATABASE {name}");
-        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+        {
             Ok(_) => {}
             // Another process created it first.
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P04") => {}

@@ -54,7 +54,11 @@ impl StoreError {
             | sqlx::Error::PoolClosed
             | sqlx::Error::Tls(_)
             | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
-            sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")) => {
+            sqlx::Error::Database(db)
+                if db
+                    .code()
+                    .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")) =>
+            {
                 StoreError::Unavailable(e.to_string())
             }
             _ => StoreError::Database(e),

@@ -25,12 +25,12 @@ use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use jobtrail_core::chain::{self, ChainBreak, ChainEntry, GENESIS, storable};
 use jobtrail_core::{
-    CancelRequest, Entropy, Event, Intent, OperationId, ProviderTerms, State, Submission, SubmitError,
-    SubmitLimits,
+    CancelRequest, Entropy, Event, Intent, OperationId, ProviderTerms, State, Submission,
+    SubmitError, SubmitLimits,
 };
-use std::collections::BTreeMap;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -162,7 +162,10 @@ impl Store {
             from_state: None,
             to_state: State::INITIAL.as_str().to_owned(),
             event: "submitted".to_owned(),
-            cause: format!("submitted by {}, approved by {}", intent.caller, intent.approved_by),
+            cause: format!(
+                "submitted by {}, approved by {}",
+                intent.caller, intent.approved_by
+            ),
             remote_job_id: None,
             call_id: None,
             detail: serde_json::json!({
@@ -220,7 +223,10 @@ impl Store {
                 }
                 .into());
             }
-            return Ok(Submitted { operation: existing, created: false });
+            return Ok(Submitted {
+                operation: existing,
+                created: false,
+            });
         }
         write::insert_history(&mut tx, &first, None, &GENESIS, &hash).await?;
         sqlx::query(include_str!("sql/notify_work.sql"))
@@ -228,7 +234,10 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(Submitted { operation: self.get(intent.operation_id).await?, created: true })
+        Ok(Submitted {
+            operation: self.get(intent.operation_id).await?,
+            created: true,
+        })
     }
 
     // ----------------------------------------------------------------------------------------------
@@ -279,7 +288,11 @@ impl Store {
             .map(|r| {
                 let op: OperationRecord = r.try_into()?;
                 Ok(Claimed {
-                    lease: Lease { operation_id: op.id, owner: owner.to_owned(), epoch: op.lease_epoch },
+                    lease: Lease {
+                        operation_id: op.id,
+                        owner: owner.to_owned(),
+                        epoch: op.lease_epoch,
+                    },
                     operation: op,
                 })
             })
@@ -329,8 +342,17 @@ impl Store {
     pub async fn apply(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
         let call = step.call.clone();
         let result = self.apply_fenced(lease, step).await;
-        if let (Err(StoreError::LeaseLost { .. } | StoreError::Illegal { .. }), Some(call)) = (&result, call) {
-            write::insert_call(&self.pool, lease.operation_id, lease.epoch, &lease.owner, &call).await?;
+        if let (Err(StoreError::LeaseLost { .. } | StoreError::Illegal { .. }), Some(call)) =
+            (&result, call)
+        {
+            write::insert_call(
+                &self.pool,
+                lease.operation_id,
+                lease.epoch,
+                &lease.owner,
+                &call,
+            )
+            .await?;
         }
         result
     }
@@ -370,7 +392,11 @@ impl Store {
         } else {
             Event::CancelRequested(request.clone())
         };
-        let step = Step { event: Some(event), keep_lease: true, ..Default::default() };
+        let step = Step {
+            event: Some(event),
+            keep_lease: true,
+            ..Default::default()
+        };
         let applied = write::apply_locked(&mut tx, locked, request.actor(), step).await?;
         sqlx::query(include_str!("sql/notify_work.sql"))
             .bind(id.to_string())
@@ -429,8 +455,18 @@ impl Store {
     pub async fn verify_operation(&self, id: OperationId) -> Result<VerifyReport, StoreError> {
         let op = self.get(id).await?;
         let rows = self.history(id).await?;
-        let mut report = VerifyReport { operations: 1, rows: rows.len() as u64, breaks: vec![] };
-        check_chain(&op.id.to_string(), op.history_seq, &op.history_head, &rows, &mut report);
+        let mut report = VerifyReport {
+            operations: 1,
+            rows: rows.len() as u64,
+            breaks: vec![],
+        };
+        check_chain(
+            &op.id.to_string(),
+            op.history_seq,
+            &op.history_head,
+            &rows,
+            &mut report,
+        );
         Ok(report)
     }
 
@@ -442,8 +478,8 @@ impl Store {
                 .fetch_all(&self.pool)
                 .await?;
         let mut report = VerifyReport::default();
-        let mut stream =
-            sqlx::query_as::<_, HistoryRow>(include_str!("sql/history_list_all.sql")).fetch(&self.pool);
+        let mut stream = sqlx::query_as::<_, HistoryRow>(include_str!("sql/history_list_all.sql"))
+            .fetch(&self.pool);
         let mut next = stream.try_next().await?.map(HistoryRecord::from);
         let orphan = |r: &HistoryRecord, report: &mut VerifyReport| {
             report.rows += 1;
@@ -527,7 +563,11 @@ pub fn draw_entropy() -> Result<Entropy, StoreError> {
     getrandom::fill(&mut token)
         .and_then(|_| getrandom::fill(&mut trace))
         .map_err(|e| StoreError::Corrupt(format!("no randomness from the OS: {e}")))?;
-    Ok(Entropy { operation_uuid: uuid::Uuid::now_v7(), token, trace })
+    Ok(Entropy {
+        operation_uuid: uuid::Uuid::now_v7(),
+        token,
+        trace,
+    })
 }
 
 fn lost(lease: &Lease) -> StoreError {
@@ -551,7 +591,10 @@ async fn lock_if_leased(
     row.ok_or_else(|| lost(lease))
 }
 
-async fn lock(tx: &mut Transaction<'_, Postgres>, id: OperationId) -> Result<LockedRow, StoreError> {
+async fn lock(
+    tx: &mut Transaction<'_, Postgres>,
+    id: OperationId,
+) -> Result<LockedRow, StoreError> {
     let row: Option<LockedRow> = sqlx::query_as(include_str!("sql/operation_lock.sql"))
         .bind(id.as_uuid())
         .fetch_optional(&mut **tx)

@@ -166,7 +166,10 @@ impl TryFrom<OperationRow> for OperationRecord {
             request_body: r.request_body,
             fingerprint: Fingerprint::from_stored(r.request_fingerprint),
             token: IdempotencyToken::from_stored(r.idempotency_token),
-            idempotency: r.idempotency_mode.parse().map_err(|e| corrupt("idempotency_mode", e))?,
+            idempotency: r
+                .idempotency_mode
+                .parse()
+                .map_err(|e| corrupt("idempotency_mode", e))?,
             at_most_once: r.at_most_once,
             caller: r.caller,
             approved_by: r.approved_by,

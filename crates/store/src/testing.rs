@@ -27,31 +27,47 @@ static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
 
 fn split_url(url: &str) -> Result<(String, String), String> {
     // postgres://user@host:port/db?params → ("postgres://user@host:port/", "?params")
-    let after_scheme = url.find("://").map(|i| i + 3).ok_or("DATABASE_URL has no scheme")?;
+    let after_scheme = url
+        .find("://")
+        .map(|i| i + 3)
+        .ok_or("DATABASE_URL has no scheme")?;
     let path_start = url[after_scheme..]
         .find('/')
         .map(|i| after_scheme + i + 1)
         .unwrap_or(url.len());
     let (prefix, rest) = url.split_at(path_start);
-    let prefix = if prefix.ends_with('/') { prefix.to_owned() } else { format!("{prefix}/") };
-    let suffix = rest.find('?').map(|i| rest[i..].to_owned()).unwrap_or_default();
+    let prefix = if prefix.ends_with('/') {
+        prefix.to_owned()
+    } else {
+        format!("{prefix}/")
+    };
+    let suffix = rest
+        .find('?')
+        .map(|i| rest[i..].to_owned())
+        .unwrap_or_default();
     Ok((prefix, suffix))
 }
 
 fn start_server() -> Result<Server, String> {
-    let (prefix, suffix, external) = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
-        Some(url) => {
-            let (p, s) = split_url(&url)?;
-            (p, s, true)
-        }
-        None => {
-            let cluster = Cluster::throwaway(std::process::id()).map_err(|e| e.to_string())?;
-            let (p, s) = split_url(&cluster.url("postgres"))?;
-            (p, s, false)
-        }
-    };
+    let (prefix, suffix, external) =
+        match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+            Some(url) => {
+                let (p, s) = split_url(&url)?;
+                (p, s, true)
+            }
+            None => {
+                let cluster = Cluster::throwaway(std::process::id()).map_err(|e| e.to_string())?;
+                let (p, s) = split_url(&cluster.url("postgres"))?;
+                (p, s, false)
+            }
+        };
     let template = format!("jobtrail_tpl_{}", uuid::Uuid::now_v7().simple());
-    let server = Server { prefix, suffix, template, external };
+    let server = Server {
+        prefix,
+        suffix,
+        template,
+        external,
+    };
     // The template is built on a runtime of its own: tests each have theirs, and a connection must not
     // outlive the runtime it was made on.
     let admin = server.url("postgres");
@@ -63,8 +79,12 @@ fn start_server() -> Result<Server, String> {
             .build()
             .map_err(|e| e.to_string())?;
         rt.block_on(async move {
-            crate::cluster::ensure_database(&admin, &tpl_name).await.map_err(|e| e.to_string())?;
-            let store = Store::connect_with(&tpl_url, 1).await.map_err(|e| e.to_string())?;
+            crate::cluster::ensure_database(&admin, &tpl_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let store = Store::connect_with(&tpl_url, 1)
+                .await
+                .map_err(|e| e.to_string())?;
             store.migrate().await.map_err(|e| e.to_string())?;
             store.close().await;
             Ok::<_, String>(())
@@ -101,12 +121,19 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("creating test database: {e}"));
         let _ = conn.close().await;
-        Self { url: server.url(&name), name, admin_url, external: server.external }
+        Self {
+            url: server.url(&name),
+            name,
+            admin_url,
+            external: server.external,
+        }
     }
 
     /// A store on this database.
     pub async fn store(&self) -> Store {
-        Store::connect(&self.url).await.expect("connect to test database")
+        Store::connect(&self.url)
+            .await
+            .expect("connect to test database")
     }
 
     /// The admin URL of the server (database `postgres`), for tests that act as a superuser.
@@ -124,12 +151,17 @@ impl Drop for TestDb {
         let admin = self.admin_url.clone();
         let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
         let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
                 return;
             };
             rt.block_on(async move {
                 if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut c).await;
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut c)
+                        .await;
                     let _ = c.close().await;
                 }
             });
@@ -150,7 +182,10 @@ mod tests {
         );
         assert_eq!(
             split_url("postgres://postgres@localhost/postgres?host=/tmp/x").unwrap(),
-            ("postgres://postgres@localhost/".into(), "?host=/tmp/x".into())
+            (
+                "postgres://postgres@localhost/".into(),
+                "?host=/tmp/x".into()
+            )
         );
         assert_eq!(
             split_url("postgres://u@h:1").unwrap(),

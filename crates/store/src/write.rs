@@ -61,7 +61,10 @@ pub struct Step {
 
 impl Step {
     pub fn event(event: Event) -> Self {
-        Self { event: Some(event), ..Default::default() }
+        Self {
+            event: Some(event),
+            ..Default::default()
+        }
     }
     pub fn with_call(mut self, call: CallRecord) -> Self {
         self.call = Some(call);
@@ -94,10 +97,12 @@ pub(crate) async fn apply_locked(
     let epoch = before.lease_epoch;
 
     let decided = match &step.event {
-        Some(ev) => Some(transition(rec.state, ev).map_err(|source| StoreError::Illegal {
-            operation_id: rec.id,
-            source,
-        })?),
+        Some(ev) => Some(
+            transition(rec.state, ev).map_err(|source| StoreError::Illegal {
+                operation_id: rec.id,
+                source,
+            })?,
+        ),
         None => None,
     };
 
@@ -155,7 +160,11 @@ pub(crate) async fn apply_locked(
     } else {
         now
     };
-    rec.next_action_reason = if automated { reason.to_owned() } else { "none".to_owned() };
+    rec.next_action_reason = if automated {
+        reason.to_owned()
+    } else {
+        "none".to_owned()
+    };
     if !(step.keep_lease && automated) {
         rec.lease_owner = None;
         rec.lease_expires_at = None;
@@ -202,7 +211,10 @@ pub(crate) async fn apply_locked(
     }
 
     update_row(tx, &rec, epoch).await?;
-    Ok(Applied { record: rec, transition: transition_out })
+    Ok(Applied {
+        record: rec,
+        transition: transition_out,
+    })
 }
 
 /// The column effects of an allowed transition.
@@ -238,7 +250,9 @@ fn apply_event_effects(rec: &mut OperationRecord, ev: &Event, t: Transition, now
         Event::ResultUnavailable { why } => {
             rec.result_summary = Some(serde_json::json!({ "unavailable": why }));
         }
-        Event::Superseded { new_operation_id, .. } => {
+        Event::Superseded {
+            new_operation_id, ..
+        } => {
             rec.superseded_by = new_operation_id.parse().ok();
         }
         _ => {}

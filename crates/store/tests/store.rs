@@ -12,7 +12,10 @@ fn providers() -> BTreeMap<String, ProviderTerms> {
     let mut sim = ProviderTerms::new("sim", IdempotencyMode::Header);
     sim.sensitive_fields = vec!["/card".into()];
     m.insert("sim".into(), sim);
-    m.insert("legacy".into(), ProviderTerms::new("legacy", IdempotencyMode::None));
+    m.insert(
+        "legacy".into(),
+        ProviderTerms::new("legacy", IdempotencyMode::None),
+    );
     m
 }
 
@@ -32,21 +35,34 @@ async fn count(db: &TestDb, table: &str) -> i64 {
     use sqlx::Connection;
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let sql = format!("SELECT count(*) FROM {table}");
-    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_one(&mut c).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
     n
 }
 
 async fn exec(db: &TestDb, sql: &str) -> Result<u64, sqlx::Error> {
     use sqlx::Connection;
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut c).await.map(|r| r.rows_affected())
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut c)
+        .await
+        .map(|r| r.rows_affected())
 }
 
 #[tokio::test]
 async fn submit_writes_the_intent_and_its_first_history_link() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let s = store.submit_new(&submission(r#"{"account":"acct_218","format":"csv"}"#), &providers(), SubmitLimits::default()).await.unwrap();
+    let s = store
+        .submit_new(
+            &submission(r#"{"account":"acct_218","format":"csv"}"#),
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await
+        .unwrap();
     assert!(s.created);
     let op = s.operation;
     assert_eq!(op.state, State::CreatePending);
@@ -66,7 +82,10 @@ async fn submit_writes_the_intent_and_its_first_history_link() {
     // A provider without idempotency: the record says at-most-once cannot be guaranteed.
     let mut legacy = submission("{}");
     legacy.provider = "legacy".into();
-    let l = store.submit_new(&legacy, &providers(), SubmitLimits::default()).await.unwrap();
+    let l = store
+        .submit_new(&legacy, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
     assert!(!l.operation.at_most_once);
 }
 
@@ -77,10 +96,16 @@ async fn submitting_the_same_id_and_body_twice_returns_one_record() {
     let id: OperationId = "op_01JAAAAAAAAAAAAAAAAAAAAAAA".parse().unwrap();
     let mut s = submission(r#"{"account":"acct_218","format":"csv"}"#);
     s.operation_id = Some(id);
-    let first = store.submit_new(&s, &providers(), SubmitLimits::default()).await.unwrap();
+    let first = store
+        .submit_new(&s, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
     // Same body, other key order and whitespace: the same fingerprint.
     s.body = b"{ \"format\": \"csv\", \"account\": \"acct_218\" }".to_vec();
-    let second = store.submit_new(&s, &providers(), SubmitLimits::default()).await.unwrap();
+    let second = store
+        .submit_new(&s, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
     assert!(first.created && !second.created);
     assert_eq!(first.operation, second.operation);
     assert_eq!(second.operation.token, first.operation.token);
@@ -95,14 +120,25 @@ async fn the_same_id_with_a_changed_body_is_refused_and_nothing_is_written() {
     let id: OperationId = "op_01JBBBBBBBBBBBBBBBBBBBBBBB".parse().unwrap();
     let mut s = submission(r#"{"account":"acct_218","range":"2025-02"}"#);
     s.operation_id = Some(id);
-    let first = store.submit_new(&s, &providers(), SubmitLimits::default()).await.unwrap();
+    let first = store
+        .submit_new(&s, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
     s.body = br#"{"account":"acct_218","range":"2025-03"}"#.to_vec();
-    let err = store.submit_new(&s, &providers(), SubmitLimits::default()).await.unwrap_err();
+    let err = store
+        .submit_new(&s, &providers(), SubmitLimits::default())
+        .await
+        .unwrap_err();
     let msg = err.to_string();
     match err {
-        StoreError::Submit(SubmitError::FingerprintConflict { stored, submitted, .. }) => {
+        StoreError::Submit(SubmitError::FingerprintConflict {
+            stored, submitted, ..
+        }) => {
             assert_eq!(stored, first.operation.fingerprint);
-            assert!(msg.contains(stored.as_str()) && msg.contains(submitted.as_str()), "{msg}");
+            assert!(
+                msg.contains(stored.as_str()) && msg.contains(submitted.as_str()),
+                "{msg}"
+            );
         }
         other => panic!("expected a fingerprint conflict, got {other}"),
     }
@@ -117,13 +153,25 @@ async fn bad_input_is_refused_and_nothing_is_written() {
     let store = db.store().await;
     let now = chrono::Utc::now();
     let mut cases: Vec<(&str, Submission, SubmitLimits)> = Vec::new();
-    cases.push(("malformed", submission(r#"{"account": "#), SubmitLimits::default()));
+    cases.push((
+        "malformed",
+        submission(r#"{"account": "#),
+        SubmitLimits::default(),
+    ));
     let mut unknown = submission("{}");
     unknown.provider = "nope".into();
     cases.push(("unknown provider", unknown, SubmitLimits::default()));
     let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(1024 * 1024));
-    cases.push(("too large (default 1 MiB)", submission(&big), SubmitLimits::default()));
-    cases.push(("too large (configured)", submission(r#"{"a":"0123456789"}"#), SubmitLimits { max_body_bytes: 8 }));
+    cases.push((
+        "too large (default 1 MiB)",
+        submission(&big),
+        SubmitLimits::default(),
+    ));
+    cases.push((
+        "too large (configured)",
+        submission(r#"{"a":"0123456789"}"#),
+        SubmitLimits { max_body_bytes: 8 },
+    ));
     let mut past = submission("{}");
     past.create_deadline = Some(now - chrono::Duration::seconds(5));
     cases.push(("deadline in the past", past, SubmitLimits::default()));
@@ -131,16 +179,26 @@ async fn bad_input_is_refused_and_nothing_is_written() {
     order.create_deadline = Some(now + chrono::Duration::minutes(10));
     order.result_deadline = Some(now + chrono::Duration::minutes(5));
     cases.push(("deadlines out of order", order, SubmitLimits::default()));
-    cases.push(("literal secret", submission(r#"{"card":"4111111111111111"}"#), SubmitLimits::default()));
+    cases.push((
+        "literal secret",
+        submission(r#"{"card":"4111111111111111"}"#),
+        SubmitLimits::default(),
+    ));
     let mut nobody = submission("{}");
     nobody.approved_by = String::new();
     cases.push(("no approval", nobody, SubmitLimits::default()));
 
     for (name, s, limits) in cases {
-        let err = store.submit_new(&s, &providers(), limits).await.expect_err(name);
+        let err = store
+            .submit_new(&s, &providers(), limits)
+            .await
+            .expect_err(name);
         let msg = err.to_string();
         assert!(matches!(err, StoreError::Submit(_)), "{name}: {msg}");
-        assert!(!msg.contains("4111111111111111"), "{name} leaked the secret: {msg}");
+        assert!(
+            !msg.contains("4111111111111111"),
+            "{name} leaked the secret: {msg}"
+        );
     }
     assert_eq!(count(&db, "operations").await, 0);
     assert_eq!(count(&db, "operation_history").await, 0);
@@ -152,7 +210,14 @@ async fn two_concurrent_claimers_never_hold_the_same_operation_and_claim_everyth
     let store = db.store().await;
     let mut ids = HashSet::new();
     for i in 0..1000 {
-        let s = store.submit_new(&submission(&format!(r#"{{"n":{i}}}"#)), &providers(), SubmitLimits::default()).await.unwrap();
+        let s = store
+            .submit_new(
+                &submission(&format!(r#"{{"n":{i}}}"#)),
+                &providers(),
+                SubmitLimits::default(),
+            )
+            .await
+            .unwrap();
         ids.insert(s.operation.id);
     }
     let holding: Arc<Mutex<HashMap<OperationId, String>>> = Arc::default();
@@ -166,7 +231,10 @@ async fn two_concurrent_claimers_never_hold_the_same_operation_and_claim_everyth
             let me = format!("worker-{w}");
             let mut idle = 0;
             while idle < 3 {
-                let batch = store.claim_due(&me, 16, Duration::from_secs(60)).await.unwrap();
+                let batch = store
+                    .claim_due(&me, 16, Duration::from_secs(60))
+                    .await
+                    .unwrap();
                 if batch.is_empty() {
                     idle += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -182,7 +250,10 @@ async fn two_concurrent_claimers_never_hold_the_same_operation_and_claim_everyth
                 tokio::task::yield_now().await;
                 for c in batch {
                     // Finish it (a definitive rejection is final, so it is never due again).
-                    let step = Step::event(Event::CreateRejected { http_status: Some(400), reason: "test".into() });
+                    let step = Step::event(Event::CreateRejected {
+                        http_status: Some(400),
+                        reason: "test".into(),
+                    });
                     holding.lock().unwrap().remove(&c.lease.operation_id);
                     store.apply(&c.lease, step).await.unwrap();
                     claimed.lock().unwrap().push(c.lease.operation_id);
@@ -191,9 +262,16 @@ async fn two_concurrent_claimers_never_hold_the_same_operation_and_claim_everyth
         }));
     }
     for t in tasks {
-        tokio::time::timeout(Duration::from_secs(120), t).await.expect("claimers finish").unwrap();
+        tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("claimers finish")
+            .unwrap();
     }
-    assert_eq!(*overlaps.lock().unwrap(), 0, "an operation was held by two claimers at once");
+    assert_eq!(
+        *overlaps.lock().unwrap(),
+        0,
+        "an operation was held by two claimers at once"
+    );
     let claimed = claimed.lock().unwrap();
     let unique: HashSet<_> = claimed.iter().copied().collect();
     assert_eq!(claimed.len(), 1000, "each operation claimed exactly once");
@@ -214,7 +292,11 @@ async fn claim_one(store: &Store, owner: &str, ttl: Duration) -> Claimed {
 async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let op = store.submit_new(&submission("{}"), &providers(), SubmitLimits::default()).await.unwrap().operation;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
 
     let stale = claim_one(&store, "worker-a", Duration::from_millis(300)).await;
     // The lease expires; worker-b takes over (waiting on the claim itself, not a fixed sleep).
@@ -223,19 +305,46 @@ async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched(
     assert!(fresh.lease.epoch > stale.lease.epoch);
     let before = store.get(op.id).await.unwrap();
 
-    let lost = |r: Result<(), StoreError>| assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
-    let accept = Step::event(Event::CreateAccepted { remote_job_id: "job_stale".into(), remote_state: None });
+    let lost = |r: Result<(), StoreError>| {
+        assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}")
+    };
+    let accept = Step::event(Event::CreateAccepted {
+        remote_job_id: "job_stale".into(),
+        remote_state: None,
+    });
     lost(store.apply(&stale.lease, accept).await.map(|_| ()));
-    lost(store.extend_lease(&stale.lease, Duration::from_secs(60)).await.map(|_| ()));
-    lost(store.release(&stale.lease, chrono::Utc::now(), "test").await);
-    let observe = Step { observation: Some(Observation { remote_state: Some("x".into()), ..Default::default() }), ..Default::default() };
+    lost(
+        store
+            .extend_lease(&stale.lease, Duration::from_secs(60))
+            .await
+            .map(|_| ()),
+    );
+    lost(
+        store
+            .release(&stale.lease, chrono::Utc::now(), "test")
+            .await,
+    );
+    let observe = Step {
+        observation: Some(Observation {
+            remote_state: Some("x".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     lost(store.apply(&stale.lease, observe).await.map(|_| ()));
 
-    assert_eq!(store.get(op.id).await.unwrap(), before, "the stale worker changed the row");
+    assert_eq!(
+        store.get(op.id).await.unwrap(),
+        before,
+        "the stale worker changed the row"
+    );
     assert_eq!(store.history(op.id).await.unwrap().len(), 1);
 
     // The new owner's writes go through.
-    let accept = Step::event(Event::CreateAccepted { remote_job_id: "job_1".into(), remote_state: Some("queued".into()) });
+    let accept = Step::event(Event::CreateAccepted {
+        remote_job_id: "job_1".into(),
+        remote_state: Some("queued".into()),
+    });
     let applied = store.apply(&fresh.lease, accept).await.unwrap();
     assert_eq!(applied.record.state, State::Accepted);
     assert_eq!(applied.record.remote_job_id.as_deref(), Some("job_1"));
@@ -246,26 +355,74 @@ async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched(
 async fn a_live_lease_is_not_claimable_and_extension_keeps_it() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    store.submit_new(&submission("{}"), &providers(), SubmitLimits::default()).await.unwrap();
+    store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
     let a = claim_one(&store, "a", Duration::from_secs(1)).await;
-    assert!(store.claim_due("b", 10, Duration::from_secs(1)).await.unwrap().is_empty());
-    let exp = store.extend_lease(&a.lease, Duration::from_secs(30)).await.unwrap();
+    assert!(
+        store
+            .claim_due("b", 10, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let exp = store
+        .extend_lease(&a.lease, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert!(exp > chrono::Utc::now() + chrono::Duration::seconds(20));
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert!(store.claim_due("b", 10, Duration::from_secs(1)).await.unwrap().is_empty());
+    assert!(
+        store
+            .claim_due("b", 10, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
 async fn history_refuses_update_and_delete_and_the_chain_recomputes() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let op = store.submit_new(&submission("{}"), &providers(), SubmitLimits::default()).await.unwrap().operation;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
     let c = claim_one(&store, "w", Duration::from_secs(30)).await;
-    store.apply(&c.lease, Step::event(Event::CreateAccepted { remote_job_id: "job_1".into(), remote_state: None })).await.unwrap();
+    store
+        .apply(
+            &c.lease,
+            Step::event(Event::CreateAccepted {
+                remote_job_id: "job_1".into(),
+                remote_state: None,
+            }),
+        )
+        .await
+        .unwrap();
     let c = claim_one(&store, "w", Duration::from_secs(30)).await;
-    store.apply(&c.lease, Step::event(Event::RemoteProgress { remote_state: "running".into(), known: true })).await.unwrap();
+    store
+        .apply(
+            &c.lease,
+            Step::event(Event::RemoteProgress {
+                remote_state: "running".into(),
+                known: true,
+            }),
+        )
+        .await
+        .unwrap();
     let c = claim_one(&store, "w", Duration::from_secs(30)).await;
-    store.apply(&c.lease, Step::event(Event::RemoteSucceeded { remote_state: "done".into() })).await.unwrap();
+    store
+        .apply(
+            &c.lease,
+            Step::event(Event::RemoteSucceeded {
+                remote_state: "done".into(),
+            }),
+        )
+        .await
+        .unwrap();
     assert_eq!(store.history(op.id).await.unwrap().len(), 4);
 
     for sql in [
@@ -296,15 +453,41 @@ async fn history_refuses_update_and_delete_and_the_chain_recomputes() {
 async fn check_constraints_tie_states_to_their_facts() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let op = store.submit_new(&submission("{}"), &providers(), SubmitLimits::default()).await.unwrap().operation;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
     let id = op.id.as_uuid();
     for (why, sql) in [
-        ("succeeded needs finished_at and a result", format!("UPDATE operations SET state = 'succeeded' WHERE id = '{id}'")),
-        ("observing needs a remote job id", format!("UPDATE operations SET state = 'observing' WHERE id = '{id}'")),
-        ("held states need an escalation", format!("UPDATE operations SET state = 'result_timed_out', remote_job_id = 'j' WHERE id = '{id}'")),
-        ("cancel_requested needs the request", format!("UPDATE operations SET state = 'cancel_requested', remote_job_id = 'j' WHERE id = '{id}'")),
-        ("a lease is owner and expiry", format!("UPDATE operations SET lease_owner = 'w' WHERE id = '{id}'")),
-        ("unknown states are refused", format!("UPDATE operations SET state = 'done' WHERE id = '{id}'")),
+        (
+            "succeeded needs finished_at and a result",
+            format!("UPDATE operations SET state = 'succeeded' WHERE id = '{id}'"),
+        ),
+        (
+            "observing needs a remote job id",
+            format!("UPDATE operations SET state = 'observing' WHERE id = '{id}'"),
+        ),
+        (
+            "held states need an escalation",
+            format!(
+                "UPDATE operations SET state = 'result_timed_out', remote_job_id = 'j' WHERE id = '{id}'"
+            ),
+        ),
+        (
+            "cancel_requested needs the request",
+            format!(
+                "UPDATE operations SET state = 'cancel_requested', remote_job_id = 'j' WHERE id = '{id}'"
+            ),
+        ),
+        (
+            "a lease is owner and expiry",
+            format!("UPDATE operations SET lease_owner = 'w' WHERE id = '{id}'"),
+        ),
+        (
+            "unknown states are refused",
+            format!("UPDATE operations SET state = 'done' WHERE id = '{id}'"),
+        ),
     ] {
         assert!(exec(&db, &sql).await.is_err(), "{why}");
     }
@@ -316,21 +499,53 @@ async fn cancel_before_create_withdraws_and_a_cancel_during_create_is_noted() {
     let store = db.store().await;
     let req = CancelRequest::new("alice", "wrong account").unwrap();
 
-    let a = store.submit_new(&submission(r#"{"n":1}"#), &providers(), SubmitLimits::default()).await.unwrap().operation;
+    let a = store
+        .submit_new(
+            &submission(r#"{"n":1}"#),
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await
+        .unwrap()
+        .operation;
     let applied = store.request_cancel(a.id, req.clone()).await.unwrap();
     assert_eq!(applied.record.state, State::Withdrawn);
     assert_eq!(applied.record.cancel_requested_by.as_deref(), Some("alice"));
-    assert!(store.claim_due("w", 10, Duration::from_secs(30)).await.unwrap().is_empty(), "withdrawn is never claimed");
+    assert!(
+        store
+            .claim_due("w", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "withdrawn is never claimed"
+    );
 
     // While a worker holds the lease the create may be in flight: noted, not withdrawn.
-    let b = store.submit_new(&submission(r#"{"n":2}"#), &providers(), SubmitLimits::default()).await.unwrap().operation;
+    let b = store
+        .submit_new(
+            &submission(r#"{"n":2}"#),
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await
+        .unwrap()
+        .operation;
     let c = claim_one(&store, "w", Duration::from_secs(30)).await;
     assert_eq!(c.lease.operation_id, b.id);
     let noted = store.request_cancel(b.id, req.clone()).await.unwrap();
     assert_eq!(noted.record.state, State::CreatePending);
     assert!(noted.record.has_pending_cancel());
     // The worker's create outcome still lands (the job id is never lost to a cancel request).
-    let applied = store.apply(&c.lease, Step::event(Event::CreateAccepted { remote_job_id: "job_b".into(), remote_state: None })).await.unwrap();
+    let applied = store
+        .apply(
+            &c.lease,
+            Step::event(Event::CreateAccepted {
+                remote_job_id: "job_b".into(),
+                remote_state: None,
+            }),
+        )
+        .await
+        .unwrap();
     assert_eq!(applied.record.state, State::Accepted);
     assert!(applied.record.has_pending_cancel());
 
@@ -345,16 +560,39 @@ async fn cancel_before_create_withdraws_and_a_cancel_during_create_is_noted() {
 async fn a_late_worker_event_after_a_decision_is_refused_but_its_call_is_kept() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let op = store.submit_new(&submission("{}"), &providers(), SubmitLimits::default()).await.unwrap().operation;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
     let c = claim_one(&store, "w", Duration::from_secs(30)).await;
-    store.apply(&c.lease, Step::event(Event::CreateAccepted { remote_job_id: "job_1".into(), remote_state: None })).await.unwrap();
+    store
+        .apply(
+            &c.lease,
+            Step::event(Event::CreateAccepted {
+                remote_job_id: "job_1".into(),
+                remote_state: None,
+            }),
+        )
+        .await
+        .unwrap();
     let c = claim_one(&store, "w", Duration::from_secs(30)).await;
     // A person abandons while the worker polls.
-    let abandon = Step::event(Event::Abandon { decision: Decision::new("bob", "customer withdrew").unwrap() });
-    store.decide(op.id, State::Accepted, None, abandon).await.unwrap();
+    let abandon = Step::event(Event::Abandon {
+        decision: Decision::new("bob", "customer withdrew").unwrap(),
+    });
+    store
+        .decide(op.id, State::Accepted, None, abandon)
+        .await
+        .unwrap();
     // A decision on a view that is no longer current is refused.
-    let again = Step::event(Event::Abandon { decision: Decision::new("bob", "again").unwrap() });
-    assert!(matches!(store.decide(op.id, State::Accepted, None, again).await, Err(StoreError::Stale { .. })));
+    let again = Step::event(Event::Abandon {
+        decision: Decision::new("bob", "again").unwrap(),
+    });
+    assert!(matches!(
+        store.decide(op.id, State::Accepted, None, again).await,
+        Err(StoreError::Stale { .. })
+    ));
     let call = CallRecord {
         id: uuid::Uuid::now_v7(),
         kind: CallKind::Status,
@@ -372,14 +610,27 @@ async fn a_late_worker_event_after_a_decision_is_refused_but_its_call_is_kept() 
         span_id: "00f067aa0ba902b7".into(),
         response_sha256: None,
     };
-    let step = Step::event(Event::RemoteProgress { remote_state: "running".into(), known: true }).with_call(call);
+    let step = Step::event(Event::RemoteProgress {
+        remote_state: "running".into(),
+        known: true,
+    })
+    .with_call(call);
     let r = store.apply(&c.lease, step).await;
-    assert!(matches!(r, Err(StoreError::Illegal { .. }) | Err(StoreError::LeaseLost { .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(StoreError::Illegal { .. }) | Err(StoreError::LeaseLost { .. })
+        ),
+        "{r:?}"
+    );
     let after = store.get(op.id).await.unwrap();
     assert_eq!(after.state, State::Abandoned);
     assert!(after.finished_at.is_some());
     let calls = store.calls(op.id).await.unwrap();
     assert_eq!(calls.len(), 1, "the call happened and is logged");
     assert_eq!(calls[0].provider_request_id.as_deref(), Some("req_1"));
-    assert_eq!(store.history(op.id).await.unwrap().last().unwrap().to_state, "abandoned");
+    assert_eq!(
+        store.history(op.id).await.unwrap().last().unwrap().to_state,
+        "abandoned"
+    );
 }

@@ -1,0 +1,1190 @@
+//! The provider contract: one TOML file per provider, holding everything the essay says differs
+//! between providers. Parsed strictly (unknown keys are errors) and validated at load; every error
+//! names the file, the key and what was expected. See `docs/provider-contracts.md`.
+
+use jobtrail_core::schedule::{Backoff, RetryAfterBounds};
+use jobtrail_core::{IdempotencyMode, ProviderTerms, SecretRef};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A contract that did not load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContractError {
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("{file}: {key}: expected {expected}")]
+    Invalid {
+        file: String,
+        key: String,
+        expected: String,
+    },
+    #[error("{file}: {message}")]
+    Io { file: String, message: String },
+}
+
+/// Where a value is found in a response: `body:/json/pointer` or `header:Name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Locator {
+    Body(String),
+    Header(String),
+}
+
+impl Locator {
+    fn parse(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.strip_prefix("body:") {
+            if p.is_empty() || p.starts_with('/') {
+                return Ok(Locator::Body(p.to_owned()));
+            }
+        } else if let Some(h) = s.strip_prefix("header:")
+            && http::HeaderName::from_bytes(h.as_bytes()).is_ok()
+        {
+            return Ok(Locator::Header(h.to_owned()));
+        }
+        Err(format!(
+            "`body:/json/pointer` or `header:Header-Name`, got {s:?}"
+        ))
+    }
+}
+
+/// What a response means, when a rule matches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Meaning {
+    /// Definitive: the provider will not do this.
+    Reject,
+    /// We cannot tell whether it took effect.
+    Ambiguous,
+    /// Not done; try again later (honouring Retry-After).
+    RetryLater,
+    /// A duplicate create reported as an error: read it as the original job.
+    AlreadyExists,
+    /// Success, whatever the status says.
+    Success,
+}
+
+/// Which call a rule applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallName {
+    Create,
+    Status,
+    Cancel,
+    Result,
+    Lookup,
+}
+
+/// How to settle an ambiguous create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReconcileMethod {
+    /// Send create again with the same token; the provider returns the original job.
+    Resend,
+    /// Look the job up by our client reference.
+    Lookup,
+    /// The provider offers nothing: a person decides.
+    None,
+}
+
+impl ReconcileMethod {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ReconcileMethod::Resend => "resend",
+            ReconcileMethod::Lookup => "lookup",
+            ReconcileMethod::None => "none",
+        }
+    }
+}
+
+/// The format of a result body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultFormat {
+    Json,
+    Csv,
+    Bytes,
+}
+
+// ---- raw TOML shape (strict) -------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    base_url: String,
+    #[serde(default)]
+    untested: bool,
+    #[serde(default)]
+    timeouts: RawTimeouts,
+    #[serde(default)]
+    auth: Option<RawAuth>,
+    #[serde(default)]
+    query: BTreeMap<String, String>,
+    #[serde(default)]
+    trace_header: Option<String>,
+    #[serde(default)]
+    cookies: bool,
+    create: RawCreate,
+    status: RawStatus,
+    #[serde(default)]
+    rules: Vec<RawRule>,
+    #[serde(default)]
+    polling: RawPolling,
+    #[serde(default)]
+    deadlines: RawDeadlines,
+    #[serde(default)]
+    cancel: Option<RawCancel>,
+    #[serde(default)]
+    result: Option<RawResult>,
+    #[serde(default)]
+    reconcile: RawReconcile,
+    #[serde(default)]
+    webhook: Option<RawWebhook>,
+    #[serde(default)]
+    redact: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTimeouts {
+    #[serde(default = "d_connect")]
+    connect_ms: u64,
+    #[serde(default = "d_request")]
+    request_ms: u64,
+    #[serde(default = "d_body")]
+    max_response_bytes: u64,
+}
+fn d_connect() -> u64 {
+    2_000
+}
+fn d_request() -> u64 {
+    10_000
+}
+fn d_body() -> u64 {
+    1024 * 1024
+}
+impl Default for RawTimeouts {
+    fn default() -> Self {
+        Self {
+            connect_ms: d_connect(),
+            request_ms: d_request(),
+            max_response_bytes: d_body(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    #[serde(default = "d_auth_header")]
+    header: String,
+    #[serde(default)]
+    scheme: Option<String>,
+    secret: String,
+}
+fn d_auth_header() -> String {
+    "Authorization".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCreate {
+    #[serde(default = "d_post")]
+    method: String,
+    path: String,
+    idempotency: String,
+    #[serde(default)]
+    idempotency_header: Option<String>,
+    #[serde(default)]
+    idempotency_field: Option<String>,
+    #[serde(default)]
+    client_reference_field: Option<String>,
+    job_id: String,
+    #[serde(default)]
+    initial_state: Option<String>,
+    #[serde(default)]
+    status_url: Option<String>,
+    #[serde(default)]
+    sync_result: Option<String>,
+}
+fn d_post() -> String {
+    "POST".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStatus {
+    url: String,
+    #[serde(default)]
+    follow: Option<Vec<String>>,
+    state: String,
+    #[serde(default)]
+    updated_at: Option<String>,
+    #[serde(default)]
+    progress: Option<String>,
+    #[serde(default)]
+    result_url: Option<String>,
+    #[serde(default)]
+    expected_count: Option<String>,
+    #[serde(default)]
+    checksum: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    final_get: bool,
+    states: RawStates,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStates {
+    #[serde(default)]
+    queued: Vec<String>,
+    #[serde(default)]
+    running: Vec<String>,
+    succeeded: Vec<String>,
+    failed: Vec<String>,
+    #[serde(default)]
+    cancelled: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    #[serde(default)]
+    calls: Vec<CallName>,
+    #[serde(default)]
+    status: Vec<u16>,
+    #[serde(default)]
+    body_contains: Option<String>,
+    means: Meaning,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolling {
+    #[serde(default = "d_initial")]
+    initial_ms: u64,
+    #[serde(default = "d_factor")]
+    factor: f64,
+    #[serde(default = "d_cap")]
+    cap_ms: u64,
+    #[serde(default = "d_jitter")]
+    jitter: f64,
+    #[serde(default = "d_ra_min")]
+    retry_after_min_ms: u64,
+    #[serde(default = "d_ra_max")]
+    retry_after_max_ms: u64,
+    #[serde(default = "d_failures")]
+    max_failures: u32,
+}
+fn d_initial() -> u64 {
+    2_000
+}
+fn d_factor() -> f64 {
+    2.0
+}
+fn d_cap() -> u64 {
+    60_000
+}
+fn d_jitter() -> f64 {
+    0.2
+}
+fn d_ra_min() -> u64 {
+    100
+}
+fn d_ra_max() -> u64 {
+    300_000
+}
+fn d_failures() -> u32 {
+    8
+}
+impl Default for RawPolling {
+    fn default() -> Self {
+        Self {
+            initial_ms: d_initial(),
+            factor: d_factor(),
+            cap_ms: d_cap(),
+            jitter: d_jitter(),
+            retry_after_min_ms: d_ra_min(),
+            retry_after_max_ms: d_ra_max(),
+            max_failures: d_failures(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeadlines {
+    #[serde(default = "d_create_ms")]
+    create_ms: u64,
+    #[serde(default = "d_result_ms")]
+    result_ms: u64,
+}
+fn d_create_ms() -> u64 {
+    120_000
+}
+fn d_result_ms() -> u64 {
+    3_600_000
+}
+impl Default for RawDeadlines {
+    fn default() -> Self {
+        Self {
+            create_ms: d_create_ms(),
+            result_ms: d_result_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCancel {
+    #[serde(default = "d_post")]
+    method: String,
+    path: String,
+    #[serde(default)]
+    idempotent: bool,
+    #[serde(default = "d_cancel_ms")]
+    window_ms: u64,
+}
+fn d_cancel_ms() -> u64 {
+    300_000
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResult {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    content_type: Option<String>,
+    #[serde(default = "d_result_bytes")]
+    max_bytes: u64,
+    #[serde(default = "d_format")]
+    format: ResultFormat,
+    #[serde(default)]
+    checksum_header: Option<String>,
+    #[serde(default = "d_algorithm")]
+    checksum_algorithm: String,
+    #[serde(default)]
+    schema: Option<String>,
+    #[serde(default)]
+    schema_file: Option<String>,
+    #[serde(default)]
+    items: Option<String>,
+    #[serde(default)]
+    item_error: Option<String>,
+    #[serde(default)]
+    item_ref: Option<String>,
+    #[serde(default)]
+    csv_status_column: Option<String>,
+    #[serde(default)]
+    csv_error_values: Vec<String>,
+    #[serde(default)]
+    expected_count: Option<u64>,
+    #[serde(default)]
+    max_failed_items: Option<u64>,
+}
+fn d_result_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+fn d_format() -> ResultFormat {
+    ResultFormat::Json
+}
+fn d_algorithm() -> String {
+    "sha256".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReconcile {
+    #[serde(default = "d_reconcile")]
+    method: ReconcileMethod,
+    #[serde(default)]
+    lookup_url: Option<String>,
+    #[serde(default)]
+    lookup_jobs: Option<String>,
+    #[serde(default)]
+    lookup_job_id: Option<String>,
+    #[serde(default = "d_reconcile_interval")]
+    interval_ms: u64,
+}
+fn d_reconcile() -> ReconcileMethod {
+    ReconcileMethod::None
+}
+fn d_reconcile_interval() -> u64 {
+    2_000
+}
+impl Default for RawReconcile {
+    fn default() -> Self {
+        Self {
+            method: d_reconcile(),
+            lookup_url: None,
+            lookup_jobs: None,
+            lookup_job_id: None,
+            interval_ms: d_reconcile_interval(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWebhook {
+    signature: String,
+    signature_header: String,
+    secret: String,
+    event_id: String,
+    job_id: String,
+}
+
+// ---- the validated contract ---------------------------------------------------------------------
+
+/// Authentication injected at send time from a secret reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Auth {
+    pub header: http::HeaderName,
+    pub scheme: Option<String>,
+    pub secret: SecretRef,
+}
+
+/// Where the idempotency token goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenPlacement {
+    Header(http::HeaderName),
+    BodyField(String),
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateSpec {
+    pub method: http::Method,
+    pub path: String,
+    pub token: TokenPlacement,
+    pub client_reference_field: Option<String>,
+    pub job_id: Locator,
+    pub initial_state: Option<Locator>,
+    pub status_url: Option<Locator>,
+    pub sync_result: Option<Locator>,
+}
+
+/// The provider's state names, mapped to the five phases we act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusSpec {
+    pub url: String,
+    /// Where the provider may give (or change) the status URL, highest precedence first.
+    pub follow: Vec<Locator>,
+    pub state: String,
+    pub updated_at: Option<String>,
+    pub progress: Option<String>,
+    pub result_url: Option<String>,
+    pub expected_count: Option<String>,
+    pub checksum: Option<String>,
+    pub error: Option<String>,
+    pub final_get: bool,
+    pub states: BTreeMap<String, Phase>,
+}
+
+impl StatusSpec {
+    /// The phase of a provider state name; `None` for a name the contract does not know (recorded as
+    /// such, never guessed).
+    pub fn phase(&self, remote_state: &str) -> Option<Phase> {
+        self.states.get(remote_state).copied()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub calls: Vec<CallName>,
+    pub status: Vec<u16>,
+    pub body_contains: Option<String>,
+    pub means: Meaning,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Polling {
+    pub backoff: Backoff,
+    pub retry_after: RetryAfterBounds,
+    pub max_failures: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancelSpec {
+    pub method: http::Method,
+    pub path: String,
+    pub idempotent: bool,
+    pub window: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResultSpec {
+    pub url: Option<String>,
+    pub content_type: Option<String>,
+    pub max_bytes: u64,
+    pub format: ResultFormat,
+    pub checksum_header: Option<http::HeaderName>,
+    pub schema: Option<std::sync::Arc<jsonschema::Validator>>,
+    pub items: Option<String>,
+    pub item_error: Option<String>,
+    pub item_ref: Option<String>,
+    pub csv_status_column: Option<String>,
+    pub csv_error_values: Vec<String>,
+    pub expected_count: Option<u64>,
+    pub max_failed_items: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReconcileSpec {
+    pub method: ReconcileMethod,
+    pub lookup_url: Option<String>,
+    pub lookup_jobs: Option<String>,
+    pub lookup_job_id: Option<String>,
+    pub interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookSpec {
+    pub signature: String,
+    pub signature_header: http::HeaderName,
+    pub secret: SecretRef,
+    pub event_id: String,
+    pub job_id: String,
+}
+
+/// A validated provider contract.
+#[derive(Debug, Clone)]
+pub struct Contract {
+    pub file: PathBuf,
+    pub name: String,
+    pub description: Option<String>,
+    pub untested: bool,
+    pub base_url: url::Url,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub max_response_bytes: u64,
+    pub auth: Option<Auth>,
+    pub query: BTreeMap<String, String>,
+    pub trace_header: Option<http::HeaderName>,
+    pub cookies: bool,
+    pub create: CreateSpec,
+    pub status: StatusSpec,
+    pub rules: Vec<Rule>,
+    pub polling: Polling,
+    pub create_window: Duration,
+    pub result_window: Duration,
+    pub cancel: Option<CancelSpec>,
+    pub result: Option<ResultSpec>,
+    pub reconcile: ReconcileSpec,
+    pub webhook: Option<WebhookSpec>,
+    pub redact: Vec<String>,
+}
+
+impl Contract {
+    /// What submit needs to know.
+    pub fn terms(&self) -> ProviderTerms {
+        let mut t = ProviderTerms::new(&self.name, self.idempotency());
+        t.sensitive_fields = self.redact.clone();
+        t.default_create_window = self.create_window;
+        t.default_result_window = self.result_window;
+        if let Some(c) = &self.cancel {
+            t.default_cancel_window = c.window;
+        }
+        t
+    }
+
+    pub fn idempotency(&self) -> IdempotencyMode {
+        match self.create.token {
+            TokenPlacement::Header(_) => IdempotencyMode::Header,
+            TokenPlacement::BodyField(_) => IdempotencyMode::BodyField,
+            TokenPlacement::None => IdempotencyMode::None,
+        }
+    }
+
+    /// Load and validate one contract file. `JOBTRAIL_PROVIDER_<NAME>_BASE_URL` overrides `base_url`
+    /// (name upper-cased, `-` as `_`), so one contract serves every environment.
+    pub fn load(path: &Path) -> Result<Self, ContractError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ContractError::Io {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse and validate contract text; `path` names it in errors and anchors relative files.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ContractError> {
+        let file = path.display().to_string();
+        let raw: Raw = toml::from_str(text).map_err(|e| ContractError::Parse {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        Validator {
+            file: &file,
+            dir: path.parent().unwrap_or(Path::new(".")),
+        }
+        .contract(raw, path)
+    }
+}
+
+/// Load every `*.toml` contract in a directory. Names must be unique.
+pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Contract>, ContractError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ContractError::Io {
+        file: dir.display().to_string(),
+        message: format!("cannot read the providers directory: {e}"),
+    })?;
+    let mut paths: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    paths.sort();
+    let mut out = BTreeMap::new();
+    for p in paths {
+        let c = Contract::load(&p)?;
+        if let Some(prev) = out.get(&c.name) {
+            let prev: &Contract = prev;
+            return Err(ContractError::Invalid {
+                file: p.display().to_string(),
+                key: "name".into(),
+                expected: format!("a name not already used by {}", prev.file.display()),
+            });
+        }
+        out.insert(c.name.clone(), c);
+    }
+    Ok(out)
+}
+
+struct Validator<'a> {
+    file: &'a str,
+    dir: &'a Path,
+}
+
+impl Validator<'_> {
+    fn err(&self, key: &str, expected: impl Into<String>) -> ContractError {
+        ContractError::Invalid {
+            file: self.file.to_owned(),
+            key: key.to_owned(),
+            expected: expected.into(),
+        }
+    }
+
+    fn pointer(&self, key: &str, p: &Option<String>) -> Result<Option<String>, ContractError> {
+        match p {
+            Some(p) if !(p.is_empty() || p.starts_with('/')) => {
+                Err(self.err(key, format!("a JSON pointer starting with '/', got {p:?}")))
+            }
+            other => Ok(other.clone()),
+        }
+    }
+
+    fn locator(&self, key: &str, s: &str) -> Result<Locator, ContractError> {
+        Locator::parse(s).map_err(|e| self.err(key, e))
+    }
+
+    fn method(&self, key: &str, m: &str) -> Result<http::Method, ContractError> {
+        match m.to_ascii_uppercase().as_str() {
+            "GET" | "POST" | "PUT" | "PATCH" | "DELETE" => {
+                Ok(http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()).expect("valid"))
+            }
+            _ => Err(self.err(
+                key,
+                format!("one of GET, POST, PUT, PATCH, DELETE, got {m:?}"),
+            )),
+        }
+    }
+
+    fn header(&self, key: &str, h: &str) -> Result<http::HeaderName, ContractError> {
+        http::HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| self.err(key, format!("a valid HTTP header name, got {h:?}")))
+    }
+
+    fn template(&self, key: &str, t: &str) -> Result<String, ContractError> {
+        let known = [
+            "{job_id}",
+            "{operation_id}",
+            "{target}",
+            "{client_reference}",
+        ];
+        let mut rest = t;
+        while let Some(i) = rest.find('{') {
+            let end = rest[i..].find('}').ok_or_else(|| {
+                self.err(key, format!("a template with closed braces, got {t:?}"))
+            })?;
+            let ph = &rest[i..i + end + 1];
+            if !known.contains(&ph) {
+                return Err(self.err(
+                    key,
+                    format!("placeholders among {}, got {ph}", known.join(", ")),
+                ));
+            }
+            rest = &rest[i + end + 1..];
+        }
+        if !(t.starts_with('/') || t.starts_with("http://") || t.starts_with("https://")) {
+            return Err(self.err(
+                key,
+                format!("a path starting with '/' or an absolute http(s) URL, got {t:?}"),
+            ));
+        }
+        Ok(t.to_owned())
+    }
+
+    fn secret(&self, key: &str, s: &str) -> Result<SecretRef, ContractError> {
+        SecretRef::parse(s).map_err(|e| self.err(key, e))
+    }
+
+    fn ms(&self, key: &str, v: u64, min: u64) -> Result<Duration, ContractError> {
+        if v < min {
+            return Err(self.err(key, format!("at least {min} ms, got {v}")));
+        }
+        Ok(Duration::from_millis(v))
+    }
+
+    fn contract(&self, r: Raw, path: &Path) -> Result<Contract, ContractError> {
+        if r.name.is_empty()
+            || !r
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(self.err(
+                "name",
+                format!("letters, digits, '-' and '_', got {:?}", r.name),
+            ));
+        }
+        let env_key = format!(
+            "JOBTRAIL_PROVIDER_{}_BASE_URL",
+            r.name.to_ascii_uppercase().replace('-', "_")
+        );
+        let base = std::env::var(&env_key)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(r.base_url);
+        let base_url = url::Url::parse(&base)
+            .ok()
+            .filter(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.username().is_empty()
+                    && u.password().is_none()
+            })
+            .ok_or_else(|| {
+                self.err(
+                    "base_url",
+                    format!("an absolute http(s) URL without credentials, got {base:?}"),
+                )
+            })?;
+
+        let t = &r.timeouts;
+        let connect_timeout = self.ms("timeouts.connect_ms", t.connect_ms, 1)?;
+        let request_timeout = self.ms("timeouts.request_ms", t.request_ms, 1)?;
+        if t.max_response_bytes == 0 {
+            return Err(self.err("timeouts.max_response_bytes", "a positive number of bytes"));
+        }
+
+        let auth = match &r.auth {
+            Some(a) => Some(Auth {
+                header: self.header("auth.header", &a.header)?,
+                scheme: a.scheme.clone(),
+                secret: self.secret("auth.secret", &a.secret)?,
+            }),
+            None => None,
+        };
+        let trace_header = match &r.trace_header {
+            Some(h) => Some(self.header("trace_header", h)?),
+            None => None,
+        };
+
+        let c = &r.create;
+        let token = match c.idempotency.as_str() {
+            "header" => TokenPlacement::Header(self.header(
+                "create.idempotency_header",
+                c.idempotency_header.as_deref().ok_or_else(|| {
+                    self.err(
+                        "create.idempotency_header",
+                        "a header name when create.idempotency = \"header\"",
+                    )
+                })?,
+            )?),
+            "body_field" => TokenPlacement::BodyField(
+                self.pointer("create.idempotency_field", &c.idempotency_field)?
+                    .filter(|p| !p.is_empty())
+                    .ok_or_else(|| {
+                        self.err(
+                            "create.idempotency_field",
+                            "a JSON pointer when create.idempotency = \"body_field\"",
+                        )
+                    })?,
+            ),
+            "none" => TokenPlacement::None,
+            other => {
+                return Err(self.err(
+                    "create.idempotency",
+                    format!("one of \"header\", \"body_field\", \"none\", got {other:?}"),
+                ));
+            }
+        };
+        let create = CreateSpec {
+            method: self.method("create.method", &c.method)?,
+            path: self.template("create.path", &c.path)?,
+            token,
+            client_reference_field: self
+                .pointer("create.client_reference_field", &c.client_reference_field)?,
+            job_id: self.locator("create.job_id", &c.job_id)?,
+            initial_state: c
+                .initial_state
+                .as_deref()
+                .map(|s| self.locator("create.initial_state", s))
+                .transpose()?,
+            status_url: c
+                .status_url
+                .as_deref()
+                .map(|s| self.locator("create.status_url", s))
+                .transpose()?,
+            sync_result: c
+                .sync_result
+                .as_deref()
+                .map(|s| self.locator("create.sync_result", s))
+                .transpose()?,
+        };
+
+        let s = &r.status;
+        let mut states = BTreeMap::new();
+        for (phase, names, key) in [
+            (Phase::Queued, &s.states.queued, "status.states.queued"),
+            (Phase::Running, &s.states.running, "status.states.running"),
+            (
+                Phase::Succeeded,
+                &s.states.succeeded,
+                "status.states.succeeded",
+            ),
+            (Phase::Failed, &s.states.failed, "status.states.failed"),
+            (
+                Phase::Cancelled,
+                &s.states.cancelled,
+                "status.states.cancelled",
+            ),
+        ] {
+            for n in names {
+                if n.is_empty() {
+                    return Err(self.err(key, "non-empty state names"));
+                }
+                if let Some(prev) = states.insert(n.clone(), phase) {
+                    return Err(self.err(
+                        key,
+                        format!("each state name in one phase only; {n:?} is also {prev:?}"),
+                    ));
+                }
+            }
+        }
+        if s.states.succeeded.is_empty() || s.states.failed.is_empty() {
+            return Err(self.err(
+                "status.states",
+                "at least one succeeded and one failed state name",
+            ));
+        }
+        let follow = match &s.follow {
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, l)| self.locator(&format!("status.follow[{i}]"), l))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => {
+                let mut v = vec![
+                    Locator::Header("Azure-AsyncOperation".into()),
+                    Locator::Header("Operation-Location".into()),
+                ];
+                if let Some(Locator::Body(p)) = &create.status_url {
+                    v.push(Locator::Body(p.clone()));
+                }
+                v
+            }
+        };
+        let status = StatusSpec {
+            url: self.template("status.url", &s.url)?,
+            follow,
+            state: self
+                .pointer("status.state", &Some(s.state.clone()))?
+                .unwrap_or_default(),
+            updated_at: self.pointer("status.updated_at", &s.updated_at)?,
+            progress: self.pointer("status.progress", &s.progress)?,
+            result_url: self.pointer("status.result_url", &s.result_url)?,
+            expected_count: self.pointer("status.expected_count", &s.expected_count)?,
+            checksum: self.pointer("status.checksum", &s.checksum)?,
+            error: self.pointer("status.error", &s.error)?,
+            final_get: s.final_get,
+            states,
+        };
+
+        let mut rules = Vec::new();
+        for (i, rr) in r.rules.iter().enumerate() {
+            if rr.status.is_empty() && rr.body_contains.is_none() {
+                return Err(self.err(
+                    &format!("rules[{i}]"),
+                    "a `status` list or `body_contains` (or both)",
+                ));
+            }
+            if let Some(bad) = rr.status.iter().find(|s| !(100..=599).contains(*s)) {
+                return Err(self.err(
+                    &format!("rules[{i}].status"),
+                    format!("HTTP status codes 100-599, got {bad}"),
+                ));
+            }
+            if rr.means == Meaning::AlreadyExists
+                && !(rr.calls.is_empty() || rr.calls == [CallName::Create])
+            {
+                return Err(self.err(
+                    &format!("rules[{i}].means"),
+                    "already_exists only for calls = [\"create\"]",
+                ));
+            }
+            rules.push(Rule {
+                calls: rr.calls.clone(),
+                status: rr.status.clone(),
+                body_contains: rr.body_contains.clone(),
+                means: rr.means,
+            });
+        }
+
+        let p = &r.polling;
+        if !(p.factor >= 1.0 && p.factor <= 10.0) {
+            return Err(self.err(
+                "polling.factor",
+                format!("a number from 1 to 10, got {}", p.factor),
+            ));
+        }
+        if !(0.0..=1.0).contains(&p.jitter) {
+            return Err(self.err(
+                "polling.jitter",
+                format!("a fraction from 0 to 1, got {}", p.jitter),
+            ));
+        }
+        let initial = self.ms("polling.initial_ms", p.initial_ms, 1)?;
+        let cap = self.ms("polling.cap_ms", p.cap_ms, 1)?;
+        if cap < initial {
+            return Err(self.err("polling.cap_ms", "at least polling.initial_ms"));
+        }
+        let ra_min = Duration::from_millis(p.retry_after_min_ms);
+        let ra_max = self.ms("polling.retry_after_max_ms", p.retry_after_max_ms, 1)?;
+        if ra_max < ra_min {
+            return Err(self.err(
+                "polling.retry_after_max_ms",
+                "at least polling.retry_after_min_ms",
+            ));
+        }
+        let polling = Polling {
+            backoff: Backoff {
+                initial,
+                factor: p.factor,
+                cap,
+                jitter: p.jitter,
+            },
+            retry_after: RetryAfterBounds {
+                min: ra_min,
+                max: ra_max,
+            },
+            max_failures: p.max_failures,
+        };
+
+        let create_window = self.ms("deadlines.create_ms", r.deadlines.create_ms, 1000)?;
+        let result_window = self.ms("deadlines.result_ms", r.deadlines.result_ms, 1000)?;
+
+        let cancel = match &r.cancel {
+            Some(c) => Some(CancelSpec {
+                method: self.method("cancel.method", &c.method)?,
+                path: self.template("cancel.path", &c.path)?,
+                idempotent: c.idempotent,
+                window: self.ms("cancel.window_ms", c.window_ms, 1000)?,
+            }),
+            None => None,
+        };
+
+        let result = match r.result {
+            Some(rr) => Some(self.result(rr, status.result_url.is_some())?),
+            None => None,
+        };
+
+        let rc = &r.reconcile;
+        let reconcile = ReconcileSpec {
+            method: rc.method,
+            lookup_url: rc
+                .lookup_url
+                .as_deref()
+                .map(|u| self.template("reconcile.lookup_url", u))
+                .transpose()?,
+            lookup_jobs: self.pointer("reconcile.lookup_jobs", &rc.lookup_jobs)?,
+            lookup_job_id: self.pointer("reconcile.lookup_job_id", &rc.lookup_job_id)?,
+            interval: self.ms("reconcile.interval_ms", rc.interval_ms, 1)?,
+        };
+        if reconcile.method == ReconcileMethod::Lookup && reconcile.lookup_url.is_none() {
+            return Err(self.err(
+                "reconcile.lookup_url",
+                "a URL template when reconcile.method = \"lookup\"",
+            ));
+        }
+        if reconcile.lookup_url.is_some() && create.client_reference_field.is_none() {
+            return Err(self.err(
+                "create.client_reference_field",
+                "a JSON pointer (where our reference goes) when reconcile.lookup_url is set",
+            ));
+        }
+        if reconcile.method == ReconcileMethod::Resend && create.token == TokenPlacement::None {
+            return Err(self.err("reconcile.method", "not \"resend\" when create.idempotency = \"none\": a resend without a token may create a second job"));
+        }
+
+        let webhook = match &r.webhook {
+            Some(w) => {
+                if w.signature != "hmac-sha256" {
+                    return Err(self.err(
+                        "webhook.signature",
+                        format!("\"hmac-sha256\", got {:?}", w.signature),
+                    ));
+                }
+                Some(WebhookSpec {
+                    signature: w.signature.clone(),
+                    signature_header: self
+                        .header("webhook.signature_header", &w.signature_header)?,
+                    secret: self.secret("webhook.secret", &w.secret)?,
+                    event_id: self
+                        .pointer("webhook.event_id", &Some(w.event_id.clone()))?
+                        .unwrap_or_default(),
+                    job_id: self
+                        .pointer("webhook.job_id", &Some(w.job_id.clone()))?
+                        .unwrap_or_default(),
+                })
+            }
+            None => None,
+        };
+        for (i, p) in r.redact.iter().enumerate() {
+            if !p.starts_with('/') {
+                return Err(self.err(
+                    &format!("redact[{i}]"),
+                    format!("a JSON pointer starting with '/', got {p:?}"),
+                ));
+            }
+        }
+
+        Ok(Contract {
+            file: path.to_path_buf(),
+            name: r.name,
+            description: r.description,
+            untested: r.untested,
+            base_url,
+            connect_timeout,
+            request_timeout,
+            max_response_bytes: t.max_response_bytes,
+            auth,
+            query: r.query,
+            trace_header,
+            cookies: r.cookies,
+            create,
+            status,
+            rules,
+            polling,
+            create_window,
+            result_window,
+            cancel,
+            result,
+            reconcile,
+            webhook,
+            redact: r.redact,
+        })
+    }
+
+    fn result(&self, r: RawResult, status_gives_url: bool) -> Result<ResultSpec, ContractError> {
+        let url = r
+            .url
+            .as_deref()
+            .map(|u| self.template("result.url", u))
+            .transpose()?;
+        if url.is_none() && !status_gives_url {
+            return Err(self.err(
+                "result.url",
+                "a URL template, or status.result_url pointing into the status body",
+            ));
+        }
+        if r.max_bytes == 0 {
+            return Err(self.err("result.max_bytes", "a positive number of bytes"));
+        }
+        if r.checksum_algorithm != "sha256" {
+            return Err(self.err(
+                "result.checksum_algorithm",
+                format!("\"sha256\", got {:?}", r.checksum_algorithm),
+            ));
+        }
+        let schema_text = match (&r.schema, &r.schema_file) {
+            (Some(_), Some(_)) => {
+                return Err(self.err("result.schema", "either schema or schema_file, not both"));
+            }
+            (Some(s), None) => Some(("result.schema", s.clone())),
+            (None, Some(f)) => {
+                let p = self.dir.join(f);
+                let text = std::fs::read_to_string(&p).map_err(|e| {
+                    self.err(
+                        "result.schema_file",
+                        format!("a readable file ({}: {e})", p.display()),
+                    )
+                })?;
+                Some(("result.schema_file", text))
+            }
+            (None, None) => None,
+        };
+        let schema = match schema_text {
+            Some((key, text)) => {
+                let v: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| self.err(key, format!("a JSON Schema document ({e})")))?;
+                let validator = jsonschema::validator_for(&v)
+                    .map_err(|e| self.err(key, format!("a valid JSON Schema ({e})")))?;
+                Some(std::sync::Arc::new(validator))
+            }
+            None => None,
+        };
+        if schema.is_some() && r.format != ResultFormat::Json {
+            return Err(self.err(
+                "result.schema",
+                "format = \"json\" (a schema validates JSON results)",
+            ));
+        }
+        if r.format == ResultFormat::Csv && r.items.is_some() {
+            return Err(self.err(
+                "result.items",
+                "no items pointer for CSV results (rows are the items)",
+            ));
+        }
+        if !r.csv_error_values.is_empty() && r.csv_status_column.is_none() {
+            return Err(self.err(
+                "result.csv_status_column",
+                "a column name when csv_error_values is set",
+            ));
+        }
+        Ok(ResultSpec {
+            url,
+            content_type: r.content_type,
+            max_bytes: r.max_bytes,
+            format: r.format,
+            checksum_header: r
+                .checksum_header
+                .as_deref()
+                .map(|h| self.header("result.checksum_header", h))
+                .transpose()?,
+            schema,
+            items: self.pointer("result.items", &r.items)?,
+            item_error: self.pointer("result.item_error", &r.item_error)?,
+            item_ref: self.pointer("result.item_ref", &r.item_ref)?,
+            csv_status_column: r.csv_status_column,
+            csv_error_values: r.csv_error_values,
+            expected_count: r.expected_count,
+            max_failed_items: r.max_failed_items,
+        })
+    }
+}

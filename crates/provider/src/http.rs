@@ -1,0 +1,1065 @@
+//! The config-driven HTTP adapter: a [`Contract`] turned into calls and closed outcomes.
+
+use crate::contract::{CallName, Contract, Locator, Meaning, TokenPlacement};
+use crate::outcome::*;
+use crate::wire::{self, Exchange, Outgoing, WireError};
+use crate::{Provider, ProviderFuture};
+use jobtrail_store::{CallKind, OperationRecord};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use std::sync::Arc;
+
+const PATH_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// A provider driven entirely by its contract file.
+#[derive(Debug, Clone)]
+pub struct HttpProvider {
+    contract: Arc<Contract>,
+    client: reqwest::Client,
+}
+
+impl HttpProvider {
+    pub fn new(contract: Contract) -> Result<Self, String> {
+        crate::install_crypto();
+        let client = reqwest::Client::builder()
+            .connect_timeout(contract.connect_timeout)
+            .timeout(contract.request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(std::time::Duration::from_secs(30))
+            .user_agent(concat!("jobtrail/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("building the HTTP client for {}: {e}", contract.name))?;
+        Ok(Self {
+            contract: Arc::new(contract),
+            client,
+        })
+    }
+
+    pub fn contract(&self) -> &Contract {
+        &self.contract
+    }
+
+    fn fill(&self, template: &str, op: &OperationRecord) -> String {
+        let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
+        template
+            .replace("{job_id}", &enc(op.remote_job_id.as_deref().unwrap_or("")))
+            .replace("{operation_id}", &enc(&op.id.to_string()))
+            .replace("{client_reference}", &enc(&op.id.to_string()))
+            .replace("{target}", &enc(&op.target))
+    }
+
+    /// An absolute URL from a template path or a URL the provider gave, with the contract's query
+    /// parameters added.
+    fn url(&self, path_or_url: &str) -> Result<url::Url, String> {
+        let mut u = if path_or_url.starts_with("http://") || path_or_url.starts_with("https://") {
+            url::Url::parse(path_or_url)
+        } else {
+            let base = self.contract.base_url.as_str().trim_end_matches('/');
+            let path = if path_or_url.starts_with('/') {
+                path_or_url.to_owned()
+            } else {
+                format!("/{path_or_url}")
+            };
+            url::Url::parse(&format!("{base}{path}"))
+        }
+        .map_err(|e| format!("bad URL {path_or_url:?}: {e}"))?;
+        for (k, v) in &self.contract.query {
+            if !u.query_pairs().any(|(qk, _)| qk == k.as_str()) {
+                u.query_pairs_mut().append_pair(k, v);
+            }
+        }
+        Ok(u)
+    }
+
+    fn headers(&self, op: &OperationRecord) -> Result<http::HeaderMap, String> {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("application/json, */*;q=0.5"),
+        );
+        if let Some(auth) = &self.contract.auth {
+            let secret = wire::resolve_secret(&auth.secret)?;
+            let value = match &auth.scheme {
+                Some(s) => format!("{s} {secret}"),
+                None => secret,
+            };
+            let mut v = http::HeaderValue::from_str(&value)
+                .map_err(|_| "the auth secret is not a valid header value".to_owned())?;
+            v.set_sensitive(true);
+            h.insert(auth.header.clone(), v);
+        }
+        if self.contract.cookies
+            && let Some(jar) = op
+                .provider_context
+                .get("cookies")
+                .and_then(|c| c.as_object())
+            && !jar.is_empty()
+        {
+            let pairs: Vec<String> = jar
+                .iter()
+                .filter_map(|(k, v)| {
+                    v.as_str()
+                        .map(|v| cookie::Cookie::new(k.as_str(), v).stripped().to_string())
+                })
+                .collect();
+            if let Ok(mut v) = http::HeaderValue::from_str(&pairs.join("; ")) {
+                v.set_sensitive(true);
+                h.insert(http::header::COOKIE, v);
+            }
+        }
+        Ok(h)
+    }
+
+    async fn send(
+        &self,
+        op: &OperationRecord,
+        kind: CallKind,
+        attempt: i32,
+        method: http::Method,
+        url: url::Url,
+        body: Option<Vec<u8>>,
+        extra: http::HeaderMap,
+        max_body: u64,
+    ) -> Exchange {
+        let mut headers = match self.headers(op) {
+            Ok(h) => h,
+            Err(why) => return wire::unsent(kind, attempt, &method, &url, op.trace_id, &why),
+        };
+        headers.extend(extra);
+        wire::exchange(
+            &self.client,
+            Outgoing {
+                kind,
+                attempt,
+                method,
+                url,
+                headers,
+                body,
+                trace: op.trace_id,
+                trace_header: self.contract.trace_header.as_ref(),
+                max_body,
+            },
+        )
+        .await
+    }
+
+    /// The provider context after this exchange: cookies it set are kept per operation.
+    fn context_after(
+        &self,
+        op: &OperationRecord,
+        ex: &Exchange,
+        hints: Option<&ResultHints>,
+    ) -> Option<serde_json::Value> {
+        let mut ctx = op.provider_context.clone();
+        if !ctx.is_object() {
+            ctx = serde_json::json!({});
+        }
+        let mut changed = false;
+        if self.contract.cookies {
+            for v in ex.headers.get_all(http::header::SET_COOKIE) {
+                if let Ok(c) = cookie::Cookie::parse(v.to_str().unwrap_or("").to_owned()) {
+                    let jar = ctx
+                        .as_object_mut()
+                        .expect("object")
+                        .entry("cookies")
+                        .or_insert_with(|| serde_json::json!({}));
+                    jar[c.name()] = serde_json::Value::String(c.value().to_owned());
+                    changed = true;
+                }
+            }
+        }
+        if let Some(h) = hints
+            && *h != ResultHints::default()
+        {
+            ctx["result"] = serde_json::to_value(h).unwrap_or_default();
+            changed = true;
+        }
+        changed.then_some(ctx)
+    }
+
+    /// What a complete response means for this call, by the contract's rules then the defaults.
+    fn meaning(&self, call: CallName, ex: &Exchange) -> Meaning {
+        let status = ex.status.unwrap_or(0);
+        let text = String::from_utf8_lossy(&ex.body);
+        for r in &self.contract.rules {
+            let call_ok = r.calls.is_empty() || r.calls.contains(&call);
+            let status_ok = r.status.is_empty() || r.status.contains(&status);
+            let body_ok = r
+                .body_contains
+                .as_ref()
+                .is_none_or(|needle| text.contains(needle.as_str()));
+            if call_ok && status_ok && body_ok {
+                return r.means;
+            }
+        }
+        match status {
+            200..=299 => Meaning::Success,
+            408 | 425 | 429 => Meaning::RetryLater,
+            503 if wire::retry_after(&ex.headers).is_some() => Meaning::RetryLater,
+            500..=599 => Meaning::Ambiguous,
+            400..=499 => Meaning::Reject,
+            _ => Meaning::Ambiguous,
+        }
+    }
+
+    fn locate(
+        &self,
+        loc: &Locator,
+        ex: &Exchange,
+        body: Option<&serde_json::Value>,
+    ) -> Option<String> {
+        match loc {
+            Locator::Header(h) => ex
+                .headers
+                .get(h.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            Locator::Body(p) => body.and_then(|b| b.pointer(p)).and_then(|v| match v {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            }),
+        }
+    }
+
+    fn reason(ex: &Exchange) -> String {
+        let text = String::from_utf8_lossy(&ex.body);
+        let short: String = text.chars().take(200).collect();
+        format!("HTTP {}: {}", ex.status.unwrap_or(0), short.trim())
+    }
+
+    fn ambiguous_class(ex: &Exchange) -> String {
+        match (ex.error, ex.status) {
+            (Some(e), _) => e.class().to_owned(),
+            (None, Some(s)) => format!("http_{s}"),
+            (None, None) => "no_response".to_owned(),
+        }
+    }
+
+    fn finish<T>(
+        mut ex: Exchange,
+        outcome: T,
+        describe: String,
+        context: Option<serde_json::Value>,
+    ) -> Called<T> {
+        ex.record.outcome = describe;
+        Called {
+            outcome,
+            call: ex.record,
+            context,
+        }
+    }
+
+    fn create_body(&self, op: &OperationRecord) -> Result<Vec<u8>, String> {
+        let mut body = wire::resolve_body_secrets(&op.request_body)?;
+        if let TokenPlacement::BodyField(p) = &self.contract.create.token {
+            set_pointer(
+                &mut body,
+                p,
+                serde_json::Value::String(op.token.as_str().to_owned()),
+            )?;
+        }
+        if let Some(p) = &self.contract.create.client_reference_field {
+            set_pointer(&mut body, p, serde_json::Value::String(op.id.to_string()))?;
+        }
+        serde_json::to_vec(&body).map_err(|e| e.to_string())
+    }
+
+    async fn do_create(&self, op: &OperationRecord, attempt: i32) -> Called<CreateOutcome> {
+        let spec = &self.contract.create;
+        let url = match self.url(&self.fill(&spec.path, op)) {
+            Ok(u) => u,
+            Err(e) => {
+                return unsent_called(
+                    CallKind::Create,
+                    attempt,
+                    op,
+                    &e,
+                    CreateOutcome::NotSent {
+                        error_class: "bad_url".into(),
+                    },
+                );
+            }
+        };
+        let body = match self.create_body(op) {
+            Ok(b) => b,
+            Err(why) => {
+                let ex = wire::unsent(
+                    CallKind::Create,
+                    attempt,
+                    &spec.method,
+                    &url,
+                    op.trace_id,
+                    &why,
+                );
+                let d = ex.record.outcome.clone();
+                return Self::finish(
+                    ex,
+                    CreateOutcome::NotSent {
+                        error_class: WireError::Secret.class().into(),
+                    },
+                    d,
+                    None,
+                );
+            }
+        };
+        let mut extra = http::HeaderMap::new();
+        extra.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        if let TokenPlacement::Header(h) = &spec.token
+            && let Ok(v) = http::HeaderValue::from_str(op.token.as_str())
+        {
+            extra.insert(h.clone(), v);
+        }
+        let max = self.contract.max_response_bytes;
+        let ex = self
+            .send(
+                op,
+                CallKind::Create,
+                attempt,
+                spec.method.clone(),
+                url,
+                Some(body),
+                extra,
+                max,
+            )
+            .await;
+        let ctx = self.context_after(op, &ex, None);
+        if let Some(err) = ex.error {
+            let (outcome, d) = if err.not_sent() {
+                (
+                    CreateOutcome::NotSent {
+                        error_class: err.class().into(),
+                    },
+                    format!("not sent: {}", err.class()),
+                )
+            } else {
+                (
+                    CreateOutcome::Ambiguous {
+                        error_class: err.class().into(),
+                    },
+                    format!("ambiguous: {}", err.class()),
+                )
+            };
+            return Self::finish(ex, outcome, d, ctx);
+        }
+        let json: Option<serde_json::Value> = serde_json::from_slice(&ex.body).ok();
+        match self.meaning(CallName::Create, &ex) {
+            m @ (Meaning::Success | Meaning::AlreadyExists) => {
+                let duplicate = m == Meaning::AlreadyExists;
+                let job_id = self.locate(&spec.job_id, &ex, json.as_ref());
+                if let Some(loc) = &spec.sync_result
+                    && let Some(result) = json.as_ref().and_then(|j| match loc {
+                        Locator::Body(p) => j.pointer(p).filter(|v| !v.is_null()).cloned(),
+                        Locator::Header(_) => None,
+                    })
+                {
+                    let bytes = bytes::Bytes::from(serde_json::to_vec(&result).unwrap_or_default());
+                    let fetched = FetchedResult {
+                        bytes,
+                        content_type: Some("application/json".into()),
+                        checksum: None,
+                    };
+                    let d = format!(
+                        "completed synchronously{}",
+                        job_id
+                            .as_ref()
+                            .map(|j| format!(" as {j}"))
+                            .unwrap_or_default()
+                    );
+                    return Self::finish(
+                        ex,
+                        CreateOutcome::Completed {
+                            job_id,
+                            result: fetched,
+                        },
+                        d,
+                        ctx,
+                    );
+                }
+                match job_id {
+                    Some(job_id) => {
+                        let remote_state = spec
+                            .initial_state
+                            .as_ref()
+                            .and_then(|l| self.locate(l, &ex, json.as_ref()));
+                        let status_url = self.status_url_in(&ex, json.as_ref());
+                        let d = format!(
+                            "{} {job_id}",
+                            if duplicate {
+                                "already exists as"
+                            } else {
+                                "accepted as"
+                            }
+                        );
+                        Self::finish(
+                            ex,
+                            CreateOutcome::Accepted {
+                                job_id,
+                                remote_state,
+                                status_url,
+                                duplicate,
+                            },
+                            d,
+                            ctx,
+                        )
+                    }
+                    // A success without the job id we were promised: we cannot tell what exists.
+                    None => {
+                        let d = "ambiguous: success without a job id".to_owned();
+                        Self::finish(
+                            ex,
+                            CreateOutcome::Ambiguous {
+                                error_class: "missing_job_id".into(),
+                            },
+                            d,
+                            ctx,
+                        )
+                    }
+                }
+            }
+            Meaning::Reject => {
+                let reason = Self::reason(&ex);
+                let status = ex.status;
+                Self::finish(
+                    ex,
+                    CreateOutcome::Rejected {
+                        http_status: status,
+                        reason: reason.clone(),
+                    },
+                    format!("rejected: {reason}"),
+                    ctx,
+                )
+            }
+            Meaning::RetryLater => {
+                let delay = wire::retry_after(&ex.headers);
+                let reason = Self::reason(&ex);
+                Self::finish(
+                    ex,
+                    CreateOutcome::RetryLater {
+                        delay,
+                        reason: reason.clone(),
+                    },
+                    format!("retry later: {reason}"),
+                    ctx,
+                )
+            }
+            Meaning::Ambiguous => {
+                let class = Self::ambiguous_class(&ex);
+                Self::finish(
+                    ex,
+                    CreateOutcome::Ambiguous {
+                        error_class: class.clone(),
+                    },
+                    format!("ambiguous: {class}"),
+                    ctx,
+                )
+            }
+        }
+    }
+
+    /// A status URL the provider gave in this response, by the contract's precedence.
+    fn status_url_in(&self, ex: &Exchange, json: Option<&serde_json::Value>) -> Option<String> {
+        self.contract
+            .status
+            .follow
+            .iter()
+            .find_map(|l| self.locate(l, ex, json))
+            .filter(|s| !s.is_empty())
+    }
+
+    async fn do_status(&self, op: &OperationRecord, attempt: i32) -> Called<StatusOutcome> {
+        let spec = &self.contract.status;
+        let target = match &op.status_url {
+            Some(u) => u.clone(),
+            None => self.fill(&spec.url, op),
+        };
+        let url = match self.url(&target) {
+            Ok(u) => u,
+            Err(e) => {
+                return unsent_called(
+                    CallKind::Status,
+                    attempt,
+                    op,
+                    &e,
+                    StatusOutcome::Failed {
+                        error_class: "bad_url".into(),
+                    },
+                );
+            }
+        };
+        let max = self.contract.max_response_bytes;
+        let ex = self
+            .send(
+                op,
+                CallKind::Status,
+                attempt,
+                http::Method::GET,
+                url,
+                None,
+                http::HeaderMap::new(),
+                max,
+            )
+            .await;
+        if let Some(err) = ex.error {
+            let ctx = self.context_after(op, &ex, None);
+            return Self::finish(
+                ex,
+                StatusOutcome::Failed {
+                    error_class: err.class().into(),
+                },
+                format!("failed: {}", err.class()),
+                ctx,
+            );
+        }
+        match self.meaning(CallName::Status, &ex) {
+            Meaning::Success | Meaning::AlreadyExists => {}
+            Meaning::RetryLater => {
+                let delay = wire::retry_after(&ex.headers);
+                let reason = Self::reason(&ex);
+                let ctx = self.context_after(op, &ex, None);
+                return Self::finish(
+                    ex,
+                    StatusOutcome::RetryLater {
+                        delay,
+                        reason: reason.clone(),
+                    },
+                    format!("retry later: {reason}"),
+                    ctx,
+                );
+            }
+            Meaning::Reject => {
+                let reason = Self::reason(&ex);
+                let status = ex.status;
+                let ctx = self.context_after(op, &ex, None);
+                return Self::finish(
+                    ex,
+                    StatusOutcome::Rejected {
+                        http_status: status,
+                        reason: reason.clone(),
+                    },
+                    format!("rejected: {reason}"),
+                    ctx,
+                );
+            }
+            Meaning::Ambiguous => {
+                let class = Self::ambiguous_class(&ex);
+                let ctx = self.context_after(op, &ex, None);
+                return Self::finish(
+                    ex,
+                    StatusOutcome::Failed {
+                        error_class: class.clone(),
+                    },
+                    format!("failed: {class}"),
+                    ctx,
+                );
+            }
+        }
+        let json: serde_json::Value = match serde_json::from_slice(&ex.body) {
+            Ok(j) => j,
+            Err(_) => {
+                let ctx = self.context_after(op, &ex, None);
+                return Self::finish(
+                    ex,
+                    StatusOutcome::Failed {
+                        error_class: "malformed_json".into(),
+                    },
+                    "failed: malformed JSON".into(),
+                    ctx,
+                );
+            }
+        };
+        let Some(remote_state) = json
+            .pointer(&spec.state)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+        else {
+            let ctx = self.context_after(op, &ex, None);
+            let d = format!("failed: no state at {}", spec.state);
+            return Self::finish(
+                ex,
+                StatusOutcome::Failed {
+                    error_class: "missing_state".into(),
+                },
+                d,
+                ctx,
+            );
+        };
+        let get_str = |p: &Option<String>| {
+            p.as_ref()
+                .and_then(|p| json.pointer(p))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        let mut hints = op
+            .provider_context
+            .get("result")
+            .and_then(|r| serde_json::from_value::<ResultHints>(r.clone()).ok())
+            .unwrap_or_default();
+        if let Some(u) = get_str(&spec.result_url) {
+            hints.result_url = Some(u);
+        }
+        if let Some(c) = get_str(&spec.checksum) {
+            hints.checksum = Some(c);
+        }
+        if let Some(n) = spec
+            .expected_count
+            .as_ref()
+            .and_then(|p| json.pointer(p))
+            .and_then(|v| v.as_u64())
+        {
+            hints.expected_count = Some(n);
+        }
+        let status = RemoteStatus {
+            phase: spec.phase(&remote_state),
+            updated_at: spec
+                .updated_at
+                .as_ref()
+                .and_then(|p| json.pointer(p))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| v.to_string())
+                }),
+            progress: spec
+                .progress
+                .as_ref()
+                .and_then(|p| json.pointer(p))
+                .cloned(),
+            error: get_str(&spec.error),
+            status_url: self.status_url_in(&ex, Some(&json)),
+            retry_after: wire::retry_after(&ex.headers),
+            hints: hints.clone(),
+            remote_state,
+        };
+        let ctx = self.context_after(op, &ex, Some(&hints));
+        let d = match status.phase {
+            Some(p) => format!("observed {} ({p:?})", status.remote_state),
+            None => format!("observed unknown state {:?}", status.remote_state),
+        };
+        Self::finish(ex, StatusOutcome::Observed(status), d, ctx)
+    }
+
+    async fn do_cancel(&self, op: &OperationRecord, attempt: i32) -> Called<CancelOutcome> {
+        let Some(spec) = &self.contract.cancel else {
+            return unsent_called(
+                CallKind::Cancel,
+                attempt,
+                op,
+                "the contract has no cancel endpoint",
+                CancelOutcome::Rejected {
+                    http_status: None,
+                    reason: "the contract has no cancel endpoint".into(),
+                },
+            );
+        };
+        let url = match self.url(&self.fill(&spec.path, op)) {
+            Ok(u) => u,
+            Err(e) => {
+                return unsent_called(
+                    CallKind::Cancel,
+                    attempt,
+                    op,
+                    &e,
+                    CancelOutcome::Failed {
+                        error_class: "bad_url".into(),
+                    },
+                );
+            }
+        };
+        let max = self.contract.max_response_bytes;
+        let ex = self
+            .send(
+                op,
+                CallKind::Cancel,
+                attempt,
+                spec.method.clone(),
+                url,
+                None,
+                http::HeaderMap::new(),
+                max,
+            )
+            .await;
+        let ctx = self.context_after(op, &ex, None);
+        if let Some(err) = ex.error {
+            return Self::finish(
+                ex,
+                CancelOutcome::Failed {
+                    error_class: err.class().into(),
+                },
+                format!("failed: {}", err.class()),
+                ctx,
+            );
+        }
+        let status = ex.status;
+        match self.meaning(CallName::Cancel, &ex) {
+            Meaning::Success | Meaning::AlreadyExists => Self::finish(
+                ex,
+                CancelOutcome::Accepted {
+                    http_status: status,
+                },
+                "cancel accepted".into(),
+                ctx,
+            ),
+            Meaning::Reject => {
+                let reason = Self::reason(&ex);
+                Self::finish(
+                    ex,
+                    CancelOutcome::Rejected {
+                        http_status: status,
+                        reason: reason.clone(),
+                    },
+                    format!("cancel refused: {reason}"),
+                    ctx,
+                )
+            }
+            Meaning::RetryLater => {
+                let delay = wire::retry_after(&ex.headers);
+                let reason = Self::reason(&ex);
+                Self::finish(
+                    ex,
+                    CancelOutcome::RetryLater {
+                        delay,
+                        reason: reason.clone(),
+                    },
+                    format!("retry later: {reason}"),
+                    ctx,
+                )
+            }
+            Meaning::Ambiguous => {
+                let class = Self::ambiguous_class(&ex);
+                Self::finish(
+                    ex,
+                    CancelOutcome::Failed {
+                        error_class: class.clone(),
+                    },
+                    format!("failed: {class}"),
+                    ctx,
+                )
+            }
+        }
+    }
+
+    async fn do_fetch_result(&self, op: &OperationRecord, attempt: i32) -> Called<ResultOutcome> {
+        let Some(spec) = &self.contract.result else {
+            return unsent_called(
+                CallKind::Result,
+                attempt,
+                op,
+                "the contract has no result",
+                ResultOutcome::Unavailable {
+                    http_status: None,
+                    reason: "the contract names no result".into(),
+                },
+            );
+        };
+        let hints: ResultHints = op
+            .provider_context
+            .get("result")
+            .and_then(|r| serde_json::from_value(r.clone()).ok())
+            .unwrap_or_default();
+        let target = match (&spec.url, &hints.result_url) {
+            (Some(t), _) => self.fill(t, op),
+            (None, Some(u)) => u.clone(),
+            (None, None) => {
+                return unsent_called(
+                    CallKind::Result,
+                    attempt,
+                    op,
+                    "no result URL",
+                    ResultOutcome::Unavailable {
+                        http_status: None,
+                        reason: "the provider gave no result URL".into(),
+                    },
+                );
+            }
+        };
+        let url = match self.url(&target) {
+            Ok(u) => u,
+            Err(e) => {
+                return unsent_called(
+                    CallKind::Result,
+                    attempt,
+                    op,
+                    &e,
+                    ResultOutcome::Unavailable {
+                        http_status: None,
+                        reason: e.clone(),
+                    },
+                );
+            }
+        };
+        let ex = self
+            .send(
+                op,
+                CallKind::Result,
+                attempt,
+                http::Method::GET,
+                url,
+                None,
+                http::HeaderMap::new(),
+                spec.max_bytes,
+            )
+            .await;
+        let ctx = self.context_after(op, &ex, None);
+        match ex.error {
+            Some(WireError::TooLarge) => {
+                let d = format!("result larger than {} bytes", spec.max_bytes);
+                return Self::finish(
+                    ex,
+                    ResultOutcome::TooLarge {
+                        limit: spec.max_bytes,
+                    },
+                    d,
+                    ctx,
+                );
+            }
+            Some(err) => {
+                return Self::finish(
+                    ex,
+                    ResultOutcome::Failed {
+                        error_class: err.class().into(),
+                    },
+                    format!("failed: {}", err.class()),
+                    ctx,
+                );
+            }
+            None => {}
+        }
+        let status = ex.status;
+        match self.meaning(CallName::Result, &ex) {
+            Meaning::Success | Meaning::AlreadyExists => {
+                let fetched = FetchedResult {
+                    bytes: ex.body.clone(),
+                    content_type: ex
+                        .headers
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
+                    checksum: spec
+                        .checksum_header
+                        .as_ref()
+                        .and_then(|h| ex.headers.get(h))
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
+                };
+                let d = format!("fetched {} bytes", fetched.bytes.len());
+                Self::finish(ex, ResultOutcome::Fetched(fetched), d, ctx)
+            }
+            Meaning::Reject => {
+                let reason = Self::reason(&ex);
+                Self::finish(
+                    ex,
+                    ResultOutcome::Unavailable {
+                        http_status: status,
+                        reason: reason.clone(),
+                    },
+                    format!("unavailable: {reason}"),
+                    ctx,
+                )
+            }
+            Meaning::RetryLater | Meaning::Ambiguous => {
+                let class = Self::ambiguous_class(&ex);
+                Self::finish(
+                    ex,
+                    ResultOutcome::Failed {
+                        error_class: class.clone(),
+                    },
+                    format!("failed: {class}"),
+                    ctx,
+                )
+            }
+        }
+    }
+
+    async fn do_lookup(&self, op: &OperationRecord, attempt: i32) -> Called<LookupOutcome> {
+        let rc = &self.contract.reconcile;
+        let Some(t) = &rc.lookup_url else {
+            return unsent_called(
+                CallKind::Lookup,
+                attempt,
+                op,
+                "no lookup",
+                LookupOutcome::Failed {
+                    error_class: "no_lookup".into(),
+                },
+            );
+        };
+        let url = match self.url(&self.fill(t, op)) {
+            Ok(u) => u,
+            Err(e) => {
+                return unsent_called(
+                    CallKind::Lookup,
+                    attempt,
+                    op,
+                    &e,
+                    LookupOutcome::Failed {
+                        error_class: "bad_url".into(),
+                    },
+                );
+            }
+        };
+        let max = self.contract.max_response_bytes;
+        let ex = self
+            .send(
+                op,
+                CallKind::Lookup,
+                attempt,
+                http::Method::GET,
+                url,
+                None,
+                http::HeaderMap::new(),
+                max,
+            )
+            .await;
+        let ctx = self.context_after(op, &ex, None);
+        if let Some(err) = ex.error {
+            return Self::finish(
+                ex,
+                LookupOutcome::Failed {
+                    error_class: err.class().into(),
+                },
+                format!("failed: {}", err.class()),
+                ctx,
+            );
+        }
+        if ex.status == Some(404) {
+            return Self::finish(ex, LookupOutcome::NotFound, "not found".into(), ctx);
+        }
+        if self.meaning(CallName::Lookup, &ex) != Meaning::Success {
+            let class = Self::ambiguous_class(&ex);
+            return Self::finish(
+                ex,
+                LookupOutcome::Failed {
+                    error_class: class.clone(),
+                },
+                format!("failed: {class}"),
+                ctx,
+            );
+        }
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&ex.body) else {
+            return Self::finish(
+                ex,
+                LookupOutcome::Failed {
+                    error_class: "malformed_json".into(),
+                },
+                "failed: malformed JSON".into(),
+                ctx,
+            );
+        };
+        let id_ptr = rc.lookup_job_id.clone().unwrap_or_else(|| "/job_id".into());
+        let items: Vec<&serde_json::Value> = match &rc.lookup_jobs {
+            Some(p) => json
+                .pointer(p)
+                .and_then(|v| v.as_array())
+                .map(|a| a.iter().collect())
+                .unwrap_or_default(),
+            None => vec![&json],
+        };
+        let job_ids: Vec<String> = items
+            .iter()
+            .filter_map(|i| {
+                i.pointer(&id_ptr)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+            })
+            .collect();
+        if job_ids.is_empty() {
+            Self::finish(ex, LookupOutcome::NotFound, "not found".into(), ctx)
+        } else {
+            let d = format!("found {}", job_ids.join(", "));
+            Self::finish(ex, LookupOutcome::Found { job_ids }, d, ctx)
+        }
+    }
+}
+
+fn unsent_called<T>(
+    kind: CallKind,
+    attempt: i32,
+    op: &OperationRecord,
+    why: &str,
+    outcome: T,
+) -> Called<T> {
+    let url = url::Url::parse("about:blank").expect("static URL");
+    let ex = wire::unsent(kind, attempt, &http::Method::GET, &url, op.trace_id, why);
+    Called {
+        outcome,
+        call: ex.record,
+        context: None,
+    }
+}
+
+fn set_pointer(
+    doc: &mut serde_json::Value,
+    pointer: &str,
+    value: serde_json::Value,
+) -> Result<(), String> {
+    if pointer.is_empty() {
+        *doc = value;
+        return Ok(());
+    }
+    let mut cur = doc;
+    let parts: Vec<String> = pointer[1..]
+        .split('/')
+        .map(|p| p.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    for (i, part) in parts.iter().enumerate() {
+        let obj = cur
+            .as_object_mut()
+            .ok_or_else(|| format!("cannot set {pointer}: not an object on the way"))?;
+        if i + 1 == parts.len() {
+            obj.insert(part.clone(), value);
+            return Ok(());
+        }
+        cur = obj
+            .entry(part.clone())
+            .or_insert_with(|| serde_json::json!({}));
+    }
+    Ok(())
+}
+
+impl Provider for HttpProvider {
+    fn contract(&self) -> &Contract {
+        &self.contract
+    }
+    fn create<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, CreateOutcome> {
+        Box::pin(self.do_create(op, attempt))
+    }
+    fn status<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, StatusOutcome> {
+        Box::pin(self.do_status(op, attempt))
+    }
+    fn cancel<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, CancelOutcome> {
+        Box::pin(self.do_cancel(op, attempt))
+    }
+    fn fetch_result<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, ResultOutcome> {
+        Box::pin(self.do_fetch_result(op, attempt))
+    }
+    fn lookup<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, LookupOutcome> {
+        Box::pin(self.do_lookup(op, attempt))
+    }
+}

@@ -1,0 +1,126 @@
+//! # jobtrail-provider
+//!
+//! The wire side of jobtrail. A [`Provider`] is the seam: it makes one call (create, status, cancel,
+//! result, lookup) for one operation and returns a *closed* outcome ([`outcome`]) plus the sanitized
+//! record of the call. The worker maps each outcome to exactly one transition.
+//!
+//! [`HttpProvider`] is the implementation driven by a TOML [`Contract`], so an operator adds a provider
+//! by writing a file, not Rust; a provider can also be written in code against the same trait.
+//!
+//! Every request carries the operation's W3C `traceparent` (its trace id, a new span id per call).
+//! Credentials are resolved from secret references at send time and exist only in the outgoing
+//! request: never in the record, the call log, or a log line.
+
+pub mod contract;
+pub mod http;
+pub mod outcome;
+pub mod validate;
+pub mod wire;
+
+use jobtrail_store::OperationRecord;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub use contract::{Contract, ContractError, Phase, ReconcileMethod};
+pub use http::HttpProvider;
+pub use outcome::*;
+
+/// A boxed future of one call's outcome (object-safe, so providers can live in a registry).
+pub type ProviderFuture<'a, T> = Pin<Box<dyn Future<Output = Called<T>> + Send + 'a>>;
+
+/// One provider: the calls jobtrail makes, each returning a closed outcome.
+pub trait Provider: Send + Sync + std::fmt::Debug {
+    /// The contract (schedule, deadlines, reconciliation, result rules).
+    fn contract(&self) -> &Contract;
+    fn create<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, CreateOutcome>;
+    fn status<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, StatusOutcome>;
+    fn cancel<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, CancelOutcome>;
+    fn fetch_result<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, ResultOutcome>;
+    fn lookup<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, LookupOutcome>;
+
+    /// Validate a fetched result against the contract, with the hints the status reads left.
+    fn check_result(&self, op: &OperationRecord, fetched: &FetchedResult) -> Checked {
+        let hints: ResultHints = op
+            .provider_context
+            .get("result")
+            .and_then(|r| serde_json::from_value(r.clone()).ok())
+            .unwrap_or_default();
+        match &self.contract().result {
+            Some(spec) => validate::check(spec, fetched, &hints),
+            None => Checked::Invalid {
+                violations: vec!["the contract has no result rules".into()],
+            },
+        }
+    }
+}
+
+/// Every configured provider, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    providers: BTreeMap<String, Arc<dyn Provider>>,
+}
+
+impl Registry {
+    /// Load every contract in `dir` as an HTTP provider.
+    pub fn load_dir(dir: &std::path::Path) -> Result<Self, ContractError> {
+        let mut r = Self::default();
+        for (name, c) in contract::load_dir(dir)? {
+            let p = HttpProvider::new(c).map_err(|e| ContractError::Io {
+                file: name.clone(),
+                message: e,
+            })?;
+            r.insert(Arc::new(p));
+        }
+        Ok(r)
+    }
+
+    pub fn insert(&mut self, p: Arc<dyn Provider>) {
+        self.providers.insert(p.contract().name.clone(), p);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
+        self.providers.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.providers.keys().map(String::as_str)
+    }
+
+    /// What submit needs, per provider.
+    pub fn terms(&self) -> BTreeMap<String, jobtrail_core::ProviderTerms> {
+        self.providers
+            .iter()
+            .map(|(k, p)| (k.clone(), p.contract().terms()))
+            .collect()
+    }
+}
+
+/// reqwest is built without a default crypto provider; install ring's once per process.
+pub fn install_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

@@ -1,0 +1,184 @@
+//! Contract files are parsed strictly and every invalid field is refused with a message naming the
+//! file, the key and what was expected.
+
+use jobtrail_core::IdempotencyMode;
+use jobtrail_provider::contract::{Contract, ReconcileMethod, load_dir};
+use std::path::{Path, PathBuf};
+
+fn providers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers")
+}
+
+fn sim_text() -> String {
+    std::fs::read_to_string(providers_dir().join("sim.toml")).unwrap()
+}
+
+fn parse(text: &str) -> Result<Contract, String> {
+    Contract::parse(text, &providers_dir().join("test.toml")).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_shipped_contracts_load() {
+    let all = load_dir(&providers_dir()).unwrap();
+    assert_eq!(
+        all.keys().cloned().collect::<Vec<_>>(),
+        ["sim", "sim-csv", "sim-legacy"]
+    );
+    let sim = &all["sim"];
+    assert_eq!(sim.idempotency(), IdempotencyMode::Header);
+    assert_eq!(sim.reconcile.method, ReconcileMethod::Resend);
+    assert!(sim.result.as_ref().unwrap().schema.is_some());
+    assert_eq!(sim.terms().sensitive_fields, ["/payment/card_number"]);
+    let legacy = &all["sim-legacy"];
+    assert_eq!(legacy.idempotency(), IdempotencyMode::None);
+    assert!(!legacy.idempotency().guarantees_at_most_once());
+
+    let example = Contract::load(&providers_dir().join("examples/replicate.toml")).unwrap();
+    assert!(
+        example.untested,
+        "the real-API example must say it is untested"
+    );
+    assert_eq!(example.idempotency(), IdempotencyMode::None);
+}
+
+#[test]
+fn each_invalid_field_is_refused_with_its_name() {
+    let base = sim_text();
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "base_url = \"http://127.0.0.1:8700\"",
+            "base_url = \"ftp://x\"",
+            "base_url",
+        ),
+        (
+            "base_url = \"http://127.0.0.1:8700\"",
+            "base_url = \"http://u:p@h\"",
+            "base_url",
+        ),
+        (
+            "method = \"POST\"\npath = \"/v1/jobs\"",
+            "method = \"FETCH\"\npath = \"/v1/jobs\"",
+            "create.method",
+        ),
+        ("path = \"/v1/jobs\"", "path = \"v1/jobs\"", "create.path"),
+        (
+            "idempotency = \"header\"",
+            "idempotency = \"maybe\"",
+            "create.idempotency",
+        ),
+        (
+            "idempotency_header = \"Idempotency-Key\"",
+            "idempotency_header = \"Bad Header\"",
+            "create.idempotency_header",
+        ),
+        (
+            "job_id = \"body:/job_id\"",
+            "job_id = \"job_id\"",
+            "create.job_id",
+        ),
+        (
+            "url = \"/v1/jobs/{job_id}\"",
+            "url = \"/v1/jobs/{jobid}\"",
+            "status.url",
+        ),
+        ("state = \"/state\"", "state = \"state\"", "status.state"),
+        (
+            "succeeded = [\"succeeded\"]",
+            "succeeded = []",
+            "status.states",
+        ),
+        (
+            "running = [\"running\", \"cancelling\"]",
+            "running = [\"running\", \"queued\"]",
+            "status.states.running",
+        ),
+        ("factor = 2.0", "factor = 0.5", "polling.factor"),
+        ("jitter = 0.2", "jitter = 3.0", "polling.jitter"),
+        ("cap_ms = 2000", "cap_ms = 10", "polling.cap_ms"),
+        (
+            "retry_after_max_ms = 10000",
+            "retry_after_max_ms = 10",
+            "polling.retry_after_max_ms",
+        ),
+        ("window_ms = 5000", "window_ms = 5", "cancel.window_ms"),
+        (
+            "secret = \"env:JOBTRAIL_SIM_TOKEN\"",
+            "secret = \"JOBTRAIL_SIM_TOKEN\"",
+            "auth.secret",
+        ),
+        (
+            "schema_file = \"schemas/sim-result.json\"",
+            "schema_file = \"schemas/missing.json\"",
+            "result.schema_file",
+        ),
+        ("format = \"json\"", "format = \"xml\"", "format"),
+        ("method = \"resend\"", "method = \"guess\"", "method"),
+        ("create_ms = 30000", "create_ms = 10", "deadlines.create_ms"),
+        (
+            "redact = [\"/payment/card_number\"]",
+            "redact = [\"payment.card_number\"]",
+            "redact[0]",
+        ),
+        (
+            "signature = \"hmac-sha256\"",
+            "signature = \"md5\"",
+            "webhook.signature",
+        ),
+        (
+            "means = \"already_exists\"",
+            "means = \"whatever\"",
+            "means",
+        ),
+        (
+            "max_response_bytes = 262144",
+            "max_response_bytes = 262144\nmystery = 1",
+            "mystery",
+        ),
+    ];
+    for (from, to, key) in cases {
+        assert!(base.contains(from), "test setup: {from:?} not in sim.toml");
+        let text = base.replacen(from, to, 1);
+        let err = parse(&text).expect_err(&format!("{key} should be refused"));
+        assert!(
+            err.contains("test.toml"),
+            "error does not name the file: {err}"
+        );
+        assert!(err.contains(key), "error for {key} does not name it: {err}");
+    }
+}
+
+#[test]
+fn cross_field_rules_are_enforced() {
+    let base = sim_text();
+    // A resend without a token could create a second job.
+    let text = base.replacen("idempotency = \"header\"", "idempotency = \"none\"", 1);
+    assert!(parse(&text).unwrap_err().contains("reconcile.method"));
+    // Lookup needs to know where our reference goes.
+    let text = base.replacen("client_reference_field = \"/client_reference\"\n", "", 1);
+    assert!(
+        parse(&text)
+            .unwrap_err()
+            .contains("create.client_reference_field")
+    );
+    // Header placement needs a header name.
+    let text = base.replacen("idempotency_header = \"Idempotency-Key\"\n", "", 1);
+    assert!(
+        parse(&text)
+            .unwrap_err()
+            .contains("create.idempotency_header")
+    );
+}
+
+#[test]
+fn the_base_url_can_be_overridden_per_environment() {
+    // SAFETY: no other test in this binary reads this variable.
+    unsafe {
+        std::env::set_var(
+            "JOBTRAIL_PROVIDER_OVERRIDE_ME_BASE_URL",
+            "http://127.0.0.1:1234",
+        )
+    };
+    let text = sim_text().replacen("name = \"sim\"", "name = \"override-me\"", 1);
+    let c = parse(&text).unwrap();
+    assert_eq!(c.base_url.as_str(), "http://127.0.0.1:1234/");
+}

@@ -1,0 +1,832 @@
+//! # jobtrail-sim
+//!
+//! A simulated provider of asynchronous jobs: a real HTTP server (axum) with create (idempotency key),
+//! status, cancel, result and lookup-by-client-reference, whose behaviour is scripted per job by a
+//! `"sim"` object in the create body (see [`script::Script`]). Every fault the essay names can be made
+//! to happen on purpose: a dropped connection after accepting, an answer after the client's timeout,
+//! 429/503 with `Retry-After`, unconfirmed cancels, cancels that lose the race, a token answered with a
+//! different job id, and every kind of bad result.
+//!
+//! It keeps a ledger (`GET /_sim/ledger`): jobs per idempotency token and per request fingerprint,
+//! calls per job by kind, the most status calls in flight at once for one job, polls that came before
+//! the `Retry-After` it sent, and the trace ids it saw. Tests use it to prove at-most-once creation and
+//! single-owner polling from the provider's side of the wire.
+
+pub mod script;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use script::{CancelAct, CreateAct, Format, Outcome, Progress, ResultAct, Script, StatusFault};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Server settings.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// When set, every request must carry `Authorization: Bearer <token>`.
+    pub bearer_token: Option<String>,
+}
+
+/// What the simulator saw for one job.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JobLedger {
+    pub token: Option<String>,
+    pub client_reference: Option<String>,
+    pub fingerprint: String,
+    pub state: String,
+    pub calls: BTreeMap<String, u32>,
+    pub max_status_in_flight: u32,
+    pub early_polls: u32,
+    pub trace_ids: BTreeSet<String>,
+    pub status_paths: BTreeSet<String>,
+    pub cookie_seen: u32,
+    pub cancel_requests: u32,
+}
+
+/// The whole ledger, as served on `/_sim/ledger`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Ledger {
+    /// Jobs created under each idempotency token.
+    pub tokens: BTreeMap<String, Vec<String>>,
+    /// Jobs created per request fingerprint (sha256 of the canonical body).
+    pub fingerprints: BTreeMap<String, Vec<String>>,
+    pub jobs: BTreeMap<String, JobLedger>,
+    /// Trace ids seen on creates, by client reference.
+    pub references: BTreeMap<String, BTreeSet<String>>,
+    pub requests: u64,
+    pub requests_without_traceparent: u64,
+    pub unauthorized: u64,
+}
+
+impl Ledger {
+    /// The largest number of jobs created under one token.
+    pub fn max_jobs_per_token(&self) -> usize {
+        self.tokens.values().map(Vec::len).max().unwrap_or(0)
+    }
+    /// The largest number of status calls in flight at once for any job.
+    pub fn max_status_in_flight(&self) -> u32 {
+        self.jobs
+            .values()
+            .map(|j| j.max_status_in_flight)
+            .max()
+            .unwrap_or(0)
+    }
+    pub fn early_polls(&self) -> u32 {
+        self.jobs.values().map(|j| j.early_polls).sum()
+    }
+    pub fn calls(&self, kind: &str) -> u32 {
+        self.jobs
+            .values()
+            .map(|j| j.calls.get(kind).copied().unwrap_or(0))
+            .sum()
+    }
+    pub fn jobs_for_reference(&self, reference: &str) -> Vec<&String> {
+        self.jobs
+            .iter()
+            .filter(|(_, j)| j.client_reference.as_deref() == Some(reference))
+            .map(|(id, _)| id)
+            .collect()
+    }
+}
+
+struct Job {
+    id: String,
+    script: Script,
+    created: Instant,
+    created_wall: chrono::DateTime<chrono::Utc>,
+    cancel_requested: Option<Instant>,
+    forced_success: Option<Instant>,
+    status_calls: u32,
+    in_flight: u32,
+    not_before: Option<Instant>,
+    cookie: String,
+    ledger: JobLedger,
+}
+
+#[derive(Default)]
+struct TokenEntry {
+    fingerprint: String,
+    attempts: usize,
+    jobs: Vec<String>,
+}
+
+struct Inner {
+    next_job: u64,
+    jobs: HashMap<String, Job>,
+    tokens: HashMap<String, TokenEntry>,
+    ledger: Ledger,
+}
+
+/// The simulator's shared state.
+#[derive(Clone)]
+pub struct Sim {
+    inner: Arc<Mutex<Inner>>,
+    config: Arc<Config>,
+}
+
+/// A running simulator (for tests and the demo): its address and a way to stop it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub sim: Sim,
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    pub fn ledger(&self) -> Ledger {
+        self.sim.ledger()
+    }
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+impl Sim {
+    pub fn new(config: Config) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                next_job: 0,
+                jobs: HashMap::new(),
+                tokens: HashMap::new(),
+                ledger: Ledger::default(),
+            })),
+            config: Arc::new(config),
+        }
+    }
+
+    /// A snapshot of the ledger, with each job's current state.
+    pub fn ledger(&self) -> Ledger {
+        let g = self.inner.lock().expect("sim lock");
+        let mut l = g.ledger.clone();
+        let now = Instant::now();
+        for (id, job) in &g.jobs {
+            let mut jl = job.ledger.clone();
+            jl.state = job.phase(now).0.to_owned();
+            l.jobs.insert(id.clone(), jl);
+        }
+        l
+    }
+
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/v1/jobs", post(create).get(lookup))
+            .route("/v1/jobs/{id}", get(status))
+            .route("/v1/operations/{id}/{n}", get(status_moved))
+            .route("/v1/jobs/{id}/cancel", post(cancel))
+            .route("/v1/jobs/{id}/result", get(result))
+            .route("/_sim/ledger", get(ledger))
+            .route("/healthz", get(|| async { "ok" }))
+            .with_state(self.clone())
+    }
+
+    /// Bind `addr` (use 127.0.0.1:0 for a free port) and serve until stopped.
+    pub async fn start(self, addr: SocketAddr) -> std::io::Result<Running> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let app = self.router();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+        });
+        Ok(Running {
+            addr,
+            sim: self,
+            shutdown,
+            task,
+        })
+    }
+
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Some(token) = &self.config.bearer_token else {
+            return true;
+        };
+        let ok = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v == format!("Bearer {token}"));
+        if !ok {
+            self.inner.lock().expect("sim lock").ledger.unauthorized += 1;
+        }
+        ok
+    }
+}
+
+/// The trace id of a W3C `traceparent` header.
+fn trace_of(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get("traceparent")?.to_str().ok()?;
+    let parts: Vec<&str> = v.split('-').collect();
+    (parts.len() == 4 && parts[1].len() == 32).then(|| parts[1].to_owned())
+}
+
+impl Job {
+    /// The finish time if nothing interferes.
+    fn natural_end(&self) -> Option<Instant> {
+        (!self.script.never_finish)
+            .then(|| self.created + Duration::from_millis(self.script.duration_ms))
+    }
+
+    /// (state, completed, total) at `now`.
+    fn phase(&self, now: Instant) -> (&'static str, u64, u64) {
+        let total = 100;
+        let natural = match self.script.outcome {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+        };
+        if let Some(at) = self.forced_success
+            && now >= at
+        {
+            return ("succeeded", total, total);
+        }
+        let end = self.natural_end();
+        if let Some(c) = self.cancel_requested {
+            let ended_before = end.is_some_and(|e| e <= c);
+            if !ended_before && self.script.cancel == CancelAct::Confirm {
+                let confirm = c + Duration::from_millis(self.script.cancel_delay_ms);
+                match end {
+                    Some(e) if e <= confirm && now >= e => return (natural, total, total),
+                    _ if now >= confirm => return ("cancelled", 0, total),
+                    _ => return ("cancelling", 0, total),
+                }
+            }
+        }
+        match end {
+            Some(e) if now >= e => (natural, total, total),
+            _ => {
+                let elapsed = now.duration_since(self.created).as_millis() as u64;
+                let dur = self.script.duration_ms.max(1);
+                if elapsed < dur / 10 {
+                    return ("queued", 0, total);
+                }
+                let mut done = (elapsed * total / dur).min(total - 1);
+                if self.script.progress == Progress::Bursty {
+                    done = done / 25 * 25;
+                }
+                ("running", done, total)
+            }
+        }
+    }
+
+    fn touch(&mut self, kind: &str, headers: &HeaderMap) {
+        *self.ledger.calls.entry(kind.to_owned()).or_default() += 1;
+        if let Some(t) = trace_of(headers) {
+            self.ledger.trace_ids.insert(t);
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn error(status: StatusCode, msg: &str) -> Response {
+    json_response(status, serde_json::json!({ "error": msg }))
+}
+
+/// Drop the connection without an answer. `resume_unwind` skips the panic hook, so nothing is
+/// printed; the connection task ends and the socket closes mid-request.
+fn drop_connection() -> ! {
+    std::panic::resume_unwind(Box::new("jobtrail-sim: dropping the connection on purpose"))
+}
+
+fn count_request(sim: &Sim, headers: &HeaderMap) {
+    let mut g = sim.inner.lock().expect("sim lock");
+    g.ledger.requests += 1;
+    if trace_of(headers).is_none() {
+        g.ledger.requests_without_traceparent += 1;
+    }
+}
+
+async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) -> Response {
+    count_request(&sim, &headers);
+    if !sim.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "body is not JSON");
+    };
+    let script: Script = match doc.get("sim") {
+        Some(s) => match serde_json::from_value(s.clone()) {
+            Ok(s) => s,
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad sim script: {e}")),
+        },
+        None => Script::default(),
+    };
+    let token = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let reference = doc
+        .get("client_reference")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    let canonical = serde_json_canonicalizer::to_vec(&doc).unwrap_or_default();
+    let fingerprint = hex::encode(Sha256::digest(&canonical));
+    let trace = trace_of(&headers);
+
+    // Decide under the lock, act (sleep, drop) after it.
+    let decided = {
+        let mut g = sim.inner.lock().expect("sim lock");
+        if let (Some(r), Some(t)) = (&reference, &trace) {
+            g.ledger
+                .references
+                .entry(r.clone())
+                .or_default()
+                .insert(t.clone());
+        }
+        let (attempt, existing) = match &token {
+            Some(t) => {
+                let e = g.tokens.entry(t.clone()).or_default();
+                if e.attempts > 0 && e.fingerprint != fingerprint {
+                    return error(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "idempotency key reused with a different request body",
+                    );
+                }
+                e.fingerprint.clone_from(&fingerprint);
+                e.attempts += 1;
+                (e.attempts, e.jobs.first().cloned())
+            }
+            None => (1, None),
+        };
+        let act = script.create_act(attempt);
+        match act {
+            CreateAct::Reject => {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid request: rejected by policy",
+                );
+            }
+            CreateAct::RetryAfterSeconds => {
+                let mut r = error(StatusCode::TOO_MANY_REQUESTS, "slow down");
+                r.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(script.retry_after_secs),
+                );
+                return r;
+            }
+            CreateAct::RetryAfterDate => {
+                let at =
+                    std::time::SystemTime::now() + Duration::from_secs(script.retry_after_secs + 1);
+                let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "overloaded");
+                r.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from_str(&httpdate::fmt_http_date(at)).expect("http date"),
+                );
+                return r;
+            }
+            CreateAct::DropBeforeAccept => None,
+            CreateAct::AlreadyExistsError if existing.is_some() => {
+                let id = existing.expect("checked");
+                return json_response(
+                    StatusCode::CONFLICT,
+                    serde_json::json!({"error": "already exists", "job_id": id}),
+                );
+            }
+            _ => {
+                let reuse = existing.filter(|_| act != CreateAct::DifferentJobId);
+                let (id, replay) = match reuse {
+                    Some(id) => (id, true),
+                    None => {
+                        g.next_job += 1;
+                        let id = format!("job_{:06}", g.next_job);
+                        let job = Job {
+                            id: id.clone(),
+                            script: script.clone(),
+                            created: Instant::now(),
+                            created_wall: chrono::Utc::now(),
+                            cancel_requested: None,
+                            forced_success: None,
+                            status_calls: 0,
+                            in_flight: 0,
+                            not_before: None,
+                            cookie: format!(
+                                "s_{}",
+                                hex::encode(&Sha256::digest(id.as_bytes())[..8])
+                            ),
+                            ledger: JobLedger {
+                                token: token.clone(),
+                                client_reference: reference.clone(),
+                                fingerprint: fingerprint.clone(),
+                                ..Default::default()
+                            },
+                        };
+                        g.jobs.insert(id.clone(), job);
+                        if let Some(t) = &token {
+                            g.tokens.get_mut(t).expect("entry").jobs.push(id.clone());
+                            g.ledger
+                                .tokens
+                                .entry(t.clone())
+                                .or_default()
+                                .push(id.clone());
+                        }
+                        g.ledger
+                            .fingerprints
+                            .entry(fingerprint.clone())
+                            .or_default()
+                            .push(id.clone());
+                        (id, false)
+                    }
+                };
+                let job = g.jobs.get_mut(&id).expect("job");
+                job.touch("create", &headers);
+                Some((id, replay, act, job.cookie.clone(), job.script.clone()))
+            }
+        }
+    };
+    let Some((id, replay, act, cookie, script)) = decided else {
+        drop_connection();
+    };
+    match act {
+        CreateAct::DropAfterAccept => drop_connection(),
+        CreateAct::SlowAccept => {
+            tokio::time::sleep(Duration::from_millis(script.create_delay_ms)).await
+        }
+        CreateAct::AmbiguousAfterAccept => {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "internal error");
+        }
+        _ => {}
+    }
+    if act == CreateAct::Sync {
+        let (doc, _) = result_doc(&id, &script);
+        return json_response(
+            StatusCode::OK,
+            serde_json::json!({"job_id": id, "state": "succeeded", "result": serde_json::from_slice::<serde_json::Value>(&doc).unwrap_or_default()}),
+        );
+    }
+    let status_url = format!("/v1/jobs/{id}");
+    let mut r = json_response(
+        StatusCode::ACCEPTED,
+        serde_json::json!({"job_id": id, "state": "queued", "status_url": status_url}),
+    );
+    let h = r.headers_mut();
+    h.insert(
+        header::LOCATION,
+        HeaderValue::from_str(&status_url).expect("ascii"),
+    );
+    h.insert(
+        "x-request-id",
+        HeaderValue::from_str(&format!("req_create_{id}")).expect("ascii"),
+    );
+    h.insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&format!("sim_session={cookie}; Path=/; HttpOnly")).expect("ascii"),
+    );
+    if script.status_via_header {
+        h.insert(
+            "operation-location",
+            HeaderValue::from_str(&format!("/v1/operations/{id}/0")).expect("ascii"),
+        );
+    }
+    if replay {
+        h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    r
+}
+
+/// Decrements the in-flight count when a status call ends, even if the client went away.
+struct InFlight {
+    sim: Sim,
+    id: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut g) = self.sim.inner.lock()
+            && let Some(j) = g.jobs.get_mut(&self.id)
+        {
+            j.in_flight = j.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+async fn status_moved(
+    State(sim): State<Sim>,
+    Path((id, _n)): Path<(String, u32)>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    status_inner(sim, id, headers, uri.path().to_owned()).await
+}
+
+async fn status(
+    State(sim): State<Sim>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    status_inner(sim, id, headers, uri.path().to_owned()).await
+}
+
+async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) -> Response {
+    count_request(&sim, &headers);
+    if !sim.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    let (delay, require_cookie, cookie) = {
+        let mut g = sim.inner.lock().expect("sim lock");
+        let Some(job) = g.jobs.get_mut(&id) else {
+            return error(StatusCode::NOT_FOUND, "no such job");
+        };
+        job.touch("status", &headers);
+        job.ledger.status_paths.insert(path);
+        let now = Instant::now();
+        // A small tolerance for clock granularity on both sides.
+        if job
+            .not_before
+            .is_some_and(|nb| now + Duration::from_millis(50) < nb)
+        {
+            job.ledger.early_polls += 1;
+        }
+        job.in_flight += 1;
+        job.ledger.max_status_in_flight = job.ledger.max_status_in_flight.max(job.in_flight);
+        (
+            Duration::from_millis(job.script.status_delay_ms),
+            job.script.require_cookie,
+            job.cookie.clone(),
+        )
+    };
+    let _guard = InFlight {
+        sim: sim.clone(),
+        id: id.clone(),
+    };
+    let has_cookie = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.contains(&format!("sim_session={cookie}")));
+    if has_cookie {
+        let mut g = sim.inner.lock().expect("sim lock");
+        if let Some(j) = g.jobs.get_mut(&id) {
+            j.ledger.cookie_seen += 1;
+        }
+    }
+    if require_cookie && !has_cookie {
+        return error(StatusCode::UNAUTHORIZED, "session cookie required");
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let mut g = sim.inner.lock().expect("sim lock");
+    let job = g.jobs.get_mut(&id).expect("job exists");
+    job.status_calls += 1;
+    let n = job.status_calls;
+    let now = Instant::now();
+    let (state, done, total) = job.phase(now);
+    match job.script.status_faults.get(&n) {
+        Some(StatusFault::MalformedJson) => {
+            return (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                "{\"job_id\": \"",
+            )
+                .into_response();
+        }
+        Some(StatusFault::MissingState) => {
+            return json_response(StatusCode::OK, serde_json::json!({"job_id": id}));
+        }
+        Some(StatusFault::Error500) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "status backend unavailable",
+            );
+        }
+        Some(StatusFault::TooManyRequests) => {
+            let mut r = error(StatusCode::TOO_MANY_REQUESTS, "slow down");
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+            job.not_before = Some(now + Duration::from_secs(1));
+            return r;
+        }
+        Some(StatusFault::UnknownState) | None => {}
+    }
+    let shown = if job.script.status_faults.get(&n) == Some(&StatusFault::UnknownState) {
+        "warming_up"
+    } else {
+        state
+    };
+    let mut body = serde_json::json!({
+        "job_id": id,
+        "state": shown,
+        "updated_at": (job.created_wall + chrono::Duration::from_std(now.duration_since(job.created)).unwrap_or_default()).to_rfc3339(),
+        "progress": {"completed": done, "total": total},
+        "client_reference": job.ledger.client_reference,
+    });
+    if state == "succeeded" {
+        body["result_url"] = serde_json::json!(format!("/v1/jobs/{id}/result"));
+        body["expected_items"] = serde_json::json!(job.script.items);
+    }
+    if state == "failed" {
+        body["error"] = serde_json::json!("the job failed: simulated failure");
+    }
+    if job.script.moving_status_url {
+        body["status_url"] = serde_json::json!(format!("/v1/operations/{id}/{}", n + 1));
+    }
+    let mut r = json_response(StatusCode::OK, body);
+    r.headers_mut().insert(
+        "x-request-id",
+        HeaderValue::from_str(&format!("req_status_{id}_{n}")).expect("ascii"),
+    );
+    let running = matches!(state, "queued" | "running" | "cancelling");
+    if let (true, Some(secs)) = (running, job.script.poll_retry_after) {
+        if job.script.poll_retry_after_as_date {
+            // HTTP-dates have whole seconds: the client may poll at the date itself.
+            let at = std::time::SystemTime::now() + Duration::from_secs(secs + 1);
+            let text = httpdate::fmt_http_date(at);
+            let at = httpdate::parse_http_date(&text).expect("own date");
+            let wait = at
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            job.not_before = Some(now + wait);
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_str(&text).expect("ascii"),
+            );
+        } else {
+            job.not_before = Some(now + Duration::from_secs(secs));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+    } else {
+        job.not_before = None;
+    }
+    r
+}
+
+async fn cancel(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    count_request(&sim, &headers);
+    if !sim.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    let mut g = sim.inner.lock().expect("sim lock");
+    let Some(job) = g.jobs.get_mut(&id) else {
+        return error(StatusCode::NOT_FOUND, "no such job");
+    };
+    job.touch("cancel", &headers);
+    job.ledger.cancel_requests += 1;
+    let now = Instant::now();
+    let (state, _, _) = job.phase(now);
+    if matches!(state, "succeeded" | "failed" | "cancelled") {
+        return error(StatusCode::CONFLICT, &format!("job already {state}"));
+    }
+    if job.cancel_requested.is_none() {
+        job.cancel_requested = Some(now);
+        if job.script.cancel == CancelAct::LoseRace {
+            job.forced_success = Some(now);
+        }
+    }
+    let mut r = json_response(
+        StatusCode::ACCEPTED,
+        serde_json::json!({"job_id": id, "state": "cancelling"}),
+    );
+    r.headers_mut().insert(
+        "x-request-id",
+        HeaderValue::from_str(&format!("req_cancel_{id}")).expect("ascii"),
+    );
+    r
+}
+
+/// The result body for a job and its content type.
+fn result_doc(id: &str, s: &Script) -> (Vec<u8>, &'static str) {
+    if s.format == Format::Csv {
+        let mut out = String::from("id,status\n");
+        for i in 1..=s.items {
+            let bad = s.result == ResultAct::ErrorRows && i % 2 == 0;
+            out.push_str(&format!("row_{i},{}\n", if bad { "ERROR" } else { "OK" }));
+        }
+        return (out.into_bytes(), "text/csv");
+    }
+    let items: Vec<serde_json::Value> = (1..=s.items)
+        .map(|i| {
+            let failed = s.result == ResultAct::PartialBatch && i % 2 == 0;
+            let item_id = if s.result == ResultAct::SchemaViolation {
+                serde_json::json!(i)
+            } else {
+                serde_json::json!(format!("item_{i}"))
+            };
+            serde_json::json!({
+                "id": item_id,
+                "status": if failed { "failed" } else { "ok" },
+                "error": if failed { serde_json::json!("upstream timeout") } else { serde_json::Value::Null },
+            })
+        })
+        .collect();
+    let mut doc = serde_json::json!({"job_id": id, "items": items});
+    if s.result == ResultAct::Oversized {
+        doc["padding"] = serde_json::json!("x".repeat(2 * 1024 * 1024));
+    }
+    (doc.to_string().into_bytes(), "application/json")
+}
+
+async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    count_request(&sim, &headers);
+    if !sim.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    let (script, state) = {
+        let mut g = sim.inner.lock().expect("sim lock");
+        let Some(job) = g.jobs.get_mut(&id) else {
+            return error(StatusCode::NOT_FOUND, "no such job");
+        };
+        job.touch("result", &headers);
+        (job.script.clone(), job.phase(Instant::now()).0)
+    };
+    match script.result {
+        ResultAct::Fails => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "result store unavailable",
+            );
+        }
+        ResultAct::Gone => return error(StatusCode::NOT_FOUND, "result expired"),
+        _ => {}
+    }
+    if state != "succeeded" {
+        return error(StatusCode::CONFLICT, &format!("job is {state}, no result"));
+    }
+    let (body, content_type) = result_doc(&id, &script);
+    let digest = if script.result == ResultAct::BadChecksum {
+        hex::encode(Sha256::digest(b"something else"))
+    } else {
+        hex::encode(Sha256::digest(&body))
+    };
+    let content_type = if script.result == ResultAct::WrongContentType {
+        "text/html"
+    } else {
+        content_type
+    };
+    let mut r = (StatusCode::OK, body).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        "x-checksum-sha256",
+        HeaderValue::from_str(&digest).expect("hex"),
+    );
+    h.insert(
+        "x-request-id",
+        HeaderValue::from_str(&format!("req_result_{id}")).expect("ascii"),
+    );
+    r
+}
+
+async fn lookup(
+    State(sim): State<Sim>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    count_request(&sim, &headers);
+    if !sim.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    let Some(reference) = q.get("client_reference") else {
+        return error(StatusCode::BAD_REQUEST, "client_reference is required");
+    };
+    let mut g = sim.inner.lock().expect("sim lock");
+    let now = Instant::now();
+    let mut found: Vec<(&Instant, serde_json::Value)> = Vec::new();
+    for job in g.jobs.values() {
+        if job.ledger.client_reference.as_deref() == Some(reference.as_str()) {
+            found.push((
+                &job.created,
+                serde_json::json!({"job_id": job.id, "state": job.phase(now).0}),
+            ));
+        }
+    }
+    found.sort_by_key(|(c, _)| **c);
+    let jobs: Vec<serde_json::Value> = found.into_iter().map(|(_, j)| j).collect();
+    let ids: Vec<String> = jobs
+        .iter()
+        .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
+        .collect();
+    for id in ids {
+        if let Some(j) = g.jobs.get_mut(&id) {
+            j.touch("lookup", &headers);
+        }
+    }
+    json_response(StatusCode::OK, serde_json::json!({ "jobs": jobs }))
+}
+
+async fn ledger(State(sim): State<Sim>) -> Response {
+    json_response(
+        StatusCode::OK,
+        serde_json::to_value(sim.ledger()).unwrap_or_default(),
+    )
+}

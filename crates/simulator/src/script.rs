@@ -1,0 +1,170 @@
+//! What a simulated job does: a script carried in the create request body under `"sim"`.
+//! Every field is optional; the default is a well-behaved job that succeeds after `duration_ms`.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// What the simulator does with one create attempt (by idempotency token, in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CreateAct {
+    /// 202 with the job (the original job again for a repeated token).
+    #[default]
+    Ok,
+    /// Create the job, then drop the connection without answering.
+    DropAfterAccept,
+    /// Drop the connection without creating anything.
+    DropBeforeAccept,
+    /// Create the job, answer only after `create_delay_ms` (past the client's timeout).
+    SlowAccept,
+    /// Create the job, answer 500 (an ambiguous failure).
+    AmbiguousAfterAccept,
+    /// 429 with `Retry-After: <seconds>`; nothing created.
+    RetryAfterSeconds,
+    /// 503 with `Retry-After: <HTTP-date>`; nothing created.
+    RetryAfterDate,
+    /// 422: a definitive rejection; nothing created.
+    Reject,
+    /// Create a *new* job under the same token and answer with it (a contract violation).
+    DifferentJobId,
+    /// Answer a repeated token with 409 "already exists" and the original job id.
+    AlreadyExistsError,
+    /// 200 with the finished result inline.
+    Sync,
+}
+
+/// What a cancel request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelAct {
+    /// Accept, confirm (state `cancelled`) after `cancel_delay_ms`.
+    #[default]
+    Confirm,
+    /// Accept and never act on it.
+    Ignore,
+    /// Accept, but the job crosses its commit point first: it succeeds.
+    LoseRace,
+}
+
+/// What the result endpoint serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultAct {
+    #[default]
+    Valid,
+    BadChecksum,
+    WrongContentType,
+    SchemaViolation,
+    Oversized,
+    /// CSV rows that say ERROR (with `format = "csv"`).
+    ErrorRows,
+    /// A batch manifest in which some items failed.
+    PartialBatch,
+    /// The result URL answers 500.
+    Fails,
+    /// The result URL answers 404.
+    Gone,
+}
+
+/// A fault injected into one status response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusFault {
+    MalformedJson,
+    MissingState,
+    UnknownState,
+    Error500,
+    TooManyRequests,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Progress {
+    #[default]
+    Linear,
+    Bursty,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    #[default]
+    Succeeded,
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    #[default]
+    Json,
+    Csv,
+}
+
+/// The per-job script.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Script {
+    pub create: Vec<CreateAct>,
+    pub create_delay_ms: u64,
+    pub retry_after_secs: u64,
+    pub duration_ms: u64,
+    pub progress: Progress,
+    pub never_finish: bool,
+    pub outcome: Outcome,
+    /// `Retry-After` (seconds) on status responses while the job runs.
+    pub poll_retry_after: Option<u64>,
+    /// Send that `Retry-After` as an HTTP-date instead of seconds.
+    pub poll_retry_after_as_date: bool,
+    pub cancel: CancelAct,
+    pub cancel_delay_ms: u64,
+    pub result: ResultAct,
+    pub format: Format,
+    pub items: u32,
+    /// Faults by status-call number (1-based).
+    pub status_faults: BTreeMap<u32, StatusFault>,
+    /// Delay every status response (makes overlapping polls visible in the ledger).
+    pub status_delay_ms: u64,
+    /// Each status response names a new status URL (`/v1/operations/{id}/{n}`).
+    pub moving_status_url: bool,
+    /// Name the status URL in an `Operation-Location` header on create.
+    pub status_via_header: bool,
+    /// Status calls without the session cookie set at create are refused.
+    pub require_cookie: bool,
+}
+
+impl Default for Script {
+    fn default() -> Self {
+        Self {
+            create: Vec::new(),
+            create_delay_ms: 5_000,
+            retry_after_secs: 1,
+            duration_ms: 300,
+            progress: Progress::Linear,
+            never_finish: false,
+            outcome: Outcome::Succeeded,
+            poll_retry_after: None,
+            poll_retry_after_as_date: false,
+            cancel: CancelAct::Confirm,
+            cancel_delay_ms: 200,
+            result: ResultAct::Valid,
+            format: Format::Json,
+            items: 5,
+            status_faults: BTreeMap::new(),
+            status_delay_ms: 0,
+            moving_status_url: false,
+            status_via_header: false,
+            require_cookie: false,
+        }
+    }
+}
+
+impl Script {
+    /// The act for create attempt `n` (1-based) under one token: the list, then `Ok`.
+    pub fn create_act(&self, n: usize) -> CreateAct {
+        self.create
+            .get(n.saturating_sub(1))
+            .copied()
+            .unwrap_or_default()
+    }
+}

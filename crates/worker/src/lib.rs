@@ -1,0 +1,1 @@
+//! The worker (see the worker issue).
