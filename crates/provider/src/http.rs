@@ -245,7 +245,10 @@ impl HttpProvider {
         describe: String,
         context: Option<serde_json::Value>,
     ) -> Called<T> {
-        ex.record.outcome = describe;
+        // An exchange that never left already says why; keep that.
+        if ex.record.outcome.is_empty() {
+            ex.record.outcome = describe;
+        }
         Called {
             outcome,
             call: ex.record,

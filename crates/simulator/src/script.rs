@@ -73,6 +73,7 @@ pub enum StatusFault {
     MalformedJson,
     MissingState,
     UnknownState,
+    #[serde(rename = "error_500")]
     Error500,
     TooManyRequests,
 }
