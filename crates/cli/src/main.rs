@@ -1,51 +1,300 @@
-//! jobtrail: submit operations and run workers.
+//! `jobtrail`: submit operations, watch them, run workers, run the demo.
 
-use anyhow::Context;
+mod common;
+mod demo;
+mod ops;
+
 use clap::{Parser, Subcommand};
+use common::{CmdResult, exit};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const EXIT_CODES: &str = "Exit codes:
+  0  success (for wait: the operation succeeded)
+  1  the operation ended other than succeeded
+  2  bad input or usage: nothing was written
+  3  operation not found
+  4  conflict: another request under this id, a stale view, or a move the state machine refuses
+  5  database or provider configuration unavailable
+  6  wait timed out
+  7  the operation is held for a person (see jobtrail-admin escalations)";
 
 #[derive(Parser)]
 #[command(
     name = "jobtrail",
     version,
-    about = "Durable, evidenced remote async jobs for AI agents"
+    about = "Durable, evidenced remote async jobs for AI agents",
+    long_about = "jobtrail owns remote asynchronous API jobs on behalf of agents: it records the intent before \
+anything is sent, creates the remote job once, observes it with one lease owner at a time, cancels on request \
+and waits for the provider's confirmation, validates the result, and keeps a tamper-evident history.",
+    after_help = EXIT_CODES
 )]
 struct Cli {
-    /// PostgreSQL URL. Unset: jobtrail's private cluster (started on demand).
+    /// PostgreSQL URL. Unset: jobtrail's private cluster, started on demand from the machine's PostgreSQL binaries.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
+    /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.
+    #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true)]
+    providers: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply pending database migrations and exit.
+    /// Run the demo: private PostgreSQL, the simulated provider, workers, a few hundred operations with faults.
+    #[command(
+        after_help = "Example:\n  jobtrail demo\n  jobtrail demo --operations 500 --workers 4"
+    )]
+    Demo(demo::DemoArgs),
+    /// Submit an operation; prints its id at once. The intent is durable before anything is sent.
+    #[command(
+        after_help = "Examples:\n  echo '{\"account\":\"acct_218\",\"format\":\"csv\"}' | jobtrail submit --provider sim --target reports \\\n      --caller agent-7 --approved-by alice --approval-ref CHG-42\n  jobtrail submit --provider sim --target reports --body req.json --id op_01J... --result-deadline +2h"
+    )]
+    Submit {
+        #[arg(long)]
+        provider: String,
+        /// What the operation acts on (part of the fingerprint).
+        #[arg(long)]
+        target: String,
+        /// Request body (JSON) file; `-` or absent: stdin.
+        #[arg(long)]
+        body: Option<PathBuf>,
+        /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a no-op.
+        #[arg(long)]
+        id: Option<String>,
+        /// Who asks (agent run, tool, person).
+        #[arg(long, env = "JOBTRAIL_CALLER")]
+        caller: String,
+        /// Who authorised the work.
+        #[arg(long)]
+        approved_by: String,
+        /// A reference to the approval (ticket, change request).
+        #[arg(long)]
+        approval_ref: Option<String>,
+        /// RFC 3339 or relative (+2m). Default: the provider's create window.
+        #[arg(long)]
+        create_deadline: Option<String>,
+        /// RFC 3339 or relative (+1h). Default: the provider's result window.
+        #[arg(long)]
+        result_deadline: Option<String>,
+        /// How long a cancel may take to be confirmed (90s, 5m). Default: the provider's.
+        #[arg(long)]
+        cancel_window: Option<String>,
+        /// The operation this one retries (a new operation linked to the old).
+        #[arg(long)]
+        supersedes: Option<String>,
+        #[arg(long, default_value_t = 1024 * 1024)]
+        max_body_bytes: usize,
+    },
+    /// Show an operation: state, remote facts, and its whole timeline.
+    Show { operation: String },
+    /// Request a cancel (recorded with actor and reason; confirmed only by the provider).
+    Cancel {
+        operation: String,
+        #[arg(long)]
+        actor: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Write the validated result of a succeeded operation (checked against its recorded sha256).
+    Result {
+        operation: String,
+        /// Output file; `-` or absent: stdout.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Wait until the operation ends or needs a person.
+    Wait {
+        operation: String,
+        /// Give up after this long (90s, 5m).
+        #[arg(long, default_value = "5m")]
+        timeout: String,
+    },
+    /// Run a worker until SIGTERM/SIGINT.
+    #[command(after_help = "Example:\n  jobtrail worker --concurrency 64 --lease 30s")]
+    Worker {
+        /// Lease owner name (default HOSTNAME-PID).
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long, default_value_t = 32)]
+        batch: i64,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Lease time-to-live: a dead worker's operations are taken over after this.
+        #[arg(long, default_value = "30s")]
+        lease: String,
+        /// Longest pause between scans without notifications.
+        #[arg(long, default_value = "250ms")]
+        idle: String,
+        /// Where validated results are stored. Default: $JOBTRAIL_RESULT_DIR or the data directory.
+        #[arg(long)]
+        result_dir: Option<PathBuf>,
+    },
+    /// Apply database migrations and exit.
     Migrate,
 }
 
+fn init_logs(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("JOBTRAIL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let json = std::env::var("JOBTRAIL_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        let _ = b.json().try_init();
+    } else {
+        let _ = b.try_init();
+    }
+}
+
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
+async fn main() -> ExitCode {
+    jobtrail_provider::install_crypto();
     let cli = Cli::parse();
+    init_logs(if matches!(cli.command, Command::Worker { .. }) {
+        "info"
+    } else {
+        "warn"
+    });
     match run(cli).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::from(2)
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("error: {:#}", f.error);
+            ExitCode::from(f.code)
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let url = match cli.database_url {
-        Some(u) => u,
-        None => jobtrail_store::cluster::database_url().await?,
-    };
-    let store = jobtrail_store::Store::connect(&url)
-        .await
-        .context("connecting to the database")?;
-    store.migrate().await.context("applying migrations")?;
+async fn run(cli: Cli) -> CmdResult {
+    let json = cli.json;
     match cli.command {
-        Command::Migrate => println!("migrations applied"),
+        Command::Demo(args) => demo::run(args, json).await,
+        Command::Migrate => {
+            common::store(&cli.database_url).await?;
+            println!("migrations applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Submit {
+            provider,
+            target,
+            body,
+            id,
+            caller,
+            approved_by,
+            approval_ref,
+            create_deadline,
+            result_deadline,
+            cancel_window,
+            supersedes,
+            max_body_bytes,
+        } => {
+            let registry = common::registry(&cli.providers)?;
+            let store = common::store(&cli.database_url).await?;
+            let args = ops::SubmitArgs {
+                provider,
+                target,
+                body,
+                id,
+                caller,
+                approved_by,
+                approval_ref,
+                create_deadline,
+                result_deadline,
+                cancel_window,
+                supersedes,
+                max_body_bytes,
+                json,
+            };
+            ops::submit(&store, &registry, args).await
+        }
+        Command::Show { operation } => {
+            ops::show(&common::store(&cli.database_url).await?, &operation, json).await
+        }
+        Command::Cancel {
+            operation,
+            actor,
+            reason,
+        } => {
+            ops::cancel(
+                &common::store(&cli.database_url).await?,
+                &operation,
+                &actor,
+                &reason,
+                json,
+            )
+            .await
+        }
+        Command::Result { operation, output } => {
+            ops::result(
+                &common::store(&cli.database_url).await?,
+                &operation,
+                output.as_deref(),
+            )
+            .await
+        }
+        Command::Wait { operation, timeout } => {
+            let timeout = common::parse_duration(&timeout)
+                .map_err(|e| common::fail(exit::BAD_INPUT, format!("--timeout: {e}")))?;
+            ops::wait(
+                &common::store(&cli.database_url).await?,
+                &operation,
+                timeout,
+                json,
+            )
+            .await
+        }
+        Command::Worker {
+            id,
+            batch,
+            concurrency,
+            lease,
+            idle,
+            result_dir,
+        } => {
+            let mut config = jobtrail_worker::WorkerConfig::named_default();
+            if let Some(id) = id {
+                config.id = id;
+            }
+            if batch < 1 || concurrency < 1 {
+                return Err(common::fail(
+                    exit::BAD_INPUT,
+                    "--batch and --concurrency must be at least 1",
+                ));
+            }
+            config.batch = batch;
+            config.concurrency = concurrency;
+            config.lease = common::parse_duration(&lease)
+                .map_err(|e| common::fail(exit::BAD_INPUT, format!("--lease: {e}")))?;
+            config.idle = common::parse_duration(&idle)
+                .map_err(|e| common::fail(exit::BAD_INPUT, format!("--idle: {e}")))?;
+            if config.lease < std::time::Duration::from_secs(1) {
+                return Err(common::fail(exit::BAD_INPUT, "--lease must be at least 1s"));
+            }
+            let registry = common::registry(&cli.providers)?;
+            let store = common::store(&cli.database_url).await?;
+            let results = jobtrail_worker::ResultStore::new(
+                result_dir.unwrap_or_else(jobtrail_worker::ResultStore::default_root),
+            );
+            let worker = jobtrail_worker::Worker::new(store, registry, results, config);
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("signal handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                stop.cancel();
+            });
+            worker.run(shutdown).await;
+            Ok(ExitCode::SUCCESS)
+        }
     }
-    Ok(())
 }

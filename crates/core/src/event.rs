@@ -192,6 +192,8 @@ pub enum Event {
     CallFailed { error_class: String },
     /// The result deadline passed before the job ended.
     ResultDeadlinePassed,
+    /// Calls kept failing past the contract's retry budget.
+    RetryBudgetExhausted { error_class: String, failures: i32 },
 
     // --- cancel ---------------------------------------------------------------------------------
     /// A recorded cancel request on an operation whose create may have reached the provider.
@@ -280,6 +282,7 @@ event_kinds! {
     RemoteCancelled = "remote_cancelled",
     CallFailed = "call_failed",
     ResultDeadlinePassed = "result_deadline_passed",
+    RetryBudgetExhausted = "retry_budget_exhausted",
     CancelRequested = "cancel_requested",
     Withdraw = "withdraw",
     CancelSent = "cancel_sent",
@@ -321,6 +324,7 @@ impl Event {
             Event::RemoteCancelled(_) => EventKind::RemoteCancelled,
             Event::CallFailed { .. } => EventKind::CallFailed,
             Event::ResultDeadlinePassed => EventKind::ResultDeadlinePassed,
+            Event::RetryBudgetExhausted { .. } => EventKind::RetryBudgetExhausted,
             Event::CancelRequested(_) => EventKind::CancelRequested,
             Event::Withdraw(_) => EventKind::Withdraw,
             Event::CancelSent { .. } => EventKind::CancelSent,
@@ -401,6 +405,12 @@ impl Event {
             Event::RemoteCancelled(c) => format!("provider confirms cancel ({})", c.remote_state()),
             Event::CallFailed { error_class } => format!("provider call failed: {error_class}"),
             Event::ResultDeadlinePassed => "result deadline passed".into(),
+            Event::RetryBudgetExhausted {
+                error_class,
+                failures,
+            } => {
+                format!("retry budget exhausted after {failures} failures (last: {error_class})")
+            }
             Event::CancelRequested(r) | Event::Withdraw(r) => {
                 format!("cancel requested by {}: {}", r.actor(), r.reason())
             }

@@ -152,9 +152,33 @@ pub static RULES: &[Rule] = &[
     },
     Rule {
         on: EventKind::CallFailed,
-        from: REMOTE_LIVE,
+        from: &[
+            CreatePending,
+            Accepted,
+            Observing,
+            CancelRequested,
+            Cancelling,
+        ],
         to: To::Same,
-        why: "retry with backoff; counts against the budget",
+        why: "a call failed or was deferred; retry with backoff",
+    },
+    Rule {
+        on: EventKind::RetryBudgetExhausted,
+        from: &[Accepted, Observing],
+        to: To::State(ResultTimedOut),
+        why: "status reads keep failing: stop and ask a person",
+    },
+    Rule {
+        on: EventKind::RetryBudgetExhausted,
+        from: &[CancelRequested, Cancelling],
+        to: To::State(CancellationUnconfirmed),
+        why: "cannot learn whether the cancel took effect",
+    },
+    Rule {
+        on: EventKind::RetryBudgetExhausted,
+        from: &[ResultCollecting],
+        to: To::State(ResultUnavailable),
+        why: "the result fetch keeps failing",
     },
     Rule {
         on: EventKind::ResultDeadlinePassed,

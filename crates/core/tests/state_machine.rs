@@ -55,6 +55,10 @@ fn sample_events() -> Vec<Event> {
             error_class: "503".into(),
         },
         Event::ResultDeadlinePassed,
+        Event::RetryBudgetExhausted {
+            error_class: "timeout".into(),
+            failures: 9,
+        },
         Event::CancelRequested(CancelRequest::new("alice", "wrong range").unwrap()),
         Event::Withdraw(CancelRequest::new("alice", "never mind").unwrap()),
         Event::CancelSent {
@@ -213,7 +217,7 @@ proptest! {
     /// Over random sequences: every applied move is a row of the table; the gated states are reached
     /// only through their evidence; terminal states never change; refused events change nothing.
     #[test]
-    fn random_event_sequences_respect_the_table(seq in proptest::collection::vec(0usize..29, 1..60)) {
+    fn random_event_sequences_respect_the_table(seq in proptest::collection::vec(0usize..30, 1..60)) {
         let events = sample_events();
         let mut state = State::INITIAL;
         for i in seq {

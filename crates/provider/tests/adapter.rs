@@ -19,7 +19,10 @@ struct H {
 }
 
 fn contract(name: &str, base: &str) -> Contract {
-    let mut c = Contract::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../providers/{name}.toml"))).unwrap();
+    let mut c = Contract::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../providers/{name}.toml")),
+    )
+    .unwrap();
     c.base_url = url::Url::parse(base).unwrap();
     c
 }
@@ -27,20 +30,30 @@ fn contract(name: &str, base: &str) -> Contract {
 async fn harness(contract_name: &str) -> H {
     // SAFETY: every test in this binary sets the same value.
     unsafe { std::env::set_var("JOBTRAIL_SIM_TOKEN", SECRET) };
-    let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config { bearer_token: Some(SECRET.into()) })
-        .start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
+        bearer_token: Some(SECRET.into()),
+    })
+    .start("127.0.0.1:0".parse().unwrap())
+    .await
+    .unwrap();
     let provider = HttpProvider::new(contract(contract_name, &sim.base_url())).unwrap();
     let db = TestDb::new().await;
     let store = db.store().await;
-    H { sim, provider, store, _db: db }
+    H {
+        sim,
+        provider,
+        store,
+        _db: db,
+    }
 }
 
 impl H {
     async fn op(&self, sim_script: serde_json::Value) -> OperationRecord {
         let mut terms = std::collections::BTreeMap::new();
-        terms.insert(self.provider.contract().name.clone(), self.provider.contract().terms());
+        terms.insert(
+            self.provider.contract().name.clone(),
+            self.provider.contract().terms(),
+        );
         let body = serde_json::json!({"report": "usage", "sim": sim_script});
         let s = Submission {
             provider: self.provider.contract().name.clone(),
@@ -50,7 +63,11 @@ impl H {
             approved_by: "tester".into(),
             ..Default::default()
         };
-        self.store.submit_new(&s, &terms, SubmitLimits::default()).await.unwrap().operation
+        self.store
+            .submit_new(&s, &terms, SubmitLimits::default())
+            .await
+            .unwrap()
+            .operation
     }
 
     /// Create and adopt the job id into a copy of the record, as the worker would.
@@ -58,7 +75,9 @@ impl H {
         let mut op = self.op(sim_script).await;
         let c = self.provider.create(&op, 1).await;
         match c.outcome {
-            CreateOutcome::Accepted { job_id, status_url, .. } => {
+            CreateOutcome::Accepted {
+                job_id, status_url, ..
+            } => {
                 op.remote_job_id = Some(job_id);
                 op.status_url = status_url;
             }
@@ -81,7 +100,10 @@ impl H {
                 if let Some(u) = &s.status_url {
                     op.status_url = Some(u.clone());
                 }
-                if matches!(s.phase, Some(Phase::Succeeded | Phase::Failed | Phase::Cancelled)) {
+                if matches!(
+                    s.phase,
+                    Some(Phase::Succeeded | Phase::Failed | Phase::Cancelled)
+                ) {
                     return s;
                 }
             }
@@ -100,11 +122,16 @@ async fn a_well_behaved_job_is_accepted_observed_and_its_result_validates() {
     assert_eq!(end.phase, Some(Phase::Succeeded));
     assert!(end.hints.result_url.is_some() && end.hints.expected_count == Some(5));
     let r = h.provider.fetch_result(&op, 1).await;
-    let ResultOutcome::Fetched(f) = r.outcome else { panic!("{:?}", r.outcome) };
+    let ResultOutcome::Fetched(f) = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
     match h.provider.check_result(&op, &f) {
         Checked::Valid { checks, summary } => {
             assert!(checks.iter().any(|c| c.contains("schema")), "{checks:?}");
-            assert!(checks.iter().any(|c| c.contains("sha256 matches")), "{checks:?}");
+            assert!(
+                checks.iter().any(|c| c.contains("sha256 matches")),
+                "{checks:?}"
+            );
             assert_eq!(summary["items"]["total"], 5);
             assert_eq!(summary["items"]["failed"], 0);
         }
@@ -112,7 +139,13 @@ async fn a_well_behaved_job_is_accepted_observed_and_its_result_validates() {
     }
     // The call record is sanitized evidence.
     assert_eq!(r.call.http_status, Some(200));
-    assert!(r.call.provider_request_id.as_deref().unwrap().starts_with("req_result_"));
+    assert!(
+        r.call
+            .provider_request_id
+            .as_deref()
+            .unwrap()
+            .starts_with("req_result_")
+    );
     assert_eq!(r.call.trace_id, op.trace_id.to_string());
 }
 
@@ -124,20 +157,40 @@ async fn create_faults_become_the_right_outcomes() {
     // Dropped after the provider accepted: ambiguous, never rejected; the job exists.
     let op = h.op(one(&["drop_after_accept"])).await;
     let c = h.provider.create(&op, 1).await;
-    assert_eq!(c.outcome, CreateOutcome::Ambiguous { error_class: "connection_lost".into() });
-    assert_eq!(h.sim.ledger().jobs_for_reference(&op.id.to_string()).len(), 1);
+    assert_eq!(
+        c.outcome,
+        CreateOutcome::Ambiguous {
+            error_class: "connection_lost".into()
+        }
+    );
+    assert_eq!(
+        h.sim.ledger().jobs_for_reference(&op.id.to_string()).len(),
+        1
+    );
     // The same token again returns the original job: one remote job.
     let c2 = h.provider.create(&op, 2).await;
-    let CreateOutcome::Accepted { job_id, .. } = c2.outcome else { panic!("{:?}", c2.outcome) };
+    let CreateOutcome::Accepted { job_id, .. } = c2.outcome else {
+        panic!("{:?}", c2.outcome)
+    };
     assert_eq!(h.sim.ledger().tokens[op.token.as_str()], vec![job_id]);
 
     // Answered only after our timeout: ambiguous (timeout).
     let op = h.op(one(&["slow_accept"])).await;
-    assert_eq!(h.provider.create(&op, 1).await.outcome, CreateOutcome::Ambiguous { error_class: "timeout".into() });
+    assert_eq!(
+        h.provider.create(&op, 1).await.outcome,
+        CreateOutcome::Ambiguous {
+            error_class: "timeout".into()
+        }
+    );
 
     // A 500 after creating: ambiguous.
     let op = h.op(one(&["ambiguous_after_accept"])).await;
-    assert_eq!(h.provider.create(&op, 1).await.outcome, CreateOutcome::Ambiguous { error_class: "http_500".into() });
+    assert_eq!(
+        h.provider.create(&op, 1).await.outcome,
+        CreateOutcome::Ambiguous {
+            error_class: "http_500".into()
+        }
+    );
 
     // 429 with Retry-After seconds; 503 with an HTTP-date.
     let op = h.op(one(&["retry_after_seconds"])).await;
@@ -147,38 +200,72 @@ async fn create_faults_become_the_right_outcomes() {
     }
     let op = h.op(one(&["retry_after_date"])).await;
     match h.provider.create(&op, 1).await.outcome {
-        CreateOutcome::RetryLater { delay: Some(d), .. } => assert!(d >= Duration::from_secs(1) && d <= Duration::from_secs(3), "{d:?}"),
+        CreateOutcome::RetryLater { delay: Some(d), .. } => assert!(
+            d >= Duration::from_secs(1) && d <= Duration::from_secs(3),
+            "{d:?}"
+        ),
         other => panic!("{other:?}"),
     }
 
     // A definitive rejection.
     let op = h.op(one(&["reject"])).await;
-    assert!(matches!(h.provider.create(&op, 1).await.outcome, CreateOutcome::Rejected { http_status: Some(422), .. }));
+    assert!(matches!(
+        h.provider.create(&op, 1).await.outcome,
+        CreateOutcome::Rejected {
+            http_status: Some(422),
+            ..
+        }
+    ));
 
     // The same token answered with a different job id (a contract violation the worker escalates).
     let op = h.op(one(&["ok", "different_job_id"])).await;
-    let CreateOutcome::Accepted { job_id: first, .. } = h.provider.create(&op, 1).await.outcome else { panic!() };
-    let CreateOutcome::Accepted { job_id: second, .. } = h.provider.create(&op, 2).await.outcome else { panic!() };
+    let CreateOutcome::Accepted { job_id: first, .. } = h.provider.create(&op, 1).await.outcome
+    else {
+        panic!()
+    };
+    let CreateOutcome::Accepted { job_id: second, .. } = h.provider.create(&op, 2).await.outcome
+    else {
+        panic!()
+    };
     assert_ne!(first, second);
 
     // A duplicate reported as 409 "already exists" is read as the original job.
     let op = h.op(one(&["ok", "already_exists_error"])).await;
-    let CreateOutcome::Accepted { job_id: first, .. } = h.provider.create(&op, 1).await.outcome else { panic!() };
+    let CreateOutcome::Accepted { job_id: first, .. } = h.provider.create(&op, 1).await.outcome
+    else {
+        panic!()
+    };
     match h.provider.create(&op, 2).await.outcome {
-        CreateOutcome::Accepted { job_id, duplicate: true, .. } => assert_eq!(job_id, first),
+        CreateOutcome::Accepted {
+            job_id,
+            duplicate: true,
+            ..
+        } => assert_eq!(job_id, first),
         other => panic!("{other:?}"),
     }
 
     // A body changed under the same token is refused by the (careful) provider.
     let mut op = h.op(one(&["ok"])).await;
-    assert!(matches!(h.provider.create(&op, 1).await.outcome, CreateOutcome::Accepted { .. }));
+    assert!(matches!(
+        h.provider.create(&op, 1).await.outcome,
+        CreateOutcome::Accepted { .. }
+    ));
     op.request_body["report"] = serde_json::json!("changed");
-    assert!(matches!(h.provider.create(&op, 2).await.outcome, CreateOutcome::Rejected { http_status: Some(422), .. }));
+    assert!(matches!(
+        h.provider.create(&op, 2).await.outcome,
+        CreateOutcome::Rejected {
+            http_status: Some(422),
+            ..
+        }
+    ));
 
     // A synchronous answer is a result, not an async acceptance.
     let op = h.op(one(&["sync"])).await;
     match h.provider.create(&op, 1).await.outcome {
-        CreateOutcome::Completed { job_id: Some(_), result } => assert!(!result.bytes.is_empty()),
+        CreateOutcome::Completed {
+            job_id: Some(_),
+            result,
+        } => assert!(!result.bytes.is_empty()),
         other => panic!("{other:?}"),
     }
 }
@@ -188,7 +275,12 @@ async fn a_provider_that_is_down_means_nothing_was_sent() {
     let h = harness("sim").await;
     let op = h.op(serde_json::json!({})).await;
     let dead = HttpProvider::new(contract("sim", "http://127.0.0.1:1")).unwrap();
-    assert_eq!(dead.create(&op, 1).await.outcome, CreateOutcome::NotSent { error_class: "connect_failed".into() });
+    assert_eq!(
+        dead.create(&op, 1).await.outcome,
+        CreateOutcome::NotSent {
+            error_class: "connect_failed".into()
+        }
+    );
 }
 
 #[tokio::test]
@@ -206,17 +298,37 @@ async fn status_faults_and_retry_after_become_the_right_outcomes() {
     for n in 1..=6 {
         outcomes.push(h.provider.status(&op, n).await.outcome);
     }
-    assert_eq!(outcomes[0], StatusOutcome::Failed { error_class: "malformed_json".into() });
-    assert_eq!(outcomes[1], StatusOutcome::Failed { error_class: "missing_state".into() });
+    assert_eq!(
+        outcomes[0],
+        StatusOutcome::Failed {
+            error_class: "malformed_json".into()
+        }
+    );
+    assert_eq!(
+        outcomes[1],
+        StatusOutcome::Failed {
+            error_class: "missing_state".into()
+        }
+    );
     match &outcomes[2] {
         StatusOutcome::Observed(s) => {
             assert_eq!(s.remote_state, "warming_up");
-            assert_eq!(s.phase, None, "an unknown state is recorded as such, never guessed");
+            assert_eq!(
+                s.phase, None,
+                "an unknown state is recorded as such, never guessed"
+            );
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(outcomes[3], StatusOutcome::Failed { error_class: "http_500".into() });
-    assert!(matches!(outcomes[4], StatusOutcome::RetryLater { delay: Some(d), .. } if d == Duration::from_secs(1)));
+    assert_eq!(
+        outcomes[3],
+        StatusOutcome::Failed {
+            error_class: "http_500".into()
+        }
+    );
+    assert!(
+        matches!(outcomes[4], StatusOutcome::RetryLater { delay: Some(d), .. } if d == Duration::from_secs(1))
+    );
     match &outcomes[5] {
         StatusOutcome::Observed(s) => {
             assert!(matches!(s.phase, Some(Phase::Queued | Phase::Running)));
@@ -231,7 +343,10 @@ async fn status_faults_and_retry_after_become_the_right_outcomes() {
     match h.provider.status(&op, 1).await.outcome {
         StatusOutcome::Observed(s) => {
             let d = s.retry_after.expect("an HTTP-date Retry-After");
-            assert!(d >= Duration::from_secs(1) && d <= Duration::from_secs(3), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(1) && d <= Duration::from_secs(3),
+                "{d:?}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -240,20 +355,29 @@ async fn status_faults_and_retry_after_become_the_right_outcomes() {
 #[tokio::test]
 async fn failing_jobs_moving_status_urls_and_cookies() {
     let h = harness("sim").await;
-    let mut op = h.created(serde_json::json!({"duration_ms": 200, "outcome": "failed"})).await;
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 200, "outcome": "failed"}))
+        .await;
     let end = h.poll_to_end(&mut op).await;
     assert_eq!(end.phase, Some(Phase::Failed));
     assert!(end.error.is_some());
 
     // The provider names a new status URL every poll; the adapter follows it.
-    let mut op = h.created(serde_json::json!({"duration_ms": 400, "moving_status_url": true})).await;
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 400, "moving_status_url": true}))
+        .await;
     h.poll_to_end(&mut op).await;
     let job = op.remote_job_id.clone().unwrap();
     let paths = &h.sim.ledger().jobs[&job].status_paths;
-    assert!(paths.iter().any(|p| p.starts_with("/v1/operations/")), "{paths:?}");
+    assert!(
+        paths.iter().any(|p| p.starts_with("/v1/operations/")),
+        "{paths:?}"
+    );
 
     // A session cookie set at create is kept per operation and sent back.
-    let mut op = h.created(serde_json::json!({"duration_ms": 200, "require_cookie": true})).await;
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 200, "require_cookie": true}))
+        .await;
     assert!(op.provider_context["cookies"]["sim_session"].is_string());
     h.poll_to_end(&mut op).await;
     assert!(h.sim.ledger().jobs[op.remote_job_id.as_ref().unwrap()].cookie_seen >= 1);
@@ -262,23 +386,46 @@ async fn failing_jobs_moving_status_urls_and_cookies() {
 #[tokio::test]
 async fn cancel_confirmed_ignored_and_lost_race() {
     let h = harness("sim").await;
-    let mut op = h.created(serde_json::json!({"never_finish": true, "cancel": "confirm", "cancel_delay_ms": 100})).await;
-    assert!(matches!(h.provider.cancel(&op, 1).await.outcome, CancelOutcome::Accepted { .. }));
+    let mut op = h
+        .created(
+            serde_json::json!({"never_finish": true, "cancel": "confirm", "cancel_delay_ms": 100}),
+        )
+        .await;
+    assert!(matches!(
+        h.provider.cancel(&op, 1).await.outcome,
+        CancelOutcome::Accepted { .. }
+    ));
     assert_eq!(h.poll_to_end(&mut op).await.phase, Some(Phase::Cancelled));
 
-    let op = h.created(serde_json::json!({"never_finish": true, "cancel": "ignore"})).await;
-    assert!(matches!(h.provider.cancel(&op, 1).await.outcome, CancelOutcome::Accepted { .. }));
+    let op = h
+        .created(serde_json::json!({"never_finish": true, "cancel": "ignore"}))
+        .await;
+    assert!(matches!(
+        h.provider.cancel(&op, 1).await.outcome,
+        CancelOutcome::Accepted { .. }
+    ));
     tokio::time::sleep(Duration::from_millis(300)).await;
     match h.provider.status(&op, 1).await.outcome {
         StatusOutcome::Observed(s) => assert_eq!(s.phase, Some(Phase::Running)),
         other => panic!("{other:?}"),
     }
 
-    let mut op = h.created(serde_json::json!({"never_finish": true, "cancel": "lose_race"})).await;
-    assert!(matches!(h.provider.cancel(&op, 1).await.outcome, CancelOutcome::Accepted { .. }));
+    let mut op = h
+        .created(serde_json::json!({"never_finish": true, "cancel": "lose_race"}))
+        .await;
+    assert!(matches!(
+        h.provider.cancel(&op, 1).await.outcome,
+        CancelOutcome::Accepted { .. }
+    ));
     assert_eq!(h.poll_to_end(&mut op).await.phase, Some(Phase::Succeeded));
     // Cancelling a finished job is refused; polling tells the truth.
-    assert!(matches!(h.provider.cancel(&op, 2).await.outcome, CancelOutcome::Rejected { http_status: Some(409), .. }));
+    assert!(matches!(
+        h.provider.cancel(&op, 2).await.outcome,
+        CancelOutcome::Rejected {
+            http_status: Some(409),
+            ..
+        }
+    ));
 }
 
 #[tokio::test]
@@ -296,31 +443,58 @@ async fn results_that_fail_each_rule_are_caught() {
         ("wrong_content_type", "content type"),
         ("schema_violation", "schema"),
     ] {
-        let mut op = h.created(serde_json::json!({"duration_ms": 100, "result": result})).await;
+        let mut op = h
+            .created(serde_json::json!({"duration_ms": 100, "result": result}))
+            .await;
         h.poll_to_end(&mut op).await;
         let r = h.provider.fetch_result(&op, 1).await.outcome;
         let err = verdict(&op, r).expect_err(result);
         assert!(err.contains(expect), "{result}: {err}");
     }
 
-    let mut op = h.created(serde_json::json!({"duration_ms": 100, "result": "oversized"})).await;
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 100, "result": "oversized"}))
+        .await;
     h.poll_to_end(&mut op).await;
-    assert_eq!(h.provider.fetch_result(&op, 1).await.outcome, ResultOutcome::TooLarge { limit: 1024 * 1024 });
+    assert_eq!(
+        h.provider.fetch_result(&op, 1).await.outcome,
+        ResultOutcome::TooLarge { limit: 1024 * 1024 }
+    );
 
-    let mut op = h.created(serde_json::json!({"duration_ms": 100, "result": "fails"})).await;
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 100, "result": "fails"}))
+        .await;
     h.poll_to_end(&mut op).await;
-    assert_eq!(h.provider.fetch_result(&op, 1).await.outcome, ResultOutcome::Failed { error_class: "http_500".into() });
+    assert_eq!(
+        h.provider.fetch_result(&op, 1).await.outcome,
+        ResultOutcome::Failed {
+            error_class: "http_500".into()
+        }
+    );
 
-    let mut op = h.created(serde_json::json!({"duration_ms": 100, "result": "gone"})).await;
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 100, "result": "gone"}))
+        .await;
     h.poll_to_end(&mut op).await;
-    assert!(matches!(h.provider.fetch_result(&op, 1).await.outcome, ResultOutcome::Unavailable { http_status: Some(404), .. }));
+    assert!(matches!(
+        h.provider.fetch_result(&op, 1).await.outcome,
+        ResultOutcome::Unavailable {
+            http_status: Some(404),
+            ..
+        }
+    ));
 
     // A partial batch is valid, with the failed items named in the summary.
-    let mut op = h.created(serde_json::json!({"duration_ms": 100, "result": "partial_batch", "items": 5})).await;
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 100, "result": "partial_batch", "items": 5}))
+        .await;
     h.poll_to_end(&mut op).await;
     let summary = verdict(&op, h.provider.fetch_result(&op, 1).await.outcome).unwrap();
     assert_eq!(summary["items"]["failed"], 2);
-    assert_eq!(summary["items"]["failed_refs"], serde_json::json!(["item_2", "item_4"]));
+    assert_eq!(
+        summary["items"]["failed_refs"],
+        serde_json::json!(["item_2", "item_4"])
+    );
 }
 
 #[tokio::test]
@@ -328,15 +502,27 @@ async fn csv_rows_that_say_error_fail_the_result() {
     let h = harness("sim-csv").await;
     let mut op = h.created(serde_json::json!({"duration_ms": 100, "format": "csv", "result": "error_rows", "items": 4})).await;
     h.poll_to_end(&mut op).await;
-    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&op, 1).await.outcome else { panic!() };
+    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&op, 1).await.outcome else {
+        panic!()
+    };
     match h.provider.check_result(&op, &f) {
-        Checked::Invalid { violations } => assert!(violations.iter().any(|v| v.contains("2 items failed")), "{violations:?}"),
+        Checked::Invalid { violations } => assert!(
+            violations.iter().any(|v| v.contains("2 items failed")),
+            "{violations:?}"
+        ),
         other => panic!("{other:?}"),
     }
-    let mut ok = h.created(serde_json::json!({"duration_ms": 100, "format": "csv", "items": 4})).await;
+    let mut ok = h
+        .created(serde_json::json!({"duration_ms": 100, "format": "csv", "items": 4}))
+        .await;
     h.poll_to_end(&mut ok).await;
-    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&ok, 1).await.outcome else { panic!() };
-    assert!(matches!(h.provider.check_result(&ok, &f), Checked::Valid { .. }));
+    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&ok, 1).await.outcome else {
+        panic!()
+    };
+    assert!(matches!(
+        h.provider.check_result(&ok, &f),
+        Checked::Valid { .. }
+    ));
 }
 
 #[tokio::test]
@@ -344,11 +530,16 @@ async fn lookup_by_client_reference_finds_the_job() {
     let h = harness("sim").await;
     let op = h.created(serde_json::json!({"never_finish": true})).await;
     match h.provider.lookup(&op, 1).await.outcome {
-        LookupOutcome::Found { job_ids } => assert_eq!(job_ids, vec![op.remote_job_id.clone().unwrap()]),
+        LookupOutcome::Found { job_ids } => {
+            assert_eq!(job_ids, vec![op.remote_job_id.clone().unwrap()])
+        }
         other => panic!("{other:?}"),
     }
     let never = h.op(serde_json::json!({})).await;
-    assert_eq!(h.provider.lookup(&never, 1).await.outcome, LookupOutcome::NotFound);
+    assert_eq!(
+        h.provider.lookup(&never, 1).await.outcome,
+        LookupOutcome::NotFound
+    );
 }
 
 #[tokio::test]
@@ -362,9 +553,15 @@ async fn every_request_carries_the_operation_trace_id() {
     let ledger = h.sim.ledger();
     let job = &ledger.jobs[op.remote_job_id.as_ref().unwrap()];
     for kind in ["create", "status", "result", "cancel", "lookup"] {
-        assert!(job.calls.get(kind).copied().unwrap_or(0) >= 1, "no {kind} call recorded");
+        assert!(
+            job.calls.get(kind).copied().unwrap_or(0) >= 1,
+            "no {kind} call recorded"
+        );
     }
-    assert_eq!(job.trace_ids.iter().cloned().collect::<Vec<_>>(), vec![op.trace_id.to_string()]);
+    assert_eq!(
+        job.trace_ids.iter().cloned().collect::<Vec<_>>(),
+        vec![op.trace_id.to_string()]
+    );
     assert_eq!(ledger.requests_without_traceparent, 0);
 }
 
@@ -376,7 +573,12 @@ async fn a_missing_secret_means_nothing_is_sent_and_the_secret_is_never_named() 
     c.auth.as_mut().unwrap().secret = SecretRef::Env("JOBTRAIL_TEST_UNSET_SECRET".into());
     let p = HttpProvider::new(c).unwrap();
     let called = p.create(&op, 1).await;
-    assert_eq!(called.outcome, CreateOutcome::NotSent { error_class: "secret_unresolved".into() });
+    assert_eq!(
+        called.outcome,
+        CreateOutcome::NotSent {
+            error_class: "secret_unresolved".into()
+        }
+    );
     assert!(called.call.outcome.contains("JOBTRAIL_TEST_UNSET_SECRET"));
     assert_eq!(h.sim.ledger().requests, 0);
 }

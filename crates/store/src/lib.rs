@@ -46,6 +46,16 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 /// The channel workers LISTEN on for new and newly due work.
 pub const WORK_CHANNEL: &str = "jobtrail_work";
 
+/// Wake-ups for workers: new submissions, cancel requests and decisions.
+pub struct WorkListener(sqlx::postgres::PgListener);
+
+impl WorkListener {
+    /// Wait for the next notification. False when the connection broke (listen again later).
+    pub async fn wait(&mut self) -> bool {
+        matches!(self.0.try_recv().await, Ok(Some(_)))
+    }
+}
+
 /// A worker's proof of ownership of one operation. Every write by the worker repeats it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -120,10 +130,10 @@ impl Store {
     }
 
     /// A listener on [`WORK_CHANNEL`]. Notifications are hints; the due-time scan is the truth.
-    pub async fn listen(&self) -> Result<sqlx::postgres::PgListener, StoreError> {
+    pub async fn listen(&self) -> Result<WorkListener, StoreError> {
         let mut l = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
         l.listen(WORK_CHANNEL).await?;
-        Ok(l)
+        Ok(WorkListener(l))
     }
 
     // ----------------------------------------------------------------------------------------------
@@ -258,6 +268,30 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.into_iter().map(HistoryRecord::from).collect())
+    }
+
+    /// Operations per (state, provider).
+    pub async fn count_by_state(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
+        Ok(
+            sqlx::query_as(include_str!("sql/operation_count_by_state.sql"))
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Row totals: (operations, history links, provider calls).
+    pub async fn totals(&self) -> Result<(i64, i64, i64), StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/stats_totals.sql"))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// How many operations a worker still has to act on.
+    pub async fn count_unsettled(&self) -> Result<i64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(include_str!("sql/operation_count_unsettled.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n)
     }
 
     pub async fn calls(&self, id: OperationId) -> Result<Vec<StoredCall>, StoreError> {

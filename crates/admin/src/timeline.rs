@@ -1,0 +1,177 @@
+//! The whole story of one operation, in order: every transition and every provider call.
+
+use comfy_table::{Table, presets::UTF8_BORDERS_ONLY};
+use jobtrail_store::{HistoryRecord, OperationRecord, StoredCall};
+use std::fmt::Write;
+
+fn t(at: &chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+}
+
+/// A terminal rendering of an operation, its history and its calls.
+pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCall]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}  {}  (provider {}, target {})",
+        op.id, op.state, op.provider, op.target
+    );
+    let _ = writeln!(out, "  meaning        {}", op.state.meaning());
+    let approval = op
+        .approval_ref
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  requested by   {}, approved by {}{approval}",
+        op.caller, op.approved_by
+    );
+    let _ = writeln!(out, "  fingerprint    {}", op.fingerprint);
+    let _ = writeln!(out, "  trace id       {}", op.trace_id);
+    let guarantee = if op.at_most_once {
+        "at-most-once guaranteed by the provider's token"
+    } else {
+        "NO idempotency: at-most-once cannot be guaranteed"
+    };
+    let _ = writeln!(
+        out,
+        "  idempotency    {} ({guarantee})",
+        op.idempotency.as_str()
+    );
+    let _ = writeln!(
+        out,
+        "  remote job     {}{}",
+        op.remote_job_id.as_deref().unwrap_or("(none yet)"),
+        op.conflicting_remote_job_id
+            .as_deref()
+            .map(|c| format!("  CONFLICTING ANSWER: {c}"))
+            .unwrap_or_default()
+    );
+    if let Some(rs) = &op.remote_state {
+        let upd = op
+            .remote_updated_at
+            .as_deref()
+            .map(|u| format!(", provider time {u}"))
+            .unwrap_or_default();
+        let obs = op
+            .observed_at
+            .map(|o| format!(", observed {}", t(&o)))
+            .unwrap_or_default();
+        let _ = writeln!(out, "  remote state   {rs}{upd}{obs}");
+    }
+    if let Some(p) = &op.remote_progress {
+        let _ = writeln!(out, "  progress       {p}");
+    }
+    let cancel = op
+        .cancel_deadline
+        .map(|d| format!(", cancel {}", t(&d)))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  deadlines      create {}, result {}{cancel}",
+        t(&op.create_deadline),
+        t(&op.result_deadline)
+    );
+    if op.state.is_automated() {
+        let _ = writeln!(
+            out,
+            "  next action    {} ({})",
+            t(&op.next_action_at),
+            op.next_action_reason
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  attempts       create {}, polls {}, failures {}, cancel {}, result {}",
+        op.create_attempts, op.poll_count, op.failure_count, op.cancel_attempts, op.result_attempts
+    );
+    if let (Some(o), Some(e)) = (&op.lease_owner, &op.lease_expires_at) {
+        let _ = writeln!(
+            out,
+            "  lease          {o} until {} (epoch {})",
+            t(e),
+            op.lease_epoch
+        );
+    }
+    if let Some(by) = &op.cancel_requested_by {
+        let _ = writeln!(
+            out,
+            "  cancel         requested by {by}: {}",
+            op.cancel_reason.as_deref().unwrap_or("")
+        );
+    }
+    if let (Some(loc), Some(sha)) = (&op.result_location, &op.result_sha256) {
+        let _ = writeln!(
+            out,
+            "  result         {loc} ({} bytes, sha256 {sha})",
+            op.result_size.unwrap_or(0)
+        );
+    }
+    if let Some(s) = &op.result_summary {
+        let _ = writeln!(out, "  result summary {s}");
+    }
+    if let Some(r) = &op.escalation_reason {
+        let _ = writeln!(out, "  ESCALATED      {r}");
+    }
+    for (label, link) in [
+        ("supersedes", op.supersedes),
+        ("superseded by", op.superseded_by),
+    ] {
+        if let Some(l) = link {
+            let _ = writeln!(out, "  {label:<14} {l}");
+        }
+    }
+
+    // One story: history rows and calls, by time.
+    enum Item<'a> {
+        H(&'a HistoryRecord),
+        C(&'a StoredCall),
+    }
+    let mut items: Vec<(chrono::DateTime<chrono::Utc>, u8, Item)> =
+        history.iter().map(|h| (h.at, 1, Item::H(h))).collect();
+    items.extend(calls.iter().map(|c| (c.started_at, 0, Item::C(c))));
+    items.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let mut table = Table::new();
+    table.load_style(UTF8_BORDERS_ONLY);
+    table.set_header(vec!["at", "who", "what", "detail"]);
+    for (_, _, item) in items {
+        match item {
+            Item::H(h) => {
+                let moved = match &h.from_state {
+                    Some(f) if *f != h.to_state => format!("#{} {f} → {}", h.seq, h.to_state),
+                    Some(f) => format!("#{} {f} (stays)", h.seq),
+                    None => format!("#{} → {}", h.seq, h.to_state),
+                };
+                table.add_row(vec![
+                    t(&h.at),
+                    h.actor.clone(),
+                    moved,
+                    format!("{}: {}", h.event, h.cause),
+                ]);
+            }
+            Item::C(c) => {
+                let status = c
+                    .http_status
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| c.error_class.clone().unwrap_or_else(|| "-".into()));
+                let rid = c
+                    .provider_request_id
+                    .as_deref()
+                    .map(|r| format!(" req {r}"))
+                    .unwrap_or_default();
+                table.add_row(vec![
+                    t(&c.started_at),
+                    format!("{} (epoch {})", c.actor, c.lease_epoch),
+                    format!("call {} #{}", c.kind, c.attempt),
+                    format!(
+                        "{} {} → {status} in {:.0} ms{rid}: {}",
+                        c.method, c.url, c.duration_ms, c.outcome
+                    ),
+                ]);
+            }
+        }
+    }
+    let _ = writeln!(out, "\n{table}");
+    out
+}

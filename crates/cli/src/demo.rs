@@ -1,0 +1,674 @@
+//! `jobtrail demo`: everything at once, with no configuration. A fresh database on the private
+//! PostgreSQL cluster, the simulated provider on a loopback port, a few real worker processes, and a
+//! few hundred operations with a realistic mix of the essay's faults; then a report.
+
+use crate::common::{CmdResult, exit, fail, print_json};
+use jobtrail_core::{CancelRequest, OperationId, State, Submission, SubmitLimits};
+use jobtrail_provider::{HttpProvider, Registry};
+use jobtrail_store::Store;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Operations to submit.
+    #[arg(long, default_value_t = 300)]
+    operations: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 55)]
+    timeout_secs: u64,
+}
+
+/// The shipped simulator contracts, embedded so the demo runs from any directory.
+const CONTRACTS: &[(&str, &str)] = &[
+    ("sim.toml", include_str!("../../../providers/sim.toml")),
+    (
+        "sim-csv.toml",
+        include_str!("../../../providers/sim-csv.toml"),
+    ),
+    (
+        "sim-legacy.toml",
+        include_str!("../../../providers/sim-legacy.toml"),
+    ),
+    (
+        "schemas/sim-result.json",
+        include_str!("../../../providers/schemas/sim-result.json"),
+    ),
+];
+
+/// One kind of operation in the mix: how many per hundred, how it is scripted, where it must end.
+struct Scenario {
+    name: &'static str,
+    weight: usize,
+    provider: &'static str,
+    script: serde_json::Value,
+    result_deadline_secs: u64,
+    cancel_window_secs: Option<u64>,
+    /// Request a cancel this long after submitting.
+    cancel_after_ms: Option<u64>,
+    expect: &'static [State],
+}
+
+fn scenarios() -> Vec<Scenario> {
+    use State::*;
+    use serde_json::json;
+    let s = |name, weight, provider, script, expect| Scenario {
+        name,
+        weight,
+        provider,
+        script,
+        result_deadline_secs: 45,
+        cancel_window_secs: None,
+        cancel_after_ms: None,
+        expect,
+    };
+    let mut v = vec![
+        s("ok", 27, "sim", json!({"duration_ms": 600}), &[Succeeded]),
+        s(
+            "ok, Retry-After seconds",
+            8,
+            "sim",
+            json!({"duration_ms": 1500, "poll_retry_after": 1}),
+            &[Succeeded],
+        ),
+        s(
+            "ok, Retry-After HTTP-date",
+            2,
+            "sim",
+            json!({"duration_ms": 1500, "poll_retry_after": 1, "poll_retry_after_as_date": true}),
+            &[Succeeded],
+        ),
+        s(
+            "ok, bursty progress",
+            3,
+            "sim",
+            json!({"duration_ms": 1000, "progress": "bursty"}),
+            &[Succeeded],
+        ),
+        s(
+            "create response lost after accept",
+            5,
+            "sim",
+            json!({"create": ["drop_after_accept"]}),
+            &[Succeeded],
+        ),
+        s(
+            "create answered after our timeout",
+            3,
+            "sim",
+            json!({"create": ["slow_accept"], "create_delay_ms": 2500}),
+            &[Succeeded],
+        ),
+        s(
+            "create 500 after accept",
+            3,
+            "sim",
+            json!({"create": ["ambiguous_after_accept"]}),
+            &[Succeeded],
+        ),
+        s(
+            "create 429 Retry-After",
+            4,
+            "sim",
+            json!({"create": ["retry_after_seconds"]}),
+            &[Succeeded],
+        ),
+        s(
+            "create 503 Retry-After date",
+            2,
+            "sim",
+            json!({"create": ["retry_after_date"]}),
+            &[Succeeded],
+        ),
+        s(
+            "create rejected",
+            3,
+            "sim",
+            json!({"create": ["reject"]}),
+            &[Failed],
+        ),
+        s(
+            "same token, different job id",
+            2,
+            "sim",
+            json!({"create": ["ambiguous_after_accept", "different_job_id"]}),
+            &[ContractViolation],
+        ),
+        s(
+            "duplicate reported as 409",
+            2,
+            "sim",
+            json!({"create": ["drop_after_accept", "already_exists_error"]}),
+            &[Succeeded],
+        ),
+        s(
+            "synchronous result",
+            3,
+            "sim",
+            json!({"create": ["sync"]}),
+            &[Succeeded],
+        ),
+        s(
+            "remote failure",
+            4,
+            "sim",
+            json!({"outcome": "failed"}),
+            &[Failed],
+        ),
+        s(
+            "malformed / 500 / unknown status",
+            4,
+            "sim",
+            json!({"duration_ms": 1200, "status_faults": {"1": "malformed_json", "2": "error_500", "3": "unknown_state"}}),
+            &[Succeeded],
+        ),
+        s(
+            "partial batch",
+            3,
+            "sim",
+            json!({"result": "partial_batch"}),
+            &[Succeeded],
+        ),
+        s(
+            "bad checksum",
+            1,
+            "sim",
+            json!({"result": "bad_checksum"}),
+            &[ResultValidationFailed],
+        ),
+        s(
+            "wrong content type",
+            1,
+            "sim",
+            json!({"result": "wrong_content_type"}),
+            &[ResultValidationFailed],
+        ),
+        s(
+            "schema violation",
+            1,
+            "sim",
+            json!({"result": "schema_violation"}),
+            &[ResultValidationFailed],
+        ),
+        s(
+            "oversized result",
+            1,
+            "sim",
+            json!({"result": "oversized"}),
+            &[ResultValidationFailed],
+        ),
+        s(
+            "result URL fails",
+            1,
+            "sim",
+            json!({"result": "fails"}),
+            &[ResultUnavailable],
+        ),
+        s(
+            "result gone",
+            1,
+            "sim",
+            json!({"result": "gone"}),
+            &[ResultUnavailable],
+        ),
+        s(
+            "no idempotency (legacy)",
+            3,
+            "sim-legacy",
+            json!({}),
+            &[Succeeded],
+        ),
+        s(
+            "no idempotency, response lost",
+            1,
+            "sim-legacy",
+            json!({"create": ["drop_after_accept"]}),
+            &[Succeeded],
+        ),
+        s(
+            "CSV rows say ERROR",
+            2,
+            "sim-csv",
+            json!({"format": "csv", "result": "error_rows"}),
+            &[ResultValidationFailed],
+        ),
+    ];
+    let mut timeout = s(
+        "never finishes",
+        2,
+        "sim",
+        json!({"never_finish": true}),
+        &[ResultTimedOut],
+    );
+    timeout.result_deadline_secs = 4;
+    v.push(timeout);
+    let mut c = s(
+        "cancel confirmed",
+        3,
+        "sim",
+        json!({"never_finish": true}),
+        &[Cancelled],
+    );
+    c.cancel_after_ms = Some(1000);
+    v.push(c);
+    let mut c = s(
+        "cancel never confirmed",
+        2,
+        "sim",
+        json!({"never_finish": true, "cancel": "ignore"}),
+        &[CancellationUnconfirmed],
+    );
+    c.cancel_after_ms = Some(1000);
+    c.cancel_window_secs = Some(2);
+    v.push(c);
+    let mut c = s(
+        "cancel loses the race",
+        2,
+        "sim",
+        json!({"never_finish": true, "cancel": "lose_race"}),
+        &[Succeeded],
+    );
+    c.cancel_after_ms = Some(1000);
+    v.push(c);
+    let mut c = s(
+        "cancel at once",
+        1,
+        "sim",
+        json!({"never_finish": true}),
+        &[Withdrawn, Cancelled],
+    );
+    c.cancel_after_ms = Some(0);
+    v.push(c);
+    v
+}
+
+fn write_contracts(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir.join("schemas"))?;
+    for (name, text) in CONTRACTS {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+struct Children(Vec<std::process::Child>);
+
+impl Children {
+    fn stop(&mut self) {
+        for c in &self.0 {
+            // SAFETY: sending a signal to our own child process.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for c in &mut self.0 {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
+    if args.operations == 0 || args.workers == 0 {
+        return Err(fail(
+            exit::BAD_INPUT,
+            "--operations and --workers must be at least 1",
+        ));
+    }
+    let started = Instant::now();
+    let stamp = chrono::Utc::now().format("%Y%m%d_%H%M%S").to_string();
+    let work = std::env::temp_dir().join(format!("jobtrail-demo-{stamp}-{}", std::process::id()));
+    let providers_dir = work.join("providers");
+    write_contracts(&providers_dir)
+        .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", work.display())))?;
+
+    // 1. PostgreSQL: a fresh database on the private cluster (or DATABASE_URL's server, as is).
+    let url = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+        Some(u) => u,
+        None => {
+            eprintln!(
+                "starting the private PostgreSQL cluster (first run: initdb takes a few seconds)…"
+            );
+            let cluster = tokio::task::spawn_blocking(jobtrail_store::cluster::Cluster::persistent)
+                .await
+                .map_err(|e| fail(exit::UNAVAILABLE, e))?
+                .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+            let db = format!("jobtrail_demo_{stamp}");
+            jobtrail_store::cluster::ensure_database(&cluster.url("postgres"), &db)
+                .await
+                .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+            cluster.url(&db)
+        }
+    };
+    let store = Store::connect(&url).await?;
+    store.migrate().await?;
+
+    // 2. The simulated provider on a loopback port, with a bearer token the workers get by reference.
+    let token = format!("demo-{}", uuid::Uuid::now_v7().simple());
+    let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
+        bearer_token: Some(token.clone()),
+    })
+    .start("127.0.0.1:0".parse().expect("loopback"))
+    .await
+    .map_err(|e| fail(exit::UNAVAILABLE, format!("starting the simulator: {e}")))?;
+    let base = sim.base_url();
+    let mut registry = Registry::default();
+    for (_, mut c) in jobtrail_provider::contract::load_dir(&providers_dir)
+        .map_err(|e| fail(exit::UNAVAILABLE, e))?
+    {
+        c.base_url = url::Url::parse(&base).expect("loopback URL");
+        registry.insert(Arc::new(
+            HttpProvider::new(c).map_err(|e| fail(exit::UNAVAILABLE, e))?,
+        ));
+    }
+    let terms = registry.terms();
+
+    // 3. Worker processes.
+    let exe = std::env::current_exe().map_err(|e| fail(exit::UNAVAILABLE, e))?;
+    let mut children = Children(Vec::new());
+    for i in 0..args.workers {
+        let child = std::process::Command::new(&exe)
+            .args([
+                "worker",
+                "--id",
+                &format!("demo-worker-{i}"),
+                "--lease",
+                "5s",
+                "--idle",
+                "100ms",
+            ])
+            .env("DATABASE_URL", &url)
+            .env("JOBTRAIL_PROVIDERS", &providers_dir)
+            .env("JOBTRAIL_RESULT_DIR", work.join("results"))
+            .env("JOBTRAIL_SIM_TOKEN", &token)
+            .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", &base)
+            .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", &base)
+            .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", &base)
+            .env("JOBTRAIL_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::from(
+                std::fs::File::create(work.join(format!("worker-{i}.log")))
+                    .map_err(|e| fail(exit::UNAVAILABLE, e))?,
+            ))
+            .spawn()
+            .map_err(|e| fail(exit::UNAVAILABLE, format!("starting a worker: {e}")))?;
+        children.0.push(child);
+    }
+
+    // 4. Submit the mix.
+    let all = scenarios();
+    let mut deck: Vec<usize> = Vec::new();
+    for (i, s) in all.iter().enumerate() {
+        deck.extend(std::iter::repeat_n(i, s.weight));
+    }
+    let mut ops: Vec<(OperationId, usize)> = Vec::with_capacity(args.operations);
+    let mut cancels = Vec::new();
+    for n in 0..args.operations {
+        let k = deck[(n * 37) % deck.len()];
+        let sc = &all[k];
+        let mut script = sc.script.clone();
+        script["status_delay_ms"] = serde_json::json!(10);
+        let body = serde_json::json!({"report": "usage", "account": format!("acct_{n:04}"), "sim": script});
+        let now = chrono::Utc::now();
+        let sub = Submission {
+            provider: sc.provider.into(),
+            target: "reports".into(),
+            body: serde_json::to_vec(&body).expect("json"),
+            caller: "jobtrail-demo".into(),
+            approved_by: "demo-operator".into(),
+            approval_ref: Some(format!("DEMO-{stamp}")),
+            create_deadline: Some(
+                now + chrono::Duration::seconds(sc.result_deadline_secs.min(20) as i64),
+            ),
+            result_deadline: Some(now + chrono::Duration::seconds(sc.result_deadline_secs as i64)),
+            cancel_window: sc.cancel_window_secs.map(Duration::from_secs),
+            ..Default::default()
+        };
+        let s = store
+            .submit_new(&sub, &terms, SubmitLimits::default())
+            .await?;
+        ops.push((s.operation.id, k));
+        if let Some(ms) = sc.cancel_after_ms {
+            let store = store.clone();
+            let id = s.operation.id;
+            cancels.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let req = CancelRequest::new("demo-operator", "changed my mind").expect("evidence");
+                let _ = store.request_cancel(id, req).await;
+            }));
+        }
+    }
+
+    // 5. Progress until everything is terminal or held for a person.
+    let total = ops.len() as u64;
+    let tty = std::io::stderr().is_terminal();
+    let bar = tty.then(|| {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} settled  {msg}",
+            )
+            .expect("template"),
+        );
+        b
+    });
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut last_line = Instant::now();
+    let mut timed_out = false;
+    loop {
+        let open = store.count_unsettled().await?.max(0) as u64;
+        let settled = total.saturating_sub(open);
+        let (_, history, calls) = store.totals().await?;
+        match &bar {
+            Some(b) => {
+                b.set_position(settled);
+                b.set_message(format!("{history} transitions, {calls} provider calls"));
+            }
+            None if last_line.elapsed() >= Duration::from_secs(2) => {
+                eprintln!(
+                    "[{:>5.1}s] {settled}/{total} settled, {history} transitions, {calls} provider calls",
+                    started.elapsed().as_secs_f64()
+                );
+                last_line = Instant::now();
+            }
+            None => {}
+        }
+        if open == 0 && cancels.iter().all(|c| c.is_finished()) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if let Some(b) = &bar {
+        b.finish();
+    }
+    let elapsed = started.elapsed();
+    children.stop();
+    let ledger = sim.ledger();
+    sim.stop().await;
+
+    // 6. The report.
+    let by_state = store.count_by_state().await?;
+    let (n_ops, n_history, n_calls) = store.totals().await?;
+    let verify = store.verify_all().await?;
+    let mut unexpected = Vec::new();
+    let mut escalations: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    let mut violation_ops = 0;
+    for (id, k) in &ops {
+        let op = store.get(*id).await?;
+        if !all[*k].expect.contains(&op.state) {
+            unexpected.push(format!("{id} ({}) ended {}", all[*k].name, op.state));
+        }
+        if op.state.needs_human() {
+            let e = escalations
+                .entry(op.state.to_string())
+                .or_insert((0, op.escalation_reason.clone().unwrap_or_default()));
+            e.0 += 1;
+        }
+        if op.state == State::ContractViolation {
+            violation_ops += 1;
+        }
+    }
+    let tokens_multi = ledger.tokens.values().filter(|j| j.len() > 1).count();
+    let jobs_created = ledger.jobs.len();
+    let max_polls = ledger.max_status_in_flight();
+    let report = serde_json::json!({
+        "operations_submitted": n_ops,
+        "elapsed_secs": elapsed.as_secs_f64(),
+        "timed_out": timed_out,
+        "final_states": by_state.iter().map(|(s, p, n)| serde_json::json!({"state": s, "provider": p, "count": n})).collect::<Vec<_>>(),
+        "escalations": escalations.iter().map(|(s, (n, why))| serde_json::json!({"state": s, "count": n, "example_reason": why})).collect::<Vec<_>>(),
+        "remote_jobs_created": jobs_created,
+        "tokens_with_more_than_one_job": tokens_multi,
+        "contract_violation_operations": violation_ops,
+        "provider_calls": n_calls,
+        "provider_calls_per_operation": n_calls as f64 / n_ops.max(1) as f64,
+        "max_concurrent_polls_one_job": max_polls,
+        "early_polls": ledger.early_polls(),
+        "transitions": n_history,
+        "transitions_per_sec": n_history as f64 / elapsed.as_secs_f64(),
+        "chains_verified": verify.operations,
+        "chain_breaks": verify.breaks.len(),
+        "unexpected_outcomes": unexpected,
+        "database_url": url,
+    });
+    if json {
+        print_json(&report);
+    } else {
+        print_report(&report, &by_state, &escalations);
+    }
+    let ok = !timed_out
+        && unexpected.is_empty()
+        && verify.is_clean()
+        && max_polls <= 1
+        && tokens_multi <= violation_ops;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(exit::NOT_SUCCEEDED)
+    })
+}
+
+fn print_report(
+    r: &serde_json::Value,
+    by_state: &[(String, String, i64)],
+    esc: &BTreeMap<String, (u64, String)>,
+) {
+    use comfy_table::{Table, presets::UTF8_BORDERS_ONLY};
+    println!(
+        "\njobtrail demo: {} operations in {:.1} s{}",
+        r["operations_submitted"],
+        r["elapsed_secs"].as_f64().unwrap_or(0.0),
+        if r["timed_out"].as_bool() == Some(true) {
+            " (TIMED OUT)"
+        } else {
+            ""
+        }
+    );
+    let mut t = Table::new();
+    t.load_style(UTF8_BORDERS_ONLY)
+        .set_header(vec!["final state", "provider", "operations"]);
+    for (s, p, n) in by_state {
+        t.add_row(vec![s.clone(), p.clone(), n.to_string()]);
+    }
+    println!("{t}");
+    if !esc.is_empty() {
+        let mut t = Table::new();
+        t.load_style(UTF8_BORDERS_ONLY).set_header(vec![
+            "escalated (held for a person)",
+            "count",
+            "why (example)",
+        ]);
+        for (s, (n, why)) in esc {
+            t.add_row(vec![s.clone(), n.to_string(), why.clone()]);
+        }
+        println!("{t}");
+    }
+    let mut t = Table::new();
+    t.load_style(UTF8_BORDERS_ONLY)
+        .set_header(vec!["measure", "value"]);
+    let rows = [
+        (
+            "remote jobs created (simulator ledger)",
+            r["remote_jobs_created"].to_string(),
+        ),
+        (
+            "tokens answered with more than one job",
+            format!(
+                "{} (all {} held as contract violations)",
+                r["tokens_with_more_than_one_job"], r["contract_violation_operations"]
+            ),
+        ),
+        (
+            "provider calls per operation",
+            format!(
+                "{:.2}",
+                r["provider_calls_per_operation"].as_f64().unwrap_or(0.0)
+            ),
+        ),
+        (
+            "most status calls in flight for one job",
+            format!("{} (must be 1)", r["max_concurrent_polls_one_job"]),
+        ),
+        (
+            "polls earlier than Retry-After",
+            r["early_polls"].to_string(),
+        ),
+        ("transitions recorded", r["transitions"].to_string()),
+        (
+            "transitions per second",
+            format!("{:.0}", r["transitions_per_sec"].as_f64().unwrap_or(0.0)),
+        ),
+        (
+            "history chains verified",
+            format!("{} ({} breaks)", r["chains_verified"], r["chain_breaks"]),
+        ),
+        (
+            "elapsed",
+            format!("{:.1} s", r["elapsed_secs"].as_f64().unwrap_or(0.0)),
+        ),
+    ];
+    for (k, v) in rows {
+        t.add_row(vec![k.to_owned(), v]);
+    }
+    println!("{t}");
+    let unexpected = r["unexpected_outcomes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if unexpected.is_empty() {
+        println!("every operation ended where its scenario says it must.");
+    } else {
+        println!("UNEXPECTED OUTCOMES:");
+        for u in unexpected {
+            println!("  {}", u.as_str().unwrap_or_default());
+        }
+    }
+    println!(
+        "\nexplore: DATABASE_URL='{}' jobtrail-admin escalations",
+        r["database_url"].as_str().unwrap_or_default()
+    );
+}

@@ -1,0 +1,244 @@
+//! The agent-facing commands: submit, show, cancel, result, wait.
+
+use crate::common::{CmdResult, exit, fail, print_json};
+use jobtrail_core::{CancelRequest, OperationId, State, Submission, SubmitLimits};
+use jobtrail_store::{OperationRecord, Store, StoreError};
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::Duration;
+
+pub struct SubmitArgs {
+    pub provider: String,
+    pub target: String,
+    pub body: Option<std::path::PathBuf>,
+    pub id: Option<String>,
+    pub caller: String,
+    pub approved_by: String,
+    pub approval_ref: Option<String>,
+    pub create_deadline: Option<String>,
+    pub result_deadline: Option<String>,
+    pub cancel_window: Option<String>,
+    pub supersedes: Option<String>,
+    pub max_body_bytes: usize,
+    pub json: bool,
+}
+
+fn parse_id(s: &str) -> Result<OperationId, crate::common::Failure> {
+    s.parse().map_err(|e| fail(exit::BAD_INPUT, e))
+}
+
+pub async fn submit(
+    store: &Store,
+    registry: &jobtrail_provider::Registry,
+    a: SubmitArgs,
+) -> CmdResult {
+    let mut body = Vec::new();
+    match &a.body {
+        Some(p) if p.as_os_str() != "-" => {
+            body = std::fs::read(p)
+                .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?;
+        }
+        _ => {
+            // Read at most one byte over the limit: enough to refuse, never more into memory.
+            std::io::stdin()
+                .take(a.max_body_bytes as u64 + 1)
+                .read_to_end(&mut body)
+                .map_err(|e| fail(exit::BAD_INPUT, format!("reading the body from stdin: {e}")))?;
+        }
+    }
+    let time = |s: &Option<String>, what: &str| {
+        s.as_deref()
+            .map(|t| {
+                crate::common::parse_time(t)
+                    .map_err(|e| fail(exit::BAD_INPUT, format!("--{what}: {e}")))
+            })
+            .transpose()
+    };
+    let submission = Submission {
+        operation_id: a.id.as_deref().map(parse_id).transpose()?,
+        provider: a.provider.clone(),
+        target: a.target.clone(),
+        body,
+        caller: a.caller.clone(),
+        approved_by: a.approved_by.clone(),
+        approval_ref: a.approval_ref.clone(),
+        create_deadline: time(&a.create_deadline, "create-deadline")?,
+        result_deadline: time(&a.result_deadline, "result-deadline")?,
+        cancel_window: a
+            .cancel_window
+            .as_deref()
+            .map(|d| {
+                crate::common::parse_duration(d)
+                    .map_err(|e| fail(exit::BAD_INPUT, format!("--cancel-window: {e}")))
+            })
+            .transpose()?,
+        supersedes: a.supersedes.as_deref().map(parse_id).transpose()?,
+    };
+    let s = store
+        .submit_new(
+            &submission,
+            &registry.terms(),
+            SubmitLimits {
+                max_body_bytes: a.max_body_bytes,
+            },
+        )
+        .await?;
+    let op = &s.operation;
+    if a.json {
+        print_json(&serde_json::json!({
+            "operation_id": op.id.to_string(),
+            "created": s.created,
+            "state": op.state,
+            "fingerprint": op.fingerprint.as_str(),
+            "trace_id": op.trace_id.to_string(),
+            "at_most_once": op.at_most_once,
+        }));
+    } else {
+        println!("{}", op.id);
+        if !s.created {
+            eprintln!("(already submitted with the same request: nothing new was written)");
+        }
+        if !op.at_most_once {
+            eprintln!(
+                "warning: provider {} takes no idempotency key: at-most-once creation cannot be guaranteed",
+                op.provider
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn show(store: &Store, id: &str, json: bool) -> CmdResult {
+    let id = parse_id(id)?;
+    let op = store.get(id).await?;
+    let history = store.history(id).await?;
+    let calls = store.calls(id).await?;
+    if json {
+        print_json(&serde_json::json!({ "operation": op, "history": history, "calls": calls }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!(
+        "{}",
+        jobtrail_admin::timeline::render(&op, &history, &calls)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn cancel(store: &Store, id: &str, actor: &str, reason: &str, json: bool) -> CmdResult {
+    let id = parse_id(id)?;
+    let req = CancelRequest::new(actor, reason).map_err(|e| fail(exit::BAD_INPUT, e))?;
+    let applied = match store.request_cancel(id, req).await {
+        Ok(a) => a,
+        Err(StoreError::Illegal { source, .. }) => {
+            return Err(fail(
+                exit::CONFLICT,
+                format!("cannot cancel {id}: it is {} ({source})", source.from),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let op = &applied.record;
+    let what = match op.state {
+        State::Withdrawn => "withdrawn: no create was ever sent",
+        State::CancelRequested => {
+            "cancel requested: the lease owner sends one cancel call and waits for the provider's confirmation"
+        }
+        _ => "cancel noted: it is acted on as soon as the remote job id is known",
+    };
+    if json {
+        print_json(
+            &serde_json::json!({"operation_id": id.to_string(), "state": op.state, "note": what}),
+        );
+    } else {
+        println!("{id}: {what}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn result(store: &Store, id: &str, output: Option<&std::path::Path>) -> CmdResult {
+    let id = parse_id(id)?;
+    let op = store.get(id).await?;
+    if op.state != State::Succeeded {
+        return Err(fail(
+            exit::NOT_SUCCEEDED,
+            format!("{id} is {}: there is no validated result", op.state),
+        ));
+    }
+    let (Some(loc), Some(sha)) = (&op.result_location, &op.result_sha256) else {
+        return Err(fail(
+            exit::UNAVAILABLE,
+            format!("{id} succeeded but records no result location"),
+        ));
+    };
+    let bytes = jobtrail_worker::ResultStore::get_verified(loc, sha)
+        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+    match output {
+        Some(p) if p.as_os_str() != "-" => {
+            std::fs::write(p, &bytes)
+                .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", p.display())))?;
+            eprintln!(
+                "wrote {} bytes (sha256 {sha}) to {}",
+                bytes.len(),
+                p.display()
+            );
+        }
+        _ => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(&bytes)
+                .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Block until the operation is terminal or held for a person, or the timeout. Polls with a gentle
+/// backoff (100 ms doubling to 2 s) rather than hammering the database.
+pub async fn wait(store: &Store, id: &str, timeout: Duration, json: bool) -> CmdResult {
+    let id = parse_id(id)?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let op = store.get(id).await?;
+        if op.state.is_terminal() || op.state.needs_human() {
+            report(&op, json);
+            let code = match op.state {
+                State::Succeeded => exit::OK,
+                s if s.needs_human() => exit::NEEDS_HUMAN,
+                _ => exit::NOT_SUCCEEDED,
+            };
+            return Ok(ExitCode::from(code));
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            report(&op, json);
+            return Err(fail(
+                exit::TIMEOUT,
+                format!("{id} is still {} after {}s", op.state, timeout.as_secs()),
+            ));
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+fn report(op: &OperationRecord, json: bool) {
+    if json {
+        print_json(&serde_json::json!({
+            "operation_id": op.id.to_string(),
+            "state": op.state,
+            "remote_job_id": op.remote_job_id,
+            "remote_state": op.remote_state,
+            "escalation_reason": op.escalation_reason,
+            "result_sha256": op.result_sha256,
+            "result_summary": op.result_summary,
+        }));
+    } else {
+        let extra = op
+            .escalation_reason
+            .as_deref()
+            .map(|r| format!(" — {r}"))
+            .unwrap_or_default();
+        println!("{} {}{extra}", op.id, op.state);
+    }
+}
