@@ -232,6 +232,7 @@ fn report(op: &OperationRecord, json: bool) {
             "escalation_reason": op.escalation_reason,
             "result_sha256": op.result_sha256,
             "result_summary": op.result_summary,
+            "finished_before_cancel": op.finished_before_cancel(),
         }));
     } else {
         let extra = op

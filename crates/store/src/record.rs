@@ -74,6 +74,17 @@ fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
 }
 
 impl OperationRecord {
+    /// A cancel was requested but the job ended otherwise first ("finished before the cancel took
+    /// effect"): reported as such, never rewritten.
+    pub fn finished_before_cancel(&self) -> bool {
+        self.cancel_requested_at.is_some()
+            && self.state.is_terminal()
+            && !matches!(
+                self.state,
+                State::Cancelled | State::Withdrawn | State::Abandoned
+            )
+    }
+
     /// A cancel was requested and not yet acted on as a state.
     pub fn has_pending_cancel(&self) -> bool {
         self.cancel_requested_at.is_some()

@@ -223,7 +223,14 @@ fn apply_event_effects(rec: &mut OperationRecord, ev: &Event, t: Transition, now
         rec.remote_job_id = Some(job.to_owned());
     }
     match ev {
-        Event::ContractViolated { other_job_id, .. } => {
+        Event::ContractViolated {
+            recorded_job_id,
+            other_job_id,
+        } => {
+            // Keep both answers: the one we knew first, and the other.
+            if rec.remote_job_id.is_none() {
+                rec.remote_job_id = Some(recorded_job_id.clone());
+            }
             rec.conflicting_remote_job_id = Some(other_job_id.clone());
         }
         Event::CancelRequested(req) | Event::Withdraw(req) => {

@@ -591,7 +591,7 @@ async fn plan_observe(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
         return Ok(Plan::write(Step::event(Event::ResultDeadlinePassed)));
     }
     if cancel_phase && op.cancel_deadline.is_some_and(|d| now >= d) {
-        return Ok(Plan::write(Step::event(Event::CancelDeadlinePassed)));
+        return Ok(Plan::write(unconfirmed(ctx, op).await));
     }
     if !cancel_phase && let Some(req) = pending_cancel(op) {
         return Ok(Plan::write(Step::event(Event::CancelRequested(req))).then_continue());
@@ -725,9 +725,30 @@ async fn plan_observe(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
     .called())
 }
 
+/// `cancellation_unconfirmed`, with the evidence bundle a person (or the provider's support) needs:
+/// the remote job id, the trace id, and every call with its provider request id.
+async fn unconfirmed(ctx: &Ctx<'_>, op: &OperationRecord) -> Step {
+    let calls = ctx.store.calls(op.id).await.unwrap_or_default();
+    let bundle = serde_json::json!({
+        "remote_job_id": op.remote_job_id,
+        "trace_id": op.trace_id.to_string(),
+        "cancel_requested_by": op.cancel_requested_by,
+        "cancel_reason": op.cancel_reason,
+        "cancel_requested_at": op.cancel_requested_at,
+        "calls": calls.iter().map(|c| serde_json::json!({
+            "kind": c.kind, "at": c.started_at, "http_status": c.http_status,
+            "provider_request_id": c.provider_request_id, "outcome": c.outcome,
+        })).collect::<Vec<_>>(),
+    });
+    Step {
+        detail: Some(bundle),
+        ..Step::event(Event::CancelDeadlinePassed)
+    }
+}
+
 async fn plan_cancel(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
     if op.cancel_deadline.is_some_and(|d| Utc::now() >= d) {
-        return Ok(Plan::write(Step::event(Event::CancelDeadlinePassed)));
+        return Ok(Plan::write(unconfirmed(ctx, op).await));
     }
     ctx.ensure_lease(ctx.call_budget()).await?;
     let polling = ctx.provider.contract().polling.clone();

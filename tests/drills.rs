@@ -1,0 +1,386 @@
+//! The essay's drills, end to end: a real PostgreSQL, the simulated provider over real HTTP, the real
+//! worker loop, and real worker processes wherever a process has to die.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use jobtrail_core::{CancelRequest, State};
+use std::time::Duration;
+use support::Env;
+
+const T: Duration = Duration::from_secs(40);
+
+/// Drill 1: the create response is lost after the provider accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_lost_create_response_makes_exactly_one_remote_job() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": ["drop_after_accept"], "duration_ms": 300}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded);
+    let ledger = env.sim.ledger();
+    assert_eq!(
+        ledger.tokens[op.token.as_str()].len(),
+        1,
+        "one logical operation, one remote job"
+    );
+    let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    assert!(
+        history.contains(&"create_ambiguous:create_unknown".to_string()),
+        "{history:?}"
+    );
+    assert!(
+        history.contains(&"reconciliation_started:reconciliation".to_string()),
+        "{history:?}"
+    );
+    env.stop_workers().await;
+}
+
+/// Drill 2: a worker process is SIGKILLed after saving the job id and before scheduling the first
+/// poll. Another worker resumes after the lease expires; no second create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_worker_killed_after_saving_the_job_id_resumes_without_a_second_create() {
+    let env = Env::new().await;
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
+        .await;
+    let mut a = env.spawn_worker(
+        "doomed",
+        "2s",
+        &[("JOBTRAIL_FAULT", "kill_after:after_create_accepted")],
+    );
+    let status = a
+        .wait_exit(Duration::from_secs(30))
+        .expect("the worker killed itself at the fault point");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "died by SIGKILL");
+    let saved = env.store.get(op.id).await.unwrap();
+    assert_eq!(
+        saved.state,
+        State::Accepted,
+        "the job id was saved before the kill"
+    );
+    assert!(saved.remote_job_id.is_some());
+    assert_eq!(
+        saved.lease_owner.as_deref(),
+        Some("doomed"),
+        "its lease outlives it"
+    );
+
+    let _b = env.spawn_worker("survivor", "2s", &[]);
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded);
+    let ledger = env.sim.ledger();
+    let job = &ledger.jobs[saved.remote_job_id.as_ref().unwrap()];
+    assert_eq!(job.calls.get("create"), Some(&1), "no second create");
+    assert_eq!(ledger.tokens[op.token.as_str()].len(), 1);
+    let calls = env.store.calls(op.id).await.unwrap();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.actor == "survivor" && c.kind == "status"),
+        "the survivor polled"
+    );
+}
+
+/// Drill 3: a terminal success races a cancel. The outcome and the order are recorded truthfully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_success_racing_a_cancel_is_recorded_truthfully() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"never_finish": true, "cancel": "lose_race"}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    env.wait_state(op.id, State::Observing, T).await;
+    env.store
+        .request_cancel(
+            op.id,
+            CancelRequest::new("alice", "wrong date range").unwrap(),
+        )
+        .await
+        .unwrap();
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(
+        done.state,
+        State::Succeeded,
+        "the job crossed its commit point first"
+    );
+    assert!(done.finished_before_cancel());
+    assert_eq!(done.cancel_requested_by.as_deref(), Some("alice"));
+    let states: Vec<String> = env
+        .store
+        .history(op.id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| h.to_state.clone())
+        .collect();
+    let pos = |s: &str| {
+        states
+            .iter()
+            .position(|x| x == s)
+            .unwrap_or_else(|| panic!("{s} missing from {states:?}"))
+    };
+    assert!(pos("cancel_requested") < pos("cancelling"));
+    assert!(pos("cancelling") < pos("result_collecting"));
+    assert!(pos("result_collecting") < pos("succeeded"));
+    assert!(
+        !states.contains(&"cancelled".to_string()),
+        "never claims a cancel the provider did not confirm"
+    );
+    env.stop_workers().await;
+}
+
+/// Drill 4: a cancel the provider never confirms ends in cancellation_unconfirmed, with the evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_unconfirmed_cancel_escalates_with_the_evidence_bundle() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"never_finish": true, "cancel": "ignore"}),
+            |s| s.cancel_window = Some(Duration::from_secs(2)),
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    env.wait_state(op.id, State::Observing, T).await;
+    env.store
+        .request_cancel(op.id, CancelRequest::new("bob", "budget exceeded").unwrap())
+        .await
+        .unwrap();
+    let done = env
+        .wait_state(op.id, State::CancellationUnconfirmed, T)
+        .await;
+    assert!(done.escalated_at.is_some());
+    let last = env.store.history(op.id).await.unwrap().pop().unwrap();
+    assert_eq!(last.event, "cancel_deadline_passed");
+    let bundle = &last.detail["evidence"];
+    assert_eq!(
+        bundle["remote_job_id"].as_str(),
+        done.remote_job_id.as_deref()
+    );
+    assert_eq!(bundle["trace_id"], done.trace_id.to_string());
+    let calls = bundle["calls"].as_array().unwrap();
+    assert!(
+        calls.iter().any(|c| c["kind"] == "cancel"
+            && c["provider_request_id"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("req_cancel_"))),
+        "{calls:?}"
+    );
+    let ledger = env.sim.ledger();
+    assert_eq!(
+        ledger.jobs[done.remote_job_id.as_ref().unwrap()].cancel_requests,
+        1,
+        "one cancel call"
+    );
+    env.stop_workers().await;
+}
+
+/// Drill 5: a worker paused (SIGSTOP) past its lease while another takes over, then resumed: its
+/// write is refused and it makes no further call for that operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_stale_lease_after_sigstop_is_fenced_out() {
+    let env = Env::new().await;
+    let op = env.submit("sim", serde_json::json!({"create": ["slow_accept"], "create_delay_ms": 1500, "duration_ms": 300}), |_| {}).await;
+    let a = env.spawn_worker("stale", "2s", &[]);
+    // Pause the worker while its create is in flight at the provider.
+    let deadline = std::time::Instant::now() + T;
+    while !env.sim.ledger().references.contains_key(&op.id.to_string()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the create never arrived\n{}",
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.signal(libc::SIGSTOP);
+    let paused_at = chrono::Utc::now();
+    let stale_epoch = env.store.get(op.id).await.unwrap().lease_epoch;
+    let _b = env.spawn_worker("fresh", "2s", &[]);
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded);
+    assert!(done.lease_epoch > stale_epoch);
+    a.signal(libc::SIGCONT);
+    // Give the resumed worker time to finish its stale step and try to write.
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let calls = env.store.calls(op.id).await.unwrap();
+        if calls.iter().any(|c| c.actor == "stale") || std::time::Instant::now() > give_up {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = env.store.calls(op.id).await.unwrap();
+    let stale: Vec<_> = calls.iter().filter(|c| c.actor == "stale").collect();
+    assert!(
+        stale.iter().all(|c| c.started_at < paused_at),
+        "the stale worker called after losing its lease: {stale:?}"
+    );
+    assert!(stale.iter().all(|c| c.lease_epoch == stale_epoch));
+    let history = env.store.history(op.id).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .all(|h| h.actor != "stale" || h.at < paused_at),
+        "a stale write landed"
+    );
+    assert_eq!(
+        env.sim.ledger().tokens[op.token.as_str()].len(),
+        1,
+        "still one remote job"
+    );
+    assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
+}
+
+/// Drill 6: the same token answered with a different job id: escalated, both answers kept, no more
+/// calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_same_token_different_job_id_stops_automation() {
+    let mut env = Env::new().await;
+    let op = env.submit("sim", serde_json::json!({"create": ["ambiguous_after_accept", "different_job_id"], "never_finish": true}), |_| {}).await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_state(op.id, State::ContractViolation, T).await;
+    let (a, b) = (
+        done.remote_job_id.clone().unwrap(),
+        done.conflicting_remote_job_id.clone().unwrap(),
+    );
+    assert_ne!(a, b, "both answers are kept");
+    let mut jobs = env.sim.ledger().tokens[op.token.as_str()].clone();
+    jobs.sort();
+    let mut ours = vec![a, b];
+    ours.sort();
+    assert_eq!(jobs, ours);
+    let requests = env.sim.ledger().requests;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        env.sim.ledger().requests,
+        requests,
+        "no more calls after the violation"
+    );
+    assert_eq!(
+        env.store.get(op.id).await.unwrap().state,
+        State::ContractViolation
+    );
+    env.stop_workers().await;
+}
+
+/// Drill 7: result_timed_out, result_validation_failed, result_unavailable and a partial batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_result_endings_land_where_the_brief_says() {
+    let mut env = Env::new().await;
+    let timeout = env
+        .submit("sim", serde_json::json!({"never_finish": true}), |s| {
+            let now = chrono::Utc::now();
+            s.create_deadline = Some(now + chrono::Duration::seconds(2));
+            s.result_deadline = Some(now + chrono::Duration::seconds(2));
+        })
+        .await;
+    let invalid = env
+        .submit("sim", serde_json::json!({"result": "bad_checksum"}), |_| {})
+        .await;
+    let gone = env
+        .submit("sim", serde_json::json!({"result": "gone"}), |_| {})
+        .await;
+    let partial = env
+        .submit(
+            "sim",
+            serde_json::json!({"result": "partial_batch", "items": 6}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let t = env.wait_settled(timeout.id, T).await;
+    assert_eq!(t.state, State::ResultTimedOut);
+    assert!(
+        t.remote_job_id.is_some(),
+        "the record keeps what is needed to reconcile or cancel later"
+    );
+    assert!(t.escalated_at.is_some());
+
+    let v = env.wait_settled(invalid.id, T).await;
+    assert_eq!(v.state, State::ResultValidationFailed);
+    assert!(
+        v.result_summary
+            .as_ref()
+            .unwrap()
+            .to_string()
+            .contains("checksum")
+    );
+
+    let g = env.wait_settled(gone.id, T).await;
+    assert_eq!(g.state, State::ResultUnavailable);
+
+    let p = env.wait_settled(partial.id, T).await;
+    assert_eq!(
+        p.state,
+        State::Succeeded,
+        "a partial batch is a success with its failures named"
+    );
+    let summary = p.result_summary.clone().unwrap();
+    assert_eq!(summary["items"]["total"], 6);
+    assert_eq!(summary["items"]["failed"], 3);
+    assert_eq!(
+        summary["items"]["failed_refs"],
+        serde_json::json!(["item_2", "item_4", "item_6"])
+    );
+    let bytes = jobtrail_worker::ResultStore::get_verified(
+        p.result_location.as_deref().unwrap(),
+        p.result_sha256.as_deref().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(bytes.len() as i64, p.result_size.unwrap());
+    env.stop_workers().await;
+}
+
+/// Drill 8: Retry-After is honoured, in seconds and as an HTTP-date: no early polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_retry_after_is_honoured() {
+    let mut env = Env::new().await;
+    let secs = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 3000, "poll_retry_after": 1}),
+            |_| {},
+        )
+        .await;
+    let date = env.submit("sim", serde_json::json!({"duration_ms": 3000, "poll_retry_after": 1, "poll_retry_after_as_date": true}), |_| {}).await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let a = env.wait_settled(secs.id, T).await;
+    let b = env.wait_settled(date.id, T).await;
+    assert_eq!((a.state, b.state), (State::Succeeded, State::Succeeded));
+    let ledger = env.sim.ledger();
+    assert_eq!(
+        ledger.early_polls(),
+        0,
+        "a poll came before the Retry-After the provider sent"
+    );
+    let polls = ledger.jobs[a.remote_job_id.as_ref().unwrap()].calls["status"];
+    assert!(
+        (2..=5).contains(&polls),
+        "{polls} status calls for a 3 s job with Retry-After: 1"
+    );
+    let reasons: Vec<String> = env
+        .store
+        .history(secs.id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| h.event.clone())
+        .collect();
+    assert!(reasons.iter().filter(|e| *e == "remote_progress").count() >= 1);
+    assert_eq!(a.next_action_reason, "none");
+    env.stop_workers().await;
+}

@@ -1,0 +1,260 @@
+//! Shared harness for the end-to-end tests: a fresh database, the simulated provider on a loopback
+//! port, the shipped contracts pointed at it, in-process workers and real worker processes.
+#![allow(dead_code)]
+
+use jobtrail_core::{OperationId, State, Submission, SubmitLimits};
+use jobtrail_provider::{HttpProvider, Registry};
+use jobtrail_store::testing::TestDb;
+use jobtrail_store::{OperationRecord, Store};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const TOKEN: &str = "sim-bearer-Zq8v-DO-NOT-LEAK";
+
+pub fn providers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers")
+}
+
+pub struct Env {
+    pub db: TestDb,
+    pub store: Store,
+    pub sim: jobtrail_sim::Running,
+    pub registry: Registry,
+    pub dir: PathBuf,
+    workers: Vec<(
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl Env {
+    pub async fn new() -> Self {
+        let db = TestDb::new().await;
+        let store = db.store().await;
+        let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
+            bearer_token: Some(TOKEN.into()),
+        })
+        .start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+        let dir =
+            std::env::temp_dir().join(format!("jobtrail-e2e-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // In-process workers read the token from a file: no process-wide environment changes.
+        let secret_file = dir.join("sim-token");
+        std::fs::write(&secret_file, TOKEN).unwrap();
+        let mut registry = Registry::default();
+        for (_, mut c) in jobtrail_provider::contract::load_dir(&providers_dir()).unwrap() {
+            c.base_url = url::Url::parse(&sim.base_url()).unwrap();
+            if let Some(a) = c.auth.as_mut() {
+                a.secret = jobtrail_core::SecretRef::File(secret_file.display().to_string());
+            }
+            registry.insert(Arc::new(HttpProvider::new(c).unwrap()));
+        }
+        Self {
+            db,
+            store,
+            sim,
+            registry,
+            dir,
+            workers: Vec::new(),
+        }
+    }
+
+    /// Submit an operation whose body carries a simulator script.
+    pub async fn submit(
+        &self,
+        provider: &str,
+        script: serde_json::Value,
+        tweak: impl FnOnce(&mut Submission),
+    ) -> OperationRecord {
+        let body = serde_json::json!({"report": "usage", "sim": script});
+        let mut s = Submission {
+            provider: provider.into(),
+            target: "reports".into(),
+            body: serde_json::to_vec(&body).unwrap(),
+            caller: "e2e".into(),
+            approved_by: "tester".into(),
+            ..Default::default()
+        };
+        tweak(&mut s);
+        self.store
+            .submit_new(&s, &self.registry.terms(), SubmitLimits::default())
+            .await
+            .unwrap()
+            .operation
+    }
+
+    /// Start an in-process worker (the real worker loop) with a short lease.
+    pub fn start_worker(&mut self, id: &str, lease: Duration) {
+        let mut config = jobtrail_worker::WorkerConfig::named_default();
+        config.id = id.into();
+        config.lease = lease;
+        config.idle = Duration::from_millis(50);
+        let w = jobtrail_worker::Worker::new(
+            self.store.clone(),
+            self.registry.clone(),
+            jobtrail_worker::ResultStore::new(self.dir.join("results")),
+            config,
+        );
+        let stop = tokio_util::sync::CancellationToken::new();
+        let s = stop.clone();
+        let h = tokio::spawn(async move {
+            w.run(s).await;
+        });
+        self.workers.push((stop, h));
+    }
+
+    pub async fn stop_workers(&mut self) {
+        for (s, h) in self.workers.drain(..) {
+            s.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(30), h).await;
+        }
+    }
+
+    /// Start a real worker process.
+    pub fn spawn_worker(&self, id: &str, lease: &str, extra_env: &[(&str, &str)]) -> WorkerProcess {
+        let log = self.dir.join(format!("{id}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
+        cmd.args(["worker", "--id", id, "--lease", lease, "--idle", "50ms"])
+            .env("DATABASE_URL", &self.db.url)
+            .env("JOBTRAIL_PROVIDERS", providers_dir())
+            .env("JOBTRAIL_RESULT_DIR", self.dir.join("results"))
+            .env("JOBTRAIL_SIM_TOKEN", TOKEN)
+            .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", self.sim.base_url())
+            .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", self.sim.base_url())
+            .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", self.sim.base_url())
+            .env("JOBTRAIL_LOG", "debug")
+            .env_remove("JOBTRAIL_FAULT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        WorkerProcess {
+            child: cmd.spawn().expect("spawn the jobtrail binary"),
+            log,
+            id: id.into(),
+        }
+    }
+
+    /// Wait (bounded) until `pred` holds for the operation.
+    pub async fn wait_for(
+        &self,
+        id: OperationId,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&OperationRecord) -> bool,
+    ) -> OperationRecord {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let op = self.store.get(id).await.unwrap();
+            if pred(&op) {
+                return op;
+            }
+            if Instant::now() >= deadline {
+                let story = jobtrail_admin::timeline::render(
+                    &op,
+                    &self.store.history(id).await.unwrap(),
+                    &self.store.calls(id).await.unwrap(),
+                );
+                panic!(
+                    "timed out waiting for {what}; operation is {}\n{story}\n{}",
+                    op.state,
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub async fn wait_settled(&self, id: OperationId, timeout: Duration) -> OperationRecord {
+        self.wait_for(id, "a terminal or held state", timeout, |op| {
+            op.state.is_terminal() || op.state.needs_human()
+        })
+        .await
+    }
+
+    pub async fn wait_state(
+        &self,
+        id: OperationId,
+        state: State,
+        timeout: Duration,
+    ) -> OperationRecord {
+        self.wait_for(id, state.as_str(), timeout, |op| op.state == state)
+            .await
+    }
+
+    /// Worker process logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Ok(rd) = std::fs::read_dir(&self.dir) {
+            for e in rd.flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                    out.push_str(&format!("--- {} (last lines)\n", e.path().display()));
+                    for l in tail.into_iter().rev() {
+                        out.push_str(l);
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub fn history_states(&self, h: &[jobtrail_store::HistoryRecord]) -> Vec<String> {
+        h.iter()
+            .map(|r| format!("{}:{}", r.event, r.to_state))
+            .collect()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for (s, _) in &self.workers {
+            s.cancel();
+        }
+    }
+}
+
+/// A worker process, killed when dropped.
+pub struct WorkerProcess {
+    pub child: Child,
+    pub log: PathBuf,
+    pub id: String,
+}
+
+impl WorkerProcess {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.pid(), sig);
+        }
+    }
+    /// Wait (bounded) for the process to exit; its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
