@@ -18,7 +18,8 @@ pub fn providers_dir() -> PathBuf {
 }
 
 pub struct Env {
-    pub db: TestDb,
+    pub url: String,
+    _db: Option<TestDb>,
     pub store: Store,
     pub sim: jobtrail_sim::Running,
     pub registry: Registry,
@@ -32,7 +33,13 @@ pub struct Env {
 impl Env {
     pub async fn new() -> Self {
         let db = TestDb::new().await;
-        let store = db.store().await;
+        let url = db.url.clone();
+        Self::on(url, Some(db)).await
+    }
+
+    /// An environment on a database of the caller's (already migrated).
+    pub async fn on(url: String, db: Option<TestDb>) -> Self {
+        let store = Store::connect(&url).await.unwrap();
         let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
             bearer_token: Some(TOKEN.into()),
         })
@@ -54,7 +61,8 @@ impl Env {
             registry.insert(Arc::new(HttpProvider::new(c).unwrap()));
         }
         Self {
-            db,
+            url,
+            _db: db,
             store,
             sim,
             registry,
@@ -119,7 +127,7 @@ impl Env {
         let log = self.dir.join(format!("{id}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
         cmd.args(["worker", "--id", id, "--lease", lease, "--idle", "50ms"])
-            .env("DATABASE_URL", &self.db.url)
+            .env("DATABASE_URL", &self.url)
             .env("JOBTRAIL_PROVIDERS", providers_dir())
             .env("JOBTRAIL_RESULT_DIR", self.dir.join("results"))
             .env("JOBTRAIL_SIM_TOKEN", TOKEN)

@@ -316,7 +316,8 @@ impl Cluster {
         c.status().map(|s| s.success()).unwrap_or(false)
     }
 
-    fn start(&self) -> Result<(), ClusterError> {
+    /// Start the server (waits until it accepts connections).
+    pub fn start(&self) -> Result<(), ClusterError> {
         let log = self.data_dir.join("server.log");
         let mut c = self.command("pg_ctl");
         c.arg("-D")
