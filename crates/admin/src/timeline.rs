@@ -131,7 +131,7 @@ pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCa
     let mut items: Vec<(chrono::DateTime<chrono::Utc>, u8, Item)> =
         history.iter().map(|h| (h.at, 1, Item::H(h))).collect();
     items.extend(calls.iter().map(|c| (c.started_at, 0, Item::C(c))));
-    items.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    items.sort_by_key(|a| (a.0, a.1));
     let mut table = Table::new();
     table.load_style(UTF8_BORDERS_ONLY);
     table.set_header(vec!["at", "who", "what", "detail"]);

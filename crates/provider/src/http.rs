@@ -14,6 +14,17 @@ const PATH_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
+/// One request to send.
+struct Req {
+    kind: CallKind,
+    attempt: i32,
+    method: http::Method,
+    url: url::Url,
+    body: Option<Vec<u8>>,
+    extra: http::HeaderMap,
+    max_body: u64,
+}
+
 /// A provider driven entirely by its contract file.
 #[derive(Debug, Clone)]
 pub struct HttpProvider {
@@ -113,17 +124,16 @@ impl HttpProvider {
         Ok(h)
     }
 
-    async fn send(
-        &self,
-        op: &OperationRecord,
-        kind: CallKind,
-        attempt: i32,
-        method: http::Method,
-        url: url::Url,
-        body: Option<Vec<u8>>,
-        extra: http::HeaderMap,
-        max_body: u64,
-    ) -> Exchange {
+    async fn send(&self, op: &OperationRecord, req: Req) -> Exchange {
+        let Req {
+            kind,
+            attempt,
+            method,
+            url,
+            body,
+            extra,
+            max_body,
+        } = req;
         let mut headers = match self.headers(op) {
             Ok(h) => h,
             Err(why) => return wire::unsent(kind, attempt, &method, &url, op.trace_id, &why),
@@ -323,13 +333,15 @@ impl HttpProvider {
         let ex = self
             .send(
                 op,
-                CallKind::Create,
-                attempt,
-                spec.method.clone(),
-                url,
-                Some(body),
-                extra,
-                max,
+                Req {
+                    kind: CallKind::Create,
+                    attempt,
+                    method: spec.method.clone(),
+                    url,
+                    body: Some(body),
+                    extra,
+                    max_body: max,
+                },
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
@@ -500,13 +512,15 @@ impl HttpProvider {
         let ex = self
             .send(
                 op,
-                CallKind::Status,
-                attempt,
-                http::Method::GET,
-                url,
-                None,
-                http::HeaderMap::new(),
-                max,
+                Req {
+                    kind: CallKind::Status,
+                    attempt,
+                    method: http::Method::GET,
+                    url,
+                    body: None,
+                    extra: http::HeaderMap::new(),
+                    max_body: max,
+                },
             )
             .await;
         if let Some(err) = ex.error {
@@ -679,13 +693,15 @@ impl HttpProvider {
         let ex = self
             .send(
                 op,
-                CallKind::Cancel,
-                attempt,
-                spec.method.clone(),
-                url,
-                None,
-                http::HeaderMap::new(),
-                max,
+                Req {
+                    kind: CallKind::Cancel,
+                    attempt,
+                    method: spec.method.clone(),
+                    url,
+                    body: None,
+                    extra: http::HeaderMap::new(),
+                    max_body: max,
+                },
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
@@ -800,13 +816,15 @@ impl HttpProvider {
         let ex = self
             .send(
                 op,
-                CallKind::Result,
-                attempt,
-                http::Method::GET,
-                url,
-                None,
-                http::HeaderMap::new(),
-                spec.max_bytes,
+                Req {
+                    kind: CallKind::Result,
+                    attempt,
+                    method: http::Method::GET,
+                    url,
+                    body: None,
+                    extra: http::HeaderMap::new(),
+                    max_body: spec.max_bytes,
+                },
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
@@ -911,13 +929,15 @@ impl HttpProvider {
         let ex = self
             .send(
                 op,
-                CallKind::Lookup,
-                attempt,
-                http::Method::GET,
-                url,
-                None,
-                http::HeaderMap::new(),
-                max,
+                Req {
+                    kind: CallKind::Lookup,
+                    attempt,
+                    method: http::Method::GET,
+                    url,
+                    body: None,
+                    extra: http::HeaderMap::new(),
+                    max_body: max,
+                },
             )
             .await;
         let ctx = self.context_after(op, &ex, None);

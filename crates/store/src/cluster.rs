@@ -89,9 +89,10 @@ impl Binaries {
             if let Ok(entries) = fs::read_dir(pattern_dir) {
                 for e in entries.flatten() {
                     let name = e.file_name().to_string_lossy().into_owned();
-                    if pattern_dir == "/usr/lib/postgresql" {
-                        candidates.push(e.path().join("bin"));
-                    } else if name.starts_with("postgresql") || name.starts_with("pgsql-") {
+                    // Debian: /usr/lib/postgresql/<ver>/bin; PGDG: /usr/pgsql-<ver>/bin;
+                    // Homebrew: <prefix>/opt/postgresql@<ver>/bin.
+                    let versioned = name.starts_with("postgresql") || name.starts_with("pgsql-");
+                    if pattern_dir == "/usr/lib/postgresql" || versioned {
                         candidates.push(e.path().join("bin"));
                     }
                 }
