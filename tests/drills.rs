@@ -384,3 +384,32 @@ async fn drill_retry_after_is_honoured() {
     assert_eq!(a.next_action_reason, "none");
     env.stop_workers().await;
 }
+
+/// A provider that hands out an operation URL (Operation-Location) and wants the created resource read
+/// once after success: the worker follows the URL while polling, then makes the final GET.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followed_status_urls_and_the_final_get_of_the_created_resource() {
+    let mut env = Env::with_contracts(|c| c.status.final_get = true).await;
+    let op = env.submit("sim", serde_json::json!({"status_via_header": true, "moving_status_url": true, "duration_ms": 600}), |_| {}).await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded);
+    let job = done.remote_job_id.clone().unwrap();
+    let paths = env.sim.ledger().jobs[&job].status_paths.clone();
+    assert!(
+        paths.iter().any(|p| p.starts_with("/v1/operations/")),
+        "the operation URL was followed: {paths:?}"
+    );
+    assert!(
+        paths.contains(&format!("/v1/jobs/{job}")),
+        "the created resource was read: {paths:?}"
+    );
+    let calls = env.store.calls(op.id).await.unwrap();
+    let last_status = calls.iter().rev().find(|c| c.kind == "status").unwrap();
+    assert!(
+        last_status.url.ends_with(&format!("/v1/jobs/{job}")),
+        "{}",
+        last_status.url
+    );
+    env.stop_workers().await;
+}

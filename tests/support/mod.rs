@@ -37,8 +37,23 @@ impl Env {
         Self::on(url, Some(db)).await
     }
 
+    /// An environment whose in-process workers use contracts changed by `tweak`.
+    pub async fn with_contracts(tweak: impl Fn(&mut jobtrail_provider::Contract)) -> Self {
+        let db = TestDb::new().await;
+        let url = db.url.clone();
+        Self::build(url, Some(db), &tweak).await
+    }
+
     /// An environment on a database of the caller's (already migrated).
     pub async fn on(url: String, db: Option<TestDb>) -> Self {
+        Self::build(url, db, &|_| {}).await
+    }
+
+    async fn build(
+        url: String,
+        db: Option<TestDb>,
+        tweak: &dyn Fn(&mut jobtrail_provider::Contract),
+    ) -> Self {
         let store = Store::connect(&url).await.unwrap();
         let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
             bearer_token: Some(TOKEN.into()),
@@ -58,6 +73,7 @@ impl Env {
             if let Some(a) = c.auth.as_mut() {
                 a.secret = jobtrail_core::SecretRef::File(secret_file.display().to_string());
             }
+            tweak(&mut c);
             registry.insert(Arc::new(HttpProvider::new(c).unwrap()));
         }
         Self {

@@ -488,11 +488,18 @@ impl HttpProvider {
             .filter(|s| !s.is_empty())
     }
 
-    async fn do_status(&self, op: &OperationRecord, attempt: i32) -> Called<StatusOutcome> {
+    /// A status read. `resource`: the final GET of the created resource itself (the `status.url`
+    /// template, never a followed operation URL); its body need not carry a state.
+    async fn do_status(
+        &self,
+        op: &OperationRecord,
+        attempt: i32,
+        resource: bool,
+    ) -> Called<StatusOutcome> {
         let spec = &self.contract.status;
         let target = match &op.status_url {
-            Some(u) => u.clone(),
-            None => self.fill(&spec.url, op),
+            Some(u) if !resource => u.clone(),
+            _ => self.fill(&spec.url, op),
         };
         let url = match self.url(&target) {
             Ok(u) => u,
@@ -591,11 +598,16 @@ impl HttpProvider {
                 );
             }
         };
-        let Some(remote_state) = json
+        let state_here = json
             .pointer(&spec.state)
             .and_then(|v| v.as_str())
-            .map(str::to_owned)
-        else {
+            .map(str::to_owned);
+        // The created resource after success may not say a state: success is already known.
+        let state_here = match (state_here, resource) {
+            (None, true) => op.remote_state.clone(),
+            (s, _) => s,
+        };
+        let Some(remote_state) = state_here else {
             let ctx = self.context_after(op, &ex, None);
             let d = format!("failed: no state at {}", spec.state);
             return Self::finish(
@@ -1062,7 +1074,14 @@ impl Provider for HttpProvider {
         op: &'a OperationRecord,
         attempt: i32,
     ) -> ProviderFuture<'a, StatusOutcome> {
-        Box::pin(self.do_status(op, attempt))
+        Box::pin(self.do_status(op, attempt, false))
+    }
+    fn final_get<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, StatusOutcome> {
+        Box::pin(self.do_status(op, attempt, true))
     }
     fn cancel<'a>(
         &'a self,

@@ -44,6 +44,12 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
         op: &'a OperationRecord,
         attempt: i32,
     ) -> ProviderFuture<'a, StatusOutcome>;
+    /// The final GET of the created resource after remote success (contracts with `status.final_get`).
+    fn final_get<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        attempt: i32,
+    ) -> ProviderFuture<'a, StatusOutcome>;
     fn cancel<'a>(
         &'a self,
         op: &'a OperationRecord,

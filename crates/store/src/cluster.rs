@@ -59,14 +59,33 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// Find the newest usable installation.
+    /// Find the newest usable installation: `$JOBTRAIL_PG_BIN`, else `PATH` and the usual places.
     pub fn find() -> Result<Self, ClusterError> {
-        if let Some(dir) = std::env::var_os("JOBTRAIL_PG_BIN") {
-            let dir = PathBuf::from(dir);
+        Self::find_in(
+            std::env::var_os("JOBTRAIL_PG_BIN").map(PathBuf::from),
+            std::env::var_os("PATH"),
+            &[
+                "/usr/lib/postgresql",
+                "/opt/homebrew/opt",
+                "/usr/local/opt",
+                "/usr",
+            ],
+            &["/usr/bin", "/usr/local/bin", "/opt/homebrew/bin"],
+        )
+    }
+
+    /// [`Binaries::find`] with its inputs spelled out (tests use it without touching the environment).
+    pub fn find_in(
+        pg_bin: Option<PathBuf>,
+        path_var: Option<std::ffi::OsString>,
+        versioned_roots: &[&str],
+        plain_dirs: &[&str],
+    ) -> Result<Self, ClusterError> {
+        if let Some(dir) = pg_bin {
             return Self::at(&dir).ok_or(ClusterError::NoBinaries);
         }
         let mut candidates: Vec<PathBuf> = Vec::new();
-        if let Some(path) = std::env::var_os("PATH") {
+        if let Some(path) = path_var {
             for d in std::env::split_paths(&path) {
                 let pg_ctl = d.join("pg_ctl");
                 if pg_ctl.exists() {
@@ -80,27 +99,20 @@ impl Binaries {
                 }
             }
         }
-        for pattern_dir in [
-            "/usr/lib/postgresql",
-            "/opt/homebrew/opt",
-            "/usr/local/opt",
-            "/usr",
-        ] {
-            if let Ok(entries) = fs::read_dir(pattern_dir) {
+        for root in versioned_roots {
+            if let Ok(entries) = fs::read_dir(root) {
                 for e in entries.flatten() {
                     let name = e.file_name().to_string_lossy().into_owned();
                     // Debian: /usr/lib/postgresql/<ver>/bin; PGDG: /usr/pgsql-<ver>/bin;
                     // Homebrew: <prefix>/opt/postgresql@<ver>/bin.
                     let versioned = name.starts_with("postgresql") || name.starts_with("pgsql-");
-                    if pattern_dir == "/usr/lib/postgresql" || versioned {
+                    if *root == "/usr/lib/postgresql" || versioned {
                         candidates.push(e.path().join("bin"));
                     }
                 }
             }
         }
-        candidates.push(PathBuf::from("/usr/bin"));
-        candidates.push(PathBuf::from("/usr/local/bin"));
-        candidates.push(PathBuf::from("/opt/homebrew/bin"));
+        candidates.extend(plain_dirs.iter().map(PathBuf::from));
         candidates
             .iter()
             .filter_map(|d| Self::at(d))
@@ -461,4 +473,35 @@ pub async fn ensure_database(admin_url: &str, name: &str) -> Result<(), ClusterE
     }
     let _ = conn.close().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_binaries_is_a_clear_error_naming_the_package() {
+        let empty = std::env::temp_dir().join(format!("jobtrail-nobin-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = Binaries::find_in(Some(empty.clone()), None, &[], &[]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("apt-get install postgresql") && msg.contains("DATABASE_URL"),
+            "{msg}"
+        );
+        let e = Binaries::find_in(
+            None,
+            Some(empty.clone().into_os_string()),
+            &[],
+            &[empty.to_str().unwrap()],
+        )
+        .unwrap_err();
+        assert!(matches!(e, ClusterError::NoBinaries));
+    }
+
+    #[test]
+    fn this_machine_has_a_server_to_run() {
+        let b = Binaries::find().expect("the test machine has PostgreSQL server binaries");
+        assert!(b.major >= 12, "{b:?}");
+    }
 }

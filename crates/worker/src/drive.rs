@@ -841,6 +841,31 @@ async fn plan_collect(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
     }
     ctx.ensure_lease(ctx.call_budget()).await?;
     let polling = ctx.provider.contract().polling.clone();
+    // Some providers want the created resource read once after success; it may carry the result hints.
+    if ctx.provider.contract().status.final_get
+        && op.provider_context.get("final_get_done").is_none()
+    {
+        let called = ctx.provider.final_get(op, op.poll_count + 1).await;
+        let mut context = called
+            .context
+            .clone()
+            .unwrap_or_else(|| op.provider_context.clone());
+        context["final_get_done"] = serde_json::Value::Bool(true);
+        let obs = Observation {
+            provider_context: Some(context),
+            ..Default::default()
+        };
+        let step = Step {
+            call: Some(called.call),
+            observation: Some(obs),
+            counters: Counters {
+                polls: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        return Ok(Plan::write(step).then_continue().called());
+    }
     let called = ctx.provider.fetch_result(op, op.result_attempts + 1).await;
     let obs = with_context(Observation::default(), called.context.clone());
     let step = match called.outcome {

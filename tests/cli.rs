@@ -1,0 +1,167 @@
+//! The `jobtrail` binary as agents and people use it: submit from stdin, show, wait, result, cancel,
+//! and the documented exit codes.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+use support::Env;
+
+fn jobtrail(env: &Env, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
+    c.args(args)
+        .env("DATABASE_URL", &env.url)
+        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
+        .env("JOBTRAIL_RESULT_DIR", env.dir.join("results"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_show_wait_result_and_exit_codes() {
+    let mut env = Env::new().await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let body = r#"{"account":"acct_218","sim":{"duration_ms":300}}"#;
+    let submit = [
+        "submit",
+        "--provider",
+        "sim",
+        "--target",
+        "reports",
+        "--caller",
+        "agent-7",
+        "--approved-by",
+        "alice",
+        "--approval-ref",
+        "CHG-42",
+        "--json",
+    ];
+    let out = jobtrail(&env, &submit, Some(body));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["operation_id"].as_str().unwrap().to_owned();
+    assert_eq!(v["created"], true);
+
+    // Submitting the same id again with the same body is a no-op; with another body, a conflict (4).
+    let mut again = submit.to_vec();
+    again.extend(["--id", &id]);
+    assert_eq!(code(&jobtrail(&env, &again, Some(body))), 0);
+    let conflict = jobtrail(&env, &again, Some(r#"{"account":"acct_219"}"#));
+    assert_eq!(code(&conflict), 4);
+    assert!(
+        String::from_utf8_lossy(&conflict.stderr).contains("sha256:"),
+        "names both fingerprints"
+    );
+
+    let wait = jobtrail(&env, &["wait", &id, "--timeout", "40s", "--json"], None);
+    assert_eq!(code(&wait), 0, "{}", String::from_utf8_lossy(&wait.stderr));
+    let show = jobtrail(&env, &["show", &id, "--json"], None);
+    let s: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(s["operation"]["state"], "succeeded");
+    assert!(s["history"].as_array().unwrap().len() >= 4);
+    assert!(
+        s["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["kind"] == "result")
+    );
+    let human = jobtrail(&env, &["show", &id], None);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("approved by alice (CHG-42)"));
+
+    let result = jobtrail(&env, &["result", &id], None);
+    assert_eq!(code(&result), 0);
+    let doc: serde_json::Value = serde_json::from_slice(&result.stdout).unwrap();
+    assert_eq!(doc["items"].as_array().unwrap().len(), 5);
+
+    // Cancelling a finished operation is refused (4); unknown ids are 3; bad input is 2, nothing written.
+    assert_eq!(
+        code(&jobtrail(
+            &env,
+            &["cancel", &id, "--actor", "bob", "--reason", "late"],
+            None
+        )),
+        4
+    );
+    assert_eq!(
+        code(&jobtrail(
+            &env,
+            &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"],
+            None
+        )),
+        3
+    );
+    let (before, _, _) = env.store.totals().await.unwrap();
+    assert_eq!(code(&jobtrail(&env, &submit, Some("{not json"))), 2);
+    let mut past = submit.to_vec();
+    past.extend(["--create-deadline", "2020-01-01T00:00:00Z"]);
+    assert_eq!(code(&jobtrail(&env, &past, Some(body))), 2);
+    assert_eq!(env.store.totals().await.unwrap().0, before);
+
+    // A never-ending job: wait times out (6); a cancel is recorded; then it ends cancelled (1).
+    let out = jobtrail(&env, &submit, Some(r#"{"sim":{"never_finish":true}}"#));
+    let id2 = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        code(&jobtrail(&env, &["wait", &id2, "--timeout", "1s"], None)),
+        6
+    );
+    assert_eq!(
+        code(&jobtrail(
+            &env,
+            &["cancel", &id2, "--actor", "bob", "--reason", "not needed"],
+            None
+        )),
+        0
+    );
+    assert_eq!(
+        code(&jobtrail(&env, &["wait", &id2, "--timeout", "40s"], None)),
+        1
+    );
+    assert_eq!(
+        env.store.get(id2.parse().unwrap()).await.unwrap().state,
+        jobtrail_core::State::Cancelled
+    );
+    env.stop_workers().await;
+}
+
+#[test]
+fn help_explains_exit_codes_and_shows_examples() {
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Exit codes") && text.contains("held for a person"),
+        "{text}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["submit", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Examples"));
+}
