@@ -180,7 +180,7 @@ impl Env {
                 return op;
             }
             if Instant::now() >= deadline {
-                let story = jobtrail_admin::timeline::render(
+                let story = jobtrail_console::timeline::render(
                     &op,
                     &self.store.history(id).await.unwrap(),
                     &self.store.calls(id).await.unwrap(),

@@ -1,86 +1,305 @@
-//! jobtrail-admin: where people decide what automation could not.
+//! `jobtrail-admin`: where people decide what automation could not, and where auditors check that
+//! nothing was rewritten.
 
-use anyhow::Context;
-use clap::{Parser, Subcommand};
+mod audit;
+mod decide;
+mod queue;
+
+use clap::{Args, Parser, Subcommand};
+use jobtrail_console::shell::{self, CmdResult};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const EXIT_CODES: &str = "Exit codes:
+  0  done (audit verify: every chain and the latest anchor hold)
+  1  audit verify found an alteration, a removal or an out-of-order insert
+  2  bad input or usage: nothing was written
+  3  operation not found
+  4  refused: the operation changed since you looked, or the state machine does not allow this decision
+  5  database or provider configuration unavailable";
 
 #[derive(Parser)]
 #[command(
     name = "jobtrail-admin",
     version,
-    about = "Operate jobtrail's escalation queue and audit its records"
+    about = "Work jobtrail's escalation queue, record decisions, and audit the history",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// PostgreSQL URL. Unset: jobtrail's private cluster (started on demand).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
+    /// Directory of provider contracts (needed by `retry`).
+    #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true)]
+    providers: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
 
+/// Who decides, why, and on what view. Every decision needs all three.
+#[derive(Args, Clone)]
+pub struct Decided {
+    /// Who decides (recorded in history).
+    #[arg(long)]
+    pub actor: String,
+    /// Why (recorded in history).
+    #[arg(long)]
+    pub reason: String,
+    /// The state you looked at, optionally with the history position (`create_unresolved@5`, as
+    /// `escalations` prints it). Refused if the operation moved since.
+    #[arg(long)]
+    pub seen: String,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Apply pending database migrations and exit.
-    Migrate,
-    /// Recompute hash chains.
+    /// The open escalation queue, oldest first, with the decisions that fit each entry.
+    #[command(
+        after_help = "Examples:\n  jobtrail-admin escalations\n  jobtrail-admin escalations --state cancellation_unconfirmed --provider sim --json"
+    )]
+    Escalations {
+        /// Only this state (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out).
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        provider: Option<String>,
+    },
+    /// The whole story of one operation: every transition and every provider call.
+    #[command(after_help = "Example:\n  jobtrail-admin show op_01KB3Z8Q6W4Y7T2V9N5M1P0R3S")]
+    Show { operation: String },
+    /// Adopt a remote job id a person found (create_unknown / reconciliation / create_unresolved → observing).
+    #[command(
+        after_help = "Example:\n  jobtrail-admin adopt op_01KB… --job-id job_7ad2 --seen create_unresolved@4 --actor alice --reason \"found in the provider console\""
+    )]
+    Adopt {
+        operation: String,
+        #[arg(long)]
+        job_id: String,
+        #[command(flatten)]
+        decided: Decided,
+    },
+    /// Declare that the remote job was never created (→ not_created; a new, linked operation may follow).
+    #[command(
+        after_help = "Example:\n  jobtrail-admin declare-not-created op_01KB… --seen create_unresolved --actor alice --reason \"provider support: no such request\""
+    )]
+    DeclareNotCreated {
+        operation: String,
+        #[command(flatten)]
+        decided: Decided,
+    },
+    /// Confirm a cancellation with the evidence you hold (cancelling / cancellation_unconfirmed → cancelled).
+    #[command(
+        after_help = "Example:\n  jobtrail-admin confirm-cancel op_01KB… --evidence \"ticket 4411: cancelled at 14:02\" --seen cancellation_unconfirmed --actor bob --reason \"support confirmed\""
+    )]
+    ConfirmCancel {
+        operation: String,
+        /// What the confirmation rests on (ticket, console screenshot id, e-mail).
+        #[arg(long)]
+        evidence: String,
+        #[command(flatten)]
+        decided: Decided,
+    },
+    /// Resume automation after a contract violation by choosing which job id is ours.
+    #[command(
+        after_help = "Example:\n  jobtrail-admin choose-job op_01KB… --job-id job_000049 --seen contract_violation --actor alice --reason \"job_000111 was a provider duplicate, cancelled by them\""
+    )]
+    ChooseJob {
+        operation: String,
+        #[arg(long)]
+        job_id: String,
+        #[command(flatten)]
+        decided: Decided,
+    },
+    /// Resume automation with a new deadline (result_timed_out, cancellation_unconfirmed, create_unresolved).
+    #[command(
+        after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed --actor bob --reason \"give it time\""
+    )]
+    Resume {
+        operation: String,
+        /// New result deadline (RFC 3339 or +2h) — for result_timed_out.
+        #[arg(long)]
+        result_deadline: Option<String>,
+        /// New time to confirm the cancel (10m) — for cancellation_unconfirmed.
+        #[arg(long)]
+        cancel_window: Option<String>,
+        /// New create deadline (RFC 3339 or +10m) — for create_unresolved.
+        #[arg(long)]
+        create_deadline: Option<String>,
+        #[command(flatten)]
+        decided: Decided,
+    },
+    /// Stop tracking the operation (everything recorded is kept).
+    #[command(
+        after_help = "Example:\n  jobtrail-admin abandon op_01KB… --seen result_timed_out --actor alice --reason \"customer withdrew the request\""
+    )]
+    Abandon {
+        operation: String,
+        #[command(flatten)]
+        decided: Decided,
+    },
+    /// Retry as a new operation linked to this (terminal) one: a new token, the same request or an edited one.
+    #[command(
+        after_help = "Examples:\n  jobtrail-admin retry op_01KB… --seen not_created --actor alice --reason \"never reached the provider\"\n  jobtrail-admin retry op_01KB… --body fixed.json --seen failed --actor alice --reason \"corrected the range\""
+    )]
+    Retry {
+        operation: String,
+        /// An edited request body (JSON file); default: the same request.
+        #[arg(long)]
+        body: Option<PathBuf>,
+        /// New result deadline (RFC 3339 or +2h); default: the provider's window.
+        #[arg(long)]
+        result_deadline: Option<String>,
+        #[command(flatten)]
+        decided: Decided,
+    },
+    /// Request a cancel (recorded; the lease owner sends one cancel call; only the provider confirms).
+    #[command(
+        after_help = "Example:\n  jobtrail-admin cancel op_01KB… --actor bob --reason \"over budget\""
+    )]
+    Cancel {
+        operation: String,
+        #[arg(long)]
+        actor: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Verify and anchor the tamper-evident history.
     Audit {
         #[command(subcommand)]
-        what: Audit,
+        what: AuditCmd,
+    },
+    /// Operations by state and provider, the escalation queue, and lease holders.
+    Stats,
+    /// Apply database migrations and exit.
+    Migrate,
+}
+
+#[derive(Subcommand)]
+enum AuditCmd {
+    /// Recompute hash chains and check the latest anchor; exits 1 naming each break.
+    #[command(
+        after_help = "Examples:\n  jobtrail-admin audit verify --all\n  jobtrail-admin audit verify op_01KB…\n  jobtrail-admin audit verify --all --expect-anchor 9f2c…   (the digest you kept outside the database)"
+    )]
+    Verify {
+        operation: Option<String>,
+        /// Every operation (the default when no operation is named).
+        #[arg(long)]
+        all: bool,
+        /// The digest of the latest anchor as you kept it outside the database.
+        #[arg(long)]
+        expect_anchor: Option<String>,
+    },
+    /// Record a checkpoint over every operation's chain head and print its digest (keep it elsewhere).
+    #[command(
+        after_help = "Example:\n  jobtrail-admin audit anchor --actor auditor-jane >> anchors.txt"
+    )]
+    Anchor {
+        #[arg(long, default_value = "jobtrail-admin")]
+        actor: String,
     },
 }
 
-#[derive(Subcommand)]
-enum Audit {
-    /// Verify every history chain; exits 1 when anything was altered.
-    Verify,
-}
-
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
+async fn main() -> ExitCode {
+    jobtrail_provider::install_crypto();
     let cli = Cli::parse();
     match run(cli).await {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::from(2)
+        Err(f) => {
+            eprintln!("error: {:#}", f.error);
+            ExitCode::from(f.code)
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
-    let url = match cli.database_url {
-        Some(u) => u,
-        None => jobtrail_store::cluster::database_url().await?,
-    };
-    let store = jobtrail_store::Store::connect(&url)
-        .await
-        .context("connecting to the database")?;
-    store.migrate().await.context("applying migrations")?;
+async fn run(cli: Cli) -> CmdResult {
+    let json = cli.json;
+    let store = shell::store(&cli.database_url).await?;
     match cli.command {
         Command::Migrate => {
             println!("migrations applied");
-            Ok(std::process::ExitCode::SUCCESS)
+            Ok(ExitCode::SUCCESS)
         }
+        Command::Escalations { state, provider } => {
+            queue::escalations(&store, state, provider, json).await
+        }
+        Command::Show { operation } => queue::show(&store, &operation, json).await,
+        Command::Stats => queue::stats(&store, json).await,
         Command::Audit {
-            what: Audit::Verify,
+            what:
+                AuditCmd::Verify {
+                    operation,
+                    all,
+                    expect_anchor,
+                },
+        } => audit::verify(&store, operation, all, expect_anchor, json).await,
+        Command::Audit {
+            what: AuditCmd::Anchor { actor },
+        } => audit::anchor(&store, &actor, json).await,
+        Command::Cancel {
+            operation,
+            actor,
+            reason,
+        } => decide::cancel(&store, &operation, &actor, &reason, json).await,
+        Command::Retry {
+            operation,
+            body,
+            result_deadline,
+            decided,
         } => {
-            let r = store.verify_all().await?;
-            for b in &r.breaks {
-                println!(
-                    "BREAK {} #{}: {} (expected {}, stored {})",
-                    b.operation_id, b.seq, b.problem, b.expected, b.stored
-                );
-            }
-            println!(
-                "{} operations, {} history rows, {} breaks",
-                r.operations,
-                r.rows,
-                r.breaks.len()
-            );
-            Ok(if r.is_clean() {
-                std::process::ExitCode::SUCCESS
-            } else {
-                std::process::ExitCode::from(1)
-            })
+            let registry = shell::registry(&cli.providers)?;
+            decide::retry(
+                &store,
+                &registry,
+                &operation,
+                body,
+                result_deadline,
+                decided,
+                json,
+            )
+            .await
+        }
+        Command::Adopt {
+            operation,
+            job_id,
+            decided,
+        } => decide::adopt(&store, &operation, &job_id, decided, json).await,
+        Command::DeclareNotCreated { operation, decided } => {
+            decide::declare_not_created(&store, &operation, decided, json).await
+        }
+        Command::ConfirmCancel {
+            operation,
+            evidence,
+            decided,
+        } => decide::confirm_cancel(&store, &operation, &evidence, decided, json).await,
+        Command::ChooseJob {
+            operation,
+            job_id,
+            decided,
+        } => decide::choose_job(&store, &operation, &job_id, decided, json).await,
+        Command::Resume {
+            operation,
+            result_deadline,
+            cancel_window,
+            create_deadline,
+            decided,
+        } => {
+            decide::resume(
+                &store,
+                &operation,
+                result_deadline,
+                cancel_window,
+                create_deadline,
+                decided,
+                json,
+            )
+            .await
+        }
+        Command::Abandon { operation, decided } => {
+            decide::abandon(&store, &operation, decided, json).await
         }
     }
 }

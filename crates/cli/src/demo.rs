@@ -2,7 +2,7 @@
 //! PostgreSQL cluster, the simulated provider on a loopback port, a few real worker processes, and a
 //! few hundred operations with a realistic mix of the essay's faults; then a report.
 
-use crate::common::{CmdResult, exit, fail, print_json};
+use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
 use jobtrail_core::{CancelRequest, OperationId, State, Submission, SubmitLimits};
 use jobtrail_provider::{HttpProvider, Registry};
 use jobtrail_store::Store;

@@ -1,6 +1,6 @@
 //! `jobtrail`: submit operations, watch them, run workers, run the demo.
 
-mod common;
+use jobtrail_console::shell as common;
 mod demo;
 mod ops;
 

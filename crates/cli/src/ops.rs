@@ -1,6 +1,6 @@
 //! The agent-facing commands: submit, show, cancel, result, wait.
 
-use crate::common::{CmdResult, exit, fail, print_json};
+use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
 use jobtrail_core::{CancelRequest, OperationId, State, Submission, SubmitLimits};
 use jobtrail_store::{OperationRecord, Store, StoreError};
 use std::io::Read;
@@ -23,7 +23,7 @@ pub struct SubmitArgs {
     pub json: bool,
 }
 
-fn parse_id(s: &str) -> Result<OperationId, crate::common::Failure> {
+fn parse_id(s: &str) -> Result<OperationId, jobtrail_console::shell::Failure> {
     s.parse().map_err(|e| fail(exit::BAD_INPUT, e))
 }
 
@@ -49,7 +49,7 @@ pub async fn submit(
     let time = |s: &Option<String>, what: &str| {
         s.as_deref()
             .map(|t| {
-                crate::common::parse_time(t)
+                jobtrail_console::shell::parse_time(t)
                     .map_err(|e| fail(exit::BAD_INPUT, format!("--{what}: {e}")))
             })
             .transpose()
@@ -68,7 +68,7 @@ pub async fn submit(
             .cancel_window
             .as_deref()
             .map(|d| {
-                crate::common::parse_duration(d)
+                jobtrail_console::shell::parse_duration(d)
                     .map_err(|e| fail(exit::BAD_INPUT, format!("--cancel-window: {e}")))
             })
             .transpose()?,
@@ -119,7 +119,7 @@ pub async fn show(store: &Store, id: &str, json: bool) -> CmdResult {
     }
     print!(
         "{}",
-        jobtrail_admin::timeline::render(&op, &history, &calls)
+        jobtrail_console::timeline::render(&op, &history, &calls)
     );
     Ok(ExitCode::SUCCESS)
 }

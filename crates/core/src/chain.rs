@@ -121,18 +121,38 @@ fn prev_array(v: &[u8]) -> [u8; 32] {
     out
 }
 
-/// A hash over many chain heads (for anchors): `sha256` over the sorted `operation_id:seq:hash` lines.
-pub fn heads_digest<'a>(heads: impl IntoIterator<Item = (&'a str, i64, &'a [u8])>) -> [u8; 32] {
-    let mut lines: Vec<String> = heads
-        .into_iter()
-        .map(|(id, seq, hash)| format!("{id}:{seq}:{}\n", hex::encode(hash)))
-        .collect();
-    lines.sort();
-    let mut h = Sha256::new();
-    for l in lines {
-        h.update(l.as_bytes());
+/// A hash over many chain heads (for anchors): sha256 over the lines `operation_id:seq:hash_hex\n`
+/// in operation id order. Feed heads in ascending id order ([`OperationId`](crate::OperationId)
+/// strings sort like their UUIDs), so a database can stream them.
+#[derive(Default)]
+pub struct HeadsHasher {
+    h: Sha256,
+    count: u64,
+}
+
+impl HeadsHasher {
+    pub fn add(&mut self, operation_id: &str, seq: i64, hash: &[u8]) {
+        self.h
+            .update(format!("{operation_id}:{seq}:{}\n", hex::encode(hash)).as_bytes());
+        self.count += 1;
     }
-    h.finalize().into()
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+    pub fn finish(self) -> [u8; 32] {
+        self.h.finalize().into()
+    }
+}
+
+/// [`HeadsHasher`] over heads in any order.
+pub fn heads_digest<'a>(heads: impl IntoIterator<Item = (&'a str, i64, &'a [u8])>) -> [u8; 32] {
+    let mut v: Vec<_> = heads.into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(b.0));
+    let mut h = HeadsHasher::default();
+    for (id, seq, hash) in v {
+        h.add(id, seq, hash);
+    }
+    h.finish()
 }
 
 #[cfg(test)]

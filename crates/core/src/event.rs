@@ -300,6 +300,22 @@ event_kinds! {
     Superseded = "superseded",
 }
 
+impl EventKind {
+    /// Events only a person's recorded decision produces.
+    pub const fn is_decision(self) -> bool {
+        matches!(
+            self,
+            EventKind::AdoptRemoteJob
+                | EventKind::DeclareNotCreated
+                | EventKind::ConfirmCancellation
+                | EventKind::ChooseRemoteJob
+                | EventKind::Resume
+                | EventKind::Abandon
+                | EventKind::Superseded
+        )
+    }
+}
+
 impl std::fmt::Display for EventKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

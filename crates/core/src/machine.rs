@@ -329,6 +329,17 @@ pub fn rule_for(from: State, on: EventKind) -> Option<&'static Rule> {
     RULES.iter().find(|r| r.on == on && r.from.contains(&from))
 }
 
+/// Every event kind the table allows in `state`, in table order.
+pub fn allowed_events(state: State) -> Vec<EventKind> {
+    let mut out = Vec::new();
+    for r in RULES.iter().filter(|r| r.from.contains(&state)) {
+        if !out.contains(&r.on) {
+            out.push(r.on);
+        }
+    }
+    out
+}
+
 /// Decide the move for `event` arriving in `from`. The evidence is in the event's type; the table
 /// decides where it may lead.
 pub fn transition(from: State, event: &Event) -> Result<Transition, IllegalTransition> {

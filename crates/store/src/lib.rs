@@ -15,15 +15,16 @@
 //! History, provider calls and operations refuse DELETE (and history and calls refuse UPDATE) in the
 //! database itself.
 
+mod audit;
 pub mod cluster;
 pub mod error;
+mod queue;
 pub mod record;
 pub mod testing;
 mod write;
 
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
-use jobtrail_core::chain::{self, ChainBreak, ChainEntry, GENESIS, storable};
+use jobtrail_core::chain::{ChainEntry, GENESIS, storable};
 use jobtrail_core::{
     CancelRequest, Entropy, Event, Intent, OperationId, ProviderTerms, State, Submission,
     SubmitError, SubmitLimits,
@@ -34,7 +35,9 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use audit::{Anchor, VerifyReport};
 pub use error::StoreError;
+pub use queue::LeaseHolder;
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
 pub use write::{Applied, Counters, FailureCount, Observation, Step};
 
@@ -77,20 +80,6 @@ pub struct Submitted {
     pub operation: OperationRecord,
     /// False when the operation already existed with the same fingerprint (an idempotent re-submit).
     pub created: bool,
-}
-
-/// The result of verifying chains.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct VerifyReport {
-    pub operations: u64,
-    pub rows: u64,
-    pub breaks: Vec<ChainBreak>,
-}
-
-impl VerifyReport {
-    pub fn is_clean(&self) -> bool {
-        self.breaks.is_empty()
-    }
 }
 
 /// The operation store.
@@ -164,65 +153,7 @@ impl Store {
     /// id is refused and nothing is written.
     pub async fn submit(&self, intent: &Intent) -> Result<Submitted, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let first = ChainEntry {
-            operation_id: intent.operation_id.to_string(),
-            seq: 1,
-            at: storable(intent.created_at),
-            actor: intent.caller.clone(),
-            from_state: None,
-            to_state: State::INITIAL.as_str().to_owned(),
-            event: "submitted".to_owned(),
-            cause: format!(
-                "submitted by {}, approved by {}",
-                intent.caller, intent.approved_by
-            ),
-            remote_job_id: None,
-            call_id: None,
-            detail: serde_json::json!({
-                "provider": intent.provider,
-                "target": intent.target,
-                "fingerprint": intent.fingerprint.as_str(),
-                "idempotency": intent.idempotency.as_str(),
-                "at_most_once": intent.idempotency.guarantees_at_most_once(),
-                "approval_ref": intent.approval_ref,
-                "trace_id": intent.trace_id.to_string(),
-                "create_deadline": intent.create_deadline,
-                "result_deadline": intent.result_deadline,
-                "cancel_window_ms": intent.cancel_window.as_millis() as i64,
-                "supersedes": intent.supersedes.map(|s| s.to_string()),
-            }),
-        };
-        let hash = first.hash(&GENESIS);
-        let inserted = sqlx::query(include_str!("sql/operation_insert_if_absent.sql"))
-            .bind(intent.operation_id.as_uuid())
-            .bind(&intent.provider)
-            .bind(&intent.target)
-            .bind(&intent.body)
-            .bind(intent.fingerprint.as_str())
-            .bind(intent.token.as_str())
-            .bind(intent.idempotency.as_str())
-            .bind(intent.idempotency.guarantees_at_most_once())
-            .bind(&intent.caller)
-            .bind(&intent.approved_by)
-            .bind(&intent.approval_ref)
-            .bind(intent.trace_id.to_string())
-            .bind(first.at)
-            .bind(storable(intent.create_deadline))
-            .bind(storable(intent.result_deadline))
-            .bind(intent.cancel_window.as_millis() as i64)
-            .bind(intent.supersedes.map(|s| s.as_uuid()))
-            .bind(hash.as_slice())
-            .fetch_optional(&mut *tx)
-            .await;
-        let inserted = match inserted {
-            Ok(row) => row,
-            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {
-                let missing = intent.supersedes.unwrap_or(intent.operation_id);
-                return Err(SubmitError::SupersededMissing(missing).into());
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if inserted.is_none() {
+        if !insert_intent(&mut tx, intent).await? {
             tx.rollback().await?;
             let existing = self.get(intent.operation_id).await?;
             if existing.fingerprint != intent.fingerprint {
@@ -238,7 +169,6 @@ impl Store {
                 created: false,
             });
         }
-        write::insert_history(&mut tx, &first, None, &GENESIS, &hash).await?;
         sqlx::query(include_str!("sql/notify_work.sql"))
             .bind(intent.operation_id.to_string())
             .execute(&mut *tx)
@@ -440,6 +370,60 @@ impl Store {
         Ok(applied)
     }
 
+    /// Retry as a new operation linked to the old one: the new intent (a new token; the same or an
+    /// edited request) and its first history link, and on the old operation a `superseded` link and
+    /// `superseded_by`, all in one transaction. The old operation must be terminal and still as the
+    /// person saw it.
+    pub async fn supersede(
+        &self,
+        old: OperationId,
+        seen_state: State,
+        seen_seq: Option<i64>,
+        decision: jobtrail_core::Decision,
+        intent: &Intent,
+    ) -> Result<Submitted, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let locked = lock(&mut tx, old).await?;
+        let current: State = locked
+            .row_state()
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+        let seq = locked.row_history_seq();
+        if current != seen_state || seen_seq.is_some_and(|s| s != seq) {
+            return Err(StoreError::Stale {
+                operation_id: old,
+                seen: seen_state.to_string(),
+                current,
+                seq,
+            });
+        }
+        if !current.is_terminal() {
+            return Err(StoreError::Illegal {
+                operation_id: old,
+                source: jobtrail_core::IllegalTransition {
+                    from: current,
+                    on: jobtrail_core::EventKind::Superseded,
+                },
+            });
+        }
+        let actor = decision.actor().to_owned();
+        insert_intent(&mut tx, intent).await?;
+        let step = Step::event(Event::Superseded {
+            decision,
+            new_operation_id: intent.operation_id.to_string(),
+        });
+        write::apply_locked(&mut tx, locked, &actor, step).await?;
+        sqlx::query(include_str!("sql/notify_work.sql"))
+            .bind(intent.operation_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Submitted {
+            operation: self.get(intent.operation_id).await?,
+            created: true,
+        })
+    }
+
     /// A person's decision, applied only if the operation is still in the state (and, if given, at the
     /// history position) the person saw. Refused with `Stale` otherwise, and with `Illegal` if the
     /// table does not allow it; either way nothing is written.
@@ -480,100 +464,74 @@ impl Store {
         tx.commit().await?;
         Ok(applied)
     }
-
-    // ----------------------------------------------------------------------------------------------
-    // Audit
-    // ----------------------------------------------------------------------------------------------
-
-    /// Recompute one operation's chain and compare its end with the head recorded on the operation.
-    pub async fn verify_operation(&self, id: OperationId) -> Result<VerifyReport, StoreError> {
-        let op = self.get(id).await?;
-        let rows = self.history(id).await?;
-        let mut report = VerifyReport {
-            operations: 1,
-            rows: rows.len() as u64,
-            breaks: vec![],
-        };
-        check_chain(
-            &op.id.to_string(),
-            op.history_seq,
-            &op.history_head,
-            &rows,
-            &mut report,
-        );
-        Ok(report)
-    }
-
-    /// Recompute every chain (streamed, so memory stays flat however large history grows): a merge
-    /// of the operations' recorded heads with the history rows, both in operation order.
-    pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
-        let heads: Vec<(uuid::Uuid, i64, Vec<u8>)> =
-            sqlx::query_as(include_str!("sql/operation_list_heads.sql"))
-                .fetch_all(&self.pool)
-                .await?;
-        let mut report = VerifyReport::default();
-        let mut stream = sqlx::query_as::<_, HistoryRow>(include_str!("sql/history_list_all.sql"))
-            .fetch(&self.pool);
-        let mut next = stream.try_next().await?.map(HistoryRecord::from);
-        let orphan = |r: &HistoryRecord, report: &mut VerifyReport| {
-            report.rows += 1;
-            report.breaks.push(ChainBreak {
-                operation_id: r.operation_id.to_string(),
-                seq: r.seq,
-                problem: "history row of an operation that does not exist".into(),
-                expected: "an operations row".into(),
-                stored: "none".into(),
-            });
-        };
-        for (id, head_seq, head_hash) in heads {
-            while let Some(r) = next.as_ref().filter(|r| r.operation_id.as_uuid() < id) {
-                orphan(r, &mut report);
-                next = stream.try_next().await?.map(HistoryRecord::from);
-            }
-            let mut rows = Vec::new();
-            while let Some(r) = next.take() {
-                if r.operation_id.as_uuid() != id {
-                    next = Some(r);
-                    break;
-                }
-                rows.push(r);
-                next = stream.try_next().await?.map(HistoryRecord::from);
-            }
-            report.operations += 1;
-            report.rows += rows.len() as u64;
-            let op = OperationId::from_uuid(id).to_string();
-            check_chain(&op, head_seq, &head_hash, &rows, &mut report);
-        }
-        while let Some(r) = next {
-            orphan(&r, &mut report);
-            next = stream.try_next().await?.map(HistoryRecord::from);
-        }
-        Ok(report)
-    }
 }
 
-fn check_chain(
-    op: &str,
-    head_seq: i64,
-    head_hash: &[u8],
-    rows: &[HistoryRecord],
-    report: &mut VerifyReport,
-) {
-    let links: Vec<_> = rows.iter().map(HistoryRecord::link).collect();
-    report.breaks.extend(chain::verify(&links));
-    let (last_seq, last_hash) = rows
-        .last()
-        .map(|r| (r.seq, r.hash.clone()))
-        .unwrap_or((0, GENESIS.to_vec()));
-    if last_seq != head_seq || last_hash != head_hash {
-        report.breaks.push(ChainBreak {
-            operation_id: op.to_owned(),
-            seq: last_seq,
-            problem: "chain end does not match the head recorded on the operation (rows removed or appended out of band)".into(),
-            expected: format!("#{head_seq} {}", hex::encode(head_hash)),
-            stored: format!("#{last_seq} {}", hex::encode(&last_hash)),
-        });
+/// Insert an intent and its first history link. False when the id already exists (nothing written).
+async fn insert_intent(
+    tx: &mut Transaction<'_, Postgres>,
+    intent: &Intent,
+) -> Result<bool, StoreError> {
+    let first = ChainEntry {
+        operation_id: intent.operation_id.to_string(),
+        seq: 1,
+        at: storable(intent.created_at),
+        actor: intent.caller.clone(),
+        from_state: None,
+        to_state: State::INITIAL.as_str().to_owned(),
+        event: "submitted".to_owned(),
+        cause: format!(
+            "submitted by {}, approved by {}",
+            intent.caller, intent.approved_by
+        ),
+        remote_job_id: None,
+        call_id: None,
+        detail: serde_json::json!({
+            "provider": intent.provider,
+            "target": intent.target,
+            "fingerprint": intent.fingerprint.as_str(),
+            "idempotency": intent.idempotency.as_str(),
+            "at_most_once": intent.idempotency.guarantees_at_most_once(),
+            "approval_ref": intent.approval_ref,
+            "trace_id": intent.trace_id.to_string(),
+            "create_deadline": intent.create_deadline,
+            "result_deadline": intent.result_deadline,
+            "cancel_window_ms": intent.cancel_window.as_millis() as i64,
+            "supersedes": intent.supersedes.map(|s| s.to_string()),
+        }),
+    };
+    let hash = first.hash(&GENESIS);
+    let inserted = sqlx::query(include_str!("sql/operation_insert_if_absent.sql"))
+        .bind(intent.operation_id.as_uuid())
+        .bind(&intent.provider)
+        .bind(&intent.target)
+        .bind(&intent.body)
+        .bind(intent.fingerprint.as_str())
+        .bind(intent.token.as_str())
+        .bind(intent.idempotency.as_str())
+        .bind(intent.idempotency.guarantees_at_most_once())
+        .bind(&intent.caller)
+        .bind(&intent.approved_by)
+        .bind(&intent.approval_ref)
+        .bind(intent.trace_id.to_string())
+        .bind(first.at)
+        .bind(storable(intent.create_deadline))
+        .bind(storable(intent.result_deadline))
+        .bind(intent.cancel_window.as_millis() as i64)
+        .bind(intent.supersedes.map(|s| s.as_uuid()))
+        .bind(hash.as_slice())
+        .fetch_optional(&mut **tx)
+        .await;
+    match inserted {
+        Ok(Some(_)) => {}
+        Ok(None) => return Ok(false),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {
+            let missing = intent.supersedes.unwrap_or(intent.operation_id);
+            return Err(SubmitError::SupersededMissing(missing).into());
+        }
+        Err(e) => return Err(e.into()),
     }
+    write::insert_history(tx, &first, None, &GENESIS, &hash).await?;
+    Ok(true)
 }
 
 fn decision_actor(ev: &Event) -> Option<&str> {

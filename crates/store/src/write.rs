@@ -219,6 +219,12 @@ pub(crate) async fn apply_locked(
 
 /// The column effects of an allowed transition.
 fn apply_event_effects(rec: &mut OperationRecord, ev: &Event, t: Transition, now: DateTime<Utc>) {
+    if let Event::ChooseRemoteJob { remote_job_id, .. } = ev
+        && rec.conflicting_remote_job_id.as_deref() == Some(remote_job_id.as_str())
+    {
+        // Keep the answer that was not chosen next to the one that was.
+        rec.conflicting_remote_job_id = rec.remote_job_id.take();
+    }
     if let Some(job) = ev.remote_job_id() {
         rec.remote_job_id = Some(job.to_owned());
     }

@@ -1,0 +1,213 @@
+//! What waits for a person, one operation's whole story, and the fleet's numbers.
+
+use chrono::Utc;
+use comfy_table::{Table, presets::UTF8_BORDERS_ONLY};
+use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
+use jobtrail_core::machine::allowed_events;
+use jobtrail_core::{EventKind, OperationId, State};
+use jobtrail_store::{OperationRecord, Store};
+use std::process::ExitCode;
+
+/// The admin commands that fit an operation in `state`, from the transition table.
+pub fn decisions_for(state: State) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for k in allowed_events(state) {
+        let cmd = match k {
+            EventKind::AdoptRemoteJob => "adopt",
+            EventKind::DeclareNotCreated => "declare-not-created",
+            EventKind::ConfirmCancellation => "confirm-cancel",
+            EventKind::ChooseRemoteJob => "choose-job",
+            EventKind::Resume => "resume",
+            EventKind::Abandon => "abandon",
+            EventKind::Superseded => "retry",
+            EventKind::CancelRequested if state == State::ResultTimedOut => "cancel",
+            _ => continue,
+        };
+        out.push(cmd);
+    }
+    out
+}
+
+/// `STATE@SEQ`: what to pass as `--seen` to decide on exactly this view.
+pub fn seen_token(op: &OperationRecord) -> String {
+    format!("{}@{}", op.state, op.history_seq)
+}
+
+fn age(op: &OperationRecord) -> String {
+    let secs = op
+        .escalated_at
+        .map(|e| (Utc::now() - e).num_seconds().max(0))
+        .unwrap_or(0);
+    match secs {
+        s if s >= 86400 => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+        s if s >= 3600 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        s if s >= 60 => format!("{}m{}s", s / 60, s % 60),
+        s => format!("{s}s"),
+    }
+}
+
+pub async fn escalations(
+    store: &Store,
+    state: Option<String>,
+    provider: Option<String>,
+    json: bool,
+) -> CmdResult {
+    let state = match state {
+        Some(s) => {
+            let st: State = s.parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
+            if !st.needs_human() {
+                return Err(fail(
+                    exit::BAD_INPUT,
+                    format!(
+                        "{st} is not an escalation state (those are create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out)"
+                    ),
+                ));
+            }
+            Some(st)
+        }
+        None => None,
+    };
+    let ops = store.escalations(state, provider.as_deref()).await?;
+    let mut entries = Vec::new();
+    for op in &ops {
+        let calls = store.recent_calls(op.id, 3).await?;
+        entries.push((op, calls));
+    }
+    if json {
+        let v: Vec<_> = entries
+            .iter()
+            .map(|(op, calls)| {
+                serde_json::json!({
+                    "operation_id": op.id.to_string(),
+                    "state": op.state,
+                    "reason": op.escalation_reason,
+                    "escalated_at": op.escalated_at,
+                    "age_secs": op.escalated_at.map(|e| (Utc::now() - e).num_seconds()),
+                    "provider": op.provider,
+                    "remote_job_id": op.remote_job_id,
+                    "conflicting_remote_job_id": op.conflicting_remote_job_id,
+                    "trace_id": op.trace_id.to_string(),
+                    "seen": seen_token(op),
+                    "decisions": decisions_for(op.state),
+                    "last_calls": calls.iter().map(|c| serde_json::json!({
+                        "kind": c.kind, "at": c.started_at, "http_status": c.http_status,
+                        "provider_request_id": c.provider_request_id, "outcome": c.outcome,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        print_json(&v);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if entries.is_empty() {
+        println!("the escalation queue is empty");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (op, calls) in &entries {
+        println!(
+            "{}  {}  waiting {}  provider {}  --seen {}",
+            op.id,
+            op.state,
+            age(op),
+            op.provider,
+            seen_token(op)
+        );
+        println!(
+            "  why        {}",
+            op.escalation_reason.as_deref().unwrap_or("-")
+        );
+        let jobs = match (&op.remote_job_id, &op.conflicting_remote_job_id) {
+            (Some(a), Some(b)) => format!("{a} and {b} (the same token answered twice)"),
+            (Some(a), None) => a.clone(),
+            (None, _) => "(unknown)".into(),
+        };
+        println!("  remote job {jobs}   trace {}", op.trace_id);
+        for c in calls {
+            println!(
+                "  call       {} {} #{} → {} {}",
+                c.started_at.format("%Y-%m-%d %H:%M:%S"),
+                c.kind,
+                c.attempt,
+                c.http_status
+                    .map(|s| s.to_string())
+                    .or_else(|| c.error_class.clone())
+                    .unwrap_or_else(|| "-".into()),
+                c.provider_request_id
+                    .as_deref()
+                    .map(|r| format!("(provider request {r})"))
+                    .unwrap_or_default()
+            );
+        }
+        println!("  decide     {}\n", decisions_for(op.state).join(", "));
+    }
+    println!("{} operation(s) wait for a person", entries.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn show(store: &Store, id: &str, json: bool) -> CmdResult {
+    let id: OperationId = id.parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
+    let op = store.get(id).await?;
+    let history = store.history(id).await?;
+    let calls = store.calls(id).await?;
+    if json {
+        print_json(
+            &serde_json::json!({ "operation": op, "history": history, "calls": calls, "seen": seen_token(&op), "decisions": decisions_for(op.state) }),
+        );
+    } else {
+        print!(
+            "{}",
+            jobtrail_console::timeline::render(&op, &history, &calls)
+        );
+        let d = decisions_for(op.state);
+        if !d.is_empty() {
+            println!(
+                "decisions that fit: {}   (pass --seen {})",
+                d.join(", "),
+                seen_token(&op)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn stats(store: &Store, json: bool) -> CmdResult {
+    let by_state = store.count_by_state().await?;
+    let (queue, oldest) = store.escalation_stats().await?;
+    let leases = store.lease_holders().await?;
+    let (ops, history, calls) = store.totals().await?;
+    if json {
+        print_json(&serde_json::json!({
+            "operations": ops, "history_rows": history, "provider_calls": calls,
+            "by_state": by_state.iter().map(|(s, p, n)| serde_json::json!({"state": s, "provider": p, "count": n})).collect::<Vec<_>>(),
+            "escalations": {"open": queue, "oldest": oldest, "oldest_age_secs": oldest.map(|o| (Utc::now() - o).num_seconds())},
+            "lease_holders": leases,
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = Table::new();
+    t.load_style(UTF8_BORDERS_ONLY)
+        .set_header(vec!["state", "provider", "operations"]);
+    for (s, p, n) in &by_state {
+        t.add_row(vec![s.clone(), p.clone(), n.to_string()]);
+    }
+    println!("{t}");
+    println!("{ops} operations, {history} history rows, {calls} provider calls");
+    match oldest {
+        Some(o) => println!(
+            "escalation queue: {queue} open, oldest since {} ({}s)",
+            o.format("%Y-%m-%d %H:%M:%S"),
+            (Utc::now() - o).num_seconds()
+        ),
+        None => println!("escalation queue: empty"),
+    }
+    if leases.is_empty() {
+        println!("lease holders: none");
+    }
+    for l in leases {
+        println!(
+            "lease holder {}: {} held, {} expired",
+            l.lease_owner, l.held, l.expired
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

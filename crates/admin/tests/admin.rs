@@ -1,0 +1,872 @@
+//! jobtrail-admin against a real PostgreSQL: the escalation queue, every decision path, refusals,
+//! tamper detection (edits, deletions, out-of-order inserts, a whole operation deleted after an
+//! anchor), and the read-only auditor role running every documented query.
+
+use jobtrail_core::*;
+use jobtrail_store::testing::TestDb;
+use jobtrail_store::{OperationRecord, Step, Store};
+use sqlx::Connection;
+use std::collections::BTreeMap;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+fn terms() -> BTreeMap<String, ProviderTerms> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        "sim".to_string(),
+        ProviderTerms::new("sim", IdempotencyMode::Header),
+    );
+    m
+}
+
+async fn submit(store: &Store, n: u32) -> OperationRecord {
+    let s = Submission {
+        provider: "sim".into(),
+        target: "reports".into(),
+        body: format!(r#"{{"n":{n}}}"#).into_bytes(),
+        caller: "agent-7".into(),
+        approved_by: "alice".into(),
+        approval_ref: Some("CHG-1".into()),
+        ..Default::default()
+    };
+    store
+        .submit_new(&s, &terms(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation
+}
+
+/// Drive a fresh operation through `events` under one lease, as a worker would.
+async fn driven(store: &Store, n: u32, events: Vec<Event>) -> OperationRecord {
+    let op = submit(store, n).await;
+    let mut claimed = None;
+    for _ in 0..100 {
+        // Other operations may be due (a decision made them so): put them back for later.
+        for c in store
+            .claim_due("setup-worker", 10, Duration::from_secs(60))
+            .await
+            .unwrap()
+        {
+            if c.lease.operation_id == op.id {
+                claimed = Some(c);
+            } else {
+                store
+                    .release(
+                        &c.lease,
+                        chrono::Utc::now() + chrono::Duration::hours(1),
+                        "test",
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+        if claimed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = claimed.expect("claimed");
+    let last = events.len();
+    for (i, e) in events.into_iter().enumerate() {
+        let mut step = Step::event(e).next_in(Duration::from_secs(3600), "test");
+        step.keep_lease = i + 1 < last;
+        store.apply(&c.lease, step).await.unwrap();
+    }
+    store.get(op.id).await.unwrap()
+}
+
+fn accepted(job: &str) -> Event {
+    Event::CreateAccepted {
+        remote_job_id: job.into(),
+        remote_state: Some("queued".into()),
+    }
+}
+
+async fn unresolved(store: &Store, n: u32) -> OperationRecord {
+    driven(
+        store,
+        n,
+        vec![
+            Event::CreateAmbiguous {
+                error_class: "timeout".into(),
+            },
+            Event::ReconciliationStarted {
+                method: "resend".into(),
+            },
+            Event::ReconciliationExhausted {
+                why: "create deadline passed".into(),
+            },
+        ],
+    )
+    .await
+}
+
+async fn violation(store: &Store, n: u32) -> OperationRecord {
+    driven(
+        store,
+        n,
+        vec![
+            accepted("job_a"),
+            Event::ContractViolated {
+                recorded_job_id: "job_a".into(),
+                other_job_id: "job_b".into(),
+            },
+        ],
+    )
+    .await
+}
+
+async fn unconfirmed(store: &Store, n: u32) -> OperationRecord {
+    driven(
+        store,
+        n,
+        vec![
+            accepted("job_c"),
+            Event::CancelRequested(CancelRequest::new("bob", "budget").unwrap()),
+            Event::CancelSent {
+                http_status: Some(202),
+            },
+            Event::CancelDeadlinePassed,
+        ],
+    )
+    .await
+}
+
+async fn timed_out(store: &Store, n: u32) -> OperationRecord {
+    driven(
+        store,
+        n,
+        vec![
+            accepted("job_d"),
+            Event::RemoteProgress {
+                remote_state: "running".into(),
+                known: true,
+            },
+            Event::ResultDeadlinePassed,
+        ],
+    )
+    .await
+}
+
+fn admin(db: &TestDb, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env(
+            "JOBTRAIL_PROVIDERS",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers"),
+        )
+        .output()
+        .unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+async fn exec(db: &TestDb, sql: &str) {
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut c)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn escalations_list_exactly_the_operations_that_need_a_person() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let held = [
+        unresolved(&store, 1).await,
+        violation(&store, 2).await,
+        unconfirmed(&store, 3).await,
+        timed_out(&store, 4).await,
+    ];
+    driven(
+        &store,
+        5,
+        vec![
+            accepted("job_e"),
+            Event::RemoteProgress {
+                remote_state: "running".into(),
+                known: true,
+            },
+        ],
+    )
+    .await;
+    driven(
+        &store,
+        6,
+        vec![Event::CreateRejected {
+            http_status: Some(422),
+            reason: "bad".into(),
+        }],
+    )
+    .await;
+
+    let out = admin(&db, &["escalations", "--json"]);
+    assert_eq!(code(&out), 0);
+    let list = json(&out);
+    let ids: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["operation_id"].as_str().unwrap().to_owned())
+        .collect();
+    let want: Vec<String> = held.iter().map(|o| o.id.to_string()).collect();
+    assert_eq!(ids, want, "exactly the held operations, oldest first");
+    for (e, op) in list.as_array().unwrap().iter().zip(&held) {
+        assert_eq!(e["state"], op.state.as_str());
+        assert!(e["reason"].as_str().is_some_and(|r| !r.is_empty()));
+        assert_eq!(e["trace_id"], op.trace_id.to_string());
+        assert_eq!(e["seen"], format!("{}@{}", op.state, op.history_seq));
+        assert!(!e["decisions"].as_array().unwrap().is_empty());
+    }
+    assert_eq!(list[1]["conflicting_remote_job_id"], "job_b");
+    let filtered = json(&admin(
+        &db,
+        &["escalations", "--state", "result_timed_out", "--json"],
+    ));
+    assert_eq!(filtered.as_array().unwrap().len(), 1);
+    assert_eq!(
+        code(&admin(&db, &["escalations", "--state", "observing"])),
+        2
+    );
+    let human = admin(&db, &["escalations"]);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("4 operation(s) wait for a person"));
+}
+
+#[tokio::test]
+async fn each_decision_moves_the_operation_and_records_who_and_why() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let check = |op: &OperationRecord, args: &[&str], want: State| {
+        let out = admin(&db, args);
+        assert_eq!(
+            code(&out),
+            0,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (op.id, want)
+    };
+    let last = |store: Store, id: OperationId| async move {
+        store.history(id).await.unwrap().pop().unwrap()
+    };
+
+    let a = unresolved(&store, 1).await;
+    let (id, want) = check(
+        &a,
+        &[
+            "adopt",
+            &a.id.to_string(),
+            "--job-id",
+            "job_found",
+            "--seen",
+            &format!("create_unresolved@{}", a.history_seq),
+            "--actor",
+            "alice",
+            "--reason",
+            "found it in the console",
+        ],
+        State::Observing,
+    );
+    let now = store.get(id).await.unwrap();
+    assert_eq!(
+        (now.state, now.remote_job_id.as_deref()),
+        (want, Some("job_found"))
+    );
+    assert!(now.escalated_at.is_none());
+    let h = last(store.clone(), id).await;
+    assert_eq!(
+        (h.actor.as_str(), h.event.as_str()),
+        ("alice", "adopt_remote_job")
+    );
+    assert_eq!(h.detail["decision"]["reason"], "found it in the console");
+
+    let b = unresolved(&store, 2).await;
+    check(
+        &b,
+        &[
+            "declare-not-created",
+            &b.id.to_string(),
+            "--seen",
+            "create_unresolved",
+            "--actor",
+            "alice",
+            "--reason",
+            "provider support: no such request",
+        ],
+        State::NotCreated,
+    );
+    assert_eq!(store.get(b.id).await.unwrap().state, State::NotCreated);
+    // …after which a new, linked operation may be submitted.
+    let out = admin(
+        &db,
+        &[
+            "retry",
+            &b.id.to_string(),
+            "--seen",
+            "not_created",
+            "--actor",
+            "alice",
+            "--reason",
+            "never reached them",
+            "--json",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let new_id: OperationId = json(&out)["operation_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (old, new) = (
+        store.get(b.id).await.unwrap(),
+        store.get(new_id).await.unwrap(),
+    );
+    assert_eq!(old.superseded_by, Some(new_id));
+    assert_eq!(new.supersedes, Some(b.id));
+    assert_ne!(
+        old.token, new.token,
+        "a retry is a new operation with a new token"
+    );
+    assert_eq!(old.fingerprint, new.fingerprint, "same request");
+    assert_eq!(old.state, State::NotCreated, "terminal states never change");
+    assert_eq!(last(store.clone(), b.id).await.event, "superseded");
+
+    let c = unconfirmed(&store, 3).await;
+    check(
+        &c,
+        &[
+            "confirm-cancel",
+            &c.id.to_string(),
+            "--evidence",
+            "ticket 4411",
+            "--seen",
+            "cancellation_unconfirmed",
+            "--actor",
+            "bob",
+            "--reason",
+            "support confirmed",
+        ],
+        State::Cancelled,
+    );
+    assert_eq!(store.get(c.id).await.unwrap().state, State::Cancelled);
+
+    let v = violation(&store, 4).await;
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "choose-job",
+                &v.id.to_string(),
+                "--job-id",
+                "job_zzz",
+                "--seen",
+                "contract_violation",
+                "--actor",
+                "alice",
+                "--reason",
+                "x"
+            ]
+        )),
+        2,
+        "only one of the provider's answers"
+    );
+    check(
+        &v,
+        &[
+            "choose-job",
+            &v.id.to_string(),
+            "--job-id",
+            "job_b",
+            "--seen",
+            "contract_violation",
+            "--actor",
+            "alice",
+            "--reason",
+            "job_a was their duplicate",
+        ],
+        State::Observing,
+    );
+    let now = store.get(v.id).await.unwrap();
+    assert_eq!(
+        (
+            now.state,
+            now.remote_job_id.as_deref(),
+            now.conflicting_remote_job_id.as_deref()
+        ),
+        (State::Observing, Some("job_b"), Some("job_a")),
+        "both answers are still kept"
+    );
+
+    let t = timed_out(&store, 5).await;
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "resume",
+                &t.id.to_string(),
+                "--seen",
+                "result_timed_out",
+                "--actor",
+                "alice",
+                "--reason",
+                "x"
+            ]
+        )),
+        2,
+        "resume needs a new deadline"
+    );
+    check(
+        &t,
+        &[
+            "resume",
+            &t.id.to_string(),
+            "--result-deadline",
+            "+2h",
+            "--seen",
+            "result_timed_out",
+            "--actor",
+            "alice",
+            "--reason",
+            "provider is slow today",
+        ],
+        State::Observing,
+    );
+    let now = store.get(t.id).await.unwrap();
+    assert_eq!(now.state, State::Observing);
+    assert!(now.result_deadline > chrono::Utc::now() + chrono::Duration::minutes(100));
+    assert!(now.next_action_at <= chrono::Utc::now(), "due at once");
+
+    let t2 = timed_out(&store, 6).await;
+    check(
+        &t2,
+        &[
+            "cancel",
+            &t2.id.to_string(),
+            "--actor",
+            "bob",
+            "--reason",
+            "no longer needed",
+        ],
+        State::CancelRequested,
+    );
+    assert_eq!(
+        store.get(t2.id).await.unwrap().state,
+        State::CancelRequested
+    );
+
+    let u = unconfirmed(&store, 7).await;
+    check(
+        &u,
+        &[
+            "abandon",
+            &u.id.to_string(),
+            "--seen",
+            "cancellation_unconfirmed",
+            "--actor",
+            "carol",
+            "--reason",
+            "written off",
+        ],
+        State::Abandoned,
+    );
+    let now = store.get(u.id).await.unwrap();
+    assert_eq!(now.state, State::Abandoned);
+    assert_eq!(last(store.clone(), u.id).await.actor, "carol");
+    assert!(store.verify_all().await.unwrap().is_clean());
+}
+
+#[tokio::test]
+async fn a_decision_on_a_stale_view_or_not_allowed_is_refused_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = unresolved(&store, 1).await;
+    let before = (
+        store.get(op.id).await.unwrap(),
+        store.history(op.id).await.unwrap().len(),
+    );
+
+    // The operation moved since the operator looked (wrong state, or wrong history position).
+    let stale = admin(
+        &db,
+        &[
+            "adopt",
+            &op.id.to_string(),
+            "--job-id",
+            "j",
+            "--seen",
+            "reconciliation",
+            "--actor",
+            "a",
+            "--reason",
+            "r",
+        ],
+    );
+    assert_eq!(code(&stale), 4);
+    assert!(String::from_utf8_lossy(&stale.stderr).contains("changed since you looked"));
+    let seq = format!("create_unresolved@{}", op.history_seq - 1);
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "abandon",
+                &op.id.to_string(),
+                "--seen",
+                &seq,
+                "--actor",
+                "a",
+                "--reason",
+                "r"
+            ]
+        )),
+        4
+    );
+    // A decision the state machine does not allow here.
+    let illegal = admin(
+        &db,
+        &[
+            "confirm-cancel",
+            &op.id.to_string(),
+            "--evidence",
+            "e",
+            "--seen",
+            "create_unresolved",
+            "--actor",
+            "a",
+            "--reason",
+            "r",
+        ],
+    );
+    assert_eq!(code(&illegal), 4);
+    assert!(String::from_utf8_lossy(&illegal.stderr).contains("not allowed"));
+    // Retry of an operation that is not terminal.
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "retry",
+                &op.id.to_string(),
+                "--seen",
+                "create_unresolved",
+                "--actor",
+                "a",
+                "--reason",
+                "r"
+            ]
+        )),
+        4
+    );
+    // Missing actor or reason is a usage error.
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "abandon",
+                &op.id.to_string(),
+                "--seen",
+                "create_unresolved",
+                "--actor",
+                " ",
+                "--reason",
+                "r"
+            ]
+        )),
+        2
+    );
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "abandon",
+                &op.id.to_string(),
+                "--seen",
+                "create_unresolved",
+                "--reason",
+                "r"
+            ]
+        )),
+        2
+    );
+
+    assert_eq!(
+        (
+            store.get(op.id).await.unwrap(),
+            store.history(op.id).await.unwrap().len()
+        ),
+        before,
+        "nothing was written"
+    );
+    assert_eq!(store.totals().await.unwrap().0, 1);
+}
+
+async fn some_history(store: &Store) -> Vec<OperationRecord> {
+    vec![
+        timed_out(store, 1).await,
+        driven(
+            store,
+            2,
+            vec![
+                accepted("job_x"),
+                Event::RemoteProgress {
+                    remote_state: "running".into(),
+                    known: true,
+                },
+                Event::RemoteFailed {
+                    remote_state: "failed".into(),
+                    reason: None,
+                },
+            ],
+        )
+        .await,
+        unresolved(store, 3).await,
+    ]
+}
+
+#[tokio::test]
+async fn tampering_with_history_is_found_at_the_exact_row() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let ops = some_history(&store).await;
+    let clean = admin(&db, &["audit", "verify", "--all"]);
+    assert_eq!(
+        code(&clean),
+        0,
+        "{}",
+        String::from_utf8_lossy(&clean.stdout)
+    );
+
+    let (a, b, c) = (ops[0].id, ops[1].id, ops[2].id);
+    // Edit a row's content.
+    exec(&db, &format!("SET session_replication_role = replica; UPDATE operation_history SET cause = 'nothing to see' WHERE operation_id = '{}' AND seq = 2", a.as_uuid())).await;
+    // Delete a row from the middle of a chain.
+    exec(&db, &format!("SET session_replication_role = replica; DELETE FROM operation_history WHERE operation_id = '{}' AND seq = 3", b.as_uuid())).await;
+    // Insert a row out of order (a forged link with a made-up hash).
+    exec(&db, &format!(
+        "SET session_replication_role = replica; INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, detail, prev_hash, hash) \
+         VALUES ('{}', 99, now(), 'mallory', 'create_unresolved', 'succeeded', 'result_validated', 'forged', '{{}}', decode(repeat('00', 32), 'hex'), decode(repeat('11', 32), 'hex'))",
+        c.as_uuid()
+    ))
+    .await;
+
+    let out = admin(&db, &["audit", "verify", "--all", "--json"]);
+    assert_eq!(code(&out), 1);
+    let report = json(&out);
+    let breaks = report["breaks"].as_array().unwrap();
+    let at = |op: OperationId, seq: i64| {
+        breaks
+            .iter()
+            .any(|b| b["operation_id"] == op.to_string() && b["seq"] == seq)
+    };
+    assert!(at(a, 2), "the edited row is named: {breaks:#?}");
+    assert!(
+        at(b, 4),
+        "the row after the deleted one is named (a gap): {breaks:#?}"
+    );
+    assert!(at(c, 99), "the inserted row is named: {breaks:#?}");
+    let edited = breaks
+        .iter()
+        .find(|x| x["operation_id"] == a.to_string() && x["seq"] == 2)
+        .unwrap();
+    assert_ne!(edited["expected"], edited["stored"]);
+    let human = admin(&db, &["audit", "verify", "--all"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains(&format!("BREAK {a} #2")), "{text}");
+    // One operation at a time works too.
+    assert_eq!(code(&admin(&db, &["audit", "verify", &a.to_string()])), 1);
+}
+
+#[tokio::test]
+async fn a_whole_operation_deleted_after_an_anchor_is_found_through_the_anchor() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let ops = some_history(&store).await;
+    let out = admin(
+        &db,
+        &["audit", "anchor", "--actor", "auditor-jane", "--json"],
+    );
+    assert_eq!(code(&out), 0);
+    let digest = json(&out)["digest"].as_str().unwrap().to_owned();
+    assert_eq!(json(&out)["operations"], 3);
+    assert_eq!(
+        code(&admin(
+            &db,
+            &["audit", "verify", "--all", "--expect-anchor", &digest]
+        )),
+        0,
+        "clean with the anchor"
+    );
+
+    // Remove an operation with its whole history, as a superuser with triggers off. Its own chain
+    // is gone, so only the anchor can tell.
+    let gone = ops[1].id;
+    exec(&db, &format!(
+        "SET session_replication_role = replica; DELETE FROM operation_history WHERE operation_id = '{0}'; DELETE FROM provider_calls WHERE operation_id = '{0}'; DELETE FROM operations WHERE id = '{0}'",
+        gone.as_uuid()
+    ))
+    .await;
+    let out = admin(
+        &db,
+        &[
+            "audit",
+            "verify",
+            "--all",
+            "--json",
+            "--expect-anchor",
+            &digest,
+        ],
+    );
+    assert_eq!(code(&out), 1);
+    let breaks = json(&out)["breaks"].as_array().unwrap().clone();
+    assert!(
+        breaks.iter().any(|b| b["operation_id"] == gone.to_string()
+            && b["problem"].as_str().unwrap().contains("deleted")),
+        "{breaks:#?}"
+    );
+
+    // A forged anchor (heads rewritten to hide it) no longer matches the digest kept outside.
+    exec(
+        &db,
+        "SET session_replication_role = replica; DELETE FROM audit_anchor_heads",
+    )
+    .await;
+    let out = admin(
+        &db,
+        &[
+            "audit",
+            "verify",
+            "--all",
+            "--json",
+            "--expect-anchor",
+            &digest,
+        ],
+    );
+    assert_eq!(code(&out), 1);
+    let breaks = json(&out)["breaks"].as_array().unwrap().clone();
+    assert!(
+        breaks.iter().any(|b| b["problem"]
+            .as_str()
+            .unwrap()
+            .contains("no longer hash to its digest")),
+        "{breaks:#?}"
+    );
+}
+
+/// The SQL blocks of docs/audit.md.
+fn documented_queries() -> Vec<String> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/audit.md"))
+        .unwrap();
+    doc.split("```sql")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap().trim().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_auditor_role_runs_every_documented_query_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    some_history(&store).await;
+    store.anchor("test").await.unwrap();
+    let queries = documented_queries();
+    assert!(queries.len() >= 6, "the doc has {} queries", queries.len());
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("SET ROLE jobtrail_auditor")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    for q in &queries {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(q.clone()))
+            .execute(&mut c)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{q}"));
+    }
+    let rows: Vec<(String,)> = sqlx::query_as("SELECT operation_id FROM audit_escalation_queue")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2);
+    for w in [
+        "UPDATE operations SET state = 'succeeded'",
+        "DELETE FROM operation_history",
+        "INSERT INTO audit_anchors (created_by, operations, digest) VALUES ('x', 0, repeat('0', 64))",
+        "UPDATE provider_calls SET url = 'x'",
+        "SELECT request_body FROM operations",
+        "SELECT provider_context FROM operations",
+        "CREATE TABLE mine (x int)",
+    ] {
+        let err = sqlx::raw_sql(w).execute(&mut c).await.expect_err(w);
+        assert!(err.to_string().contains("permission denied"), "{w}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn public_ids_in_sql_match_the_rust_rendering() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let samples = [
+        0u128,
+        1,
+        u128::MAX,
+        0x0190_0000_0000_7000_8000_0000_0000_0001,
+        0xDEAD_BEEF_0123_4567_89AB_CDEF_F00D_CAFE,
+    ];
+    for n in samples
+        .into_iter()
+        .chain((0..15).map(|_| uuid::Uuid::now_v7().as_u128()))
+    {
+        let id = OperationId::from_uuid(uuid::Uuid::from_u128(n));
+        let (sql,): (String,) = sqlx::query_as("SELECT jobtrail_public_id($1)")
+            .bind(id.as_uuid())
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(sql, id.to_string());
+    }
+    let op = submit(&store, 1).await;
+    let (seen,): (String,) = sqlx::query_as("SELECT operation_id FROM audit_operations")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(seen, op.id.to_string());
+}
+
+#[tokio::test]
+async fn stats_report_states_the_queue_and_lease_holders() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    some_history(&store).await;
+    submit(&store, 9).await;
+    store
+        .claim_due("busy-worker", 5, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let out = admin(&db, &["stats", "--json"]);
+    assert_eq!(code(&out), 0);
+    let s = json(&out);
+    assert_eq!(s["operations"], 4);
+    assert_eq!(s["escalations"]["open"], 2);
+    assert_eq!(s["lease_holders"][0]["lease_owner"], "busy-worker");
+    assert!(
+        s["by_state"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["state"] == "failed")
+    );
+    let help = admin(&db, &["--help"]);
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Exit codes"));
+}

@@ -1,0 +1,59 @@
+//! What operators look at: the escalation queue and the fleet's numbers.
+
+use chrono::{DateTime, Utc};
+use jobtrail_core::{OperationId, State};
+
+use crate::record::{OperationRecord, OperationRow, StoredCall};
+use crate::{Store, StoreError};
+
+/// Who holds leases.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct LeaseHolder {
+    pub lease_owner: String,
+    pub held: i64,
+    /// Leases past their expiry (their owner is probably dead; any worker will take them over).
+    pub expired: i64,
+}
+
+impl Store {
+    /// Operations held for a person, oldest first.
+    pub async fn escalations(
+        &self,
+        state: Option<State>,
+        provider: Option<&str>,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        let rows: Vec<OperationRow> =
+            sqlx::query_as(include_str!("sql/operation_list_escalated.sql"))
+                .bind(state.map(|s| s.as_str()))
+                .bind(provider)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.into_iter().map(TryInto::try_into).collect()
+    }
+
+    /// An operation's most recent calls, newest first.
+    pub async fn recent_calls(
+        &self,
+        id: OperationId,
+        limit: i64,
+    ) -> Result<Vec<StoredCall>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/call_list_recent.sql"))
+            .bind(id.as_uuid())
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// The queue's size and its oldest entry.
+    pub async fn escalation_stats(&self) -> Result<(i64, Option<DateTime<Utc>>), StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/stats_escalations.sql"))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    pub async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/stats_lease_holders.sql"))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}
