@@ -2,15 +2,12 @@
 //! PostgreSQL cluster, the simulated provider on a loopback port, a few real worker processes, and a
 //! few hundred operations with a realistic mix of the essay's faults; then a report.
 
+use crate::fleet::Fleet;
 use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
 use jobtrail_core::{CancelRequest, OperationId, State, Submission, SubmitLimits};
-use jobtrail_provider::{HttpProvider, Registry};
-use jobtrail_store::Store;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -25,23 +22,6 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 55)]
     timeout_secs: u64,
 }
-
-/// The shipped simulator contracts, embedded so the demo runs from any directory.
-const CONTRACTS: &[(&str, &str)] = &[
-    ("sim.toml", include_str!("../../../providers/sim.toml")),
-    (
-        "sim-csv.toml",
-        include_str!("../../../providers/sim-csv.toml"),
-    ),
-    (
-        "sim-legacy.toml",
-        include_str!("../../../providers/sim-legacy.toml"),
-    ),
-    (
-        "schemas/sim-result.json",
-        include_str!("../../../providers/schemas/sim-result.json"),
-    ),
-];
 
 /// One kind of operation in the mix: how many per hundred, how it is scripted, where it must end.
 struct Scenario {
@@ -289,44 +269,6 @@ fn scenarios() -> Vec<Scenario> {
     v
 }
 
-fn write_contracts(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir.join("schemas"))?;
-    for (name, text) in CONTRACTS {
-        std::fs::write(dir.join(name), text)?;
-    }
-    Ok(())
-}
-
-struct Children(Vec<std::process::Child>);
-
-impl Children {
-    fn stop(&mut self) {
-        for c in &self.0 {
-            // SAFETY: sending a signal to our own child process.
-            unsafe {
-                libc::kill(c.id() as i32, libc::SIGTERM);
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        for c in &mut self.0 {
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
     if args.operations == 0 || args.workers == 0 {
         return Err(fail(
@@ -336,84 +278,16 @@ pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
     }
     let started = Instant::now();
     let stamp = chrono::Utc::now().format("%Y%m%d_%H%M%S").to_string();
-    let work = std::env::temp_dir().join(format!("jobtrail-demo-{stamp}-{}", std::process::id()));
-    let providers_dir = work.join("providers");
-    write_contracts(&providers_dir)
-        .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", work.display())))?;
-
-    // 1. PostgreSQL: a fresh database on the private cluster (or DATABASE_URL's server, as is).
-    let url = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
-        Some(u) => u,
-        None => {
-            eprintln!(
-                "starting the private PostgreSQL cluster (first run: initdb takes a few seconds)…"
-            );
-            let cluster = tokio::task::spawn_blocking(jobtrail_store::cluster::Cluster::persistent)
-                .await
-                .map_err(|e| fail(exit::UNAVAILABLE, e))?
-                .map_err(|e| fail(exit::UNAVAILABLE, e))?;
-            let db = format!("jobtrail_demo_{stamp}");
-            jobtrail_store::cluster::ensure_database(&cluster.url("postgres"), &db)
-                .await
-                .map_err(|e| fail(exit::UNAVAILABLE, e))?;
-            cluster.url(&db)
-        }
-    };
-    let store = Store::connect(&url).await?;
-    store.migrate().await?;
-
-    // 2. The simulated provider on a loopback port, with a bearer token the workers get by reference.
-    let token = format!("demo-{}", uuid::Uuid::now_v7().simple());
-    let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
-        bearer_token: Some(token.clone()),
-    })
-    .start("127.0.0.1:0".parse().expect("loopback"))
-    .await
-    .map_err(|e| fail(exit::UNAVAILABLE, format!("starting the simulator: {e}")))?;
-    let base = sim.base_url();
-    let mut registry = Registry::default();
-    for (_, mut c) in jobtrail_provider::contract::load_dir(&providers_dir)
-        .map_err(|e| fail(exit::UNAVAILABLE, e))?
-    {
-        c.base_url = url::Url::parse(&base).expect("loopback URL");
-        registry.insert(Arc::new(
-            HttpProvider::new(c).map_err(|e| fail(exit::UNAVAILABLE, e))?,
-        ));
-    }
-    let terms = registry.terms();
-
-    // 3. Worker processes.
-    let exe = std::env::current_exe().map_err(|e| fail(exit::UNAVAILABLE, e))?;
-    let mut children = Children(Vec::new());
+    let mut fleet = Fleet::start("demo").await?;
     for i in 0..args.workers {
-        let child = std::process::Command::new(&exe)
-            .args([
-                "worker",
-                "--id",
-                &format!("demo-worker-{i}"),
-                "--lease",
-                "5s",
-                "--idle",
-                "100ms",
-            ])
-            .env("DATABASE_URL", &url)
-            .env("JOBTRAIL_PROVIDERS", &providers_dir)
-            .env("JOBTRAIL_RESULT_DIR", work.join("results"))
-            .env("JOBTRAIL_SIM_TOKEN", &token)
-            .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", &base)
-            .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", &base)
-            .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", &base)
-            .env("JOBTRAIL_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::from(
-                std::fs::File::create(work.join(format!("worker-{i}.log")))
-                    .map_err(|e| fail(exit::UNAVAILABLE, e))?,
-            ))
-            .spawn()
-            .map_err(|e| fail(exit::UNAVAILABLE, format!("starting a worker: {e}")))?;
-        children.0.push(child);
+        fleet.spawn_worker(
+            &format!("demo-worker-{i}"),
+            &["--lease", "5s", "--idle", "100ms"],
+        )?;
     }
+    let store = fleet.store.clone();
+    let terms = fleet.registry.terms();
+    let url = fleet.url.clone();
 
     // 4. Submit the mix.
     let all = scenarios();
@@ -506,9 +380,8 @@ pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
         b.finish();
     }
     let elapsed = started.elapsed();
-    children.stop();
-    let ledger = sim.ledger();
-    sim.stop().await;
+    fleet.stop_workers();
+    let ledger = fleet.sim.ledger();
 
     // 6. The report.
     let by_state = store.count_by_state().await?;

@@ -1,7 +1,9 @@
 //! `jobtrail`: submit operations, watch them, run workers, run the demo.
 
 use jobtrail_console::shell as common;
+mod bench;
 mod demo;
+mod fleet;
 mod ops;
 
 use clap::{Parser, Subcommand};
@@ -50,6 +52,11 @@ enum Command {
         after_help = "Example:\n  jobtrail demo\n  jobtrail demo --operations 500 --workers 4"
     )]
     Demo(demo::DemoArgs),
+    /// Measure jobtrail against the database's own ceiling, in one run (prints figures; writes JSON).
+    #[command(
+        after_help = "Examples:\n  jobtrail bench\n  jobtrail bench --quick --json-out /tmp/bench.json"
+    )]
+    Bench(bench::BenchArgs),
     /// Submit an operation; prints its id at once. The intent is durable before anything is sent.
     #[command(
         after_help = "Examples:\n  echo '{\"account\":\"acct_218\",\"format\":\"csv\"}' | jobtrail submit --provider sim --target reports \\\n      --caller agent-7 --approved-by alice --approval-ref CHG-42\n  jobtrail submit --provider sim --target reports --body req.json --id op_01J... --result-deadline +2h"
@@ -174,6 +181,7 @@ async fn run(cli: Cli) -> CmdResult {
     let json = cli.json;
     match cli.command {
         Command::Demo(args) => demo::run(args, json).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Migrate => {
             common::store(&cli.database_url).await?;
             println!("migrations applied");

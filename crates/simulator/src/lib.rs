@@ -38,6 +38,10 @@ pub struct Config {
 /// What the simulator saw for one job.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct JobLedger {
+    /// When the simulator created the job (wall clock).
+    pub created_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the job will end on its own (created + duration), if it ends.
+    pub finishes_at: Option<chrono::DateTime<chrono::Utc>>,
     pub token: Option<String>,
     pub client_reference: Option<String>,
     pub fingerprint: String,
@@ -424,6 +428,11 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                                 hex::encode(&Sha256::digest(id.as_bytes())[..8])
                             ),
                             ledger: JobLedger {
+                                created_at: Some(chrono::Utc::now()),
+                                finishes_at: (!script.never_finish).then(|| {
+                                    chrono::Utc::now()
+                                        + chrono::Duration::milliseconds(script.duration_ms as i64)
+                                }),
                                 token: token.clone(),
                                 client_reference: reference.clone(),
                                 fingerprint: fingerprint.clone(),

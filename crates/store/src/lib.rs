@@ -16,6 +16,7 @@
 //! database itself.
 
 mod audit;
+mod bench;
 pub mod cluster;
 pub mod error;
 mod queue;
@@ -319,6 +320,81 @@ impl Store {
             .await?;
         }
         result
+    }
+
+    /// Many fenced writes in one transaction (group commit): one lock statement for all rows, one
+    /// commit for all. Each write gets its own result, exactly as [`Store::apply`] would give it:
+    /// `LeaseLost` and `Illegal` refuse only that write (its call is still logged). If the batch as a
+    /// whole fails, each write is retried on its own, so one bad write cannot sink the others.
+    pub async fn apply_many(&self, writes: Vec<(Lease, Step)>) -> Vec<Result<Applied, StoreError>> {
+        if writes.len() <= 1 {
+            let mut out = Vec::new();
+            for (lease, step) in writes {
+                out.push(self.apply(&lease, step).await);
+            }
+            return out;
+        }
+        match self.apply_batch(&writes).await {
+            Ok(results) => results,
+            Err(_) => {
+                let mut out = Vec::with_capacity(writes.len());
+                for (lease, step) in writes {
+                    out.push(self.apply(&lease, step).await);
+                }
+                out
+            }
+        }
+    }
+
+    async fn apply_batch(
+        &self,
+        writes: &[(Lease, Step)],
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        let ids: Vec<uuid::Uuid> = writes
+            .iter()
+            .map(|(l, _)| l.operation_id.as_uuid())
+            .collect();
+        let owners: Vec<String> = writes.iter().map(|(l, _)| l.owner.clone()).collect();
+        let epochs: Vec<i64> = writes.iter().map(|(l, _)| l.epoch).collect();
+        let mut tx = self.pool.begin().await?;
+        let locked: Vec<LockedRow> =
+            sqlx::query_as(include_str!("sql/operation_lock_many_if_leased.sql"))
+                .bind(&ids)
+                .bind(&owners)
+                .bind(&epochs)
+                .fetch_all(&mut *tx)
+                .await?;
+        let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
+            locked.into_iter().map(|l| (l.row_id(), l)).collect();
+        let mut results = Vec::with_capacity(writes.len());
+        for (lease, step) in writes {
+            let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
+                None => Err(lost(lease)),
+                Some(row) => write::plan(row, &lease.owner, step.clone()),
+            };
+            match outcome {
+                Ok(planned) => {
+                    write::execute(&mut tx, &planned).await?;
+                    results.push(Ok(planned.applied));
+                }
+                Err(e) => {
+                    // The call happened; log it even though the write is refused.
+                    if let Some(call) = &step.call {
+                        write::insert_call(
+                            &mut *tx,
+                            lease.operation_id,
+                            lease.epoch,
+                            &lease.owner,
+                            call,
+                        )
+                        .await?;
+                    }
+                    results.push(Err(e));
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(results)
     }
 
     async fn apply_fenced(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {

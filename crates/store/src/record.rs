@@ -382,6 +382,9 @@ pub struct StoredCall {
 }
 
 impl LockedRow {
+    pub(crate) fn row_id(&self) -> uuid::Uuid {
+        self.row.id
+    }
     pub(crate) fn row_state(&self) -> &str {
         &self.row.state
     }

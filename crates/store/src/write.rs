@@ -91,6 +91,23 @@ pub(crate) async fn apply_locked(
     actor: &str,
     step: Step,
 ) -> Result<Applied, StoreError> {
+    let planned = plan(locked, actor, step)?;
+    execute(tx, &planned).await?;
+    Ok(planned.applied)
+}
+
+/// A write decided but not yet executed: everything `execute` needs, computed without I/O.
+pub(crate) struct Planned {
+    pub applied: Applied,
+    epoch: i64,
+    actor: String,
+    call: Option<CallRecord>,
+    link: Option<(ChainEntry, [u8; 32], [u8; 32])>,
+}
+
+/// Decide a write against a locked row: the transition (or `Illegal`), the new column values, the
+/// history link and its hash. Pure: nothing is written.
+pub(crate) fn plan(locked: LockedRow, actor: &str, step: Step) -> Result<Planned, StoreError> {
     let now = storable(locked.db_now);
     let before: OperationRecord = locked.row.try_into()?;
     let mut rec = before.clone();
@@ -105,10 +122,6 @@ pub(crate) async fn apply_locked(
         ),
         None => None,
     };
-
-    if let Some(call) = &step.call {
-        insert_call(&mut **tx, rec.id, rec.lease_epoch, actor, call).await?;
-    }
 
     if let Some(obs) = &step.observation {
         if obs.remote_state.is_some() {
@@ -175,6 +188,7 @@ pub(crate) async fn apply_locked(
 
     // The history link.
     let mut transition_out = None;
+    let mut link = None;
     if let (Some(ev), Some(t)) = (&step.event, decided) {
         let mut detail = serde_json::to_value(ev).unwrap_or(serde_json::Value::Null);
         if let (Some(obj), Some(extra)) = (detail.as_object_mut(), &step.detail) {
@@ -204,17 +218,37 @@ pub(crate) async fn apply_locked(
             .try_into()
             .map_err(|_| StoreError::Corrupt("history_head is not 32 bytes".into()))?;
         let hash = entry.hash(&prev);
-        insert_history(tx, &entry, step.call.as_ref().map(|c| c.id), &prev, &hash).await?;
         rec.history_seq = entry.seq;
         rec.history_head = hash.to_vec();
         transition_out = Some(t);
+        link = Some((entry, prev, hash));
     }
 
-    update_row(tx, &rec, epoch).await?;
-    Ok(Applied {
-        record: rec,
-        transition: transition_out,
+    Ok(Planned {
+        applied: Applied {
+            record: rec,
+            transition: transition_out,
+        },
+        epoch,
+        actor: actor.to_owned(),
+        call: step.call,
+        link,
     })
+}
+
+/// Execute a planned write inside the transaction that holds its row locked.
+pub(crate) async fn execute(
+    tx: &mut Transaction<'_, Postgres>,
+    p: &Planned,
+) -> Result<(), StoreError> {
+    let rec = &p.applied.record;
+    if let Some(call) = &p.call {
+        insert_call(&mut **tx, rec.id, p.epoch, &p.actor, call).await?;
+    }
+    if let Some((entry, prev, hash)) = &p.link {
+        insert_history(tx, entry, p.call.as_ref().map(|c| c.id), prev, hash).await?;
+    }
+    update_row(tx, rec, p.epoch).await
 }
 
 /// The column effects of an allowed transition.

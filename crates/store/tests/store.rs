@@ -634,3 +634,114 @@ async fn a_late_worker_event_after_a_decision_is_refused_but_its_call_is_kept() 
         "abandoned"
     );
 }
+
+#[tokio::test]
+async fn group_committed_writes_fence_each_operation_on_its_own() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    for i in 0..5 {
+        store
+            .submit_new(
+                &submission(&format!(r#"{{"g":{i}}}"#)),
+                &providers(),
+                SubmitLimits::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let mut claimed = store
+        .claim_due("w", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 5);
+    // One lease goes stale (expired and taken over), one operation is abandoned by a person meanwhile.
+    let stale = claimed.remove(0);
+    let gone = claimed.remove(0);
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("UPDATE operations SET lease_epoch = lease_epoch + 1 WHERE id = $1")
+        .bind(stale.lease.operation_id.as_uuid())
+        .execute(&mut c)
+        .await
+        .unwrap();
+    store
+        .decide(
+            gone.lease.operation_id,
+            State::CreatePending,
+            None,
+            Step::event(Event::Abandon {
+                decision: Decision::new("bob", "no").unwrap(),
+            }),
+        )
+        .await
+        .unwrap();
+    let call = |n: u8| CallRecord {
+        id: uuid::Uuid::now_v7(),
+        kind: CallKind::Create,
+        attempt: 1,
+        started_at: chrono::Utc::now(),
+        duration_ms: 1.0,
+        method: "POST".into(),
+        url: format!("http://127.0.0.1:1/v1/jobs?n={n}"),
+        http_status: Some(202),
+        response_headers: serde_json::json!({}),
+        provider_request_id: None,
+        error_class: None,
+        outcome: "accepted".into(),
+        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+        span_id: "00f067aa0ba902b7".into(),
+        response_sha256: None,
+    };
+    let accept = |job: &str, n: u8| {
+        Step::event(Event::CreateAccepted {
+            remote_job_id: job.into(),
+            remote_state: None,
+        })
+        .with_call(call(n))
+    };
+    let mut writes = vec![
+        (stale.lease.clone(), accept("job_s", 0)),
+        (gone.lease.clone(), accept("job_g", 1)),
+    ];
+    for (i, c) in claimed.iter().enumerate() {
+        writes.push((c.lease.clone(), accept(&format!("job_{i}"), 2 + i as u8)));
+    }
+    let results = store.apply_many(writes).await;
+    assert!(
+        matches!(results[0], Err(StoreError::LeaseLost { .. })),
+        "{:?}",
+        results[0]
+    );
+    assert!(
+        matches!(
+            results[1],
+            Err(StoreError::LeaseLost { .. }) | Err(StoreError::Illegal { .. })
+        ),
+        "{:?}",
+        results[1]
+    );
+    for r in &results[2..] {
+        assert_eq!(r.as_ref().unwrap().record.state, State::Accepted);
+    }
+    for c in &claimed {
+        assert_eq!(
+            store.get(c.lease.operation_id).await.unwrap().state,
+            State::Accepted
+        );
+    }
+    assert_eq!(
+        store.get(stale.lease.operation_id).await.unwrap().state,
+        State::CreatePending,
+        "the stale write did not land"
+    );
+    assert_eq!(
+        store.get(gone.lease.operation_id).await.unwrap().state,
+        State::Abandoned
+    );
+    assert_eq!(
+        count(&db, "provider_calls").await,
+        5,
+        "every call is logged, refused writes included"
+    );
+    assert!(store.verify_all().await.unwrap().is_clean());
+}

@@ -29,6 +29,7 @@ pub struct Driven {
 
 pub(crate) struct Ctx<'a> {
     pub store: &'a Store,
+    pub writer: &'a crate::writer::Writer,
     pub provider: &'a dyn Provider,
     pub results: &'a ResultStore,
     pub lease: Lease,
@@ -106,7 +107,7 @@ impl Ctx<'_> {
     async fn write(&mut self, step: Step) -> Result<jobtrail_store::Applied, Stop> {
         let mut delay = Duration::from_millis(100);
         loop {
-            match self.store.apply(&self.lease, step.clone()).await {
+            match self.writer.apply(&self.lease, step.clone()).await {
                 Ok(a) => return Ok(a),
                 Err(StoreError::LeaseLost { .. }) => return Err(Stop::LeaseLost),
                 Err(e) if e.is_transient() && Instant::now() + delay < self.expires => {

@@ -14,6 +14,7 @@
 mod drive;
 pub mod fault;
 pub mod results;
+mod writer;
 
 pub use drive::Driven;
 pub use results::ResultStore;
@@ -106,6 +107,7 @@ pub struct Worker {
     config: WorkerConfig,
     stats: Arc<Stats>,
     active: Arc<Mutex<HashMap<jobtrail_core::OperationId, Lease>>>,
+    writer: writer::Writer,
 }
 
 impl Worker {
@@ -115,7 +117,10 @@ impl Worker {
         results: ResultStore,
         config: WorkerConfig,
     ) -> Self {
+        // Four writer lanes, up to 64 steps per transaction (see writer.rs).
+        let writer = writer::Writer::start(store.clone(), 4, 64);
         Self {
+            writer,
             store,
             registry: Arc::new(registry),
             results: Arc::new(results),
@@ -146,6 +151,7 @@ impl Worker {
         };
         let ctx = drive::Ctx {
             store: &self.store,
+            writer: &self.writer,
             provider: provider.as_ref(),
             results: &self.results,
             lease: c.lease.clone(),

@@ -1,0 +1,174 @@
+//! A whole jobtrail on one machine, for the demo and the benchmark: a fresh database (on the private
+//! cluster, or on DATABASE_URL's server as is), the simulated provider on a loopback port, the shipped
+//! simulator contracts pointed at it, and real worker processes.
+
+use jobtrail_console::shell::{Failure, exit, fail};
+use jobtrail_provider::{HttpProvider, Registry};
+use jobtrail_store::Store;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The shipped simulator contracts, embedded so the demo and the benchmark run from any directory.
+const CONTRACTS: &[(&str, &str)] = &[
+    ("sim.toml", include_str!("../../../providers/sim.toml")),
+    (
+        "sim-csv.toml",
+        include_str!("../../../providers/sim-csv.toml"),
+    ),
+    (
+        "sim-legacy.toml",
+        include_str!("../../../providers/sim-legacy.toml"),
+    ),
+    (
+        "schemas/sim-result.json",
+        include_str!("../../../providers/schemas/sim-result.json"),
+    ),
+];
+
+fn write_contracts(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir.join("schemas"))?;
+    for (name, text) in CONTRACTS {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+pub struct Fleet {
+    pub work: PathBuf,
+    pub providers_dir: PathBuf,
+    pub url: String,
+    pub store: Store,
+    pub sim: jobtrail_sim::Running,
+    pub registry: Registry,
+    token: String,
+    children: Vec<(String, Child)>,
+}
+
+impl Fleet {
+    /// `kind` names the database (`jobtrail_<kind>_<timestamp>`) and the work directory.
+    pub async fn start(kind: &str) -> Result<Self, Failure> {
+        let stamp = chrono::Utc::now().format("%Y%m%d_%H%M%S").to_string();
+        let work =
+            std::env::temp_dir().join(format!("jobtrail-{kind}-{stamp}-{}", std::process::id()));
+        let providers_dir = work.join("providers");
+        write_contracts(&providers_dir)
+            .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", work.display())))?;
+        let url = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+            Some(u) => u,
+            None => {
+                eprintln!(
+                    "starting the private PostgreSQL cluster (first run: initdb takes a few seconds)…"
+                );
+                let cluster =
+                    tokio::task::spawn_blocking(jobtrail_store::cluster::Cluster::persistent)
+                        .await
+                        .map_err(|e| fail(exit::UNAVAILABLE, e))?
+                        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+                let db = format!("jobtrail_{kind}_{stamp}");
+                jobtrail_store::cluster::ensure_database(&cluster.url("postgres"), &db)
+                    .await
+                    .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+                cluster.url(&db)
+            }
+        };
+        let store = Store::connect_with(&url, 32).await?;
+        store.migrate().await?;
+        let token = format!("{kind}-{}", uuid::Uuid::now_v7().simple());
+        let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
+            bearer_token: Some(token.clone()),
+        })
+        .start("127.0.0.1:0".parse().expect("loopback"))
+        .await
+        .map_err(|e| fail(exit::UNAVAILABLE, format!("starting the simulator: {e}")))?;
+        let mut registry = Registry::default();
+        for (_, mut c) in jobtrail_provider::contract::load_dir(&providers_dir)
+            .map_err(|e| fail(exit::UNAVAILABLE, e))?
+        {
+            c.base_url = url::Url::parse(&sim.base_url()).expect("loopback URL");
+            registry.insert(Arc::new(
+                HttpProvider::new(c).map_err(|e| fail(exit::UNAVAILABLE, e))?,
+            ));
+        }
+        Ok(Self {
+            work,
+            providers_dir,
+            url,
+            store,
+            sim,
+            registry,
+            token,
+            children: Vec::new(),
+        })
+    }
+
+    /// Start a `jobtrail worker` process; returns its pid.
+    pub fn spawn_worker(&mut self, id: &str, args: &[&str]) -> Result<u32, Failure> {
+        let exe = std::env::current_exe().map_err(|e| fail(exit::UNAVAILABLE, e))?;
+        let base = self.sim.base_url();
+        let log = std::fs::File::create(self.work.join(format!("{id}.log")))
+            .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+        let child = Command::new(exe)
+            .args(["worker", "--id", id])
+            .args(args)
+            .env("DATABASE_URL", &self.url)
+            .env("JOBTRAIL_PROVIDERS", &self.providers_dir)
+            .env("JOBTRAIL_RESULT_DIR", self.work.join("results"))
+            .env("JOBTRAIL_SIM_TOKEN", &self.token)
+            .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", &base)
+            .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", &base)
+            .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", &base)
+            .env("JOBTRAIL_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| fail(exit::UNAVAILABLE, format!("starting a worker: {e}")))?;
+        let pid = child.id();
+        self.children.push((id.to_owned(), child));
+        Ok(pid)
+    }
+
+    /// Send `signal` to the worker named `id` (and forget it if the signal kills it).
+    pub fn signal(&mut self, id: &str, signal: i32) {
+        if let Some(pos) = self.children.iter().position(|(n, _)| n == id) {
+            // SAFETY: signalling our own child.
+            unsafe {
+                libc::kill(self.children[pos].1.id() as i32, signal);
+            }
+            if signal == libc::SIGKILL {
+                let (_, mut c) = self.children.remove(pos);
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// SIGTERM every worker and wait (bounded) for them to exit.
+    pub fn stop_workers(&mut self) {
+        for (_, c) in &self.children {
+            // SAFETY: signalling our own child.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for (_, c) in &mut self.children {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.stop_workers();
+    }
+}

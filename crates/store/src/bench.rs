@@ -1,0 +1,93 @@
+//! Queries only the benchmark uses (`jobtrail bench`). They write synthetic rows: never run them on a
+//! database you care about — the benchmark makes its own.
+
+use crate::{Store, StoreError};
+use chrono::{DateTime, Utc};
+
+impl Store {
+    /// Insert `n` synthetic operations in `state` (`observing`: due now; `succeeded`: ballast).
+    pub async fn bench_seed(&self, n: i64, state: &str) -> Result<u64, StoreError> {
+        assert!(
+            matches!(state, "observing" | "succeeded"),
+            "bench_seed: observing or succeeded"
+        );
+        Ok(sqlx::query(include_str!("sql/bench_seed_operations.sql"))
+            .bind(n)
+            .bind(state)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    /// One ceiling transaction: claim, fenced update and history insert for up to `batch` rows.
+    pub async fn bench_ceiling_step(&self, batch: i64) -> Result<u64, StoreError> {
+        Ok(sqlx::query(include_str!("sql/bench_ceiling_step.sql"))
+            .bind(batch)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    /// Committed transactions in this database (pg_stat_database; updated within about a second).
+    pub async fn bench_commits(&self) -> Result<i64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(include_str!("sql/bench_commits.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n)
+    }
+
+    pub async fn bench_dead_tuples(&self) -> Result<i64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(include_str!("sql/bench_dead_tuples.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n)
+    }
+
+    pub async fn bench_make_due(&self) -> Result<u64, StoreError> {
+        Ok(sqlx::query(include_str!("sql/bench_make_due.sql"))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    /// Operations created since `since`: (id, state, finished_at).
+    pub async fn bench_run(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<(uuid::Uuid, String, Option<DateTime<Utc>>)>, StoreError> {
+        Ok(
+            sqlx::query_as(include_str!("sql/operation_list_finished_since.sql"))
+                .bind(since)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// VACUUM (ANALYZE) the operations table.
+    pub async fn bench_vacuum(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql("VACUUM (ANALYZE) operations")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// End every unfinished operation created since `since` (benchmark phases clean up after themselves).
+    pub async fn bench_retire_since(&self, since: DateTime<Utc>) -> Result<u64, StoreError> {
+        Ok(sqlx::query(include_str!("sql/bench_retire_since.sql"))
+            .bind(since)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    /// (id, lease owner, lease expiry) of operations created since `since`.
+    pub async fn bench_leases_since(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<(uuid::Uuid, Option<String>, Option<DateTime<Utc>>)>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/bench_leases_since.sql"))
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}

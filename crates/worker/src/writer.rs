@@ -1,0 +1,64 @@
+//! Group commit: the steps of many operations written in one transaction.
+//!
+//! Each operation's step still writes all of itself or nothing, fenced by its own lease; what is
+//! shared is the transaction and its commit (one WAL flush for many transitions). Batches form
+//! naturally: while one batch is being written, the next queues up; a lone write goes at once.
+
+use jobtrail_store::{Applied, Lease, Step, Store, StoreError};
+use tokio::sync::{mpsc, oneshot};
+
+type Reply = oneshot::Sender<Result<Applied, StoreError>>;
+
+/// A handle to the writer tasks.
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::Sender<(Lease, Step, Reply)>,
+}
+
+impl Writer {
+    /// Start `lanes` writer tasks, each taking up to `max_batch` queued writes per transaction.
+    pub fn start(store: Store, lanes: usize, max_batch: usize) -> Self {
+        let (tx, rx) = mpsc::channel::<(Lease, Step, Reply)>(4096);
+        let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
+        for _ in 0..lanes.max(1) {
+            let (store, rx) = (store.clone(), rx.clone());
+            tokio::spawn(async move {
+                loop {
+                    let mut batch = Vec::new();
+                    {
+                        let mut rx = rx.lock().await;
+                        match rx.recv().await {
+                            Some(first) => batch.push(first),
+                            None => return,
+                        }
+                        while batch.len() < max_batch {
+                            match rx.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    let (writes, replies): (Vec<_>, Vec<_>) =
+                        batch.into_iter().map(|(l, s, r)| ((l, s), r)).unzip();
+                    let results = store.apply_many(writes).await;
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(result);
+                    }
+                }
+            });
+        }
+        Self { tx }
+    }
+
+    /// Write one step (batched with whatever else is waiting).
+    pub async fn apply(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((lease.clone(), step, reply))
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer dropped a write".into()))?
+    }
+}
