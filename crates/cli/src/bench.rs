@@ -47,6 +47,9 @@ pub struct BenchArgs {
     /// Small numbers everywhere (a smoke run of every phase in about a minute).
     #[arg(long)]
     quick: bool,
+    /// Passed to every worker: most steps per transaction (1 turns group commit off, for comparison).
+    #[arg(long, default_value_t = 64)]
+    write_batch: usize,
 }
 
 fn pct(mut v: Vec<f64>, p: f64) -> f64 {
@@ -171,6 +174,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     }
     let t_all = Instant::now();
     let mut fleet = Fleet::start("bench").await?;
+    fleet.worker_args = vec!["--write-batch".into(), a.write_batch.to_string()];
     let store = fleet.store.clone();
     let mut out = serde_json::Map::new();
     println!("jobtrail bench on {}", fleet.url);

@@ -42,6 +42,8 @@ pub struct Fleet {
     pub store: Store,
     pub sim: jobtrail_sim::Running,
     pub registry: Registry,
+    /// Extra arguments for every worker this fleet starts.
+    pub worker_args: Vec<String>,
     token: String,
     children: Vec<(String, Child)>,
 }
@@ -98,6 +100,7 @@ impl Fleet {
             store,
             sim,
             registry,
+            worker_args: Vec::new(),
             token,
             children: Vec::new(),
         })
@@ -112,6 +115,7 @@ impl Fleet {
         let child = Command::new(exe)
             .args(["worker", "--id", id])
             .args(args)
+            .args(&self.worker_args)
             .env("DATABASE_URL", &self.url)
             .env("JOBTRAIL_PROVIDERS", &self.providers_dir)
             .env("JOBTRAIL_RESULT_DIR", self.work.join("results"))

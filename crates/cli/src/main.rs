@@ -140,6 +140,9 @@ enum Command {
         /// Where validated results are stored. Default: $JOBTRAIL_RESULT_DIR or the data directory.
         #[arg(long)]
         result_dir: Option<PathBuf>,
+        /// Most steps written per transaction (group commit); 1 writes each step on its own.
+        #[arg(long, default_value_t = 64)]
+        write_batch: usize,
     },
     /// Apply database migrations and exit.
     Migrate,
@@ -263,6 +266,7 @@ async fn run(cli: Cli) -> CmdResult {
             lease,
             idle,
             result_dir,
+            write_batch,
         } => {
             let mut config = jobtrail_worker::WorkerConfig::named_default();
             if let Some(id) = id {
@@ -276,6 +280,7 @@ async fn run(cli: Cli) -> CmdResult {
             }
             config.batch = batch;
             config.concurrency = concurrency;
+            config.write_batch = write_batch.max(1);
             config.lease = common::parse_duration(&lease)
                 .map_err(|e| common::fail(exit::BAD_INPUT, format!("--lease: {e}")))?;
             config.idle = common::parse_duration(&idle)

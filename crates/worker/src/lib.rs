@@ -42,6 +42,8 @@ pub struct WorkerConfig {
     pub idle: Duration,
     /// How long shutdown waits for steps in flight before abandoning them.
     pub shutdown_grace: Duration,
+    /// Most steps written per transaction (group commit); 1 writes each step on its own.
+    pub write_batch: usize,
 }
 
 impl WorkerConfig {
@@ -58,6 +60,7 @@ impl WorkerConfig {
             lease: Duration::from_secs(30),
             idle: Duration::from_millis(250),
             shutdown_grace: Duration::from_secs(20),
+            write_batch: 64,
         }
     }
 }
@@ -117,8 +120,8 @@ impl Worker {
         results: ResultStore,
         config: WorkerConfig,
     ) -> Self {
-        // Four writer lanes, up to 64 steps per transaction (see writer.rs).
-        let writer = writer::Writer::start(store.clone(), 4, 64);
+        // Four writer lanes, up to `write_batch` steps per transaction (see writer.rs).
+        let writer = writer::Writer::start(store.clone(), 4, config.write_batch.max(1));
         Self {
             writer,
             store,
