@@ -413,3 +413,41 @@ async fn followed_status_urls_and_the_final_get_of_the_created_resource() {
     );
     env.stop_workers().await;
 }
+
+/// New submissions and cancel requests wake a worker at once (LISTEN/NOTIFY), long before its idle
+/// scan would have found them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_wake_an_idle_worker() {
+    let mut env = Env::new().await;
+    env.start_worker_idle("sleepy", Duration::from_secs(10), Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(500)).await; // the worker is now waiting
+    let started = std::time::Instant::now();
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"never_finish": true, "poll_retry_after": 60}),
+            |_| {},
+        )
+        .await;
+    env.wait_state(op.id, State::Observing, Duration::from_secs(10))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the submission waited for the idle scan"
+    );
+    // The next poll is a minute away; a cancel request must not wait for it.
+    let started = std::time::Instant::now();
+    env.store
+        .request_cancel(op.id, CancelRequest::new("alice", "stop").unwrap())
+        .await
+        .unwrap();
+    let op = env
+        .wait_state(op.id, State::Cancelling, Duration::from_secs(10))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the cancel waited for the poll schedule"
+    );
+    assert_eq!(op.cancel_attempts, 1, "the one cancel call went out");
+    env.stop_workers().await;
+}

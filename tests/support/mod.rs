@@ -113,10 +113,15 @@ impl Env {
 
     /// Start an in-process worker (the real worker loop) with a short lease.
     pub fn start_worker(&mut self, id: &str, lease: Duration) {
+        self.start_worker_idle(id, lease, Duration::from_millis(50));
+    }
+
+    /// An in-process worker that scans for due work only every `idle` (notifications aside).
+    pub fn start_worker_idle(&mut self, id: &str, lease: Duration, idle: Duration) {
         let mut config = jobtrail_worker::WorkerConfig::named_default();
         config.id = id.into();
         config.lease = lease;
-        config.idle = Duration::from_millis(50);
+        config.idle = idle;
         let w = jobtrail_worker::Worker::new(
             self.store.clone(),
             self.registry.clone(),

@@ -123,7 +123,10 @@ impl Fleet {
             .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", &base)
             .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", &base)
             .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", &base)
-            .env("JOBTRAIL_LOG", "warn")
+            .env(
+                "JOBTRAIL_LOG",
+                std::env::var("JOBTRAIL_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))

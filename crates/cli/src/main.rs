@@ -166,10 +166,11 @@ fn init_logs(default: &str) {
 async fn main() -> ExitCode {
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
-    init_logs(if matches!(cli.command, Command::Worker { .. }) {
-        "info"
-    } else {
-        "warn"
+    init_logs(match cli.command {
+        Command::Worker { .. } => "info",
+        // The benchmark's synthetic bulk statements are slow on purpose.
+        Command::Bench(_) => "error",
+        _ => "warn",
     });
     match run(cli).await {
         Ok(code) => code,

@@ -28,7 +28,7 @@ impl Store {
             .rows_affected())
     }
 
-    /// Committed transactions in this database (pg_stat_database; updated within about a second).
+    /// Write transactions so far (transaction ids consumed on the server; see bench_commits.sql).
     pub async fn bench_commits(&self) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(include_str!("sql/bench_commits.sql"))
             .fetch_one(&self.pool)

@@ -366,33 +366,40 @@ impl Store {
                 .await?;
         let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
             locked.into_iter().map(|l| (l.row_id(), l)).collect();
-        let mut results = Vec::with_capacity(writes.len());
+        let mut planned = Vec::new();
+        let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
+        let mut refused_calls = Vec::new();
         for (lease, step) in writes {
             let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
                 None => Err(lost(lease)),
                 Some(row) => write::plan(row, &lease.owner, step.clone()),
             };
             match outcome {
-                Ok(planned) => {
-                    write::execute(&mut tx, &planned).await?;
-                    results.push(Ok(planned.applied));
+                Ok(p) => {
+                    planned.push(p);
+                    slots.push(Ok(planned.len() - 1));
                 }
                 Err(e) => {
                     // The call happened; log it even though the write is refused.
                     if let Some(call) = &step.call {
-                        write::insert_call(
-                            &mut *tx,
-                            lease.operation_id,
-                            lease.epoch,
-                            &lease.owner,
+                        refused_calls.push(write::CallRow {
+                            operation_id: lease.operation_id,
+                            epoch: lease.epoch,
+                            actor: &lease.owner,
                             call,
-                        )
-                        .await?;
+                        });
                     }
-                    results.push(Err(e));
+                    slots.push(Err(e));
                 }
             }
         }
+        write::insert_calls(&mut tx, &refused_calls).await?;
+        write::execute_many(&mut tx, &planned).await?;
+        let mut planned: Vec<Option<write::Planned>> = planned.into_iter().map(Some).collect();
+        let results = slots
+            .into_iter()
+            .map(|s| s.map(|i| planned[i].take().expect("each planned write once").applied))
+            .collect();
         tx.commit().await?;
         Ok(results)
     }

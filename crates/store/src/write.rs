@@ -439,3 +439,282 @@ async fn update_row(
         ))),
     }
 }
+
+/// A provider call to log, with who made it under which epoch.
+pub(crate) struct CallRow<'a> {
+    pub operation_id: jobtrail_core::OperationId,
+    pub epoch: i64,
+    pub actor: &'a str,
+    pub call: &'a CallRecord,
+}
+
+impl Planned {
+    pub(crate) fn call_row(&self) -> Option<CallRow<'_>> {
+        self.call.as_ref().map(|call| CallRow {
+            operation_id: self.applied.record.id,
+            epoch: self.epoch,
+            actor: &self.actor,
+            call,
+        })
+    }
+}
+
+/// Log many calls in one statement.
+pub(crate) async fn insert_calls(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &[CallRow<'_>],
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let col = |f: &dyn Fn(&CallRow<'_>) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    sqlx::query(include_str!("sql/call_insert_many.sql"))
+        .bind(rows.iter().map(|r| r.call.id).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.operation_id.as_uuid())
+                .collect::<Vec<_>>(),
+        )
+        .bind(col(&|r| r.call.kind.as_str().to_owned()))
+        .bind(rows.iter().map(|r| r.call.attempt).collect::<Vec<_>>())
+        .bind(col(&|r| r.actor.to_owned()))
+        .bind(rows.iter().map(|r| r.epoch).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.call.started_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.call.duration_ms).collect::<Vec<_>>())
+        .bind(col(&|r| r.call.method.clone()))
+        .bind(col(&|r| r.call.url.clone()))
+        .bind(rows.iter().map(|r| r.call.http_status).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.call.response_headers.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| r.call.provider_request_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| r.call.error_class.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(col(&|r| r.call.outcome.clone()))
+        .bind(col(&|r| r.call.trace_id.clone()))
+        .bind(col(&|r| r.call.span_id.clone()))
+        .bind(
+            rows.iter()
+                .map(|r| r.call.response_sha256.clone())
+                .collect::<Vec<_>>(),
+        )
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// One history link to insert: the entry, its prev and own hash, the call that caused it.
+type LinkRow<'a> = (&'a ChainEntry, &'a [u8; 32], &'a [u8; 32], Option<uuid::Uuid>);
+
+/// Execute many planned writes (rows locked by this transaction) with one statement per table.
+pub(crate) async fn execute_many(
+    tx: &mut Transaction<'_, Postgres>,
+    planned: &[Planned],
+) -> Result<(), StoreError> {
+    if planned.is_empty() {
+        return Ok(());
+    }
+    let calls: Vec<CallRow<'_>> = planned.iter().filter_map(Planned::call_row).collect();
+    insert_calls(tx, &calls).await?;
+
+    let links: Vec<LinkRow<'_>> = planned
+        .iter()
+        .filter_map(|p| {
+            p.link
+                .as_ref()
+                .map(|(e, prev, hash)| (e, prev, hash, p.call.as_ref().map(|c| c.id)))
+        })
+        .collect();
+    if !links.is_empty() {
+        let ids = links
+            .iter()
+            .map(|(e, ..)| {
+                e.operation_id
+                    .parse::<jobtrail_core::OperationId>()
+                    .map(|i| i.as_uuid())
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query(include_str!("sql/history_insert_many.sql"))
+            .bind(ids)
+            .bind(links.iter().map(|(e, ..)| e.seq).collect::<Vec<_>>())
+            .bind(links.iter().map(|(e, ..)| e.at).collect::<Vec<_>>())
+            .bind(
+                links
+                    .iter()
+                    .map(|(e, ..)| e.actor.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                links
+                    .iter()
+                    .map(|(e, ..)| e.from_state.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                links
+                    .iter()
+                    .map(|(e, ..)| e.to_state.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                links
+                    .iter()
+                    .map(|(e, ..)| e.event.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                links
+                    .iter()
+                    .map(|(e, ..)| e.cause.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                links
+                    .iter()
+                    .map(|(e, ..)| e.remote_job_id.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(links.iter().map(|(.., c)| *c).collect::<Vec<_>>())
+            .bind(
+                links
+                    .iter()
+                    .map(|(e, ..)| e.detail.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                links
+                    .iter()
+                    .map(|(_, p, ..)| p.to_vec())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                links
+                    .iter()
+                    .map(|(_, _, h, _)| h.to_vec())
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut **tx)
+            .await?;
+    }
+
+    let r: Vec<&OperationRecord> = planned.iter().map(|p| &p.applied.record).collect();
+    let done = sqlx::query(include_str!("sql/operation_update_many_locked.sql"))
+        .bind(r.iter().map(|x| x.id.as_uuid()).collect::<Vec<_>>())
+        .bind(planned.iter().map(|p| p.epoch).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.state.as_str().to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.state_changed_at).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.finished_at).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.escalated_at).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.escalation_reason.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            r.iter()
+                .map(|x| x.remote_job_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            r.iter()
+                .map(|x| x.conflicting_remote_job_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.remote_state.clone()).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.remote_updated_at.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            r.iter()
+                .map(|x| x.remote_progress.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.observed_at).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.status_url.clone()).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.provider_context.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.next_action_at).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.next_action_reason.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.create_attempts).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.poll_count).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.failure_count).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.cancel_attempts).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.result_attempts).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.lease_owner.clone()).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.lease_expires_at).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.cancel_requested_at).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.cancel_requested_by.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            r.iter()
+                .map(|x| x.cancel_reason.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.cancel_deadline).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.result_location.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.result_size).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|x| x.result_sha256.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            r.iter()
+                .map(|x| x.result_content_type.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            r.iter()
+                .map(|x| x.result_summary.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            r.iter()
+                .map(|x| x.superseded_by.map(|s| s.as_uuid()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|x| x.result_deadline).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.create_deadline).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.history_seq).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.history_head.clone()).collect::<Vec<_>>())
+        .execute(&mut **tx)
+        .await?;
+    if done.rows_affected() != planned.len() as u64 {
+        return Err(StoreError::Corrupt(format!(
+            "a batch of {} locked rows updated {} rows",
+            planned.len(),
+            done.rows_affected()
+        )));
+    }
+    Ok(())
+}

@@ -329,7 +329,10 @@ async fn plan_create(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, St
         CreateOutcome::Completed { job_id, result } => {
             // A synchronous answer is a result: keep the bytes now, validate them in the collect step.
             let checked = ctx.provider.check_result(op, &result);
-            let stored = ctx.results.put(&op.id.to_string(), &result.bytes);
+            let stored = ctx
+                .results
+                .put_blocking(op.id.to_string(), result.bytes.clone())
+                .await;
             match stored {
                 Ok(s) => {
                     context["sync_result"] = serde_json::json!({
@@ -834,7 +837,7 @@ async fn plan_collect(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
                     content_type: sync["content_type"].as_str().map(str::to_owned),
                     checksum: None,
                 };
-                validated_step(ctx, op, fetched)
+                validated_step(ctx, op, fetched).await
             }
             Err(why) => Step::event(Event::ResultUnavailable { why }),
         };
@@ -870,7 +873,7 @@ async fn plan_collect(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
     let called = ctx.provider.fetch_result(op, op.result_attempts + 1).await;
     let obs = with_context(Observation::default(), called.context.clone());
     let step = match called.outcome {
-        ResultOutcome::Fetched(f) => validated_step(ctx, op, f),
+        ResultOutcome::Fetched(f) => validated_step(ctx, op, f).await,
         ResultOutcome::TooLarge { limit } => Step::event(Event::ResultInvalid {
             violations: vec![format!(
                 "the result is larger than the contract's limit of {limit} bytes"
@@ -911,10 +914,14 @@ async fn plan_collect(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
 }
 
 /// Validate and store a fetched result; the event that says which.
-fn validated_step(ctx: &Ctx<'_>, op: &OperationRecord, fetched: FetchedResult) -> Step {
+async fn validated_step(ctx: &Ctx<'_>, op: &OperationRecord, fetched: FetchedResult) -> Step {
     match ctx.provider.check_result(op, &fetched) {
         Checked::Valid { checks, summary } => {
-            match ctx.results.put(&op.id.to_string(), &fetched.bytes) {
+            match ctx
+                .results
+                .put_blocking(op.id.to_string(), fetched.bytes.clone())
+                .await
+            {
                 Ok(stored) => match ValidatedResult::new(
                     &stored.location,
                     stored.size,
@@ -937,7 +944,11 @@ fn validated_step(ctx: &Ctx<'_>, op: &OperationRecord, fetched: FetchedResult) -
         }
         Checked::Invalid { violations } => {
             // Keep the bytes for whoever investigates; the record says where.
-            let kept = ctx.results.put(&op.id.to_string(), &fetched.bytes).ok();
+            let kept = ctx
+                .results
+                .put_blocking(op.id.to_string(), fetched.bytes.clone())
+                .await
+                .ok();
             Step {
                 detail: kept.map(
                     |k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256}),

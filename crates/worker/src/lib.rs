@@ -120,8 +120,9 @@ impl Worker {
         results: ResultStore,
         config: WorkerConfig,
     ) -> Self {
-        // Four writer lanes, up to `write_batch` steps per transaction (see writer.rs).
-        let writer = writer::Writer::start(store.clone(), 4, config.write_batch.max(1));
+        // One writer lane: while a batch is being written the next one queues up, so batches form by
+        // themselves; up to `write_batch` steps per transaction (see writer.rs).
+        let writer = writer::Writer::start(store.clone(), 1, config.write_batch.max(1));
         Self {
             writer,
             store,
@@ -219,6 +220,17 @@ impl Worker {
             }
             let free = permits.available_permits() as i64;
             let want = free.min(self.config.batch);
+            // While steps are running and only a few slots are free, let more finish first: one claim
+            // for many operations costs one commit, a claim per freed slot costs one each.
+            let enough = (self.config.batch.min(self.config.concurrency as i64) / 2).max(1);
+            if want < enough && !tasks.is_empty() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tasks.join_next() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+                continue;
+            }
             let mut got = 0;
             if want > 0 {
                 match self
@@ -305,7 +317,11 @@ impl Worker {
                 .await;
         }
         let s = self.stats.snapshot();
-        tracing::info!(worker = %self.config.id, claimed = s.claimed, events = s.events, calls = s.calls, "worker stopped");
+        let (write_tx, steps) = self.writer.counts();
+        tracing::info!(
+            worker = %self.config.id, claimed = s.claimed, events = s.events, calls = s.calls,
+            write_transactions = write_tx, steps_written = steps, "worker stopped"
+        );
         s
     }
 }

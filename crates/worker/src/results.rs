@@ -70,6 +70,18 @@ impl ResultStore {
         })
     }
 
+    /// [`ResultStore::put`] off the async threads (it writes and fsyncs a file).
+    pub async fn put_blocking(
+        &self,
+        operation: String,
+        bytes: bytes::Bytes,
+    ) -> std::io::Result<Stored> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.put(&operation, &bytes))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
     /// Read a stored result back and check it against the recorded digest.
     pub fn get_verified(location: &str, sha256: &str) -> Result<Vec<u8>, String> {
         let path = location

@@ -13,6 +13,14 @@ type Reply = oneshot::Sender<Result<Applied, StoreError>>;
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::Sender<(Lease, Step, Reply)>,
+    counts: std::sync::Arc<Counts>,
+}
+
+/// How many transactions carried how many steps.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub transactions: std::sync::atomic::AtomicU64,
+    pub steps: std::sync::atomic::AtomicU64,
 }
 
 impl Writer {
@@ -20,8 +28,9 @@ impl Writer {
     pub fn start(store: Store, lanes: usize, max_batch: usize) -> Self {
         let (tx, rx) = mpsc::channel::<(Lease, Step, Reply)>(4096);
         let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
+        let counts = std::sync::Arc::new(Counts::default());
         for _ in 0..lanes.max(1) {
-            let (store, rx) = (store.clone(), rx.clone());
+            let (store, rx, counts) = (store.clone(), rx.clone(), counts.clone());
             tokio::spawn(async move {
                 loop {
                     let mut batch = Vec::new();
@@ -40,6 +49,12 @@ impl Writer {
                     }
                     let (writes, replies): (Vec<_>, Vec<_>) =
                         batch.into_iter().map(|(l, s, r)| ((l, s), r)).unzip();
+                    counts
+                        .transactions
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    counts
+                        .steps
+                        .fetch_add(writes.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     let results = store.apply_many(writes).await;
                     for (reply, result) in replies.into_iter().zip(results) {
                         let _ = reply.send(result);
@@ -47,7 +62,16 @@ impl Writer {
                 }
             });
         }
-        Self { tx }
+        Self { tx, counts }
+    }
+
+    /// (transactions, steps) written so far.
+    pub fn counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.counts.transactions.load(Relaxed),
+            self.counts.steps.load(Relaxed),
+        )
     }
 
     /// Write one step (batched with whatever else is waiting).
