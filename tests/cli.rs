@@ -165,3 +165,44 @@ fn help_explains_exit_codes_and_shows_examples() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("Examples"));
 }
+
+/// The README's first command, small: every scenario ends where it must, and the report says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
+    let db = jobtrail_store::testing::TestDb::new().await;
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["demo", "--operations", "100", "--workers", "2", "--json"])
+        .env("DATABASE_URL", &db.url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["unexpected_outcomes"], serde_json::json!([]));
+    assert_eq!(r["max_concurrent_polls_one_job"], 1);
+    assert_eq!(r["chain_breaks"], 0);
+    assert_eq!(r["early_polls"], 0);
+    assert_eq!(r["timed_out"], false);
+}
+
+/// The benchmark's code paths stay alive (figures are not judged here: benchmarks print, tests don't time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_benchmark_runs_its_phases_and_writes_json() {
+    let db = jobtrail_store::testing::TestDb::new().await;
+    let json = std::env::temp_dir().join(format!("jobtrail-bench-{}.json", uuid::Uuid::now_v7().simple()));
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["bench", "--phases", "claim,ceiling,e2e,realistic", "--ceiling-secs", "1", "--clients", "2", "--workers", "1"])
+        .args(["--e2e-operations", "40", "--realistic-operations", "10", "--json-out"])
+        .arg(&json)
+        .env("DATABASE_URL", &db.url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r["end_to_end"][0]["completed"], true);
+    assert_eq!(r["realistic"]["completed"], true);
+    assert_eq!(r["realistic"]["states"]["succeeded"], 10);
+    assert!(r["ceiling"].as_array().unwrap().len() == 2);
+    assert!(r["targets"]["commits_per_operation_realistic"]["value"].as_f64().unwrap() > 0.0);
+}
