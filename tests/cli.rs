@@ -176,7 +176,13 @@ async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(code(&out), 0, "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        code(&out),
+        0,
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["unexpected_outcomes"], serde_json::json!([]));
     assert_eq!(r["max_concurrent_polls_one_job"], 1);
@@ -189,20 +195,50 @@ async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_benchmark_runs_its_phases_and_writes_json() {
     let db = jobtrail_store::testing::TestDb::new().await;
-    let json = std::env::temp_dir().join(format!("jobtrail-bench-{}.json", uuid::Uuid::now_v7().simple()));
+    let json = std::env::temp_dir().join(format!(
+        "jobtrail-bench-{}.json",
+        uuid::Uuid::now_v7().simple()
+    ));
     let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
-        .args(["bench", "--phases", "claim,ceiling,e2e,realistic", "--ceiling-secs", "1", "--clients", "2", "--workers", "1"])
-        .args(["--e2e-operations", "40", "--realistic-operations", "10", "--json-out"])
+        .args([
+            "bench",
+            "--phases",
+            "claim,ceiling,e2e,realistic",
+            "--ceiling-secs",
+            "1",
+            "--clients",
+            "2",
+            "--workers",
+            "1",
+        ])
+        .args([
+            "--e2e-operations",
+            "40",
+            "--realistic-operations",
+            "10",
+            "--json-out",
+        ])
         .arg(&json)
         .env("DATABASE_URL", &db.url)
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(code(&out), 0, "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        code(&out),
+        0,
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(r["end_to_end"][0]["completed"], true);
     assert_eq!(r["realistic"]["completed"], true);
     assert_eq!(r["realistic"]["states"]["succeeded"], 10);
     assert!(r["ceiling"].as_array().unwrap().len() == 2);
-    assert!(r["targets"]["commits_per_operation_realistic"]["value"].as_f64().unwrap() > 0.0);
+    assert!(
+        r["targets"]["commits_per_operation_realistic"]["value"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
 }

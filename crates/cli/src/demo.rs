@@ -390,8 +390,16 @@ pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
     let mut unexpected = Vec::new();
     let mut escalations: BTreeMap<String, (u64, String)> = BTreeMap::new();
     let mut violation_ops = 0;
+    // Operations whose provider takes an idempotency key, that reached it, and the jobs it made.
+    let (mut idem_ops, mut idem_jobs) = (0u64, 0u64);
     for (id, k) in &ops {
         let op = store.get(*id).await?;
+        if op.at_most_once
+            && let Some(jobs) = ledger.tokens.get(op.token.as_str())
+        {
+            idem_ops += 1;
+            idem_jobs += jobs.len() as u64;
+        }
         if !all[*k].expect.contains(&op.state) {
             unexpected.push(format!("{id} ({}) ended {}", all[*k].name, op.state));
         }
@@ -415,6 +423,8 @@ pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
         "final_states": by_state.iter().map(|(s, p, n)| serde_json::json!({"state": s, "provider": p, "count": n})).collect::<Vec<_>>(),
         "escalations": escalations.iter().map(|(s, (n, why))| serde_json::json!({"state": s, "count": n, "example_reason": why})).collect::<Vec<_>>(),
         "remote_jobs_created": jobs_created,
+        "idempotent_operations_that_reached_the_provider": idem_ops,
+        "remote_jobs_for_them": idem_jobs,
         "tokens_with_more_than_one_job": tokens_multi,
         "contract_violation_operations": violation_ops,
         "provider_calls": n_calls,
@@ -487,6 +497,13 @@ fn print_report(
         (
             "remote jobs created (simulator ledger)",
             r["remote_jobs_created"].to_string(),
+        ),
+        (
+            "jobs vs operations, idempotent providers",
+            format!(
+                "{} jobs for {} operations that reached the provider (a contract violation is a second job)",
+                r["remote_jobs_for_them"], r["idempotent_operations_that_reached_the_provider"]
+            ),
         ),
         (
             "tokens answered with more than one job",

@@ -513,7 +513,12 @@ pub(crate) async fn insert_calls(
 }
 
 /// One history link to insert: the entry, its prev and own hash, the call that caused it.
-type LinkRow<'a> = (&'a ChainEntry, &'a [u8; 32], &'a [u8; 32], Option<uuid::Uuid>);
+type LinkRow<'a> = (
+    &'a ChainEntry,
+    &'a [u8; 32],
+    &'a [u8; 32],
+    Option<uuid::Uuid>,
+);
 
 /// Execute many planned writes (rows locked by this transaction) with one statement per table.
 pub(crate) async fn execute_many(
