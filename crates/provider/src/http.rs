@@ -14,6 +14,36 @@ const PATH_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
+/// What one exchange says, whatever the call (see `HttpProvider::verdict`).
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    /// No complete response arrived.
+    Wire(WireError),
+    Success,
+    AlreadyExists,
+    Reject {
+        status: Option<u16>,
+        reason: String,
+    },
+    RetryLater {
+        delay: Option<std::time::Duration>,
+        reason: String,
+    },
+    Ambiguous {
+        class: String,
+    },
+}
+
+/// Where one call goes.
+struct Target<'a> {
+    kind: CallKind,
+    attempt: i32,
+    method: http::Method,
+    /// A template already filled, or a URL the provider gave.
+    path: &'a str,
+    max_body: u64,
+}
+
 /// One request to send.
 struct Req {
     kind: CallKind,
@@ -281,25 +311,76 @@ impl HttpProvider {
         serde_json::to_vec(&body).map_err(|e| e.to_string())
     }
 
+    /// What one exchange says, before it becomes the outcome of a particular call.
+    fn verdict(&self, call: CallName, ex: &Exchange) -> Verdict {
+        if let Some(e) = ex.error {
+            return Verdict::Wire(e);
+        }
+        match self.meaning(call, ex) {
+            Meaning::Success => Verdict::Success,
+            Meaning::AlreadyExists => Verdict::AlreadyExists,
+            Meaning::Reject => Verdict::Reject {
+                status: ex.status,
+                reason: Self::reason(ex),
+            },
+            Meaning::RetryLater => Verdict::RetryLater {
+                delay: wire::retry_after(&ex.headers),
+                reason: Self::reason(ex),
+            },
+            Meaning::Ambiguous => Verdict::Ambiguous {
+                class: Self::ambiguous_class(ex),
+            },
+        }
+    }
+
+    /// Send one call to a URL built from a template (or a URL the provider gave). A URL that cannot
+    /// be built never leaves: `Err` holds the unsent exchange.
+    async fn call(
+        &self,
+        op: &OperationRecord,
+        t: Target<'_>,
+        body: Option<Vec<u8>>,
+        extra: http::HeaderMap,
+    ) -> Exchange {
+        let Target {
+            kind,
+            attempt,
+            method,
+            path: target,
+            max_body,
+        } = t;
+        match self.url(target) {
+            Ok(url) => {
+                self.send(
+                    op,
+                    Req {
+                        kind,
+                        attempt,
+                        method,
+                        url,
+                        body,
+                        extra,
+                        max_body,
+                    },
+                )
+                .await
+            }
+            Err(e) => {
+                let blank = url::Url::parse("about:blank").expect("static URL");
+                wire::unsent(kind, attempt, &method, &blank, op.trace_id, &e)
+            }
+        }
+    }
+
     async fn do_create(&self, op: &OperationRecord, attempt: i32) -> Called<CreateOutcome> {
         let spec = &self.contract.create;
-        let url = match self.url(&self.fill(&spec.path, op)) {
-            Ok(u) => u,
-            Err(e) => {
-                return unsent_called(
-                    CallKind::Create,
-                    attempt,
-                    op,
-                    &e,
-                    CreateOutcome::NotSent {
-                        error_class: "bad_url".into(),
-                    },
-                );
-            }
-        };
+        let target = self.fill(&spec.path, op);
         let body = match self.create_body(op) {
             Ok(b) => b,
             Err(why) => {
+                let url = self
+                    .url(&target)
+                    .unwrap_or_else(|_| url::Url::parse("about:blank").expect("static URL"));
                 let ex = wire::unsent(
                     CallKind::Create,
                     attempt,
@@ -308,13 +389,11 @@ impl HttpProvider {
                     op.trace_id,
                     &why,
                 );
-                let d = ex.record.outcome.clone();
+                let class = WireError::Secret.class().to_owned();
                 return Self::finish(
                     ex,
-                    CreateOutcome::NotSent {
-                        error_class: WireError::Secret.class().into(),
-                    },
-                    d,
+                    CreateOutcome::NotSent { error_class: class },
+                    String::new(),
                     None,
                 );
             }
@@ -331,150 +410,124 @@ impl HttpProvider {
         }
         let max = self.contract.max_response_bytes;
         let ex = self
-            .send(
+            .call(
                 op,
-                Req {
+                Target {
                     kind: CallKind::Create,
                     attempt,
                     method: spec.method.clone(),
-                    url,
-                    body: Some(body),
-                    extra,
+                    path: &target,
                     max_body: max,
                 },
+                Some(body),
+                extra,
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
-        if let Some(err) = ex.error {
-            let (outcome, d) = if err.not_sent() {
-                (
-                    CreateOutcome::NotSent {
-                        error_class: err.class().into(),
-                    },
-                    format!("not sent: {}", err.class()),
-                )
-            } else {
-                (
-                    CreateOutcome::Ambiguous {
-                        error_class: err.class().into(),
-                    },
-                    format!("ambiguous: {}", err.class()),
-                )
-            };
-            return Self::finish(ex, outcome, d, ctx);
-        }
+        let (outcome, d) = match self.verdict(CallName::Create, &ex) {
+            Verdict::Wire(e) if e.not_sent() => (
+                CreateOutcome::NotSent {
+                    error_class: e.class().into(),
+                },
+                format!("not sent: {}", e.class()),
+            ),
+            Verdict::Wire(e) => (
+                CreateOutcome::Ambiguous {
+                    error_class: e.class().into(),
+                },
+                format!("ambiguous: {}", e.class()),
+            ),
+            Verdict::Reject { status, reason } => (
+                CreateOutcome::Rejected {
+                    http_status: status,
+                    reason: reason.clone(),
+                },
+                format!("rejected: {reason}"),
+            ),
+            Verdict::RetryLater { delay, reason } => (
+                CreateOutcome::RetryLater {
+                    delay,
+                    reason: reason.clone(),
+                },
+                format!("retry later: {reason}"),
+            ),
+            Verdict::Ambiguous { class } => (
+                CreateOutcome::Ambiguous {
+                    error_class: class.clone(),
+                },
+                format!("ambiguous: {class}"),
+            ),
+            v @ (Verdict::Success | Verdict::AlreadyExists) => {
+                self.accepted(&ex, v == Verdict::AlreadyExists)
+            }
+        };
+        Self::finish(ex, outcome, d, ctx)
+    }
+
+    /// A successful create: the job it names, or the result it carries synchronously.
+    fn accepted(&self, ex: &Exchange, duplicate: bool) -> (CreateOutcome, String) {
+        let spec = &self.contract.create;
         let json: Option<serde_json::Value> = serde_json::from_slice(&ex.body).ok();
-        match self.meaning(CallName::Create, &ex) {
-            m @ (Meaning::Success | Meaning::AlreadyExists) => {
-                let duplicate = m == Meaning::AlreadyExists;
-                let job_id = self.locate(&spec.job_id, &ex, json.as_ref());
-                if let Some(loc) = &spec.sync_result
-                    && let Some(result) = json.as_ref().and_then(|j| match loc {
-                        Locator::Body(p) => j.pointer(p).filter(|v| !v.is_null()).cloned(),
-                        Locator::Header(_) => None,
-                    })
-                {
-                    let bytes = bytes::Bytes::from(serde_json::to_vec(&result).unwrap_or_default());
-                    let fetched = FetchedResult {
-                        bytes,
-                        content_type: Some("application/json".into()),
-                        checksum: None,
-                    };
-                    let d = format!(
-                        "completed synchronously{}",
-                        job_id
-                            .as_ref()
-                            .map(|j| format!(" as {j}"))
-                            .unwrap_or_default()
-                    );
-                    return Self::finish(
-                        ex,
-                        CreateOutcome::Completed {
-                            job_id,
-                            result: fetched,
-                        },
-                        d,
-                        ctx,
-                    );
-                }
-                match job_id {
-                    Some(job_id) => {
-                        let remote_state = spec
-                            .initial_state
-                            .as_ref()
-                            .and_then(|l| self.locate(l, &ex, json.as_ref()));
-                        let status_url = self.status_url_in(&ex, json.as_ref());
-                        let d = format!(
-                            "{} {job_id}",
-                            if duplicate {
-                                "already exists as"
-                            } else {
-                                "accepted as"
-                            }
-                        );
-                        Self::finish(
-                            ex,
-                            CreateOutcome::Accepted {
-                                job_id,
-                                remote_state,
-                                status_url,
-                                duplicate,
-                            },
-                            d,
-                            ctx,
-                        )
+        let job_id = self.locate(&spec.job_id, ex, json.as_ref());
+        if let Some(Locator::Body(p)) = &spec.sync_result
+            && let Some(result) = json
+                .as_ref()
+                .and_then(|j| j.pointer(p))
+                .filter(|v| !v.is_null())
+        {
+            let bytes = bytes::Bytes::from(serde_json::to_vec(result).unwrap_or_default());
+            let fetched = FetchedResult {
+                bytes,
+                content_type: Some("application/json".into()),
+                checksum: None,
+            };
+            let d = format!(
+                "completed synchronously{}",
+                job_id
+                    .as_ref()
+                    .map(|j| format!(" as {j}"))
+                    .unwrap_or_default()
+            );
+            return (
+                CreateOutcome::Completed {
+                    job_id,
+                    result: fetched,
+                },
+                d,
+            );
+        }
+        match job_id {
+            Some(job_id) => {
+                let remote_state = spec
+                    .initial_state
+                    .as_ref()
+                    .and_then(|l| self.locate(l, ex, json.as_ref()));
+                let status_url = self.status_url_in(ex, json.as_ref());
+                let d = format!(
+                    "{} {job_id}",
+                    if duplicate {
+                        "already exists as"
+                    } else {
+                        "accepted as"
                     }
-                    // A success without the job id we were promised: we cannot tell what exists.
-                    None => {
-                        let d = "ambiguous: success without a job id".to_owned();
-                        Self::finish(
-                            ex,
-                            CreateOutcome::Ambiguous {
-                                error_class: "missing_job_id".into(),
-                            },
-                            d,
-                            ctx,
-                        )
-                    }
-                }
-            }
-            Meaning::Reject => {
-                let reason = Self::reason(&ex);
-                let status = ex.status;
-                Self::finish(
-                    ex,
-                    CreateOutcome::Rejected {
-                        http_status: status,
-                        reason: reason.clone(),
+                );
+                (
+                    CreateOutcome::Accepted {
+                        job_id,
+                        remote_state,
+                        status_url,
+                        duplicate,
                     },
-                    format!("rejected: {reason}"),
-                    ctx,
+                    d,
                 )
             }
-            Meaning::RetryLater => {
-                let delay = wire::retry_after(&ex.headers);
-                let reason = Self::reason(&ex);
-                Self::finish(
-                    ex,
-                    CreateOutcome::RetryLater {
-                        delay,
-                        reason: reason.clone(),
-                    },
-                    format!("retry later: {reason}"),
-                    ctx,
-                )
-            }
-            Meaning::Ambiguous => {
-                let class = Self::ambiguous_class(&ex);
-                Self::finish(
-                    ex,
-                    CreateOutcome::Ambiguous {
-                        error_class: class.clone(),
-                    },
-                    format!("ambiguous: {class}"),
-                    ctx,
-                )
-            }
+            // A success without the job id we were promised: we cannot tell what exists.
+            None => (
+                CreateOutcome::Ambiguous {
+                    error_class: "missing_job_id".into(),
+                },
+                "ambiguous: success without a job id".into(),
+            ),
         }
     }
 
@@ -501,124 +554,85 @@ impl HttpProvider {
             Some(u) if !resource => u.clone(),
             _ => self.fill(&spec.url, op),
         };
-        let url = match self.url(&target) {
-            Ok(u) => u,
-            Err(e) => {
-                return unsent_called(
-                    CallKind::Status,
-                    attempt,
-                    op,
-                    &e,
-                    StatusOutcome::Failed {
-                        error_class: "bad_url".into(),
-                    },
-                );
-            }
-        };
         let max = self.contract.max_response_bytes;
         let ex = self
-            .send(
+            .call(
                 op,
-                Req {
+                Target {
                     kind: CallKind::Status,
                     attempt,
                     method: http::Method::GET,
-                    url,
-                    body: None,
-                    extra: http::HeaderMap::new(),
+                    path: &target,
                     max_body: max,
                 },
+                None,
+                http::HeaderMap::new(),
             )
             .await;
-        if let Some(err) = ex.error {
-            let ctx = self.context_after(op, &ex, None);
-            return Self::finish(
-                ex,
+        let failed = |class: String| {
+            (
                 StatusOutcome::Failed {
-                    error_class: err.class().into(),
+                    error_class: class.clone(),
                 },
-                format!("failed: {}", err.class()),
-                ctx,
-            );
-        }
-        match self.meaning(CallName::Status, &ex) {
-            Meaning::Success | Meaning::AlreadyExists => {}
-            Meaning::RetryLater => {
-                let delay = wire::retry_after(&ex.headers);
-                let reason = Self::reason(&ex);
-                let ctx = self.context_after(op, &ex, None);
-                return Self::finish(
-                    ex,
-                    StatusOutcome::RetryLater {
-                        delay,
-                        reason: reason.clone(),
-                    },
-                    format!("retry later: {reason}"),
-                    ctx,
-                );
-            }
-            Meaning::Reject => {
-                let reason = Self::reason(&ex);
-                let status = ex.status;
-                let ctx = self.context_after(op, &ex, None);
-                return Self::finish(
-                    ex,
-                    StatusOutcome::Rejected {
-                        http_status: status,
-                        reason: reason.clone(),
-                    },
-                    format!("rejected: {reason}"),
-                    ctx,
-                );
-            }
-            Meaning::Ambiguous => {
-                let class = Self::ambiguous_class(&ex);
-                let ctx = self.context_after(op, &ex, None);
-                return Self::finish(
-                    ex,
-                    StatusOutcome::Failed {
-                        error_class: class.clone(),
-                    },
-                    format!("failed: {class}"),
-                    ctx,
-                );
-            }
-        }
-        let json: serde_json::Value = match serde_json::from_slice(&ex.body) {
-            Ok(j) => j,
-            Err(_) => {
-                let ctx = self.context_after(op, &ex, None);
-                return Self::finish(
-                    ex,
-                    StatusOutcome::Failed {
-                        error_class: "malformed_json".into(),
-                    },
-                    "failed: malformed JSON".into(),
-                    ctx,
-                );
-            }
+                format!("failed: {class}"),
+                None,
+            )
         };
+        let (outcome, d, hints) = match self.verdict(CallName::Status, &ex) {
+            Verdict::Wire(e) => failed(e.class().into()),
+            Verdict::Ambiguous { class } => failed(class),
+            Verdict::RetryLater { delay, reason } => (
+                StatusOutcome::RetryLater {
+                    delay,
+                    reason: reason.clone(),
+                },
+                format!("retry later: {reason}"),
+                None,
+            ),
+            Verdict::Reject { status, reason } => (
+                StatusOutcome::Rejected {
+                    http_status: status,
+                    reason: reason.clone(),
+                },
+                format!("rejected: {reason}"),
+                None,
+            ),
+            Verdict::Success | Verdict::AlreadyExists => match self.observed(op, &ex, resource) {
+                Ok(s) => {
+                    let d = match s.phase {
+                        Some(p) => format!("observed {} ({p:?})", s.remote_state),
+                        None => format!("observed unknown state {:?}", s.remote_state),
+                    };
+                    let hints = s.hints.clone();
+                    (StatusOutcome::Observed(s), d, Some(hints))
+                }
+                Err(class) => failed(class),
+            },
+        };
+        let ctx = self.context_after(op, &ex, hints.as_ref());
+        Self::finish(ex, outcome, d, ctx)
+    }
+
+    /// Read a status body. `Err` holds the error class of a body that cannot be read.
+    fn observed(
+        &self,
+        op: &OperationRecord,
+        ex: &Exchange,
+        resource: bool,
+    ) -> Result<RemoteStatus, String> {
+        let spec = &self.contract.status;
+        let json: serde_json::Value =
+            serde_json::from_slice(&ex.body).map_err(|_| "malformed_json".to_owned())?;
         let state_here = json
             .pointer(&spec.state)
             .and_then(|v| v.as_str())
             .map(str::to_owned);
         // The created resource after success may not say a state: success is already known.
-        let state_here = match (state_here, resource) {
+        let remote_state = match (state_here, resource) {
             (None, true) => op.remote_state.clone(),
             (s, _) => s,
-        };
-        let Some(remote_state) = state_here else {
-            let ctx = self.context_after(op, &ex, None);
-            let d = format!("failed: no state at {}", spec.state);
-            return Self::finish(
-                ex,
-                StatusOutcome::Failed {
-                    error_class: "missing_state".into(),
-                },
-                d,
-                ctx,
-            );
-        };
+        }
+        .ok_or_else(|| "missing_state".to_owned())?;
         let get_str = |p: &Option<String>| {
             p.as_ref()
                 .and_then(|p| json.pointer(p))
@@ -644,7 +658,7 @@ impl HttpProvider {
         {
             hints.expected_count = Some(n);
         }
-        let status = RemoteStatus {
+        Ok(RemoteStatus {
             phase: spec.phase(&remote_state),
             updated_at: spec
                 .updated_at
@@ -661,132 +675,88 @@ impl HttpProvider {
                 .and_then(|p| json.pointer(p))
                 .cloned(),
             error: get_str(&spec.error),
-            status_url: self.status_url_in(&ex, Some(&json)),
+            status_url: self.status_url_in(ex, Some(&json)),
             retry_after: wire::retry_after(&ex.headers),
-            hints: hints.clone(),
+            hints,
             remote_state,
-        };
-        let ctx = self.context_after(op, &ex, Some(&hints));
-        let d = match status.phase {
-            Some(p) => format!("observed {} ({p:?})", status.remote_state),
-            None => format!("observed unknown state {:?}", status.remote_state),
-        };
-        Self::finish(ex, StatusOutcome::Observed(status), d, ctx)
+        })
     }
 
     async fn do_cancel(&self, op: &OperationRecord, attempt: i32) -> Called<CancelOutcome> {
         let Some(spec) = &self.contract.cancel else {
-            return unsent_called(
-                CallKind::Cancel,
-                attempt,
-                op,
-                "the contract has no cancel endpoint",
-                CancelOutcome::Rejected {
-                    http_status: None,
-                    reason: "the contract has no cancel endpoint".into(),
-                },
-            );
-        };
-        let url = match self.url(&self.fill(&spec.path, op)) {
-            Ok(u) => u,
-            Err(e) => {
-                return unsent_called(
-                    CallKind::Cancel,
-                    attempt,
-                    op,
-                    &e,
-                    CancelOutcome::Failed {
-                        error_class: "bad_url".into(),
-                    },
-                );
-            }
+            let why = "the contract has no cancel endpoint";
+            let outcome = CancelOutcome::Rejected {
+                http_status: None,
+                reason: why.into(),
+            };
+            return unsent_called(CallKind::Cancel, attempt, op, why, outcome);
         };
         let max = self.contract.max_response_bytes;
+        let target = self.fill(&spec.path, op);
         let ex = self
-            .send(
+            .call(
                 op,
-                Req {
+                Target {
                     kind: CallKind::Cancel,
                     attempt,
                     method: spec.method.clone(),
-                    url,
-                    body: None,
-                    extra: http::HeaderMap::new(),
+                    path: &target,
                     max_body: max,
                 },
+                None,
+                http::HeaderMap::new(),
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
-        if let Some(err) = ex.error {
-            return Self::finish(
-                ex,
+        let (outcome, d) = match self.verdict(CallName::Cancel, &ex) {
+            Verdict::Wire(e) => (
                 CancelOutcome::Failed {
-                    error_class: err.class().into(),
+                    error_class: e.class().into(),
                 },
-                format!("failed: {}", err.class()),
-                ctx,
-            );
-        }
-        let status = ex.status;
-        match self.meaning(CallName::Cancel, &ex) {
-            Meaning::Success | Meaning::AlreadyExists => Self::finish(
-                ex,
+                format!("failed: {}", e.class()),
+            ),
+            Verdict::Ambiguous { class } => (
+                CancelOutcome::Failed {
+                    error_class: class.clone(),
+                },
+                format!("failed: {class}"),
+            ),
+            Verdict::Success | Verdict::AlreadyExists => (
                 CancelOutcome::Accepted {
-                    http_status: status,
+                    http_status: ex.status,
                 },
                 "cancel accepted".into(),
-                ctx,
             ),
-            Meaning::Reject => {
-                let reason = Self::reason(&ex);
-                Self::finish(
-                    ex,
-                    CancelOutcome::Rejected {
-                        http_status: status,
-                        reason: reason.clone(),
-                    },
-                    format!("cancel refused: {reason}"),
-                    ctx,
-                )
-            }
-            Meaning::RetryLater => {
-                let delay = wire::retry_after(&ex.headers);
-                let reason = Self::reason(&ex);
-                Self::finish(
-                    ex,
-                    CancelOutcome::RetryLater {
-                        delay,
-                        reason: reason.clone(),
-                    },
-                    format!("retry later: {reason}"),
-                    ctx,
-                )
-            }
-            Meaning::Ambiguous => {
-                let class = Self::ambiguous_class(&ex);
-                Self::finish(
-                    ex,
-                    CancelOutcome::Failed {
-                        error_class: class.clone(),
-                    },
-                    format!("failed: {class}"),
-                    ctx,
-                )
-            }
-        }
+            Verdict::Reject { status, reason } => (
+                CancelOutcome::Rejected {
+                    http_status: status,
+                    reason: reason.clone(),
+                },
+                format!("cancel refused: {reason}"),
+            ),
+            Verdict::RetryLater { delay, reason } => (
+                CancelOutcome::RetryLater {
+                    delay,
+                    reason: reason.clone(),
+                },
+                format!("retry later: {reason}"),
+            ),
+        };
+        Self::finish(ex, outcome, d, ctx)
     }
 
     async fn do_fetch_result(&self, op: &OperationRecord, attempt: i32) -> Called<ResultOutcome> {
         let Some(spec) = &self.contract.result else {
+            let outcome = ResultOutcome::Unavailable {
+                http_status: None,
+                reason: "the contract names no result".into(),
+            };
             return unsent_called(
                 CallKind::Result,
                 attempt,
                 op,
                 "the contract has no result",
-                ResultOutcome::Unavailable {
-                    http_status: None,
-                    reason: "the contract names no result".into(),
-                },
+                outcome,
             );
         };
         let hints: ResultHints = op
@@ -798,116 +768,74 @@ impl HttpProvider {
             (Some(t), _) => self.fill(t, op),
             (None, Some(u)) => u.clone(),
             (None, None) => {
-                return unsent_called(
-                    CallKind::Result,
-                    attempt,
-                    op,
-                    "no result URL",
-                    ResultOutcome::Unavailable {
-                        http_status: None,
-                        reason: "the provider gave no result URL".into(),
-                    },
-                );
-            }
-        };
-        let url = match self.url(&target) {
-            Ok(u) => u,
-            Err(e) => {
-                return unsent_called(
-                    CallKind::Result,
-                    attempt,
-                    op,
-                    &e,
-                    ResultOutcome::Unavailable {
-                        http_status: None,
-                        reason: e.clone(),
-                    },
-                );
+                let outcome = ResultOutcome::Unavailable {
+                    http_status: None,
+                    reason: "the provider gave no result URL".into(),
+                };
+                return unsent_called(CallKind::Result, attempt, op, "no result URL", outcome);
             }
         };
         let ex = self
-            .send(
+            .call(
                 op,
-                Req {
+                Target {
                     kind: CallKind::Result,
                     attempt,
                     method: http::Method::GET,
-                    url,
-                    body: None,
-                    extra: http::HeaderMap::new(),
+                    path: &target,
                     max_body: spec.max_bytes,
                 },
+                None,
+                http::HeaderMap::new(),
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
-        match ex.error {
-            Some(WireError::TooLarge) => {
-                let d = format!("result larger than {} bytes", spec.max_bytes);
-                return Self::finish(
-                    ex,
-                    ResultOutcome::TooLarge {
-                        limit: spec.max_bytes,
-                    },
-                    d,
-                    ctx,
-                );
-            }
-            Some(err) => {
-                return Self::finish(
-                    ex,
-                    ResultOutcome::Failed {
-                        error_class: err.class().into(),
-                    },
-                    format!("failed: {}", err.class()),
-                    ctx,
-                );
-            }
-            None => {}
-        }
-        let status = ex.status;
-        match self.meaning(CallName::Result, &ex) {
-            Meaning::Success | Meaning::AlreadyExists => {
+        let (outcome, d) = match self.verdict(CallName::Result, &ex) {
+            Verdict::Wire(WireError::TooLarge) => (
+                ResultOutcome::TooLarge {
+                    limit: spec.max_bytes,
+                },
+                format!("result larger than {} bytes", spec.max_bytes),
+            ),
+            Verdict::Wire(e) => (
+                ResultOutcome::Failed {
+                    error_class: e.class().into(),
+                },
+                format!("failed: {}", e.class()),
+            ),
+            Verdict::Success | Verdict::AlreadyExists => {
+                let header = |name: &http::HeaderName| {
+                    ex.headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                };
                 let fetched = FetchedResult {
                     bytes: ex.body.clone(),
-                    content_type: ex
-                        .headers
-                        .get(http::header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_owned),
-                    checksum: spec
-                        .checksum_header
-                        .as_ref()
-                        .and_then(|h| ex.headers.get(h))
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_owned),
+                    content_type: header(&http::header::CONTENT_TYPE),
+                    checksum: spec.checksum_header.as_ref().and_then(header),
                 };
                 let d = format!("fetched {} bytes", fetched.bytes.len());
-                Self::finish(ex, ResultOutcome::Fetched(fetched), d, ctx)
+                (ResultOutcome::Fetched(fetched), d)
             }
-            Meaning::Reject => {
-                let reason = Self::reason(&ex);
-                Self::finish(
-                    ex,
-                    ResultOutcome::Unavailable {
-                        http_status: status,
-                        reason: reason.clone(),
-                    },
-                    format!("unavailable: {reason}"),
-                    ctx,
-                )
-            }
-            Meaning::RetryLater | Meaning::Ambiguous => {
+            Verdict::Reject { status, reason } => (
+                ResultOutcome::Unavailable {
+                    http_status: status,
+                    reason: reason.clone(),
+                },
+                format!("unavailable: {reason}"),
+            ),
+            Verdict::RetryLater { .. } | Verdict::Ambiguous { .. } => {
                 let class = Self::ambiguous_class(&ex);
-                Self::finish(
-                    ex,
+                (
                     ResultOutcome::Failed {
                         error_class: class.clone(),
                     },
                     format!("failed: {class}"),
-                    ctx,
                 )
             }
-        }
+        };
+        Self::finish(ex, outcome, d, ctx)
     }
 
     async fn do_lookup(&self, op: &OperationRecord, attempt: i32) -> Called<LookupOutcome> {
@@ -923,93 +851,65 @@ impl HttpProvider {
                 },
             );
         };
-        let url = match self.url(&self.fill(t, op)) {
-            Ok(u) => u,
-            Err(e) => {
-                return unsent_called(
-                    CallKind::Lookup,
-                    attempt,
-                    op,
-                    &e,
-                    LookupOutcome::Failed {
-                        error_class: "bad_url".into(),
-                    },
-                );
-            }
-        };
         let max = self.contract.max_response_bytes;
+        let target = self.fill(t, op);
         let ex = self
-            .send(
+            .call(
                 op,
-                Req {
+                Target {
                     kind: CallKind::Lookup,
                     attempt,
                     method: http::Method::GET,
-                    url,
-                    body: None,
-                    extra: http::HeaderMap::new(),
+                    path: &target,
                     max_body: max,
                 },
+                None,
+                http::HeaderMap::new(),
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
-        if let Some(err) = ex.error {
-            return Self::finish(
-                ex,
-                LookupOutcome::Failed {
-                    error_class: err.class().into(),
-                },
-                format!("failed: {}", err.class()),
-                ctx,
-            );
-        }
-        if ex.status == Some(404) {
-            return Self::finish(ex, LookupOutcome::NotFound, "not found".into(), ctx);
-        }
-        if self.meaning(CallName::Lookup, &ex) != Meaning::Success {
-            let class = Self::ambiguous_class(&ex);
-            return Self::finish(
-                ex,
+        let failed = |class: String| {
+            (
                 LookupOutcome::Failed {
                     error_class: class.clone(),
                 },
                 format!("failed: {class}"),
-                ctx,
-            );
-        }
-        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&ex.body) else {
-            return Self::finish(
-                ex,
-                LookupOutcome::Failed {
-                    error_class: "malformed_json".into(),
-                },
-                "failed: malformed JSON".into(),
-                ctx,
-            );
+            )
         };
-        let id_ptr = rc.lookup_job_id.clone().unwrap_or_else(|| "/job_id".into());
-        let items: Vec<&serde_json::Value> = match &rc.lookup_jobs {
-            Some(p) => json
-                .pointer(p)
-                .and_then(|v| v.as_array())
-                .map(|a| a.iter().collect())
-                .unwrap_or_default(),
-            None => vec![&json],
+        let (outcome, d) = match self.verdict(CallName::Lookup, &ex) {
+            Verdict::Wire(e) => failed(e.class().into()),
+            _ if ex.status == Some(404) => (LookupOutcome::NotFound, "not found".into()),
+            Verdict::Success => match serde_json::from_slice::<serde_json::Value>(&ex.body) {
+                Err(_) => failed("malformed_json".into()),
+                Ok(json) => {
+                    let id_ptr = rc.lookup_job_id.clone().unwrap_or_else(|| "/job_id".into());
+                    let items: Vec<&serde_json::Value> = match &rc.lookup_jobs {
+                        Some(p) => json
+                            .pointer(p)
+                            .and_then(|v| v.as_array())
+                            .map(|a| a.iter().collect())
+                            .unwrap_or_default(),
+                        None => vec![&json],
+                    };
+                    let job_ids: Vec<String> = items
+                        .iter()
+                        .filter_map(|i| {
+                            i.pointer(&id_ptr)
+                                .and_then(|v| v.as_str())
+                                .map(str::to_owned)
+                        })
+                        .collect();
+                    if job_ids.is_empty() {
+                        (LookupOutcome::NotFound, "not found".into())
+                    } else {
+                        let d = format!("found {}", job_ids.join(", "));
+                        (LookupOutcome::Found { job_ids }, d)
+                    }
+                }
+            },
+            _ => failed(Self::ambiguous_class(&ex)),
         };
-        let job_ids: Vec<String> = items
-            .iter()
-            .filter_map(|i| {
-                i.pointer(&id_ptr)
-                    .and_then(|v| v.as_str())
-                    .map(str::to_owned)
-            })
-            .collect();
-        if job_ids.is_empty() {
-            Self::finish(ex, LookupOutcome::NotFound, "not found".into(), ctx)
-        } else {
-            let d = format!("found {}", job_ids.join(", "));
-            Self::finish(ex, LookupOutcome::Found { job_ids }, d, ctx)
-        }
+        Self::finish(ex, outcome, d, ctx)
     }
 }
 
