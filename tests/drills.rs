@@ -451,3 +451,34 @@ async fn notifications_wake_an_idle_worker() {
     assert_eq!(op.cancel_attempts, 1, "the one cancel call went out");
     env.stop_workers().await;
 }
+
+/// A provider without idempotency keys: a worker dies after durably marking "a create may be in
+/// flight" and before learning its outcome. The next worker does not send create again blindly: the
+/// attempt is ambiguous, reconciliation looks the job up, and without an answer a person decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_no_idempotency_crash_mid_create_is_never_resent_blindly() {
+    let env = Env::new().await;
+    let op = env
+        .submit("sim-legacy", serde_json::json!({"duration_ms": 300}), |s| {
+            // The dead worker extended its lease to cover its call (connect 1 s + request 2 s):
+            // the next one takes over after about 5 s, with time left to reconcile.
+            s.create_deadline = Some(chrono::Utc::now() + chrono::Duration::seconds(12));
+        })
+        .await;
+    assert!(!op.at_most_once, "the record says at-most-once cannot be guaranteed");
+    let mut a = env.spawn_worker("marked", "2s", &[("JOBTRAIL_FAULT", "kill_after:after_create_marked")]);
+    a.wait_exit(Duration::from_secs(30)).expect("the worker killed itself after marking the send");
+    let _b = env.spawn_worker("careful", "2s", &[]);
+    let done = env.wait_state(op.id, State::CreateUnresolved, T).await;
+    assert!(done.escalation_reason.as_deref().unwrap_or("").contains("create deadline"));
+    let history = env.store.history(op.id).await.unwrap();
+    let events: Vec<String> = history.iter().map(|h| format!("{}: {}", h.event, h.cause)).collect();
+    let first = history.iter().find(|h| h.event == "create_ambiguous").unwrap_or_else(|| panic!("no ambiguous create in {events:#?}"));
+    assert!(first.cause.contains("never recorded"), "{}", first.cause);
+    assert!(history.iter().any(|h| h.event == "reconciliation_inconclusive"), "it looked the job up");
+    let ledger = env.sim.ledger();
+    assert_eq!(ledger.jobs_for_reference(&op.id.to_string()).len(), 0, "no create was sent again");
+    let calls = env.store.calls(op.id).await.unwrap();
+    assert!(calls.iter().all(|c| c.kind != "create"), "{calls:?}");
+    assert!(calls.iter().any(|c| c.kind == "lookup" && c.actor == "careful"));
+}

@@ -276,6 +276,7 @@ async fn plan_create(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, St
             ..Default::default()
         };
         ctx.write(mark).await?;
+        fault::point("after_create_marked");
         counted = 0;
         base_ctx["create_sending"] = serde_json::Value::Bool(false);
     }
