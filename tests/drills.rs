@@ -465,20 +465,52 @@ async fn drill_no_idempotency_crash_mid_create_is_never_resent_blindly() {
             s.create_deadline = Some(chrono::Utc::now() + chrono::Duration::seconds(12));
         })
         .await;
-    assert!(!op.at_most_once, "the record says at-most-once cannot be guaranteed");
-    let mut a = env.spawn_worker("marked", "2s", &[("JOBTRAIL_FAULT", "kill_after:after_create_marked")]);
-    a.wait_exit(Duration::from_secs(30)).expect("the worker killed itself after marking the send");
+    assert!(
+        !op.at_most_once,
+        "the record says at-most-once cannot be guaranteed"
+    );
+    let mut a = env.spawn_worker(
+        "marked",
+        "2s",
+        &[("JOBTRAIL_FAULT", "kill_after:after_create_marked")],
+    );
+    a.wait_exit(Duration::from_secs(30))
+        .expect("the worker killed itself after marking the send");
     let _b = env.spawn_worker("careful", "2s", &[]);
     let done = env.wait_state(op.id, State::CreateUnresolved, T).await;
-    assert!(done.escalation_reason.as_deref().unwrap_or("").contains("create deadline"));
+    assert!(
+        done.escalation_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("create deadline")
+    );
     let history = env.store.history(op.id).await.unwrap();
-    let events: Vec<String> = history.iter().map(|h| format!("{}: {}", h.event, h.cause)).collect();
-    let first = history.iter().find(|h| h.event == "create_ambiguous").unwrap_or_else(|| panic!("no ambiguous create in {events:#?}"));
+    let events: Vec<String> = history
+        .iter()
+        .map(|h| format!("{}: {}", h.event, h.cause))
+        .collect();
+    let first = history
+        .iter()
+        .find(|h| h.event == "create_ambiguous")
+        .unwrap_or_else(|| panic!("no ambiguous create in {events:#?}"));
     assert!(first.cause.contains("never recorded"), "{}", first.cause);
-    assert!(history.iter().any(|h| h.event == "reconciliation_inconclusive"), "it looked the job up");
+    assert!(
+        history
+            .iter()
+            .any(|h| h.event == "reconciliation_inconclusive"),
+        "it looked the job up"
+    );
     let ledger = env.sim.ledger();
-    assert_eq!(ledger.jobs_for_reference(&op.id.to_string()).len(), 0, "no create was sent again");
+    assert_eq!(
+        ledger.jobs_for_reference(&op.id.to_string()).len(),
+        0,
+        "no create was sent again"
+    );
     let calls = env.store.calls(op.id).await.unwrap();
     assert!(calls.iter().all(|c| c.kind != "create"), "{calls:?}");
-    assert!(calls.iter().any(|c| c.kind == "lookup" && c.actor == "careful"));
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.kind == "lookup" && c.actor == "careful")
+    );
 }

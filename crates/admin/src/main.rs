@@ -172,7 +172,9 @@ enum Command {
         what: AuditCmd,
     },
     /// Operations by state and provider, the escalation queue, and lease holders.
-    #[command(after_help = "Examples:\n  jobtrail-admin stats\n  jobtrail-admin stats --json | jq .escalations")]
+    #[command(
+        after_help = "Examples:\n  jobtrail-admin stats\n  jobtrail-admin stats --json | jq .escalations"
+    )]
     Stats,
     /// Apply database migrations and exit.
     Migrate,
