@@ -26,15 +26,8 @@ const EXIT_CODES: &str = "Exit codes:
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// PostgreSQL URL. Unset: jobtrail's private cluster (started on demand).
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    database_url: Option<String>,
-    /// Directory of provider contracts (needed by `retry`).
-    #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true)]
-    providers: Option<PathBuf>,
-    /// Machine-readable output.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    common: jobtrail_console::shell::Common,
     #[command(subcommand)]
     command: Command,
 }
@@ -219,8 +212,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> CmdResult {
-    let json = cli.json;
-    let store = shell::store(&cli.database_url).await?;
+    let json = cli.common.json;
+    let store = shell::store(&cli.common.database_url).await?;
     match cli.command {
         Command::Migrate => {
             println!("migrations applied");
@@ -253,7 +246,7 @@ async fn run(cli: Cli) -> CmdResult {
             result_deadline,
             decided,
         } => {
-            let registry = shell::registry(&cli.providers)?;
+            let registry = shell::registry(&cli.common.providers)?;
             decide::retry(
                 &store,
                 &registry,

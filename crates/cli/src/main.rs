@@ -32,15 +32,8 @@ and waits for the provider's confirmation, validates the result, and keeps a tam
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// PostgreSQL URL. Unset: jobtrail's private cluster, started on demand from the machine's PostgreSQL binaries.
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    database_url: Option<String>,
-    /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.
-    #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true)]
-    providers: Option<PathBuf>,
-    /// Machine-readable output.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    common: jobtrail_console::shell::Common,
     #[command(subcommand)]
     command: Command,
 }
@@ -182,12 +175,12 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> CmdResult {
-    let json = cli.json;
+    let json = cli.common.json;
     match cli.command {
         Command::Demo(args) => demo::run(args, json).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate => {
-            common::store(&cli.database_url).await?;
+            common::store(&cli.common.database_url).await?;
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
@@ -205,8 +198,8 @@ async fn run(cli: Cli) -> CmdResult {
             supersedes,
             max_body_bytes,
         } => {
-            let registry = common::registry(&cli.providers)?;
-            let store = common::store(&cli.database_url).await?;
+            let registry = common::registry(&cli.common.providers)?;
+            let store = common::store(&cli.common.database_url).await?;
             let args = ops::SubmitArgs {
                 provider,
                 target,
@@ -225,7 +218,12 @@ async fn run(cli: Cli) -> CmdResult {
             ops::submit(&store, &registry, args).await
         }
         Command::Show { operation } => {
-            ops::show(&common::store(&cli.database_url).await?, &operation, json).await
+            ops::show(
+                &common::store(&cli.common.database_url).await?,
+                &operation,
+                json,
+            )
+            .await
         }
         Command::Cancel {
             operation,
@@ -233,7 +231,7 @@ async fn run(cli: Cli) -> CmdResult {
             reason,
         } => {
             ops::cancel(
-                &common::store(&cli.database_url).await?,
+                &common::store(&cli.common.database_url).await?,
                 &operation,
                 &actor,
                 &reason,
@@ -243,7 +241,7 @@ async fn run(cli: Cli) -> CmdResult {
         }
         Command::Result { operation, output } => {
             ops::result(
-                &common::store(&cli.database_url).await?,
+                &common::store(&cli.common.database_url).await?,
                 &operation,
                 output.as_deref(),
             )
@@ -253,7 +251,7 @@ async fn run(cli: Cli) -> CmdResult {
             let timeout = common::parse_duration(&timeout)
                 .map_err(|e| common::fail(exit::BAD_INPUT, format!("--timeout: {e}")))?;
             ops::wait(
-                &common::store(&cli.database_url).await?,
+                &common::store(&cli.common.database_url).await?,
                 &operation,
                 timeout,
                 json,
@@ -289,8 +287,8 @@ async fn run(cli: Cli) -> CmdResult {
             if config.lease < std::time::Duration::from_secs(1) {
                 return Err(common::fail(exit::BAD_INPUT, "--lease must be at least 1s"));
             }
-            let registry = common::registry(&cli.providers)?;
-            let store = common::store(&cli.database_url).await?;
+            let registry = common::registry(&cli.common.providers)?;
+            let store = common::store(&cli.common.database_url).await?;
             let results = jobtrail_worker::ResultStore::new(
                 result_dir.unwrap_or_else(jobtrail_worker::ResultStore::default_root),
             );

@@ -7,6 +7,20 @@ use jobtrail_store::{Store, StoreError};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The options every jobtrail command line shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// PostgreSQL URL. Unset: jobtrail's private cluster, started on demand from the machine's PostgreSQL binaries.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.
+    #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true)]
+    pub providers: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
 /// Documented exit codes (README "Exit codes").
 pub mod exit {
     pub const OK: u8 = 0;

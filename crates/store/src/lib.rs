@@ -466,36 +466,17 @@ impl Store {
         intent: &Intent,
     ) -> Result<Submitted, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let locked = lock(&mut tx, old).await?;
-        let current: State = locked
-            .row_state()
-            .parse()
-            .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
-        let seq = locked.row_history_seq();
-        if current != seen_state || seen_seq.is_some_and(|s| s != seq) {
-            return Err(StoreError::Stale {
-                operation_id: old,
-                seen: seen_state.to_string(),
-                current,
-                seq,
-            });
-        }
-        if !current.is_terminal() {
-            return Err(StoreError::Illegal {
-                operation_id: old,
-                source: jobtrail_core::IllegalTransition {
-                    from: current,
-                    on: jobtrail_core::EventKind::Superseded,
-                },
-            });
-        }
+        let locked = lock_as_seen(&mut tx, old, seen_state, seen_seq).await?;
         let actor = decision.actor().to_owned();
-        insert_intent(&mut tx, intent).await?;
         let step = Step::event(Event::Superseded {
             decision,
             new_operation_id: intent.operation_id.to_string(),
         });
-        write::apply_locked(&mut tx, locked, &actor, step).await?;
+        // The table decides (only terminal operations may be superseded); the new operation must
+        // exist before the old one can point at it.
+        let planned = write::plan(locked, &actor, step)?;
+        insert_intent(&mut tx, intent).await?;
+        write::execute(&mut tx, &planned).await?;
         sqlx::query(include_str!("sql/notify_work.sql"))
             .bind(intent.operation_id.to_string())
             .execute(&mut *tx)
@@ -522,23 +503,7 @@ impl Store {
             None => "admin".to_owned(),
         };
         let mut tx = self.pool.begin().await?;
-        let locked = lock(&mut tx, id).await?;
-        let current: State = locked
-            .row_state()
-            .parse()
-            .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
-        let seq = locked.row_history_seq();
-        if current != seen_state || seen_seq.is_some_and(|s| s != seq) {
-            return Err(StoreError::Stale {
-                operation_id: id,
-                seen: match seen_seq {
-                    Some(s) => format!("{seen_state} (history #{s})"),
-                    None => seen_state.to_string(),
-                },
-                current,
-                seq,
-            });
-        }
+        let locked = lock_as_seen(&mut tx, id, seen_state, seen_seq).await?;
         let applied = write::apply_locked(&mut tx, locked, &actor, step).await?;
         sqlx::query(include_str!("sql/notify_work.sql"))
             .bind(id.to_string())
@@ -664,6 +629,34 @@ async fn lock_if_leased(
         .fetch_optional(&mut **tx)
         .await?;
     row.ok_or_else(|| lost(lease))
+}
+
+/// Lock a row for a person's decision, refusing with `Stale` if it is no longer in the state (and, if
+/// given, at the history position) the person saw.
+async fn lock_as_seen(
+    tx: &mut Transaction<'_, Postgres>,
+    id: OperationId,
+    seen_state: State,
+    seen_seq: Option<i64>,
+) -> Result<LockedRow, StoreError> {
+    let locked = lock(tx, id).await?;
+    let current: State = locked
+        .row_state()
+        .parse()
+        .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+    let seq = locked.row_history_seq();
+    if current != seen_state || seen_seq.is_some_and(|s| s != seq) {
+        return Err(StoreError::Stale {
+            operation_id: id,
+            seen: match seen_seq {
+                Some(s) => format!("{seen_state} (history #{s})"),
+                None => seen_state.to_string(),
+            },
+            current,
+            seq,
+        });
+    }
+    Ok(locked)
 }
 
 async fn lock(
