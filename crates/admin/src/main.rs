@@ -202,13 +202,7 @@ enum AuditCmd {
 async fn main() -> ExitCode {
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
-    match run(cli).await {
-        Ok(code) => code,
-        Err(f) => {
-            eprintln!("error: {:#}", f.error);
-            ExitCode::from(f.code)
-        }
-    }
+    shell::exit_with(run(cli).await)
 }
 
 async fn run(cli: Cli) -> CmdResult {

@@ -54,42 +54,7 @@ enum Command {
     #[command(
         after_help = "Examples:\n  echo '{\"account\":\"acct_218\",\"format\":\"csv\"}' | jobtrail submit --provider sim --target reports \\\n      --caller agent-7 --approved-by alice --approval-ref CHG-42\n  jobtrail submit --provider sim --target reports --body req.json --id op_01J... --result-deadline +2h"
     )]
-    Submit {
-        #[arg(long)]
-        provider: String,
-        /// What the operation acts on (part of the fingerprint).
-        #[arg(long)]
-        target: String,
-        /// Request body (JSON) file; `-` or absent: stdin.
-        #[arg(long)]
-        body: Option<PathBuf>,
-        /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a no-op.
-        #[arg(long)]
-        id: Option<String>,
-        /// Who asks (agent run, tool, person).
-        #[arg(long, env = "JOBTRAIL_CALLER")]
-        caller: String,
-        /// Who authorised the work.
-        #[arg(long)]
-        approved_by: String,
-        /// A reference to the approval (ticket, change request).
-        #[arg(long)]
-        approval_ref: Option<String>,
-        /// RFC 3339 or relative (+2m). Default: the provider's create window.
-        #[arg(long)]
-        create_deadline: Option<String>,
-        /// RFC 3339 or relative (+1h). Default: the provider's result window.
-        #[arg(long)]
-        result_deadline: Option<String>,
-        /// How long a cancel may take to be confirmed (90s, 5m). Default: the provider's.
-        #[arg(long)]
-        cancel_window: Option<String>,
-        /// The operation this one retries (a new operation linked to the old).
-        #[arg(long)]
-        supersedes: Option<String>,
-        #[arg(long, default_value_t = 1024 * 1024)]
-        max_body_bytes: usize,
-    },
+    Submit(ops::SubmitArgs),
     /// Show an operation: state, remote facts, and its whole timeline.
     Show { operation: String },
     /// Request a cancel (recorded with actor and reason; confirmed only by the provider).
@@ -165,13 +130,7 @@ async fn main() -> ExitCode {
         Command::Bench(_) => "error",
         _ => "warn",
     });
-    match run(cli).await {
-        Ok(code) => code,
-        Err(f) => {
-            eprintln!("error: {:#}", f.error);
-            ExitCode::from(f.code)
-        }
-    }
+    common::exit_with(run(cli).await)
 }
 
 async fn run(cli: Cli) -> CmdResult {
@@ -184,38 +143,10 @@ async fn run(cli: Cli) -> CmdResult {
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Submit {
-            provider,
-            target,
-            body,
-            id,
-            caller,
-            approved_by,
-            approval_ref,
-            create_deadline,
-            result_deadline,
-            cancel_window,
-            supersedes,
-            max_body_bytes,
-        } => {
+        Command::Submit(args) => {
             let registry = common::registry(&cli.common.providers)?;
             let store = common::store(&cli.common.database_url).await?;
-            let args = ops::SubmitArgs {
-                provider,
-                target,
-                body,
-                id,
-                caller,
-                approved_by,
-                approval_ref,
-                create_deadline,
-                result_deadline,
-                cancel_window,
-                supersedes,
-                max_body_bytes,
-                json,
-            };
-            ops::submit(&store, &registry, args).await
+            ops::submit(&store, &registry, args, json).await
         }
         Command::Show { operation } => {
             ops::show(

@@ -7,20 +7,42 @@ use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[derive(clap::Args)]
 pub struct SubmitArgs {
+    #[arg(long)]
     pub provider: String,
+    /// What the operation acts on (part of the fingerprint).
+    #[arg(long)]
     pub target: String,
+    /// Request body (JSON) file; `-` or absent: stdin.
+    #[arg(long)]
     pub body: Option<std::path::PathBuf>,
+    /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a no-op.
+    #[arg(long)]
     pub id: Option<String>,
+    /// Who asks (agent run, tool, person).
+    #[arg(long, env = "JOBTRAIL_CALLER")]
     pub caller: String,
+    /// Who authorised the work.
+    #[arg(long)]
     pub approved_by: String,
+    /// A reference to the approval (ticket, change request).
+    #[arg(long)]
     pub approval_ref: Option<String>,
+    /// RFC 3339 or relative (+2m). Default: the provider's create window.
+    #[arg(long)]
     pub create_deadline: Option<String>,
+    /// RFC 3339 or relative (+1h). Default: the provider's result window.
+    #[arg(long)]
     pub result_deadline: Option<String>,
+    /// How long a cancel may take to be confirmed (90s, 5m). Default: the provider's.
+    #[arg(long)]
     pub cancel_window: Option<String>,
+    /// The operation this one retries (a new operation linked to the old).
+    #[arg(long)]
     pub supersedes: Option<String>,
+    #[arg(long, default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
-    pub json: bool,
 }
 
 fn parse_id(s: &str) -> Result<OperationId, jobtrail_console::shell::Failure> {
@@ -31,6 +53,7 @@ pub async fn submit(
     store: &Store,
     registry: &jobtrail_provider::Registry,
     a: SubmitArgs,
+    json: bool,
 ) -> CmdResult {
     let mut body = Vec::new();
     match &a.body {
@@ -84,7 +107,7 @@ pub async fn submit(
         )
         .await?;
     let op = &s.operation;
-    if a.json {
+    if json {
         print_json(&serde_json::json!({
             "operation_id": op.id.to_string(),
             "created": s.created,

@@ -81,6 +81,14 @@ pub fn fail(code: u8, msg: impl std::fmt::Display) -> Failure {
 
 pub type CmdResult = Result<ExitCode, Failure>;
 
+/// The process exit for a command's result: its code, or the error on stderr and the error's code.
+pub fn exit_with(result: CmdResult) -> ExitCode {
+    result.unwrap_or_else(|f| {
+        eprintln!("error: {:#}", f.error);
+        ExitCode::from(f.code)
+    })
+}
+
 /// Connect (DATABASE_URL or the private cluster) and apply migrations.
 pub async fn store(database_url: &Option<String>) -> Result<Store, Failure> {
     let url = match database_url {

@@ -10,7 +10,7 @@ use jobtrail_core::schedule::{NextReason, next_poll};
 use jobtrail_core::{
     CancelConfirmation, CancelRequest, Event, IdempotencyMode, State, ValidatedResult,
 };
-use jobtrail_provider::contract::ReconcileMethod;
+use jobtrail_provider::contract::{Polling, ReconcileMethod};
 use jobtrail_provider::*;
 use jobtrail_store::{
     Counters, FailureCount, Lease, Observation, OperationRecord, Step, Store, StoreError,
@@ -68,6 +68,39 @@ impl Plan {
 
 fn draw() -> f64 {
     rand::random::<f64>()
+}
+
+/// When to try again: the provider's `Retry-After` (clamped) if it sent one, else backoff for
+/// `attempt`; and why.
+fn wait(
+    polling: &Polling,
+    retry_after: Option<Duration>,
+    attempt: i32,
+) -> (Duration, &'static str) {
+    let (d, why) = next_poll(
+        retry_after,
+        &polling.retry_after,
+        &polling.backoff,
+        attempt as u32,
+        draw(),
+    );
+    (d, why.as_str())
+}
+
+/// A call that failed or was deferred: recorded, tried again after `delay`, one more failure counted
+/// against the retry budget.
+fn failed_call(
+    error_class: String,
+    (delay, why): (Duration, &'static str),
+    counters: Counters,
+) -> Step {
+    Step {
+        counters: Counters {
+            failures: FailureCount::Increment,
+            ..counters
+        },
+        ..Step::event(Event::CallFailed { error_class }).next_in(delay, why)
+    }
 }
 
 fn until(deadline: DateTime<Utc>) -> Duration {
@@ -378,39 +411,20 @@ async fn plan_create(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, St
                 .next_in(ctx.provider.contract().reconcile.interval, "reconcile")
         }
         CreateOutcome::RetryLater { delay, reason } => {
-            let (d, why) = next_poll(
-                delay,
-                &polling.retry_after,
-                &polling.backoff,
-                op.failure_count as u32,
-                draw(),
-            );
-            Step {
-                counters: Counters {
-                    failures: FailureCount::Increment,
-                    ..counters
-                },
-                ..Step::event(Event::CallFailed {
-                    error_class: format!("create deferred: {reason}"),
-                })
-                .next_in(d.min(until(op.create_deadline)), why.as_str())
-            }
+            let (d, why) = wait(polling, delay, op.failure_count);
+            failed_call(
+                format!("create deferred: {reason}"),
+                (d.min(until(op.create_deadline)), why),
+                counters,
+            )
         }
         CreateOutcome::NotSent { error_class } => {
-            let d = polling.backoff.delay(op.failure_count as u32, draw());
-            Step {
-                counters: Counters {
-                    failures: FailureCount::Increment,
-                    ..counters
-                },
-                ..Step::event(Event::CallFailed {
-                    error_class: format!("create not sent: {error_class}"),
-                })
-                .next_in(
-                    d.min(until(op.create_deadline)),
-                    NextReason::Backoff.as_str(),
-                )
-            }
+            let (d, why) = wait(polling, None, op.failure_count);
+            failed_call(
+                format!("create not sent: {error_class}"),
+                (d.min(until(op.create_deadline)), why),
+                counters,
+            )
         }
     };
     let step = Step {
@@ -662,15 +676,9 @@ async fn plan_observe(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
                     }
                 }
                 Some(Phase::Queued | Phase::Running) | None => {
-                    let (d, why) = next_poll(
-                        s.retry_after,
-                        &polling.retry_after,
-                        &polling.backoff,
-                        op.poll_count as u32,
-                        draw(),
-                    );
+                    let (d, why) = wait(&polling, s.retry_after, op.poll_count);
                     let (d, why) = if d > until(deadline) {
-                        (until(deadline), NextReason::Deadline)
+                        (until(deadline), NextReason::Deadline.as_str())
                     } else {
                         (d, why)
                     };
@@ -680,24 +688,18 @@ async fn plan_observe(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
                     };
                     Step {
                         counters,
-                        ..Step::event(ev).next_in(d, why.as_str())
+                        ..Step::event(ev).next_in(d, why)
                     }
                 }
             }
         }
         StatusOutcome::RetryLater { delay, reason } => {
             // The provider asked us to wait: not a failure, no budget spent.
-            let (d, why) = next_poll(
-                delay,
-                &polling.retry_after,
-                &polling.backoff,
-                op.poll_count as u32,
-                draw(),
-            );
+            let (d, why) = wait(&polling, delay, op.poll_count);
             Step::event(Event::CallFailed {
                 error_class: format!("retry later: {reason}"),
             })
-            .next_in(d.min(until(deadline)), why.as_str())
+            .next_in(d.min(until(deadline)), why)
         }
         StatusOutcome::Failed { error_class }
         | StatusOutcome::Rejected {
@@ -710,15 +712,12 @@ async fn plan_observe(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
                     failures: op.failure_count + 1,
                 })
             } else {
-                let d = polling.backoff.delay(op.failure_count as u32, draw());
-                Step {
-                    counters: Counters {
-                        failures: FailureCount::Increment,
-                        ..Default::default()
-                    },
-                    ..Step::event(Event::CallFailed { error_class })
-                        .next_in(d.min(until(deadline)), NextReason::Backoff.as_str())
-                }
+                let (d, why) = wait(&polling, None, op.failure_count);
+                failed_call(
+                    error_class,
+                    (d.min(until(deadline)), why),
+                    Counters::default(),
+                )
             }
         }
     };
@@ -780,38 +779,16 @@ async fn plan_cancel(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, St
             })
             .next_in(Duration::ZERO, "after_cancel")
         },
-        CancelOutcome::RetryLater { delay, reason } => {
-            let (d, why) = next_poll(
-                delay,
-                &polling.retry_after,
-                &polling.backoff,
-                op.cancel_attempts as u32,
-                draw(),
-            );
-            Step {
-                counters: Counters {
-                    failures: FailureCount::Increment,
-                    ..counters
-                },
-                ..Step::event(Event::CallFailed {
-                    error_class: format!("cancel deferred: {reason}"),
-                })
-                .next_in(d, why.as_str())
-            }
-        }
-        CancelOutcome::Failed { error_class } => {
-            let d = polling.backoff.delay(op.cancel_attempts as u32, draw());
-            Step {
-                counters: Counters {
-                    failures: FailureCount::Increment,
-                    ..counters
-                },
-                ..Step::event(Event::CallFailed {
-                    error_class: format!("cancel failed: {error_class}"),
-                })
-                .next_in(d, NextReason::Backoff.as_str())
-            }
-        }
+        CancelOutcome::RetryLater { delay, reason } => failed_call(
+            format!("cancel deferred: {reason}"),
+            wait(&polling, delay, op.cancel_attempts),
+            counters,
+        ),
+        CancelOutcome::Failed { error_class } => failed_call(
+            format!("cancel failed: {error_class}"),
+            wait(&polling, None, op.cancel_attempts),
+            counters,
+        ),
     };
     let obs = with_context(Observation::default(), ctxv);
     Ok(Plan::write(Step {
@@ -890,14 +867,13 @@ async fn plan_collect(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
                     failures: op.failure_count + 1,
                 })
             } else {
-                let d = polling.backoff.delay(op.failure_count as u32, draw());
+                let (d, why) = wait(&polling, None, op.failure_count);
                 Step {
                     counters: Counters {
                         failures: FailureCount::Increment,
                         ..Default::default()
                     },
-                    ..Step::event(Event::ResultFetchFailed { error_class })
-                        .next_in(d, NextReason::Backoff.as_str())
+                    ..Step::event(Event::ResultFetchFailed { error_class }).next_in(d, why)
                 }
             }
         }
