@@ -234,7 +234,24 @@ async fn the_benchmark_runs_its_phases_and_writes_json() {
     assert_eq!(r["end_to_end"][0]["completed"], true);
     assert_eq!(r["realistic"]["completed"], true);
     assert_eq!(r["realistic"]["states"]["succeeded"], 10);
-    assert!(r["ceiling"].as_array().unwrap().len() == 2);
+    // Both ceilings (jobtrail's own statements, and the lean one), single-row and batched.
+    let ceiling = r["ceiling"].as_array().unwrap();
+    assert_eq!(ceiling.len(), 4);
+    for kind in ["jobtrail", "lean"] {
+        assert!(
+            ceiling
+                .iter()
+                .filter(|c| c["statements"] == kind)
+                .all(|c| c["transitions_per_sec"].as_f64().unwrap() > 0.0),
+            "{kind}: {ceiling:?}"
+        );
+    }
+    assert!(
+        r["targets"]["transitions_vs_batched_ceiling"]["value"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     assert!(
         r["targets"]["commits_per_operation_realistic"]["value"]
             .as_f64()

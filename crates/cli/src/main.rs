@@ -120,6 +120,11 @@ fn init_logs(default: &str) {
     }
 }
 
+// Workers allocate and free many small buffers per step (requests, rows, JSON); glibc's allocator
+// spent a sixth of a worker's CPU on it under load (`perf`, the benchmark's end-to-end phase).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     jobtrail_provider::install_crypto();

@@ -19,7 +19,48 @@ impl Store {
             .rows_affected())
     }
 
-    /// One ceiling transaction: claim, fenced update and history insert for up to `batch` rows.
+    /// One ceiling transaction made of jobtrail's own statements and code: the claim query, then the
+    /// fenced batch write a worker's writer lane makes (lock with owner and epoch, the planned
+    /// transition with its hash-chained history link, one `UNNEST` statement per table), for up to
+    /// `batch` rows, then one commit. Only the provider call (and so the call log row) is missing.
+    /// Returns the transitions written.
+    pub async fn bench_ceiling_jobtrail(&self, owner: &str, batch: i64) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let claimed =
+            crate::claim_due_with(&mut *tx, owner, batch, std::time::Duration::from_secs(60))
+                .await?;
+        let writes: Vec<(crate::Lease, crate::Step)> = claimed
+            .into_iter()
+            .map(|c| {
+                let step = crate::Step {
+                    observation: Some(crate::Observation {
+                        remote_state: Some("running".into()),
+                        ..Default::default()
+                    }),
+                    counters: crate::Counters {
+                        polls: 1,
+                        ..Default::default()
+                    },
+                    ..crate::Step::event(jobtrail_core::Event::RemoteProgress {
+                        remote_state: "running".into(),
+                        known: true,
+                    })
+                };
+                (c.lease, step)
+            })
+            .collect();
+        let written = crate::write_batch_in(&mut tx, &writes)
+            .await?
+            .iter()
+            .filter(|r| r.is_ok())
+            .count();
+        tx.commit().await?;
+        Ok(written as u64)
+    }
+
+    /// One lean ceiling transaction: claim, update and history insert for up to `batch` rows in a
+    /// single hand-tuned statement (no fencing read, narrow update). A bound no real write path
+    /// reaches; printed for comparison.
     pub async fn bench_ceiling_step(&self, batch: i64) -> Result<u64, StoreError> {
         Ok(sqlx::query(include_str!("sql/bench_ceiling_step.sql"))
             .bind(batch)

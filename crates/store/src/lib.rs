@@ -225,6 +225,14 @@ impl Store {
         Ok(n)
     }
 
+    /// Whether any operation is left for workers (cheap: reads at most one index entry).
+    pub async fn any_unsettled(&self) -> Result<bool, StoreError> {
+        let (any,): (bool,) = sqlx::query_as(include_str!("sql/operation_any_unsettled.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(any)
+    }
+
     pub async fn calls(&self, id: OperationId) -> Result<Vec<StoredCall>, StoreError> {
         Ok(sqlx::query_as(include_str!("sql/call_list.sql"))
             .bind(id.as_uuid())
@@ -243,25 +251,7 @@ impl Store {
         limit: i64,
         ttl: Duration,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let rows: Vec<OperationRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
-            .bind(owner)
-            .bind(limit)
-            .bind(ttl.as_secs_f64())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.into_iter()
-            .map(|r| {
-                let op: OperationRecord = r.try_into()?;
-                Ok(Claimed {
-                    lease: Lease {
-                        operation_id: op.id,
-                        owner: owner.to_owned(),
-                        epoch: op.lease_epoch,
-                    },
-                    operation: op,
-                })
-            })
-            .collect()
+        claim_due_with(&self.pool, owner, limit, ttl).await
     }
 
     /// Extend a live lease. Returns the new expiry, or `LeaseLost`.
@@ -350,56 +340,8 @@ impl Store {
         &self,
         writes: &[(Lease, Step)],
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-        let ids: Vec<uuid::Uuid> = writes
-            .iter()
-            .map(|(l, _)| l.operation_id.as_uuid())
-            .collect();
-        let owners: Vec<String> = writes.iter().map(|(l, _)| l.owner.clone()).collect();
-        let epochs: Vec<i64> = writes.iter().map(|(l, _)| l.epoch).collect();
         let mut tx = self.pool.begin().await?;
-        let locked: Vec<LockedRow> =
-            sqlx::query_as(include_str!("sql/operation_lock_many_if_leased.sql"))
-                .bind(&ids)
-                .bind(&owners)
-                .bind(&epochs)
-                .fetch_all(&mut *tx)
-                .await?;
-        let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
-            locked.into_iter().map(|l| (l.row_id(), l)).collect();
-        let mut planned = Vec::new();
-        let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
-        let mut refused_calls = Vec::new();
-        for (lease, step) in writes {
-            let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
-                None => Err(lost(lease)),
-                Some(row) => write::plan(row, &lease.owner, step.clone()),
-            };
-            match outcome {
-                Ok(p) => {
-                    planned.push(p);
-                    slots.push(Ok(planned.len() - 1));
-                }
-                Err(e) => {
-                    // The call happened; log it even though the write is refused.
-                    if let Some(call) = &step.call {
-                        refused_calls.push(write::CallRow {
-                            operation_id: lease.operation_id,
-                            epoch: lease.epoch,
-                            actor: &lease.owner,
-                            call,
-                        });
-                    }
-                    slots.push(Err(e));
-                }
-            }
-        }
-        write::insert_calls(&mut tx, &refused_calls).await?;
-        write::execute_many(&mut tx, &planned).await?;
-        let mut planned: Vec<Option<write::Planned>> = planned.into_iter().map(Some).collect();
-        let results = slots
-            .into_iter()
-            .map(|s| s.map(|i| planned[i].take().expect("each planned write once").applied))
-            .collect();
+        let results = write_batch_in(&mut tx, writes).await?;
         tx.commit().await?;
         Ok(results)
     }
@@ -580,6 +522,93 @@ async fn insert_intent(
     }
     write::insert_history(tx, &first, None, &GENESIS, &hash).await?;
     Ok(true)
+}
+
+/// The steps of many leases, fenced and written in the caller's transaction: one lock statement for
+/// all rows, one statement per table (see [`Store::apply_many`]).
+pub(crate) async fn write_batch_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    writes: &[(Lease, Step)],
+) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    let ids: Vec<uuid::Uuid> = writes
+        .iter()
+        .map(|(l, _)| l.operation_id.as_uuid())
+        .collect();
+    let owners: Vec<String> = writes.iter().map(|(l, _)| l.owner.clone()).collect();
+    let epochs: Vec<i64> = writes.iter().map(|(l, _)| l.epoch).collect();
+    let locked: Vec<LockedRow> =
+        sqlx::query_as(include_str!("sql/operation_lock_many_if_leased.sql"))
+            .bind(&ids)
+            .bind(&owners)
+            .bind(&epochs)
+            .fetch_all(&mut **tx)
+            .await?;
+    let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
+        locked.into_iter().map(|l| (l.row_id(), l)).collect();
+    let mut planned = Vec::new();
+    let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
+    let mut refused_calls = Vec::new();
+    for (lease, step) in writes {
+        let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
+            None => Err(lost(lease)),
+            Some(row) => write::plan(row, &lease.owner, step.clone()),
+        };
+        match outcome {
+            Ok(p) => {
+                planned.push(p);
+                slots.push(Ok(planned.len() - 1));
+            }
+            Err(e) => {
+                // The call happened; log it even though the write is refused.
+                if let Some(call) = &step.call {
+                    refused_calls.push(write::CallRow {
+                        operation_id: lease.operation_id,
+                        epoch: lease.epoch,
+                        actor: &lease.owner,
+                        call,
+                    });
+                }
+                slots.push(Err(e));
+            }
+        }
+    }
+    write::insert_calls(tx, &refused_calls).await?;
+    write::execute_many(tx, &planned).await?;
+    let mut planned: Vec<Option<write::Planned>> = planned.into_iter().map(Some).collect();
+    let results = slots
+        .into_iter()
+        .map(|s| s.map(|i| planned[i].take().expect("each planned write once").applied))
+        .collect();
+    Ok(results)
+}
+
+/// Claim up to `limit` due operations for `owner` (the claim query; its own transaction unless
+/// `db` is one).
+pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
+    db: E,
+    owner: &str,
+    limit: i64,
+    ttl: Duration,
+) -> Result<Vec<Claimed>, StoreError> {
+    let rows: Vec<OperationRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
+        .bind(owner)
+        .bind(limit)
+        .bind(ttl.as_secs_f64())
+        .fetch_all(db)
+        .await?;
+    rows.into_iter()
+        .map(|r| {
+            let op: OperationRecord = r.try_into()?;
+            Ok(Claimed {
+                lease: Lease {
+                    operation_id: op.id,
+                    owner: owner.to_owned(),
+                    epoch: op.lease_epoch,
+                },
+                operation: op,
+            })
+        })
+        .collect()
 }
 
 fn decision_actor(ev: &Event) -> Option<&str> {

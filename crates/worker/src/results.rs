@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 /// Where result bytes go.
 #[derive(Debug, Clone)]
 pub struct ResultStore {
+    /// Absolute (locations recorded in the database must not depend on a working directory).
     root: PathBuf,
 }
 
@@ -21,9 +22,10 @@ pub struct Stored {
 
 impl ResultStore {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        let root = root.into();
+        let root = std::path::absolute(&root).unwrap_or(root);
+        Self { root }
     }
-
     /// The default: `$JOBTRAIL_RESULT_DIR`, else `results/` under the user's data directory.
     pub fn default_root() -> PathBuf {
         if let Some(d) = std::env::var_os("JOBTRAIL_RESULT_DIR").filter(|d| !d.is_empty()) {
@@ -45,29 +47,63 @@ impl ResultStore {
         &self.root
     }
 
-    /// Write `bytes` for `operation` (atomically: temp file, fsync, rename). Idempotent: the same
-    /// bytes land at the same path.
+    /// Write `bytes` for `operation`, durably, at `<root>/<shard>/<operation>.<sha256>` (the shard is
+    /// the id's last two characters, so no directory grows without bound and none is made per
+    /// operation). The file is fsynced, and so is its directory (the new name must survive a crash
+    /// too), before this returns: only then may the database record the location. Idempotent: the
+    /// same bytes land at the same path; a file left torn by a crash is noticed by its digest and
+    /// replaced.
     pub fn put(&self, operation: &str, bytes: &[u8]) -> std::io::Result<Stored> {
+        use std::io::Write;
         let sha = hex::encode(Sha256::digest(bytes));
-        let dir = self.root.join(operation);
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join(&sha);
-        if !path.exists() {
-            let tmp = dir.join(format!(".{sha}.{}.tmp", std::process::id()));
-            {
-                use std::io::Write;
-                let mut f = std::fs::File::create(&tmp)?;
+        let shard = operation
+            .get(operation.len().saturating_sub(2)..)
+            .filter(|s| s.len() == 2 && s.chars().all(|c| c.is_ascii_alphanumeric()))
+            .unwrap_or("__");
+        let dir = self.root.join(shard);
+        let path = dir.join(format!("{operation}.{sha}"));
+        let created = match Self::create_new(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(&dir)?;
+                sync_dir(&self.root)?;
+                Self::create_new(&path)
+            }
+            other => other,
+        };
+        match created {
+            Ok(mut f) => {
                 f.write_all(bytes)?;
                 f.sync_all()?;
+                sync_dir(&dir)?;
             }
-            std::fs::rename(&tmp, &path)?;
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let intact = std::fs::read(&path)
+                    .map(|old| hex::encode(Sha256::digest(&old)) == sha)
+                    .unwrap_or(false);
+                if !intact {
+                    // Torn by a crash mid-write: replace it whole (temp file, fsync, rename).
+                    let tmp = dir.join(format!(".{operation}.{sha}.{}.tmp", std::process::id()));
+                    let mut f = std::fs::File::create(&tmp)?;
+                    f.write_all(bytes)?;
+                    f.sync_all()?;
+                    std::fs::rename(&tmp, &path)?;
+                    sync_dir(&dir)?;
+                }
+            }
+            Err(e) => return Err(e),
         }
-        let abs = std::fs::canonicalize(&path)?;
         Ok(Stored {
-            location: format!("file://{}", abs.display()),
+            location: format!("file://{}", path.display()),
             size: bytes.len() as u64,
             sha256: sha,
         })
+    }
+
+    fn create_new(path: &Path) -> std::io::Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
     }
 
     /// [`ResultStore::put`] off the async threads (it writes and fsyncs a file).
@@ -95,5 +131,50 @@ impl ResultStore {
             ));
         }
         Ok(bytes)
+    }
+}
+
+/// Make a directory's entries durable (a new or renamed file's name).
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_is_durable_idempotent_and_repairs_a_torn_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ResultStore::new(tmp.path());
+        let a = store.put("op_01ABCXY", b"hello").unwrap();
+        assert_eq!(a.size, 5);
+        let path = a.location.strip_prefix("file://").unwrap().to_owned();
+        assert!(path.starts_with(tmp.path().to_str().unwrap()));
+        assert!(path.contains("/XY/op_01ABCXY."), "{path}");
+        assert_eq!(
+            ResultStore::get_verified(&a.location, &a.sha256).unwrap(),
+            b"hello"
+        );
+        // The same bytes again: the same place, nothing rewritten.
+        assert_eq!(store.put("op_01ABCXY", b"hello").unwrap(), a);
+        // A torn file (a crash mid-write) is replaced whole.
+        std::fs::write(&path, b"hel").unwrap();
+        assert!(ResultStore::get_verified(&a.location, &a.sha256).is_err());
+        assert_eq!(store.put("op_01ABCXY", b"hello").unwrap(), a);
+        assert_eq!(
+            ResultStore::get_verified(&a.location, &a.sha256).unwrap(),
+            b"hello"
+        );
+        // Different bytes for the same operation: a different file, the first one kept.
+        let b = store.put("op_01ABCXY", b"other").unwrap();
+        assert_ne!(a.location, b.location);
+        assert!(std::path::Path::new(&path).exists());
+    }
+
+    #[test]
+    fn a_relative_root_is_recorded_absolute() {
+        let store = ResultStore::new("some/relative/dir");
+        assert!(store.root().is_absolute());
     }
 }
