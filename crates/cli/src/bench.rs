@@ -29,14 +29,15 @@ pub struct BenchArgs {
     /// Worker-process counts for the end-to-end runs.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     workers: Vec<usize>,
-    /// Operations each end-to-end worker process drives at once.
-    #[arg(long, default_value_t = 64)]
+    /// Operations each end-to-end worker process drives at once (more in flight: bigger group
+    /// commits).
+    #[arg(long, default_value_t = 256)]
     e2e_concurrency: usize,
     /// Operations each end-to-end worker process claims per claim transaction.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 128)]
     e2e_batch: usize,
     /// Operations per end-to-end run.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 5000)]
     e2e_operations: usize,
     /// Operations in the realistic run.
     #[arg(long, default_value_t = 200)]
