@@ -14,7 +14,6 @@ fn jobtrail(env: &Env, args: &[&str], stdin: Option<&str>) -> Output {
     c.args(args)
         .env("DATABASE_URL", &env.url)
         .env("JOBTRAIL_PROVIDERS", support::providers_dir())
-        .env("JOBTRAIL_RESULT_DIR", env.dir.join("results"))
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {

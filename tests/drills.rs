@@ -336,13 +336,97 @@ async fn drill_result_endings_land_where_the_brief_says() {
         summary["items"]["failed_refs"],
         serde_json::json!(["item_2", "item_4", "item_6"])
     );
-    let bytes = jobtrail_worker::ResultStore::get_verified(
+    let bytes = jobtrail_worker::ResultStore::read_verified(
+        &env.store,
         p.result_location.as_deref().unwrap(),
         p.result_sha256.as_deref().unwrap(),
     )
+    .await
     .unwrap();
     assert_eq!(bytes.len() as i64, p.result_size.unwrap());
     env.stop_workers().await;
+}
+
+/// Results are kept in the database by default, with the step that records them: readable from any
+/// host, checked against the recorded digest on the way out, synchronous answers included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_kept_in_the_database_and_checked_on_the_way_out() {
+    let mut env = Env::new().await;
+    let polled = env.submit("sim", serde_json::json!({}), |_| {}).await;
+    let sync = env
+        .submit("sim", serde_json::json!({"create": ["sync"]}), |_| {})
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    for id in [polled.id, sync.id] {
+        let op = env.wait_settled(id, T).await;
+        assert_eq!(op.state, State::Succeeded, "{id}");
+        let loc = op.result_location.clone().unwrap();
+        assert!(loc.starts_with("postgres:operation_results/"), "{loc}");
+        let bytes = jobtrail_worker::ResultStore::read_verified(
+            &env.store,
+            &loc,
+            op.result_sha256.as_deref().unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(bytes.len() as i64, op.result_size.unwrap());
+    }
+    env.stop_workers().await;
+    // Bytes altered behind jobtrail's back (the table refuses changes, so only an owner who first
+    // disables its triggers can do it) are caught by the digest.
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE operation_results DISABLE TRIGGER USER; \
+         UPDATE operation_results SET bytes = bytes || '\\x00'::bytea, size = size + 1; \
+         ALTER TABLE operation_results ENABLE TRIGGER USER;",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let op = env.store.get(polled.id).await.unwrap();
+    let err = jobtrail_worker::ResultStore::read_verified(
+        &env.store,
+        op.result_location.as_deref().unwrap(),
+        op.result_sha256.as_deref().unwrap(),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("altered"), "{err}");
+}
+
+/// With `--result-dir`, results are durable files under that directory instead, and nothing is kept
+/// in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_directory_keeps_results_as_files() {
+    let mut env = Env::new().await;
+    let root = env.dir.join("results");
+    env.results = jobtrail_worker::ResultStore::directory(&root);
+    let op = env.submit("sim", serde_json::json!({}), |_| {}).await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let op = env.wait_settled(op.id, T).await;
+    env.stop_workers().await;
+    assert_eq!(op.state, State::Succeeded);
+    let loc = op.result_location.clone().unwrap();
+    let path = loc.strip_prefix("file://").expect("a file location");
+    assert!(path.starts_with(root.to_str().unwrap()), "{path}");
+    let sha = op.result_sha256.as_deref().unwrap();
+    let bytes = jobtrail_worker::ResultStore::read_verified(&env.store, &loc, sha)
+        .await
+        .unwrap();
+    assert_eq!(bytes.len() as i64, op.result_size.unwrap());
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM operation_results")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    std::fs::write(path, b"tampered").unwrap();
+    let err = jobtrail_worker::ResultStore::read_verified(&env.store, &loc, sha)
+        .await
+        .unwrap_err();
+    assert!(err.contains("altered"), "{err}");
 }
 
 /// Drill 8: Retry-After is honoured, in seconds and as an HTTP-date: no early polls.

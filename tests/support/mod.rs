@@ -24,6 +24,8 @@ pub struct Env {
     pub sim: jobtrail_sim::Running,
     pub registry: Registry,
     pub dir: PathBuf,
+    /// Where in-process workers keep results (the database unless a test says otherwise).
+    pub results: jobtrail_worker::ResultStore,
     workers: Vec<(
         tokio_util::sync::CancellationToken,
         tokio::task::JoinHandle<()>,
@@ -83,6 +85,7 @@ impl Env {
             sim,
             registry,
             dir,
+            results: jobtrail_worker::ResultStore::Database,
             workers: Vec::new(),
         }
     }
@@ -125,7 +128,7 @@ impl Env {
         let w = jobtrail_worker::Worker::new(
             self.store.clone(),
             self.registry.clone(),
-            jobtrail_worker::ResultStore::new(self.dir.join("results")),
+            self.results.clone(),
             config,
         );
         let stop = tokio_util::sync::CancellationToken::new();

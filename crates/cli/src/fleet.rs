@@ -118,7 +118,6 @@ impl Fleet {
             .args(&self.worker_args)
             .env("DATABASE_URL", &self.url)
             .env("JOBTRAIL_PROVIDERS", &self.providers_dir)
-            .env("JOBTRAIL_RESULT_DIR", self.work.join("results"))
             .env("JOBTRAIL_SIM_TOKEN", &self.token)
             .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", &base)
             .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", &base)

@@ -95,8 +95,9 @@ enum Command {
         /// Longest pause between scans without notifications.
         #[arg(long, default_value = "250ms")]
         idle: String,
-        /// Where validated results are stored. Default: $JOBTRAIL_RESULT_DIR or the data directory.
-        #[arg(long)]
+        /// Keep result bytes as files in this local directory instead of in the database (the
+        /// default). Only this host can then read them back (`jobtrail result`).
+        #[arg(long, env = "JOBTRAIL_RESULT_DIR")]
         result_dir: Option<PathBuf>,
         /// Most steps written per transaction (group commit); 1 writes each step on its own.
         #[arg(long, default_value_t = 64)]
@@ -225,9 +226,10 @@ async fn run(cli: Cli) -> CmdResult {
             }
             let registry = common::registry(&cli.common.providers)?;
             let store = common::store(&cli.common.database_url).await?;
-            let results = jobtrail_worker::ResultStore::new(
-                result_dir.unwrap_or_else(jobtrail_worker::ResultStore::default_root),
-            );
+            let results = match result_dir.filter(|d| !d.as_os_str().is_empty()) {
+                Some(d) => jobtrail_worker::ResultStore::directory(d),
+                None => jobtrail_worker::ResultStore::Database,
+            };
             let worker = jobtrail_worker::Worker::new(store, registry, results, config);
             let shutdown = tokio_util::sync::CancellationToken::new();
             let stop = shutdown.clone();

@@ -193,7 +193,8 @@ pub async fn result(store: &Store, id: &str, output: Option<&std::path::Path>) -
             format!("{id} succeeded but records no result location"),
         ));
     };
-    let bytes = jobtrail_worker::ResultStore::get_verified(loc, sha)
+    let bytes = jobtrail_worker::ResultStore::read_verified(store, loc, sha)
+        .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     match output {
         Some(p) if p.as_os_str() != "-" => {

@@ -40,7 +40,7 @@ pub use audit::{Anchor, VerifyReport};
 pub use error::StoreError;
 pub use queue::LeaseHolder;
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
-pub use write::{Applied, Counters, FailureCount, Observation, Step};
+pub use write::{Applied, Counters, FailureCount, Observation, ResultBytes, Step};
 
 use record::{HistoryRow, LockedRow, OperationRow};
 
@@ -231,6 +231,21 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
         Ok(any)
+    }
+
+    /// The bytes of a result kept in the database (see [`ResultBytes`]); `None` if there are none for
+    /// this operation and digest. The caller checks them against the digest.
+    pub async fn result_bytes(
+        &self,
+        id: OperationId,
+        sha256: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let row: Option<(Vec<u8>,)> = sqlx::query_as(include_str!("sql/result_get.sql"))
+            .bind(id.as_uuid())
+            .bind(sha256)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|(b,)| b))
     }
 
     pub async fn calls(&self, id: OperationId) -> Result<Vec<StoredCall>, StoreError> {

@@ -57,6 +57,35 @@ pub struct Step {
     pub set_create_deadline: Option<DateTime<Utc>>,
     pub set_result_deadline: Option<DateTime<Utc>>,
     pub set_cancel_deadline: Option<DateTime<Utc>>,
+    /// Result bytes to keep in the database with this step (the step's event or evidence names their
+    /// location, [`ResultBytes::location`]): both are written, or neither.
+    pub result_bytes: Option<ResultBytes>,
+}
+
+/// Result bytes kept in the `operation_results` table, written by the transaction of the step that
+/// records where they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultBytes {
+    /// Lowercase hex sha256 of `bytes`.
+    pub sha256: String,
+    pub content_type: Option<String>,
+    pub bytes: bytes::Bytes,
+}
+
+/// How a location in the database is written: `postgres:operation_results/<operation>/<sha256>`.
+const DB_LOCATION_PREFIX: &str = "postgres:operation_results/";
+
+impl ResultBytes {
+    /// The location to record for these bytes of `operation`.
+    pub fn location(&self, operation: jobtrail_core::OperationId) -> String {
+        format!("{DB_LOCATION_PREFIX}{operation}/{}", self.sha256)
+    }
+
+    /// The operation and digest a database location names; `None` for any other location.
+    pub fn parse_location(location: &str) -> Option<(jobtrail_core::OperationId, &str)> {
+        let (op, sha) = location.strip_prefix(DB_LOCATION_PREFIX)?.split_once('/')?;
+        Some((op.parse().ok()?, sha))
+    }
 }
 
 impl Step {
@@ -103,6 +132,7 @@ pub(crate) struct Planned {
     actor: String,
     call: Option<CallRecord>,
     link: Option<(ChainEntry, [u8; 32], [u8; 32])>,
+    result: Option<ResultBytes>,
 }
 
 /// Decide a write against a locked row: the transition (or `Illegal`), the new column values, the
@@ -233,6 +263,7 @@ pub(crate) fn plan(locked: LockedRow, actor: &str, step: Step) -> Result<Planned
         actor: actor.to_owned(),
         call: step.call,
         link,
+        result: step.result_bytes,
     })
 }
 
@@ -248,7 +279,66 @@ pub(crate) async fn execute(
     if let Some((entry, prev, hash)) = &p.link {
         insert_history(tx, entry, p.call.as_ref().map(|c| c.id), prev, hash).await?;
     }
+    insert_results(tx, std::slice::from_ref(p)).await?;
     update_row(tx, rec, p.epoch).await
+}
+
+/// Keep the result bytes the planned steps carry (one statement per bounded chunk: a batch of big
+/// results must not become one huge message).
+async fn insert_results(
+    tx: &mut Transaction<'_, Postgres>,
+    planned: &[Planned],
+) -> Result<(), StoreError> {
+    const CHUNK_BYTES: usize = 64 << 20;
+    let rows: Vec<(uuid::Uuid, &ResultBytes)> = planned
+        .iter()
+        .filter_map(|p| {
+            p.result
+                .as_ref()
+                .map(|r| (p.applied.record.id.as_uuid(), r))
+        })
+        .collect();
+    let mut start = 0;
+    while start < rows.len() {
+        // At least one row per statement, then as many as fit.
+        let mut end = start + 1;
+        let mut size = rows[start].1.bytes.len();
+        while end < rows.len() && size + rows[end].1.bytes.len() <= CHUNK_BYTES {
+            size += rows[end].1.bytes.len();
+            end += 1;
+        }
+        let chunk = &rows[start..end];
+        sqlx::query(include_str!("sql/result_insert_many.sql"))
+            .bind(chunk.iter().map(|(op, _)| *op).collect::<Vec<_>>())
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(_, r)| r.sha256.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(_, r)| r.bytes.len() as i64)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(_, r)| r.content_type.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(_, r)| r.bytes.as_ref())
+                    .collect::<Vec<&[u8]>>(),
+            )
+            .execute(&mut **tx)
+            .await?;
+        start = end;
+    }
+    Ok(())
 }
 
 /// The column effects of an allowed transition.
@@ -530,6 +620,7 @@ pub(crate) async fn execute_many(
     }
     let calls: Vec<CallRow<'_>> = planned.iter().filter_map(Planned::call_row).collect();
     insert_calls(tx, &calls).await?;
+    insert_results(tx, planned).await?;
 
     let links: Vec<LinkRow<'_>> = planned
         .iter()

@@ -745,3 +745,100 @@ async fn group_committed_writes_fence_each_operation_on_its_own() {
     );
     assert!(store.verify_all().await.unwrap().is_clean());
 }
+
+#[tokio::test]
+async fn result_bytes_are_written_with_their_step_or_not_at_all_and_never_changed() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    for i in 0..3 {
+        store
+            .submit_new(
+                &submission(&format!(r#"{{"r":{i}}}"#)),
+                &providers(),
+                SubmitLimits::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let mut claimed = store
+        .claim_due("w", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    let stale = claimed.remove(0);
+    exec(
+        &db,
+        &format!(
+            "UPDATE operations SET lease_epoch = lease_epoch + 1 WHERE id = '{}'",
+            stale.lease.operation_id.as_uuid()
+        ),
+    )
+    .await
+    .unwrap();
+    let blob = |text: &'static str| {
+        use sha2::Digest;
+        ResultBytes {
+            sha256: hex::encode(sha2::Sha256::digest(text.as_bytes())),
+            content_type: Some("text/plain".into()),
+            bytes: bytes::Bytes::from_static(text.as_bytes()),
+        }
+    };
+    let with = |b: ResultBytes| Step {
+        result_bytes: Some(b),
+        keep_lease: true,
+        ..Default::default()
+    };
+    // Group commit: the stale lease's bytes are refused with its step, the live one's are kept.
+    let results = store
+        .apply_many(vec![
+            (stale.lease.clone(), with(blob("stale"))),
+            (claimed[0].lease.clone(), with(blob("kept in a batch"))),
+        ])
+        .await;
+    assert!(matches!(results[0], Err(StoreError::LeaseLost { .. })));
+    assert!(results[1].is_ok(), "{:?}", results[1]);
+    let stale_blob = blob("stale");
+    assert_eq!(
+        store
+            .result_bytes(stale.lease.operation_id, &stale_blob.sha256)
+            .await
+            .unwrap(),
+        None
+    );
+    let b1 = blob("kept in a batch");
+    assert_eq!(
+        store
+            .result_bytes(claimed[0].lease.operation_id, &b1.sha256)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(b"kept in a batch".as_slice())
+    );
+    // One step on its own, then the same bytes again (a retried step): one row.
+    let b2 = blob("kept alone");
+    store
+        .apply(&claimed[1].lease, with(b2.clone()))
+        .await
+        .unwrap();
+    store
+        .apply(&claimed[1].lease, with(b2.clone()))
+        .await
+        .unwrap();
+    assert_eq!(count(&db, "operation_results").await, 2);
+    let loc = b2.location(claimed[1].lease.operation_id);
+    assert_eq!(
+        ResultBytes::parse_location(&loc),
+        Some((claimed[1].lease.operation_id, b2.sha256.as_str()))
+    );
+    assert_eq!(ResultBytes::parse_location("file:///tmp/x"), None);
+    // Kept bytes are evidence: no statement may change or remove them.
+    for sql in [
+        "UPDATE operation_results SET bytes = 'x'",
+        "DELETE FROM operation_results",
+        "TRUNCATE operation_results",
+    ] {
+        let e = exec(&db, sql).await.unwrap_err().to_string();
+        assert!(e.contains("append-only"), "{sql}: {e}");
+    }
+    assert_eq!(count(&db, "operation_results").await, 2);
+}

@@ -365,7 +365,7 @@ async fn plan_create(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, St
             let checked = ctx.provider.check_result(op, &result);
             let stored = ctx
                 .results
-                .put_blocking(op.id.to_string(), result.bytes.clone())
+                .keep(op.id, result.bytes.clone(), result.content_type.clone())
                 .await;
             match stored {
                 Ok(s) => {
@@ -379,6 +379,7 @@ async fn plan_create(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, St
                     };
                     let s = Step {
                         observation: Some(obs),
+                        result_bytes: s.pending,
                         ..Step::event(Event::CreateCompleted {
                             remote_job_id: job_id,
                         })
@@ -808,7 +809,7 @@ async fn plan_collect(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
     {
         let location = sync["location"].as_str().unwrap_or_default().to_owned();
         let sha = sync["sha256"].as_str().unwrap_or_default().to_owned();
-        let step = match ResultStore::get_verified(&location, &sha) {
+        let step = match ResultStore::read_verified(ctx.store, &location, &sha).await {
             Ok(bytes) => {
                 let fetched = FetchedResult {
                     bytes: bytes.into(),
@@ -896,7 +897,7 @@ async fn validated_step(ctx: &Ctx<'_>, op: &OperationRecord, fetched: FetchedRes
         Checked::Valid { checks, summary } => {
             match ctx
                 .results
-                .put_blocking(op.id.to_string(), fetched.bytes.clone())
+                .keep(op.id, fetched.bytes.clone(), fetched.content_type.clone())
                 .await
             {
                 Ok(stored) => match ValidatedResult::new(
@@ -907,7 +908,10 @@ async fn validated_step(ctx: &Ctx<'_>, op: &OperationRecord, fetched: FetchedRes
                     checks,
                     summary,
                 ) {
-                    Ok(v) => Step::event(Event::ResultValidated(v)),
+                    Ok(v) => Step {
+                        result_bytes: stored.pending,
+                        ..Step::event(Event::ResultValidated(v))
+                    },
                     Err(e) => Step::event(Event::ResultUnavailable { why: e.to_string() }),
                 },
                 Err(e) => {
@@ -923,13 +927,14 @@ async fn validated_step(ctx: &Ctx<'_>, op: &OperationRecord, fetched: FetchedRes
             // Keep the bytes for whoever investigates; the record says where.
             let kept = ctx
                 .results
-                .put_blocking(op.id.to_string(), fetched.bytes.clone())
+                .keep(op.id, fetched.bytes.clone(), fetched.content_type.clone())
                 .await
                 .ok();
             Step {
-                detail: kept.map(
+                detail: kept.as_ref().map(
                     |k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256}),
                 ),
+                result_bytes: kept.and_then(|k| k.pending),
                 ..Step::event(Event::ResultInvalid { violations })
             }
         }

@@ -1,48 +1,117 @@
-//! The result store: validated result bytes on disk (a local directory by default), content-addressed
-//! per operation. The operation record keeps the location, size and sha256; history never holds the
-//! bytes.
+//! The result store: where validated result bytes are kept, with their size and sha256 recorded on
+//! the operation. History never holds the bytes.
+//!
+//! * **In the database** (the default): the bytes ride on the step that records them and are
+//!   inserted by the same transaction (`operation_results`), so a recorded location always has its
+//!   bytes, no result needs an fsync of its own, and any host can read it back.
+//! * **In a directory**: content-addressed files under a local root, each fsynced (with its
+//!   directory) before the step that records it is written. Only the host that wrote a file can
+//!   read it.
 
+use jobtrail_core::OperationId;
+use jobtrail_store::{ResultBytes, Store};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 /// Where result bytes go.
 #[derive(Debug, Clone)]
-pub struct ResultStore {
+pub enum ResultStore {
+    Database,
+    Directory(ResultDir),
+}
+
+/// A local result directory.
+#[derive(Debug, Clone)]
+pub struct ResultDir {
     /// Absolute (locations recorded in the database must not depend on a working directory).
     root: PathBuf,
 }
 
-/// What was stored.
+/// What was kept, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
     pub location: String,
     pub size: u64,
     pub sha256: String,
+    /// Bytes still to be written by the step that records `location` (database store), which must
+    /// carry them in [`jobtrail_store::Step::result_bytes`].
+    pub pending: Option<ResultBytes>,
 }
 
 impl ResultStore {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
+    /// Keep results in a local directory.
+    pub fn directory(root: impl Into<PathBuf>) -> Self {
         let root = root.into();
         let root = std::path::absolute(&root).unwrap_or(root);
-        Self { root }
-    }
-    /// The default: `$JOBTRAIL_RESULT_DIR`, else `results/` under the user's data directory.
-    pub fn default_root() -> PathBuf {
-        if let Some(d) = std::env::var_os("JOBTRAIL_RESULT_DIR").filter(|d| !d.is_empty()) {
-            return PathBuf::from(d);
-        }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
-            return PathBuf::from("/var/lib/jobtrail/results");
-        }
-        let base = std::env::var_os("XDG_DATA_HOME")
-            .filter(|x| !x.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-            .unwrap_or_else(std::env::temp_dir);
-        base.join("jobtrail/results")
+        Self::Directory(ResultDir { root })
     }
 
+    /// Keep `bytes` of `operation`. In the database nothing is written yet: the returned
+    /// [`Stored::pending`] goes with the step. In a directory the file is durable when this returns
+    /// (written off the async threads).
+    pub async fn keep(
+        &self,
+        operation: OperationId,
+        bytes: bytes::Bytes,
+        content_type: Option<String>,
+    ) -> std::io::Result<Stored> {
+        match self {
+            Self::Database => {
+                let r = ResultBytes {
+                    sha256: hex::encode(Sha256::digest(&bytes)),
+                    content_type,
+                    bytes,
+                };
+                Ok(Stored {
+                    location: r.location(operation),
+                    size: r.bytes.len() as u64,
+                    sha256: r.sha256.clone(),
+                    pending: Some(r),
+                })
+            }
+            Self::Directory(dir) => {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || dir.put(&operation.to_string(), &bytes))
+                    .await
+                    .map_err(std::io::Error::other)?
+            }
+        }
+    }
+
+    /// Read a kept result back, wherever it is, and check it against the recorded digest.
+    pub async fn read_verified(
+        store: &Store,
+        location: &str,
+        sha256: &str,
+    ) -> Result<Vec<u8>, String> {
+        let bytes = if let Some((op, sha)) = ResultBytes::parse_location(location) {
+            store
+                .result_bytes(op, sha)
+                .await
+                .map_err(|e| format!("{location}: {e}"))?
+                .ok_or_else(|| format!("{location}: no such result in the database"))?
+        } else {
+            let location = location.to_owned();
+            tokio::task::spawn_blocking(move || ResultDir::read(&location))
+                .await
+                .map_err(|e| e.to_string())??
+        };
+        check_digest(location, bytes, sha256)
+    }
+}
+
+/// `bytes` if their sha256 is the recorded one.
+fn check_digest(location: &str, bytes: Vec<u8>, sha256: &str) -> Result<Vec<u8>, String> {
+    let got = hex::encode(Sha256::digest(&bytes));
+    if got != sha256 {
+        return Err(format!(
+            "{location}: sha256 is {got}, the record says {sha256}: the stored result was altered"
+        ));
+    }
+    Ok(bytes)
+}
+
+impl ResultDir {
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -96,7 +165,16 @@ impl ResultStore {
             location: format!("file://{}", path.display()),
             size: bytes.len() as u64,
             sha256: sha,
+            pending: None,
         })
+    }
+
+    /// The bytes of a `file://` location (on this host).
+    fn read(location: &str) -> Result<Vec<u8>, String> {
+        let path = location
+            .strip_prefix("file://")
+            .ok_or_else(|| format!("unsupported result location {location:?}"))?;
+        std::fs::read(path).map_err(|e| format!("{path}: {e}"))
     }
 
     fn create_new(path: &Path) -> std::io::Result<std::fs::File> {
@@ -104,33 +182,6 @@ impl ResultStore {
             .write(true)
             .create_new(true)
             .open(path)
-    }
-
-    /// [`ResultStore::put`] off the async threads (it writes and fsyncs a file).
-    pub async fn put_blocking(
-        &self,
-        operation: String,
-        bytes: bytes::Bytes,
-    ) -> std::io::Result<Stored> {
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || me.put(&operation, &bytes))
-            .await
-            .map_err(std::io::Error::other)?
-    }
-
-    /// Read a stored result back and check it against the recorded digest.
-    pub fn get_verified(location: &str, sha256: &str) -> Result<Vec<u8>, String> {
-        let path = location
-            .strip_prefix("file://")
-            .ok_or_else(|| format!("unsupported result location {location:?}"))?;
-        let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
-        let got = hex::encode(Sha256::digest(&bytes));
-        if got != sha256 {
-            return Err(format!(
-                "{path}: sha256 is {got}, the record says {sha256}: the stored result was altered"
-            ));
-        }
-        Ok(bytes)
     }
 }
 
@@ -143,29 +194,34 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    fn read_verified(location: &str, sha256: &str) -> Result<Vec<u8>, String> {
+        check_digest(location, ResultDir::read(location)?, sha256)
+    }
+
+    fn dir(root: impl Into<PathBuf>) -> ResultDir {
+        match ResultStore::directory(root) {
+            ResultStore::Directory(d) => d,
+            ResultStore::Database => unreachable!(),
+        }
+    }
+
     #[test]
     fn put_is_durable_idempotent_and_repairs_a_torn_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = ResultStore::new(tmp.path());
+        let store = dir(tmp.path());
         let a = store.put("op_01ABCXY", b"hello").unwrap();
         assert_eq!(a.size, 5);
         let path = a.location.strip_prefix("file://").unwrap().to_owned();
         assert!(path.starts_with(tmp.path().to_str().unwrap()));
         assert!(path.contains("/XY/op_01ABCXY."), "{path}");
-        assert_eq!(
-            ResultStore::get_verified(&a.location, &a.sha256).unwrap(),
-            b"hello"
-        );
+        assert_eq!(read_verified(&a.location, &a.sha256).unwrap(), b"hello");
         // The same bytes again: the same place, nothing rewritten.
         assert_eq!(store.put("op_01ABCXY", b"hello").unwrap(), a);
         // A torn file (a crash mid-write) is replaced whole.
         std::fs::write(&path, b"hel").unwrap();
-        assert!(ResultStore::get_verified(&a.location, &a.sha256).is_err());
+        assert!(read_verified(&a.location, &a.sha256).is_err());
         assert_eq!(store.put("op_01ABCXY", b"hello").unwrap(), a);
-        assert_eq!(
-            ResultStore::get_verified(&a.location, &a.sha256).unwrap(),
-            b"hello"
-        );
+        assert_eq!(read_verified(&a.location, &a.sha256).unwrap(), b"hello");
         // Different bytes for the same operation: a different file, the first one kept.
         let b = store.put("op_01ABCXY", b"other").unwrap();
         assert_ne!(a.location, b.location);
@@ -174,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_relative_root_is_recorded_absolute() {
-        let store = ResultStore::new("some/relative/dir");
+        let store = dir("some/relative/dir");
         assert!(store.root().is_absolute());
     }
 }
