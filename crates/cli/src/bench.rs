@@ -36,8 +36,9 @@ pub struct BenchArgs {
     /// Operations each end-to-end worker process claims per claim transaction.
     #[arg(long, default_value_t = 128)]
     e2e_batch: usize,
-    /// Operations per end-to-end run.
-    #[arg(long, default_value_t = 5000)]
+    /// Operations per end-to-end run. Enough for several seconds of steady state: worker start-up
+    /// and the drain at the end are a fixed cost, not throughput.
+    #[arg(long, default_value_t = 20000)]
     e2e_operations: usize,
     /// Operations in the realistic run.
     #[arg(long, default_value_t = 200)]

@@ -431,7 +431,7 @@ impl Store {
         });
         // The table decides (only terminal operations may be superseded); the new operation must
         // exist before the old one can point at it.
-        let planned = write::plan(locked, &actor, step)?;
+        let planned = write::plan(locked, &actor, &step)?;
         insert_intent(&mut tx, intent).await?;
         write::execute(&mut tx, &planned).await?;
         sqlx::query(include_str!("sql/notify_work.sql"))
@@ -566,7 +566,7 @@ pub(crate) async fn write_batch_in(
     for (lease, step) in writes {
         let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
             None => Err(lost(lease)),
-            Some(row) => write::plan(row, &lease.owner, step.clone()),
+            Some(row) => write::plan(row, &lease.owner, step),
         };
         match outcome {
             Ok(p) => {

@@ -120,28 +120,31 @@ pub(crate) async fn apply_locked(
     actor: &str,
     step: Step,
 ) -> Result<Applied, StoreError> {
-    let planned = plan(locked, actor, step)?;
+    let planned = plan(locked, actor, &step)?;
     execute(tx, &planned).await?;
     Ok(planned.applied)
 }
 
 /// A write decided but not yet executed: everything `execute` needs, computed without I/O.
-pub(crate) struct Planned {
+pub(crate) struct Planned<'s> {
     pub applied: Applied,
     epoch: i64,
     actor: String,
-    call: Option<CallRecord>,
+    call: Option<&'s CallRecord>,
     link: Option<(ChainEntry, [u8; 32], [u8; 32])>,
-    result: Option<ResultBytes>,
+    result: Option<&'s ResultBytes>,
 }
 
 /// Decide a write against a locked row: the transition (or `Illegal`), the new column values, the
 /// history link and its hash. Pure: nothing is written.
-pub(crate) fn plan(locked: LockedRow, actor: &str, step: Step) -> Result<Planned, StoreError> {
+pub(crate) fn plan<'s>(
+    locked: LockedRow,
+    actor: &str,
+    step: &'s Step,
+) -> Result<Planned<'s>, StoreError> {
     let now = storable(locked.db_now);
-    let before: OperationRecord = locked.row.try_into()?;
-    let mut rec = before.clone();
-    let epoch = before.lease_epoch;
+    let mut rec: OperationRecord = locked.row.try_into()?;
+    let epoch = rec.lease_epoch;
 
     let decided = match &step.event {
         Some(ev) => Some(
@@ -261,23 +264,23 @@ pub(crate) fn plan(locked: LockedRow, actor: &str, step: Step) -> Result<Planned
         },
         epoch,
         actor: actor.to_owned(),
-        call: step.call,
+        call: step.call.as_ref(),
         link,
-        result: step.result_bytes,
+        result: step.result_bytes.as_ref(),
     })
 }
 
 /// Execute a planned write inside the transaction that holds its row locked.
 pub(crate) async fn execute(
     tx: &mut Transaction<'_, Postgres>,
-    p: &Planned,
+    p: &Planned<'_>,
 ) -> Result<(), StoreError> {
     let rec = &p.applied.record;
-    if let Some(call) = &p.call {
+    if let Some(call) = p.call {
         insert_call(&mut **tx, rec.id, p.epoch, &p.actor, call).await?;
     }
     if let Some((entry, prev, hash)) = &p.link {
-        insert_history(tx, entry, p.call.as_ref().map(|c| c.id), prev, hash).await?;
+        insert_history(tx, entry, p.call.map(|c| c.id), prev, hash).await?;
     }
     insert_results(tx, std::slice::from_ref(p)).await?;
     update_row(tx, rec, p.epoch).await
@@ -287,16 +290,12 @@ pub(crate) async fn execute(
 /// results must not become one huge message).
 async fn insert_results(
     tx: &mut Transaction<'_, Postgres>,
-    planned: &[Planned],
+    planned: &[Planned<'_>],
 ) -> Result<(), StoreError> {
     const CHUNK_BYTES: usize = 64 << 20;
     let rows: Vec<(uuid::Uuid, &ResultBytes)> = planned
         .iter()
-        .filter_map(|p| {
-            p.result
-                .as_ref()
-                .map(|r| (p.applied.record.id.as_uuid(), r))
-        })
+        .filter_map(|p| p.result.map(|r| (p.applied.record.id.as_uuid(), r)))
         .collect();
     let mut start = 0;
     while start < rows.len() {
@@ -538,9 +537,9 @@ pub(crate) struct CallRow<'a> {
     pub call: &'a CallRecord,
 }
 
-impl Planned {
+impl Planned<'_> {
     pub(crate) fn call_row(&self) -> Option<CallRow<'_>> {
-        self.call.as_ref().map(|call| CallRow {
+        self.call.map(|call| CallRow {
             operation_id: self.applied.record.id,
             epoch: self.epoch,
             actor: &self.actor,
@@ -613,7 +612,7 @@ type LinkRow<'a> = (
 /// Execute many planned writes (rows locked by this transaction) with one statement per table.
 pub(crate) async fn execute_many(
     tx: &mut Transaction<'_, Postgres>,
-    planned: &[Planned],
+    planned: &[Planned<'_>],
 ) -> Result<(), StoreError> {
     if planned.is_empty() {
         return Ok(());
@@ -627,7 +626,7 @@ pub(crate) async fn execute_many(
         .filter_map(|p| {
             p.link
                 .as_ref()
-                .map(|(e, prev, hash)| (e, prev, hash, p.call.as_ref().map(|c| c.id)))
+                .map(|(e, prev, hash)| (e, prev, hash, p.call.map(|c| c.id)))
         })
         .collect();
     if !links.is_empty() {
