@@ -257,4 +257,9 @@ async fn the_benchmark_runs_its_phases_and_writes_json() {
             .unwrap()
             > 0.0
     );
+    // Both counts of commits are there: pg_stat_database's and the write transactions'.
+    let realistic = &r["realistic"];
+    for key in ["commits_per_operation", "write_transactions_per_operation"] {
+        assert!(realistic[key].as_f64().unwrap() > 0.0, "{key}: {realistic}");
+    }
 }

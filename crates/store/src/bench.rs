@@ -77,6 +77,13 @@ impl Store {
         Ok(n)
     }
 
+    /// (commits pg_stat_database has counted for this database, other client sessions connected).
+    pub async fn bench_stat_commits(&self) -> Result<(i64, i64), StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/bench_stat_commits.sql"))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     pub async fn bench_dead_tuples(&self) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(include_str!("sql/bench_dead_tuples.sql"))
             .fetch_one(&self.pool)
