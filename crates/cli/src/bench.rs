@@ -101,7 +101,12 @@ async fn submit_many(
                     return Ok::<_, jobtrail_store::StoreError>(());
                 }
                 let body = serde_json::json!({"bench": tag, "n": i, "sim": script});
+                // Deadlines far enough out that a slow machine's queue does not outlive the
+                // provider's default create window (30 s) and turn waiting into escalations.
+                let now = chrono::Utc::now();
                 let s = Submission {
+                    create_deadline: Some(now + chrono::Duration::minutes(10)),
+                    result_deadline: Some(now + chrono::Duration::minutes(15)),
                     provider: "sim".into(),
                     target: "bench".into(),
                     body: serde_json::to_vec(&body).expect("json"),
