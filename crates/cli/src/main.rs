@@ -85,8 +85,11 @@ enum Command {
         /// Lease owner name (default HOSTNAME-PID).
         #[arg(long)]
         id: Option<String>,
+        /// Most operations claimed by one claim transaction.
         #[arg(long, default_value_t = 32)]
         batch: i64,
+        /// Operations driven at once (each under its own lease); more in flight makes bigger group
+        /// commits.
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
         /// Lease time-to-live: a dead worker's operations are taken over after this.
