@@ -320,6 +320,28 @@ async fn drill_result_endings_land_where_the_brief_says() {
             .contains("checksum")
     );
 
+    // The rejected bytes are kept for whoever investigates, where the history link says.
+    let rejected = env
+        .store
+        .history(invalid.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|h| {
+            let kept = &h.detail["evidence"];
+            Some((
+                kept["kept_for_inspection"].as_str()?.to_owned(),
+                kept["sha256"].as_str()?.to_owned(),
+            ))
+        })
+        .expect("the rejected result's location is in its history");
+    assert!(
+        jobtrail_worker::ResultStore::read_verified(&env.store, &rejected.0, &rejected.1)
+            .await
+            .is_ok(),
+        "{rejected:?}"
+    );
+
     let g = env.wait_settled(gone.id, T).await;
     assert_eq!(g.state, State::ResultUnavailable);
 
@@ -391,7 +413,8 @@ async fn results_are_kept_in_the_database_and_checked_on_the_way_out() {
         op.result_sha256.as_deref().unwrap(),
     )
     .await
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("altered"), "{err}");
 }
 
@@ -425,7 +448,8 @@ async fn a_result_directory_keeps_results_as_files() {
     std::fs::write(path, b"tampered").unwrap();
     let err = jobtrail_worker::ResultStore::read_verified(&env.store, &loc, sha)
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("altered"), "{err}");
 }
 

@@ -153,7 +153,6 @@ impl Env {
         cmd.args(["worker", "--id", id, "--lease", lease, "--idle", "50ms"])
             .env("DATABASE_URL", &self.url)
             .env("JOBTRAIL_PROVIDERS", providers_dir())
-            .env("JOBTRAIL_RESULT_DIR", self.dir.join("results"))
             .env("JOBTRAIL_SIM_TOKEN", TOKEN)
             .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", self.sim.base_url())
             .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", self.sim.base_url())

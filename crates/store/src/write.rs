@@ -57,8 +57,8 @@ pub struct Step {
     pub set_create_deadline: Option<DateTime<Utc>>,
     pub set_result_deadline: Option<DateTime<Utc>>,
     pub set_cancel_deadline: Option<DateTime<Utc>>,
-    /// Result bytes to keep in the database with this step (the step's event or evidence names their
-    /// location, [`ResultBytes::location`]): both are written, or neither.
+    /// Result bytes to keep in the database with this step (its event, evidence or observed provider
+    /// context names their location, [`ResultBytes::location`]): both are written, or neither.
     pub result_bytes: Option<ResultBytes>,
 }
 

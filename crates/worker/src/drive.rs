@@ -818,7 +818,11 @@ async fn plan_collect(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, S
                 };
                 validated_step(ctx, op, fetched).await
             }
-            Err(why) => Step::event(Event::ResultUnavailable { why }),
+            // The database is away: nothing is known about the result yet; try again later.
+            Err(crate::results::ReadError::Database(e)) => return Err(Stop::Other(e)),
+            Err(why) => Step::event(Event::ResultUnavailable {
+                why: why.to_string(),
+            }),
         };
         return Ok(Plan::write(step));
     }

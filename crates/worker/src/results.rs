@@ -57,8 +57,19 @@ impl ResultStore {
     ) -> std::io::Result<Stored> {
         match self {
             Self::Database => {
+                if bytes.len() > MAX_DATABASE_RESULT {
+                    return Err(std::io::Error::other(format!(
+                        "a {} byte result is more than the database result store takes ({} bytes): run workers with --result-dir",
+                        bytes.len(),
+                        MAX_DATABASE_RESULT
+                    )));
+                }
+                let (sha256, bytes) =
+                    off_thread_if_large(bytes, |b| Ok(hex::encode(Sha256::digest(b))))
+                        .await
+                        .map_err(std::io::Error::other)?;
                 let r = ResultBytes {
-                    sha256: hex::encode(Sha256::digest(&bytes)),
+                    sha256,
                     content_type,
                     bytes,
                 };
@@ -83,32 +94,74 @@ impl ResultStore {
         store: &Store,
         location: &str,
         sha256: &str,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, ReadError> {
         let bytes = if let Some((op, sha)) = ResultBytes::parse_location(location) {
             store
                 .result_bytes(op, sha)
                 .await
-                .map_err(|e| format!("{location}: {e}"))?
-                .ok_or_else(|| format!("{location}: no such result in the database"))?
+                .map_err(ReadError::Database)?
+                .ok_or_else(|| {
+                    ReadError::Missing(format!("{location}: no such result in the database"))
+                })?
         } else {
             let location = location.to_owned();
             tokio::task::spawn_blocking(move || ResultDir::read(&location))
                 .await
-                .map_err(|e| e.to_string())??
+                .map_err(|e| ReadError::Missing(e.to_string()))?
+                .map_err(ReadError::Missing)?
         };
-        check_digest(location, bytes, sha256)
+        let location = location.to_owned();
+        let sha256 = sha256.to_owned();
+        let (checked, _) = off_thread_if_large(bytes::Bytes::from(bytes), move |b| {
+            check_digest(&location, b, &sha256)
+        })
+        .await
+        .map_err(ReadError::Altered)?;
+        Ok(checked)
     }
 }
 
+/// The largest result kept in the database: far below PostgreSQL's 1 GB limit for one value, and
+/// more than any contract here allows (`result.max_bytes`).
+pub const MAX_DATABASE_RESULT: usize = 256 << 20;
+
+/// Why a kept result could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The database could not be asked (it may be back soon): not a fact about the result.
+    #[error("reading the result: {0}")]
+    Database(jobtrail_store::StoreError),
+    /// Nothing is kept where the record points.
+    #[error("{0}")]
+    Missing(String),
+    /// The bytes are there but are not the ones recorded.
+    #[error("{0}")]
+    Altered(String),
+}
+
+/// Run `f` over `bytes`, on a blocking thread when they are large enough for hashing to stall the
+/// async threads; returns its answer and the bytes.
+async fn off_thread_if_large<T: Send + 'static>(
+    bytes: bytes::Bytes,
+    f: impl FnOnce(&[u8]) -> Result<T, String> + Send + 'static,
+) -> Result<(T, bytes::Bytes), String> {
+    if bytes.len() < 256 << 10 {
+        return f(&bytes).map(|t| (t, bytes));
+    }
+    tokio::task::spawn_blocking(move || f(&bytes).map(|t| (t, bytes)))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
 /// `bytes` if their sha256 is the recorded one.
-fn check_digest(location: &str, bytes: Vec<u8>, sha256: &str) -> Result<Vec<u8>, String> {
-    let got = hex::encode(Sha256::digest(&bytes));
+fn check_digest(location: &str, bytes: &[u8], sha256: &str) -> Result<Vec<u8>, String> {
+    let got = hex::encode(Sha256::digest(bytes));
     if got != sha256 {
         return Err(format!(
             "{location}: sha256 is {got}, the record says {sha256}: the stored result was altered"
         ));
     }
-    Ok(bytes)
+    Ok(bytes.to_vec())
 }
 
 impl ResultDir {
@@ -195,7 +248,7 @@ mod tests {
     use super::*;
 
     fn read_verified(location: &str, sha256: &str) -> Result<Vec<u8>, String> {
-        check_digest(location, ResultDir::read(location)?, sha256)
+        check_digest(location, &ResultDir::read(location)?, sha256)
     }
 
     fn dir(root: impl Into<PathBuf>) -> ResultDir {
