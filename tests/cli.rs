@@ -263,3 +263,41 @@ async fn the_benchmark_runs_its_phases_and_writes_json() {
         assert!(realistic[key].as_f64().unwrap() > 0.0, "{key}: {realistic}");
     }
 }
+
+/// A worker keeping results in the database refuses, before touching anything, a contract that allows
+/// results larger than the database store takes.
+#[test]
+fn a_worker_refuses_contracts_whose_results_the_database_cannot_keep() {
+    let providers = std::env::temp_dir().join(format!(
+        "jobtrail-big-results-{}",
+        uuid::Uuid::now_v7().simple()
+    ));
+    std::fs::create_dir_all(providers.join("schemas")).unwrap();
+    let src = support::providers_dir();
+    std::fs::copy(
+        src.join("schemas/sim-result.json"),
+        providers.join("schemas/sim-result.json"),
+    )
+    .unwrap();
+    let toml = std::fs::read_to_string(src.join("sim.toml"))
+        .unwrap()
+        .replace("max_bytes = 1048576", "max_bytes = 1073741824");
+    assert!(toml.contains("max_bytes = 1073741824"));
+    std::fs::write(providers.join("sim.toml"), toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["worker", "--id", "w"])
+        // Never reached: the refusal comes first.
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+        .env("JOBTRAIL_PROVIDERS", &providers)
+        .env_remove("JOBTRAIL_RESULT_DIR")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(
+        stderr.contains("provider sim") && stderr.contains("--result-dir"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&providers).unwrap();
+}

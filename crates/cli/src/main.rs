@@ -228,11 +228,29 @@ async fn run(cli: Cli) -> CmdResult {
                 return Err(common::fail(exit::BAD_INPUT, "--lease must be at least 1s"));
             }
             let registry = common::registry(&cli.common.providers)?;
-            let store = common::store(&cli.common.database_url).await?;
             let results = match result_dir.filter(|d| !d.as_os_str().is_empty()) {
                 Some(d) => jobtrail_worker::ResultStore::directory(d),
                 None => jobtrail_worker::ResultStore::Database,
             };
+            if matches!(results, jobtrail_worker::ResultStore::Database) {
+                // Refuse at start what would fail at every collect.
+                let limit = jobtrail_worker::results::MAX_DATABASE_RESULT as u64;
+                for name in registry.names() {
+                    let allowed = registry
+                        .get(name)
+                        .and_then(|p| p.contract().result.as_ref().map(|r| r.max_bytes))
+                        .unwrap_or(0);
+                    if allowed > limit {
+                        return Err(common::fail(
+                            exit::BAD_INPUT,
+                            format!(
+                                "provider {name} allows results of {allowed} bytes; results kept in the database may be at most {limit}: lower its result.max_bytes or run with --result-dir"
+                            ),
+                        ));
+                    }
+                }
+            }
+            let store = common::store(&cli.common.database_url).await?;
             let worker = jobtrail_worker::Worker::new(store, registry, results, config);
             let shutdown = tokio_util::sync::CancellationToken::new();
             let stop = shutdown.clone();
