@@ -87,7 +87,7 @@ async fn submit_many(
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let (store, terms, ids, next, script, tag) = (
-            fleet.store.clone(),
+            pool.clone(),
             terms.clone(),
             ids.clone(),
             next.clone(),
@@ -163,27 +163,29 @@ async fn settled_commits(url: &str) -> Result<i64, crate::common::Failure> {
     Ok(n)
 }
 
-/// Commits as pg_stat_database counts them (read-only transactions included), read once at most
-/// `others` other sessions are connected (backends report their counts when they exit), waiting at
-/// most 5 s for that.
-async fn stat_commits(url: &str, others: i64) -> Result<(i64, i64), crate::common::Failure> {
+/// Commits as pg_stat_database counts them (read-only transactions included), read once the
+/// benchmark's worker processes' sessions have gone (a backend reports its counts when it exits),
+/// waiting at most 5 s for that.
+async fn stat_commits(url: &str) -> Result<i64, crate::common::Failure> {
     let store = Store::connect_with(url, 1).await?;
     let deadline = Instant::now() + Duration::from_secs(5);
-    let read = loop {
-        let (commits, now_others) = store.bench_stat_commits().await?;
-        if now_others <= others {
-            break (commits, now_others);
+    let commits = loop {
+        let (commits, workers) = store
+            .bench_stat_commits(crate::fleet::WORKER_APP_NAME)
+            .await?;
+        if workers == 0 {
+            break commits;
         }
         if Instant::now() > deadline {
             eprintln!(
-                "warning: {now_others} other sessions still connected after 5 s; pg_stat_database may not count all of their commits yet"
+                "warning: {workers} worker sessions still connected after 5 s; pg_stat_database may not count all of their commits yet"
             );
-            break (commits, now_others);
+            break commits;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     store.close().await;
-    Ok(read)
+    Ok(commits)
 }
 
 async fn claim_latency(store: &Store, rounds: usize) -> Result<(f64, f64), crate::common::Failure> {
@@ -361,7 +363,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         // (3) Realistic: 2 s remote jobs, Retry-After 1 s.
         let phase = chrono::Utc::now();
         let c0 = settled_commits(&fleet.url).await?;
-        let (s0, sessions) = stat_commits(&fleet.url, i64::MAX).await?;
+        let s0 = stat_commits(&fleet.url).await?;
         let ids = submit_many(
             &fleet,
             a.realistic_operations,
@@ -383,7 +385,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         let _ = polls; // reads take no transaction id
         let c1 = settled_commits(&fleet.url).await?;
         // The benchmark's own reads (this query, the waiting) are in this count too: a few per run.
-        let (s1, _) = stat_commits(&fleet.url, sessions).await?;
+        let s1 = stat_commits(&fleet.url).await?;
         let (_, _, calls1) = store.totals().await?;
         let ledger = fleet.sim.ledger();
         let ends: HashMap<String, chrono::DateTime<chrono::Utc>> = ledger

@@ -35,6 +35,9 @@ fn write_contracts(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The `application_name` of every session a fleet worker opens (set through `PGAPPNAME`).
+pub const WORKER_APP_NAME: &str = "jobtrail-fleet-worker";
+
 pub struct Fleet {
     pub work: PathBuf,
     pub providers_dir: PathBuf,
@@ -106,7 +109,8 @@ impl Fleet {
         })
     }
 
-    /// Start a `jobtrail worker` process; returns its pid.
+    /// Start a `jobtrail worker` process (its sessions are named [`WORKER_APP_NAME`]); returns its
+    /// pid.
     pub fn spawn_worker(&mut self, id: &str, args: &[&str]) -> Result<u32, Failure> {
         let exe = std::env::current_exe().map_err(|e| fail(exit::UNAVAILABLE, e))?;
         let base = self.sim.base_url();
@@ -119,6 +123,8 @@ impl Fleet {
             .env("DATABASE_URL", &self.url)
             .env("JOBTRAIL_PROVIDERS", &self.providers_dir)
             .env("JOBTRAIL_SIM_TOKEN", &self.token)
+            // How the benchmark recognises its workers' sessions in pg_stat_activity.
+            .env("PGAPPNAME", WORKER_APP_NAME)
             .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", &base)
             .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", &base)
             .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", &base)

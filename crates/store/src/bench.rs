@@ -77,9 +77,11 @@ impl Store {
         Ok(n)
     }
 
-    /// (commits pg_stat_database has counted for this database, other client sessions connected).
-    pub async fn bench_stat_commits(&self) -> Result<(i64, i64), StoreError> {
+    /// (commits pg_stat_database has counted for this database, sessions named `application`
+    /// still connected to it).
+    pub async fn bench_stat_commits(&self, application: &str) -> Result<(i64, i64), StoreError> {
         Ok(sqlx::query_as(include_str!("sql/bench_stat_commits.sql"))
+            .bind(application)
             .fetch_one(&self.pool)
             .await?)
     }

@@ -96,9 +96,13 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let opts = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Unavailable(format!("bad database URL: {e}")))?
-            .application_name("jobtrail");
+        let mut opts = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Unavailable(format!("bad database URL: {e}")))?;
+        // Sessions show up as "jobtrail" in pg_stat_activity unless the URL's application_name or
+        // the standard PGAPPNAME says otherwise (an operator naming each worker's sessions).
+        if opts.get_application_name().is_none_or(str::is_empty) {
+            opts = opts.application_name("jobtrail");
+        }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)
