@@ -49,6 +49,8 @@ pub struct Fleet {
     pub worker_args: Vec<String>,
     token: String,
     children: Vec<(String, Child)>,
+    /// The database this fleet made on the private cluster: (admin URL, name).
+    private_db: Option<(String, String)>,
 }
 
 impl Fleet {
@@ -60,6 +62,7 @@ impl Fleet {
         let providers_dir = work.join("providers");
         write_contracts(&providers_dir)
             .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", work.display())))?;
+        let mut private_db = None;
         let url = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
             Some(u) => u,
             None => {
@@ -75,6 +78,7 @@ impl Fleet {
                 jobtrail_store::cluster::ensure_database(&cluster.url("postgres"), &db)
                     .await
                     .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+                private_db = Some((cluster.url("postgres"), db.clone()));
                 cluster.url(&db)
             }
         };
@@ -106,7 +110,25 @@ impl Fleet {
             worker_args: Vec::new(),
             token,
             children: Vec::new(),
+            private_db,
         })
+    }
+
+    /// Stop the workers and remove what this fleet made: its database on the private cluster (never
+    /// one `DATABASE_URL` named) and its work directory. Returns the dropped database's name.
+    pub async fn remove(mut self) -> Result<Option<String>, Failure> {
+        self.stop_workers();
+        self.store.close().await;
+        let _ = std::fs::remove_dir_all(&self.work);
+        match self.private_db.take() {
+            Some((admin, name)) => {
+                jobtrail_store::cluster::drop_database(&admin, &name)
+                    .await
+                    .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+                Ok(Some(name))
+            }
+            None => Ok(None),
+        }
     }
 
     /// Start a `jobtrail worker` process (its sessions are named [`WORKER_APP_NAME`]); returns its

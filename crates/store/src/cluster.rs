@@ -475,6 +475,25 @@ pub async fn ensure_database(admin_url: &str, name: &str) -> Result<(), ClusterE
     Ok(())
 }
 
+/// Drop database `name` (disconnecting whoever is still in it) if it exists.
+pub async fn drop_database(admin_url: &str, name: &str) -> Result<(), ClusterError> {
+    use sqlx::Connection;
+    let fail = |e: sqlx::Error| ClusterError::Command {
+        what: format!("dropping database {name}"),
+        detail: e.to_string(),
+    };
+    // Identifiers cannot be bound; `name` is ours and checked to be a plain identifier.
+    assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    let mut conn = sqlx::PgConnection::connect(admin_url).await.map_err(fail)?;
+    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .map_err(fail)?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
