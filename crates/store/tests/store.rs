@@ -635,35 +635,48 @@ async fn a_late_worker_event_after_a_decision_is_refused_but_its_call_is_kept() 
     );
 }
 
-#[tokio::test]
-async fn group_committed_writes_fence_each_operation_on_its_own() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
-    for i in 0..5 {
+/// Submit `n` operations (bodies keyed by `key`) and claim them all for "w".
+async fn submit_and_claim(store: &Store, n: usize, key: &str) -> Vec<Claimed> {
+    for i in 0..n {
         store
             .submit_new(
-                &submission(&format!(r#"{{"g":{i}}}"#)),
+                &submission(&format!(r#"{{"{key}":{i}}}"#)),
                 &providers(),
                 SubmitLimits::default(),
             )
             .await
             .unwrap();
     }
-    let mut claimed = store
+    let claimed = store
         .claim_due("w", 10, Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(claimed.len(), 5);
+    assert_eq!(claimed.len(), n);
+    claimed
+}
+
+/// Make `lease` stale, as if it had expired and been taken over.
+async fn take_over(db: &TestDb, lease: &Lease) {
+    exec(
+        db,
+        &format!(
+            "UPDATE operations SET lease_epoch = lease_epoch + 1 WHERE id = '{}'",
+            lease.operation_id.as_uuid()
+        ),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn group_committed_writes_fence_each_operation_on_its_own() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut claimed = submit_and_claim(&store, 5, "g").await;
     // One lease goes stale (expired and taken over), one operation is abandoned by a person meanwhile.
     let stale = claimed.remove(0);
     let gone = claimed.remove(0);
-    use sqlx::Connection;
-    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query("UPDATE operations SET lease_epoch = lease_epoch + 1 WHERE id = $1")
-        .bind(stale.lease.operation_id.as_uuid())
-        .execute(&mut c)
-        .await
-        .unwrap();
+    take_over(&db, &stale.lease).await;
     store
         .decide(
             gone.lease.operation_id,
@@ -750,31 +763,9 @@ async fn group_committed_writes_fence_each_operation_on_its_own() {
 async fn result_bytes_are_written_with_their_step_or_not_at_all_and_never_changed() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    for i in 0..3 {
-        store
-            .submit_new(
-                &submission(&format!(r#"{{"r":{i}}}"#)),
-                &providers(),
-                SubmitLimits::default(),
-            )
-            .await
-            .unwrap();
-    }
-    let mut claimed = store
-        .claim_due("w", 10, Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 3);
+    let mut claimed = submit_and_claim(&store, 3, "r").await;
     let stale = claimed.remove(0);
-    exec(
-        &db,
-        &format!(
-            "UPDATE operations SET lease_epoch = lease_epoch + 1 WHERE id = '{}'",
-            stale.lease.operation_id.as_uuid()
-        ),
-    )
-    .await
-    .unwrap();
+    take_over(&db, &stale.lease).await;
     let blob = |text: &'static str| {
         use sha2::Digest;
         ResultBytes {

@@ -64,10 +64,7 @@ impl ResultStore {
                         MAX_DATABASE_RESULT
                     )));
                 }
-                let (sha256, bytes) =
-                    off_thread_if_large(bytes, |b| Ok(hex::encode(Sha256::digest(b))))
-                        .await
-                        .map_err(std::io::Error::other)?;
+                let (sha256, bytes) = sha256_hex(bytes).await.map_err(std::io::Error::other)?;
                 let r = ResultBytes {
                     sha256,
                     content_type,
@@ -110,14 +107,11 @@ impl ResultStore {
                 .map_err(|e| ReadError::Missing(e.to_string()))?
                 .map_err(ReadError::Missing)?
         };
-        let location = location.to_owned();
-        let sha256 = sha256.to_owned();
-        let (checked, _) = off_thread_if_large(bytes::Bytes::from(bytes), move |b| {
-            check_digest(&location, b, &sha256)
-        })
-        .await
-        .map_err(ReadError::Altered)?;
-        Ok(checked)
+        let (got, bytes) = sha256_hex(bytes::Bytes::from(bytes))
+            .await
+            .map_err(ReadError::Altered)?;
+        check_digest(location, &got, sha256).map_err(ReadError::Altered)?;
+        Ok(Vec::from(bytes))
     }
 }
 
@@ -139,29 +133,26 @@ pub enum ReadError {
     Altered(String),
 }
 
-/// Run `f` over `bytes`, on a blocking thread when they are large enough for hashing to stall the
-/// async threads; returns its answer and the bytes.
-async fn off_thread_if_large<T: Send + 'static>(
-    bytes: bytes::Bytes,
-    f: impl FnOnce(&[u8]) -> Result<T, String> + Send + 'static,
-) -> Result<(T, bytes::Bytes), String> {
+/// The lowercase hex sha256 of `bytes` (and the bytes back), computed on a blocking thread when
+/// they are large enough to stall the async threads.
+async fn sha256_hex(bytes: bytes::Bytes) -> Result<(String, bytes::Bytes), String> {
+    let digest = |b: bytes::Bytes| (hex::encode(Sha256::digest(&b)), b);
     if bytes.len() < 256 << 10 {
-        return f(&bytes).map(|t| (t, bytes));
+        return Ok(digest(bytes));
     }
-    tokio::task::spawn_blocking(move || f(&bytes).map(|t| (t, bytes)))
+    tokio::task::spawn_blocking(move || digest(bytes))
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
-/// `bytes` if their sha256 is the recorded one.
-fn check_digest(location: &str, bytes: &[u8], sha256: &str) -> Result<Vec<u8>, String> {
-    let got = hex::encode(Sha256::digest(bytes));
+/// Whether `got`, the digest of what `location` holds, is the recorded one.
+fn check_digest(location: &str, got: &str, sha256: &str) -> Result<(), String> {
     if got != sha256 {
         return Err(format!(
             "{location}: sha256 is {got}, the record says {sha256}: the stored result was altered"
         ));
     }
-    Ok(bytes.to_vec())
+    Ok(())
 }
 
 impl ResultDir {
@@ -248,7 +239,9 @@ mod tests {
     use super::*;
 
     fn read_verified(location: &str, sha256: &str) -> Result<Vec<u8>, String> {
-        check_digest(location, &ResultDir::read(location)?, sha256)
+        let bytes = ResultDir::read(location)?;
+        check_digest(location, &hex::encode(Sha256::digest(&bytes)), sha256)?;
+        Ok(bytes)
     }
 
     fn dir(root: impl Into<PathBuf>) -> ResultDir {
