@@ -159,6 +159,9 @@ pub enum Event {
     CreateCompleted { remote_job_id: Option<String> },
     /// Create was sent and the answer is unknown (timeout, reset, ambiguous status).
     CreateAmbiguous { error_class: String },
+    /// The create deadline passed while no attempt can have created a job (each was never sent or
+    /// refused without effect). `attempts`: how many were tried.
+    CreateExpired { attempts: i32 },
     /// The provider definitively rejected the create.
     CreateRejected {
         http_status: Option<u16>,
@@ -272,6 +275,7 @@ event_kinds! {
     CreateCompleted = "create_completed",
     CreateAmbiguous = "create_ambiguous",
     CreateRejected = "create_rejected",
+    CreateExpired = "create_expired",
     ReconciliationStarted = "reconciliation_started",
     ReconciliationInconclusive = "reconciliation_inconclusive",
     ReconciliationExhausted = "reconciliation_exhausted",
@@ -330,6 +334,7 @@ impl Event {
             Event::CreateCompleted { .. } => EventKind::CreateCompleted,
             Event::CreateAmbiguous { .. } => EventKind::CreateAmbiguous,
             Event::CreateRejected { .. } => EventKind::CreateRejected,
+            Event::CreateExpired { .. } => EventKind::CreateExpired,
             Event::ReconciliationStarted { .. } => EventKind::ReconciliationStarted,
             Event::ReconciliationInconclusive { .. } => EventKind::ReconciliationInconclusive,
             Event::ReconciliationExhausted { .. } => EventKind::ReconciliationExhausted,
@@ -387,6 +392,10 @@ impl Event {
                 Some(s) => format!("provider rejected create ({s}): {reason}"),
                 None => format!("provider rejected create: {reason}"),
             },
+            Event::CreateExpired { attempts: 0 } => "create deadline passed; never sent".into(),
+            Event::CreateExpired { attempts } => format!(
+                "create deadline passed; no remote job: each of the {attempts} attempts was never sent or refused without effect"
+            ),
             Event::ReconciliationStarted { method } => format!("reconciling by {method}"),
             Event::ReconciliationInconclusive { error_class } => {
                 format!("reconciliation inconclusive: {error_class}")

@@ -53,6 +53,11 @@ impl std::str::FromStr for OperationId {
             expected: "op_ followed by 26 Crockford base32 characters (e.g. op_01J7Q5X4D4PA3DZ2V6K8M9N0PQ)",
         };
         let rest = s.strip_prefix(Self::PREFIX).ok_or_else(bad)?;
+        // 26 base32 characters hold 130 bits; a first character above 7 names more than 128 and
+        // would alias a smaller id.
+        if rest.len() != 26 || !rest.as_bytes()[0].is_ascii_digit() || rest.as_bytes()[0] > b'7' {
+            return Err(bad());
+        }
         let ulid = ulid::Ulid::from_string(rest).map_err(|_| bad())?;
         Ok(Self(Uuid::from_bytes(ulid.to_bytes())))
     }
@@ -69,6 +74,29 @@ impl From<OperationId> for String {
     fn from(id: OperationId) -> String {
         id.to_string()
     }
+}
+
+/// Why a provider's job id cannot be used: it must be usable as one path segment and one line of
+/// text (a person reads it; URLs are built from it).
+pub fn check_remote_job_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("an empty job id".into());
+    }
+    if id.len() > 1024 {
+        return Err(format!("a job id of {} bytes (at most 1024)", id.len()));
+    }
+    if id == "." || id == ".." {
+        return Err(format!(
+            "the job id {id:?}, which a URL path resolves to another resource"
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(format!(
+            "the job id {:?}, which holds control characters",
+            id.escape_debug().to_string()
+        ));
+    }
+    Ok(())
 }
 
 /// The idempotency token sent with every create of one operation: `idem_` + 32 hex (128 bits from a
@@ -167,6 +195,35 @@ mod tests {
         assert_eq!(a.to_string().len(), 3 + 26);
         assert!("op_nothex!".parse::<OperationId>().is_err());
         assert!("01J7Q5X4D4PA3DZ2V6K8M9N0PQ".parse::<OperationId>().is_err());
+    }
+
+    #[test]
+    fn operation_ids_past_128_bits_are_refused_not_aliased() {
+        let max = OperationId::from_uuid(Uuid::from_u128(u128::MAX));
+        assert_eq!(max.to_string(), "op_7ZZZZZZZZZZZZZZZZZZZZZZZZZ");
+        assert_eq!(max.to_string().parse::<OperationId>().unwrap(), max);
+        for past in [
+            "op_8ZZZZZZZZZZZZZZZZZZZZZZZZZ",
+            "op_ZZZZZZZZZZZZZZZZZZZZZZZZZZ",
+            "op_80000000000000000000000000",
+        ] {
+            assert!(past.parse::<OperationId>().is_err(), "{past}");
+        }
+        assert!(
+            "op_01J7Q5X4D4PA3DZ2V6K8M9N0P"
+                .parse::<OperationId>()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn job_ids_that_would_move_a_url_or_a_terminal_are_refused() {
+        assert!(check_remote_job_id("job_7ad2").is_ok());
+        assert!(check_remote_job_id("a.b").is_ok());
+        for bad in ["", ".", "..", "job\n2", "job\u{1b}[2J"] {
+            assert!(check_remote_job_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_remote_job_id(&"x".repeat(2000)).is_err());
     }
 
     #[test]

@@ -11,19 +11,27 @@
 //! [`operation::SubmitError`], [`event::MissingEvidence`].
 
 pub mod chain;
+pub mod decide;
 pub mod event;
 pub mod ids;
+pub mod json;
 pub mod machine;
 pub mod operation;
+pub mod outcome;
+pub mod record;
 pub mod request;
 pub mod schedule;
 pub mod state;
+pub mod step;
 
 pub use event::{CancelConfirmation, CancelRequest, Decision, Event, EventKind, ValidatedResult};
 pub use ids::{IdempotencyToken, OperationId, TraceId};
 pub use machine::{IllegalTransition, Transition, transition};
 pub use operation::{
-    Entropy, IdempotencyMode, Intent, ProviderTerms, Submission, SubmitError, SubmitLimits,
+    BodyShape, Entropy, IdempotencyMode, Intent, ProviderTerms, Submission, SubmitError,
+    SubmitLimits,
 };
+pub use record::{CallKind, CallRecord, OperationRecord};
 pub use request::{Fingerprint, SecretRef};
 pub use state::State;
+pub use step::{Counters, FailureCount, Observation, ResultBytes, SendMark, Step};

@@ -101,9 +101,15 @@ pub static RULES: &[Rule] = &[
     },
     Rule {
         on: EventKind::ReconciliationExhausted,
-        from: &[CreatePending, CreateUnknown, Reconciliation],
+        from: &[CreateUnknown, Reconciliation],
         to: To::State(CreateUnresolved),
-        why: "no method, or create deadline passed: a person decides",
+        why: "a send may have reached the provider and nothing settles it: a person decides",
+    },
+    Rule {
+        on: EventKind::CreateExpired,
+        from: &[CreatePending],
+        to: To::State(NotCreated),
+        why: "create deadline passed and no attempt can have created a job",
     },
     Rule {
         on: EventKind::ContractViolated,
@@ -208,7 +214,7 @@ pub static RULES: &[Rule] = &[
         on: EventKind::Withdraw,
         from: &[CreatePending],
         to: To::State(Withdrawn),
-        why: "no create was ever sent",
+        why: "no create can have reached the provider",
     },
     Rule {
         on: EventKind::CancelSent,

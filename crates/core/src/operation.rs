@@ -45,11 +45,31 @@ impl std::str::FromStr for IdempotencyMode {
     }
 }
 
+/// Which JSON values a provider takes as a create body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyShape {
+    /// A JSON object (the default: almost every API).
+    #[default]
+    Object,
+    /// Any JSON value, `null` included.
+    Any,
+}
+
+/// The farthest ahead a deadline may be: ten years. Further is a typo, and the clock arithmetic of
+/// every layer stays far from overflow.
+pub const MAX_HORIZON: Duration = Duration::from_secs(3660 * 86_400);
+
+/// The longest cancel window: thirty days.
+pub const MAX_CANCEL_WINDOW: Duration = Duration::from_secs(30 * 86_400);
+
 /// What submit needs to know about a provider (from its contract).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProviderTerms {
     pub name: String,
     pub idempotency: IdempotencyMode,
+    #[serde(default)]
+    pub body: BodyShape,
     pub sensitive_fields: Vec<String>,
     pub default_create_window: Duration,
     pub default_result_window: Duration,
@@ -62,6 +82,7 @@ impl ProviderTerms {
         Self {
             name: name.to_owned(),
             idempotency,
+            body: BodyShape::Object,
             sensitive_fields: Vec::new(),
             default_create_window: Duration::from_secs(120),
             default_result_window: Duration::from_secs(3600),
@@ -140,6 +161,19 @@ pub enum SubmitError {
         line: usize,
         column: usize,
     },
+    #[error("request body is {found}; provider {provider} takes a JSON object")]
+    BodyNotObject {
+        provider: String,
+        found: &'static str,
+    },
+    #[error("{field} is {at}, more than ten years ahead (latest allowed {max})")]
+    DeadlineTooFar {
+        field: &'static str,
+        at: DateTime<Utc>,
+        max: DateTime<Utc>,
+    },
+    #[error("cancel window of {secs} s is longer than the thirty days allowed")]
+    CancelWindowTooLong { secs: u64 },
     #[error("request body is {size} bytes, over the limit of {limit} bytes")]
     BodyTooLarge { size: usize, limit: usize },
     #[error("unknown provider {name:?}; known providers: {known}")]
@@ -190,12 +224,18 @@ impl Submission {
                 limit: limits.max_body_bytes,
             });
         }
-        let body: serde_json::Value =
-            serde_json::from_slice(&self.body).map_err(|e| SubmitError::MalformedJson {
-                message: e.to_string(),
-                line: e.line(),
-                column: e.column(),
+        let body =
+            crate::json::parse_strict(&self.body).map_err(|e| SubmitError::MalformedJson {
+                message: e.message,
+                line: e.line,
+                column: e.column,
             })?;
+        if terms.body == BodyShape::Object && !body.is_object() {
+            return Err(SubmitError::BodyNotObject {
+                provider: terms.name.clone(),
+                found: crate::json::kind_of(&body),
+            });
+        }
         let non_empty = |v: &str, field: &'static str| {
             let v = v.trim();
             if v.is_empty() {
@@ -210,8 +250,13 @@ impl Submission {
         check_sensitive_fields(&body, &terms.sensitive_fields)?;
 
         let now = crate::chain::storable(now);
-        let after =
-            |d: Duration| now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        // Saturating: a window too long to add is caught as "too far" below, never a panic.
+        let after = |d: Duration| {
+            chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| now.checked_add_signed(d))
+                .unwrap_or(DateTime::<Utc>::MAX_UTC)
+        };
         let create_deadline = crate::chain::storable(
             self.create_deadline
                 .unwrap_or_else(|| after(terms.default_create_window)),
@@ -234,6 +279,19 @@ impl Submission {
                 now,
             });
         }
+        let latest = now + chrono::Duration::from_std(MAX_HORIZON).expect("ten years fit");
+        for (field, at) in [
+            ("create_deadline", create_deadline),
+            ("result_deadline", result_deadline),
+        ] {
+            if at > latest {
+                return Err(SubmitError::DeadlineTooFar {
+                    field,
+                    at,
+                    max: latest,
+                });
+            }
+        }
         if result_deadline < create_deadline {
             return Err(SubmitError::DeadlinesOutOfOrder {
                 create: create_deadline,
@@ -243,6 +301,11 @@ impl Submission {
         let cancel_window = self.cancel_window.unwrap_or(terms.default_cancel_window);
         if cancel_window < Duration::from_secs(1) {
             return Err(SubmitError::CancelWindowTooShort);
+        }
+        if cancel_window > MAX_CANCEL_WINDOW {
+            return Err(SubmitError::CancelWindowTooLong {
+                secs: cancel_window.as_secs(),
+            });
         }
 
         Ok(Intent {

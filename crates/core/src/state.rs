@@ -60,8 +60,9 @@ macro_rules! states {
 }
 
 states! {
-    /// The intent is recorded; the create call has not been confirmed. The worker sends create with
-    /// the stored token. A cancel that arrives before any create was sent withdraws the operation.
+    /// The intent is recorded; no job is known to exist. The worker sends create with the stored
+    /// token; every attempt recorded here was definitively not created (never sent, or refused with
+    /// "not now"). A cancel withdraws the operation unless a send may be in flight.
     CreatePending = "create_pending", Worker;
     /// A create was sent and the answer was ambiguous (timeout, reset, 5xx). The remote job may or may
     /// not exist. The worker starts reconciliation by the contract's documented means.
@@ -106,9 +107,11 @@ states! {
     ResultUnavailable = "result_unavailable", Nobody;
     /// The remote job succeeded but its result failed validation (type, size, checksum, schema, rows).
     ResultValidationFailed = "result_validation_failed", Nobody;
-    /// Cancelled before any create was sent: nothing reached the provider.
+    /// Cancelled while no create could have created a job (none was sent, or every one was refused
+    /// without effect): nothing exists at the provider.
     Withdrawn = "withdrawn", Nobody;
-    /// A person established that the remote job was never created. A new, linked operation may follow.
+    /// The remote job was never created: the create deadline passed while every attempt was
+    /// definitively not created, or a person established it. A new, linked operation may follow.
     NotCreated = "not_created", Nobody;
     /// A person stopped tracking the operation. Everything recorded is kept.
     Abandoned = "abandoned", Nobody;

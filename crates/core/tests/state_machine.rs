@@ -26,6 +26,7 @@ fn sample_events() -> Vec<Event> {
             http_status: Some(422),
             reason: "bad".into(),
         },
+        Event::CreateExpired { attempts: 2 },
         Event::ReconciliationStarted {
             method: "resend".into(),
         },

@@ -3,7 +3,10 @@
 //! names the file, the key and what was expected. See `docs/provider-contracts.md`.
 
 use jobtrail_core::schedule::{Backoff, RetryAfterBounds};
-use jobtrail_core::{IdempotencyMode, ProviderTerms, SecretRef};
+use jobtrail_core::{BodyShape, IdempotencyMode, ProviderTerms, SecretRef};
+
+pub use jobtrail_core::decide::LEASE_MARGIN;
+pub use jobtrail_core::outcome::{Phase, ReconcileMethod};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -73,28 +76,6 @@ pub enum CallName {
     Cancel,
     Result,
     Lookup,
-}
-
-/// How to settle an ambiguous create.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReconcileMethod {
-    /// Send create again with the same token; the provider returns the original job.
-    Resend,
-    /// Look the job up by our client reference.
-    Lookup,
-    /// The provider offers nothing: a person decides.
-    None,
-}
-
-impl ReconcileMethod {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ReconcileMethod::Resend => "resend",
-            ReconcileMethod::Lookup => "lookup",
-            ReconcileMethod::None => "none",
-        }
-    }
 }
 
 /// The format of a result body.
@@ -209,6 +190,8 @@ struct RawCreate {
     status_url: Option<String>,
     #[serde(default)]
     sync_result: Option<String>,
+    #[serde(default)]
+    body: Option<String>,
 }
 fn d_post() -> String {
     "POST".into()
@@ -468,17 +451,8 @@ pub struct CreateSpec {
     pub initial_state: Option<Locator>,
     pub status_url: Option<Locator>,
     pub sync_result: Option<Locator>,
-}
-
-/// The provider's state names, mapped to the five phases we act on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    Queued,
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
+    /// Which JSON values submit accepts as the body (`create.body`: "object", the default, or "any").
+    pub body: BodyShape,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -595,6 +569,7 @@ impl Contract {
     /// What submit needs to know.
     pub fn terms(&self) -> ProviderTerms {
         let mut t = ProviderTerms::new(&self.name, self.idempotency());
+        t.body = self.create.body;
         t.sensitive_fields = self.redact.clone();
         t.default_create_window = self.create_window;
         t.default_result_window = self.result_window;
@@ -602,6 +577,25 @@ impl Contract {
             t.default_cancel_window = c.window;
         }
         t
+    }
+
+    /// What the step decisions need: schedule, retry budget, reconciliation, cancel.
+    pub fn policy(&self) -> jobtrail_core::decide::Policy {
+        jobtrail_core::decide::Policy {
+            backoff: self.polling.backoff,
+            retry_after: self.polling.retry_after,
+            max_failures: self.polling.max_failures,
+            reconcile: self.reconcile.method,
+            lookup: self.reconcile.lookup_url.is_some(),
+            reconcile_interval: self.reconcile.interval,
+            cancel_idempotent: self.cancel.as_ref().is_some_and(|c| c.idempotent),
+            final_get: self.status.final_get,
+        }
+    }
+
+    /// The longest one call may take: connect plus request timeout.
+    pub fn call_budget(&self) -> Duration {
+        self.connect_timeout + self.request_timeout
     }
 
     pub fn idempotency(&self) -> IdempotencyMode {
@@ -856,6 +850,16 @@ impl Validator<'_> {
                 .as_deref()
                 .map(|s| self.locator("create.sync_result", s))
                 .transpose()?,
+            body: match c.body.as_deref() {
+                None | Some("object") => BodyShape::Object,
+                Some("any") => BodyShape::Any,
+                Some(other) => {
+                    return Err(self.err(
+                        "create.body",
+                        format!("\"object\" or \"any\", got {other:?}"),
+                    ));
+                }
+            },
         };
 
         let s = &r.status;
@@ -998,6 +1002,23 @@ impl Validator<'_> {
 
         let create_window = self.ms("deadlines.create_ms", r.deadlines.create_ms, 1000)?;
         let result_window = self.ms("deadlines.result_ms", r.deadlines.result_ms, 1000)?;
+        // A worker extends its lease to cover a call plus a margin before it sends; a create window
+        // shorter than that ends before a worker that died mid-call can be taken over, and nobody
+        // could reconcile in time.
+        let one_call = connect_timeout + request_timeout + LEASE_MARGIN;
+        if create_window < one_call {
+            return Err(self.err(
+                "deadlines.create_ms",
+                format!(
+                    "at least {} ms: one call (timeouts.connect_ms {} + timeouts.request_ms {}) plus the lease margin of {} ms, got {}",
+                    one_call.as_millis(),
+                    connect_timeout.as_millis(),
+                    request_timeout.as_millis(),
+                    LEASE_MARGIN.as_millis(),
+                    create_window.as_millis()
+                ),
+            ));
+        }
 
         let cancel = match &r.cancel {
             Some(c) => Some(CancelSpec {

@@ -3,8 +3,8 @@
 use crate::contract::{CallName, Contract, Locator, Meaning, TokenPlacement};
 use crate::outcome::*;
 use crate::wire::{self, Exchange, Outgoing, WireError};
-use crate::{Provider, ProviderFuture};
-use jobtrail_store::{CallKind, OperationRecord};
+use crate::{CallCtx, Provider, ProviderFuture};
+use jobtrail_core::{CallKind, OperationRecord};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use std::sync::Arc;
 
@@ -37,7 +37,7 @@ enum Verdict {
 /// Where one call goes.
 struct Target<'a> {
     kind: CallKind,
-    attempt: i32,
+    at: CallCtx,
     method: http::Method,
     /// A template already filled, or a URL the provider gave.
     path: &'a str,
@@ -47,7 +47,7 @@ struct Target<'a> {
 /// One request to send.
 struct Req {
     kind: CallKind,
-    attempt: i32,
+    at: CallCtx,
     method: http::Method,
     url: url::Url,
     body: Option<Vec<u8>>,
@@ -157,7 +157,7 @@ impl HttpProvider {
     async fn send(&self, op: &OperationRecord, req: Req) -> Exchange {
         let Req {
             kind,
-            attempt,
+            at,
             method,
             url,
             body,
@@ -166,14 +166,14 @@ impl HttpProvider {
         } = req;
         let mut headers = match self.headers(op) {
             Ok(h) => h,
-            Err(why) => return wire::unsent(kind, attempt, &method, &url, op.trace_id, &why),
+            Err(why) => return wire::unsent(kind, at.attempt, &method, &url, op.trace_id, &why),
         };
         headers.extend(extra);
         wire::exchange(
             &self.client,
             Outgoing {
                 kind,
-                attempt,
+                attempt: at.attempt,
                 method,
                 url,
                 headers,
@@ -181,6 +181,8 @@ impl HttpProvider {
                 trace: op.trace_id,
                 trace_header: self.contract.trace_header.as_ref(),
                 max_body,
+                end_by: at.end_by,
+                budget: self.contract.call_budget(),
             },
         )
         .await
@@ -344,7 +346,7 @@ impl HttpProvider {
     ) -> Exchange {
         let Target {
             kind,
-            attempt,
+            at,
             method,
             path: target,
             max_body,
@@ -355,7 +357,7 @@ impl HttpProvider {
                     op,
                     Req {
                         kind,
-                        attempt,
+                        at,
                         method,
                         url,
                         body,
@@ -367,12 +369,12 @@ impl HttpProvider {
             }
             Err(e) => {
                 let blank = url::Url::parse("about:blank").expect("static URL");
-                wire::unsent(kind, attempt, &method, &blank, op.trace_id, &e)
+                wire::unsent(kind, at.attempt, &method, &blank, op.trace_id, &e)
             }
         }
     }
 
-    async fn do_create(&self, op: &OperationRecord, attempt: i32) -> Called<CreateOutcome> {
+    async fn do_create(&self, op: &OperationRecord, at: CallCtx) -> Called<CreateOutcome> {
         let spec = &self.contract.create;
         let target = self.fill(&spec.path, op);
         let body = match self.create_body(op) {
@@ -383,7 +385,7 @@ impl HttpProvider {
                     .unwrap_or_else(|_| url::Url::parse("about:blank").expect("static URL"));
                 let ex = wire::unsent(
                     CallKind::Create,
-                    attempt,
+                    at.attempt,
                     &spec.method,
                     &url,
                     op.trace_id,
@@ -414,7 +416,7 @@ impl HttpProvider {
                 op,
                 Target {
                     kind: CallKind::Create,
-                    attempt,
+                    at,
                     method: spec.method.clone(),
                     path: &target,
                     max_body: max,
@@ -496,6 +498,18 @@ impl HttpProvider {
                 d,
             );
         }
+        if let Some(Err(why)) = job_id
+            .as_deref()
+            .map(jobtrail_core::ids::check_remote_job_id)
+        {
+            // A hostile or broken answer: the job may exist, but this name cannot address it.
+            return (
+                CreateOutcome::Ambiguous {
+                    error_class: format!("unusable_job_id: {why}"),
+                },
+                format!("ambiguous: the provider named {why}"),
+            );
+        }
         match job_id {
             Some(job_id) => {
                 let remote_state = spec
@@ -546,7 +560,7 @@ impl HttpProvider {
     async fn do_status(
         &self,
         op: &OperationRecord,
-        attempt: i32,
+        at: CallCtx,
         resource: bool,
     ) -> Called<StatusOutcome> {
         let spec = &self.contract.status;
@@ -560,7 +574,7 @@ impl HttpProvider {
                 op,
                 Target {
                     kind: CallKind::Status,
-                    attempt,
+                    at,
                     method: http::Method::GET,
                     path: &target,
                     max_body: max,
@@ -682,14 +696,14 @@ impl HttpProvider {
         })
     }
 
-    async fn do_cancel(&self, op: &OperationRecord, attempt: i32) -> Called<CancelOutcome> {
+    async fn do_cancel(&self, op: &OperationRecord, at: CallCtx) -> Called<CancelOutcome> {
         let Some(spec) = &self.contract.cancel else {
             let why = "the contract has no cancel endpoint";
             let outcome = CancelOutcome::Rejected {
                 http_status: None,
                 reason: why.into(),
             };
-            return unsent_called(CallKind::Cancel, attempt, op, why, outcome);
+            return unsent_called(CallKind::Cancel, at.attempt, op, why, outcome);
         };
         let max = self.contract.max_response_bytes;
         let target = self.fill(&spec.path, op);
@@ -698,7 +712,7 @@ impl HttpProvider {
                 op,
                 Target {
                     kind: CallKind::Cancel,
-                    attempt,
+                    at,
                     method: spec.method.clone(),
                     path: &target,
                     max_body: max,
@@ -724,6 +738,7 @@ impl HttpProvider {
             Verdict::Success | Verdict::AlreadyExists => (
                 CancelOutcome::Accepted {
                     http_status: ex.status,
+                    retry_after: wire::retry_after(&ex.headers),
                 },
                 "cancel accepted".into(),
             ),
@@ -745,7 +760,7 @@ impl HttpProvider {
         Self::finish(ex, outcome, d, ctx)
     }
 
-    async fn do_fetch_result(&self, op: &OperationRecord, attempt: i32) -> Called<ResultOutcome> {
+    async fn do_fetch_result(&self, op: &OperationRecord, at: CallCtx) -> Called<ResultOutcome> {
         let Some(spec) = &self.contract.result else {
             let outcome = ResultOutcome::Unavailable {
                 http_status: None,
@@ -753,7 +768,7 @@ impl HttpProvider {
             };
             return unsent_called(
                 CallKind::Result,
-                attempt,
+                at.attempt,
                 op,
                 "the contract has no result",
                 outcome,
@@ -772,7 +787,7 @@ impl HttpProvider {
                     http_status: None,
                     reason: "the provider gave no result URL".into(),
                 };
-                return unsent_called(CallKind::Result, attempt, op, "no result URL", outcome);
+                return unsent_called(CallKind::Result, at.attempt, op, "no result URL", outcome);
             }
         };
         let ex = self
@@ -780,7 +795,7 @@ impl HttpProvider {
                 op,
                 Target {
                     kind: CallKind::Result,
-                    attempt,
+                    at,
                     method: http::Method::GET,
                     path: &target,
                     max_body: spec.max_bytes,
@@ -838,12 +853,12 @@ impl HttpProvider {
         Self::finish(ex, outcome, d, ctx)
     }
 
-    async fn do_lookup(&self, op: &OperationRecord, attempt: i32) -> Called<LookupOutcome> {
+    async fn do_lookup(&self, op: &OperationRecord, at: CallCtx) -> Called<LookupOutcome> {
         let rc = &self.contract.reconcile;
         let Some(t) = &rc.lookup_url else {
             return unsent_called(
                 CallKind::Lookup,
-                attempt,
+                at.attempt,
                 op,
                 "no lookup",
                 LookupOutcome::Failed {
@@ -858,7 +873,7 @@ impl HttpProvider {
                 op,
                 Target {
                     kind: CallKind::Lookup,
-                    attempt,
+                    at,
                     method: http::Method::GET,
                     path: &target,
                     max_body: max,
@@ -899,7 +914,12 @@ impl HttpProvider {
                                 .map(str::to_owned)
                         })
                         .collect();
-                    if job_ids.is_empty() {
+                    if let Some(why) = job_ids
+                        .iter()
+                        .find_map(|j| jobtrail_core::ids::check_remote_job_id(j).err())
+                    {
+                        failed(format!("unusable_job_id: {why}"))
+                    } else if job_ids.is_empty() {
                         (LookupOutcome::NotFound, "not found".into())
                     } else {
                         let d = format!("found {}", job_ids.join(", "));
@@ -965,43 +985,43 @@ impl Provider for HttpProvider {
     fn create<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, CreateOutcome> {
-        Box::pin(self.do_create(op, attempt))
+        Box::pin(self.do_create(op, at))
     }
     fn status<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, StatusOutcome> {
-        Box::pin(self.do_status(op, attempt, false))
+        Box::pin(self.do_status(op, at, false))
     }
     fn final_get<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, StatusOutcome> {
-        Box::pin(self.do_status(op, attempt, true))
+        Box::pin(self.do_status(op, at, true))
     }
     fn cancel<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, CancelOutcome> {
-        Box::pin(self.do_cancel(op, attempt))
+        Box::pin(self.do_cancel(op, at))
     }
     fn fetch_result<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, ResultOutcome> {
-        Box::pin(self.do_fetch_result(op, attempt))
+        Box::pin(self.do_fetch_result(op, at))
     }
     fn lookup<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, LookupOutcome> {
-        Box::pin(self.do_lookup(op, attempt))
+        Box::pin(self.do_lookup(op, at))
     }
 }

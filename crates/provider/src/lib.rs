@@ -17,7 +17,7 @@ pub mod outcome;
 pub mod validate;
 pub mod wire;
 
-use jobtrail_store::OperationRecord;
+use jobtrail_core::OperationRecord;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -30,6 +30,31 @@ pub use outcome::*;
 /// A boxed future of one call's outcome (object-safe, so providers can live in a registry).
 pub type ProviderFuture<'a, T> = Pin<Box<dyn Future<Output = Called<T>> + Send + 'a>>;
 
+/// One call's circumstances: its attempt number, and the instant by which it must have ended (the
+/// caller's lease, by its monotonic clock). A call that could not end in time is not sent at all:
+/// the check is made immediately before the bytes leave, with the whole call budget as margin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallCtx {
+    pub attempt: i32,
+    pub end_by: Option<std::time::Instant>,
+}
+
+impl CallCtx {
+    /// Attempt `n`, with no lease to respect (tests, tools).
+    pub fn attempt(n: i32) -> Self {
+        Self {
+            attempt: n,
+            end_by: None,
+        }
+    }
+}
+
+impl From<i32> for CallCtx {
+    fn from(n: i32) -> Self {
+        Self::attempt(n)
+    }
+}
+
 /// One provider: the calls jobtrail makes, each returning a closed outcome.
 pub trait Provider: Send + Sync + std::fmt::Debug {
     /// The contract (schedule, deadlines, reconciliation, result rules).
@@ -37,33 +62,33 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     fn create<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, CreateOutcome>;
     fn status<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, StatusOutcome>;
     /// The final GET of the created resource after remote success (contracts with `status.final_get`).
     fn final_get<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, StatusOutcome>;
     fn cancel<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, CancelOutcome>;
     fn fetch_result<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, ResultOutcome>;
     fn lookup<'a>(
         &'a self,
         op: &'a OperationRecord,
-        attempt: i32,
+        at: CallCtx,
     ) -> ProviderFuture<'a, LookupOutcome>;
 
     /// Validate a fetched result against the contract, with the hints the status reads left.

@@ -5,8 +5,7 @@
 //! query values, an allow-list of response headers, and a digest of the body; never request headers.
 
 use chrono::Utc;
-use jobtrail_core::{SecretRef, TraceId};
-use jobtrail_store::{CallKind, CallRecord};
+use jobtrail_core::{CallKind, CallRecord, SecretRef, TraceId};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceState};
 use sha2::{Digest, Sha256};
@@ -157,6 +156,8 @@ pub enum WireError {
     TooLarge,
     /// A secret reference could not be resolved: nothing was sent.
     Secret,
+    /// The caller's lease would end before the call could: nothing was sent.
+    LeaseTooShort,
 }
 
 impl WireError {
@@ -167,11 +168,15 @@ impl WireError {
             WireError::ConnectionLost => "connection_lost",
             WireError::TooLarge => "response_too_large",
             WireError::Secret => "secret_unresolved",
+            WireError::LeaseTooShort => "lease_too_short_to_send",
         }
     }
     /// Nothing reached the provider.
     pub const fn not_sent(self) -> bool {
-        matches!(self, WireError::Connect | WireError::Secret)
+        matches!(
+            self,
+            WireError::Connect | WireError::Secret | WireError::LeaseTooShort
+        )
     }
 }
 
@@ -186,6 +191,10 @@ pub struct Outgoing<'a> {
     pub trace: TraceId,
     pub trace_header: Option<&'a http::HeaderName>,
     pub max_body: u64,
+    /// The instant by which the call must have ended (the caller's lease), and the longest the call
+    /// can take: if it could not end in time it is not sent.
+    pub end_by: Option<Instant>,
+    pub budget: Duration,
 }
 
 /// Send one request and read the response up to `max_body` bytes.
@@ -197,6 +206,21 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
         && let Ok(v) = http::HeaderValue::from_str(&out.trace.to_string())
     {
         headers.insert(h.clone(), v);
+    }
+    // The last check before the bytes leave: a worker that was paused (SIGSTOP, a long GC-like
+    // stall, a VM freeze) past its lease must not send on an operation another worker may own now.
+    if let Some(end_by) = out.end_by
+        && Instant::now() + out.budget > end_by
+    {
+        return not_sent(
+            out.kind,
+            out.attempt,
+            &out.method,
+            &out.url,
+            out.trace,
+            WireError::LeaseTooShort,
+            "the lease would end before the call could",
+        );
     }
     let started_at = Utc::now();
     let t0 = Instant::now();
@@ -279,11 +303,24 @@ pub fn unsent(
     trace: TraceId,
     why: &str,
 ) -> Exchange {
+    not_sent(kind, attempt, method, url, trace, WireError::Secret, why)
+}
+
+/// An exchange that never left, and why.
+pub fn not_sent(
+    kind: CallKind,
+    attempt: i32,
+    method: &http::Method,
+    url: &url::Url,
+    trace: TraceId,
+    error: WireError,
+    why: &str,
+) -> Exchange {
     Exchange {
         status: None,
         headers: http::HeaderMap::new(),
         body: bytes::Bytes::new(),
-        error: Some(WireError::Secret),
+        error: Some(error),
         record: CallRecord {
             id: uuid::Uuid::now_v7(),
             kind,
@@ -295,7 +332,7 @@ pub fn unsent(
             http_status: None,
             response_headers: serde_json::json!({}),
             provider_request_id: None,
-            error_class: Some(WireError::Secret.class().to_owned()),
+            error_class: Some(error.class().to_owned()),
             outcome: format!("not sent: {why}"),
             trace_id: trace.to_string(),
             span_id: new_span_id().to_string(),
@@ -331,11 +368,17 @@ fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
-/// `Retry-After` as a delay: delta-seconds or an HTTP-date (parsed by `httpdate`).
+/// `Retry-After` as a delay: delta-seconds or an HTTP-date (parsed by `httpdate`). A number of
+/// seconds too large for 64 bits means "a very long time": it becomes the largest delay (which the
+/// contract's bounds then clamp), never "no Retry-After".
 pub fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(
+            v.parse::<u64>()
+                .map(Duration::from_secs)
+                .unwrap_or(Duration::MAX),
+        );
     }
     let at = httpdate::parse_http_date(v).ok()?;
     Some(
@@ -379,6 +422,9 @@ mod tests {
         );
         h.insert("retry-after", "soon".parse().unwrap());
         assert_eq!(retry_after(&h), None);
+        // Beyond u64: the longest wait, not none at all.
+        h.insert("retry-after", "99999999999999999999999999".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::MAX));
     }
 
     #[test]

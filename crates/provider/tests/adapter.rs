@@ -73,7 +73,7 @@ impl H {
     /// Create and adopt the job id into a copy of the record, as the worker would.
     async fn created(&self, sim_script: serde_json::Value) -> OperationRecord {
         let mut op = self.op(sim_script).await;
-        let c = self.provider.create(&op, 1).await;
+        let c = self.provider.create(&op, 1.into()).await;
         match c.outcome {
             CreateOutcome::Accepted {
                 job_id, status_url, ..
@@ -92,7 +92,7 @@ impl H {
     /// Poll until the phase is terminal (bounded), keeping context and the followed URL.
     async fn poll_to_end(&self, op: &mut OperationRecord) -> RemoteStatus {
         for n in 1..200 {
-            let c = self.provider.status(op, n).await;
+            let c = self.provider.status(op, n.into()).await;
             if let Some(ctx) = c.context {
                 op.provider_context = ctx;
             }
@@ -121,7 +121,7 @@ async fn a_well_behaved_job_is_accepted_observed_and_its_result_validates() {
     let end = h.poll_to_end(&mut op).await;
     assert_eq!(end.phase, Some(Phase::Succeeded));
     assert!(end.hints.result_url.is_some() && end.hints.expected_count == Some(5));
-    let r = h.provider.fetch_result(&op, 1).await;
+    let r = h.provider.fetch_result(&op, 1.into()).await;
     let ResultOutcome::Fetched(f) = r.outcome else {
         panic!("{:?}", r.outcome)
     };
@@ -156,7 +156,7 @@ async fn create_faults_become_the_right_outcomes() {
 
     // Dropped after the provider accepted: ambiguous, never rejected; the job exists.
     let op = h.op(one(&["drop_after_accept"])).await;
-    let c = h.provider.create(&op, 1).await;
+    let c = h.provider.create(&op, 1.into()).await;
     assert_eq!(
         c.outcome,
         CreateOutcome::Ambiguous {
@@ -168,7 +168,7 @@ async fn create_faults_become_the_right_outcomes() {
         1
     );
     // The same token again returns the original job: one remote job.
-    let c2 = h.provider.create(&op, 2).await;
+    let c2 = h.provider.create(&op, 2.into()).await;
     let CreateOutcome::Accepted { job_id, .. } = c2.outcome else {
         panic!("{:?}", c2.outcome)
     };
@@ -177,7 +177,7 @@ async fn create_faults_become_the_right_outcomes() {
     // Answered only after our timeout: ambiguous (timeout).
     let op = h.op(one(&["slow_accept"])).await;
     assert_eq!(
-        h.provider.create(&op, 1).await.outcome,
+        h.provider.create(&op, 1.into()).await.outcome,
         CreateOutcome::Ambiguous {
             error_class: "timeout".into()
         }
@@ -186,7 +186,7 @@ async fn create_faults_become_the_right_outcomes() {
     // A 500 after creating: ambiguous.
     let op = h.op(one(&["ambiguous_after_accept"])).await;
     assert_eq!(
-        h.provider.create(&op, 1).await.outcome,
+        h.provider.create(&op, 1.into()).await.outcome,
         CreateOutcome::Ambiguous {
             error_class: "http_500".into()
         }
@@ -194,12 +194,12 @@ async fn create_faults_become_the_right_outcomes() {
 
     // 429 with Retry-After seconds; 503 with an HTTP-date.
     let op = h.op(one(&["retry_after_seconds"])).await;
-    match h.provider.create(&op, 1).await.outcome {
+    match h.provider.create(&op, 1.into()).await.outcome {
         CreateOutcome::RetryLater { delay: Some(d), .. } => assert_eq!(d, Duration::from_secs(2)),
         other => panic!("{other:?}"),
     }
     let op = h.op(one(&["retry_after_date"])).await;
-    match h.provider.create(&op, 1).await.outcome {
+    match h.provider.create(&op, 1.into()).await.outcome {
         CreateOutcome::RetryLater { delay: Some(d), .. } => assert!(
             d >= Duration::from_secs(1) && d <= Duration::from_secs(3),
             "{d:?}"
@@ -210,7 +210,7 @@ async fn create_faults_become_the_right_outcomes() {
     // A definitive rejection.
     let op = h.op(one(&["reject"])).await;
     assert!(matches!(
-        h.provider.create(&op, 1).await.outcome,
+        h.provider.create(&op, 1.into()).await.outcome,
         CreateOutcome::Rejected {
             http_status: Some(422),
             ..
@@ -219,11 +219,13 @@ async fn create_faults_become_the_right_outcomes() {
 
     // The same token answered with a different job id (a contract violation the worker escalates).
     let op = h.op(one(&["ok", "different_job_id"])).await;
-    let CreateOutcome::Accepted { job_id: first, .. } = h.provider.create(&op, 1).await.outcome
+    let CreateOutcome::Accepted { job_id: first, .. } =
+        h.provider.create(&op, 1.into()).await.outcome
     else {
         panic!()
     };
-    let CreateOutcome::Accepted { job_id: second, .. } = h.provider.create(&op, 2).await.outcome
+    let CreateOutcome::Accepted { job_id: second, .. } =
+        h.provider.create(&op, 2.into()).await.outcome
     else {
         panic!()
     };
@@ -231,11 +233,12 @@ async fn create_faults_become_the_right_outcomes() {
 
     // A duplicate reported as 409 "already exists" is read as the original job.
     let op = h.op(one(&["ok", "already_exists_error"])).await;
-    let CreateOutcome::Accepted { job_id: first, .. } = h.provider.create(&op, 1).await.outcome
+    let CreateOutcome::Accepted { job_id: first, .. } =
+        h.provider.create(&op, 1.into()).await.outcome
     else {
         panic!()
     };
-    match h.provider.create(&op, 2).await.outcome {
+    match h.provider.create(&op, 2.into()).await.outcome {
         CreateOutcome::Accepted {
             job_id,
             duplicate: true,
@@ -247,12 +250,12 @@ async fn create_faults_become_the_right_outcomes() {
     // A body changed under the same token is refused by the (careful) provider.
     let mut op = h.op(one(&["ok"])).await;
     assert!(matches!(
-        h.provider.create(&op, 1).await.outcome,
+        h.provider.create(&op, 1.into()).await.outcome,
         CreateOutcome::Accepted { .. }
     ));
     op.request_body["report"] = serde_json::json!("changed");
     assert!(matches!(
-        h.provider.create(&op, 2).await.outcome,
+        h.provider.create(&op, 2.into()).await.outcome,
         CreateOutcome::Rejected {
             http_status: Some(422),
             ..
@@ -261,7 +264,7 @@ async fn create_faults_become_the_right_outcomes() {
 
     // A synchronous answer is a result, not an async acceptance.
     let op = h.op(one(&["sync"])).await;
-    match h.provider.create(&op, 1).await.outcome {
+    match h.provider.create(&op, 1.into()).await.outcome {
         CreateOutcome::Completed {
             job_id: Some(_),
             result,
@@ -276,7 +279,7 @@ async fn a_provider_that_is_down_means_nothing_was_sent() {
     let op = h.op(serde_json::json!({})).await;
     let dead = HttpProvider::new(contract("sim", "http://127.0.0.1:1")).unwrap();
     assert_eq!(
-        dead.create(&op, 1).await.outcome,
+        dead.create(&op, 1.into()).await.outcome,
         CreateOutcome::NotSent {
             error_class: "connect_failed".into()
         }
@@ -296,7 +299,7 @@ async fn status_faults_and_retry_after_become_the_right_outcomes() {
         .await;
     let mut outcomes = Vec::new();
     for n in 1..=6 {
-        outcomes.push(h.provider.status(&op, n).await.outcome);
+        outcomes.push(h.provider.status(&op, n.into()).await.outcome);
     }
     assert_eq!(
         outcomes[0],
@@ -340,7 +343,7 @@ async fn status_faults_and_retry_after_become_the_right_outcomes() {
 
     // Retry-After as an HTTP-date on status.
     op = h.created(serde_json::json!({"never_finish": true, "poll_retry_after": 2, "poll_retry_after_as_date": true})).await;
-    match h.provider.status(&op, 1).await.outcome {
+    match h.provider.status(&op, 1.into()).await.outcome {
         StatusOutcome::Observed(s) => {
             let d = s.retry_after.expect("an HTTP-date Retry-After");
             assert!(
@@ -392,7 +395,7 @@ async fn cancel_confirmed_ignored_and_lost_race() {
         )
         .await;
     assert!(matches!(
-        h.provider.cancel(&op, 1).await.outcome,
+        h.provider.cancel(&op, 1.into()).await.outcome,
         CancelOutcome::Accepted { .. }
     ));
     assert_eq!(h.poll_to_end(&mut op).await.phase, Some(Phase::Cancelled));
@@ -401,11 +404,11 @@ async fn cancel_confirmed_ignored_and_lost_race() {
         .created(serde_json::json!({"never_finish": true, "cancel": "ignore"}))
         .await;
     assert!(matches!(
-        h.provider.cancel(&op, 1).await.outcome,
+        h.provider.cancel(&op, 1.into()).await.outcome,
         CancelOutcome::Accepted { .. }
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    match h.provider.status(&op, 1).await.outcome {
+    match h.provider.status(&op, 1.into()).await.outcome {
         StatusOutcome::Observed(s) => assert_eq!(s.phase, Some(Phase::Running)),
         other => panic!("{other:?}"),
     }
@@ -414,13 +417,13 @@ async fn cancel_confirmed_ignored_and_lost_race() {
         .created(serde_json::json!({"never_finish": true, "cancel": "lose_race"}))
         .await;
     assert!(matches!(
-        h.provider.cancel(&op, 1).await.outcome,
+        h.provider.cancel(&op, 1.into()).await.outcome,
         CancelOutcome::Accepted { .. }
     ));
     assert_eq!(h.poll_to_end(&mut op).await.phase, Some(Phase::Succeeded));
     // Cancelling a finished job is refused; polling tells the truth.
     assert!(matches!(
-        h.provider.cancel(&op, 2).await.outcome,
+        h.provider.cancel(&op, 2.into()).await.outcome,
         CancelOutcome::Rejected {
             http_status: Some(409),
             ..
@@ -447,7 +450,7 @@ async fn results_that_fail_each_rule_are_caught() {
             .created(serde_json::json!({"duration_ms": 100, "result": result}))
             .await;
         h.poll_to_end(&mut op).await;
-        let r = h.provider.fetch_result(&op, 1).await.outcome;
+        let r = h.provider.fetch_result(&op, 1.into()).await.outcome;
         let err = verdict(&op, r).expect_err(result);
         assert!(err.contains(expect), "{result}: {err}");
     }
@@ -457,7 +460,7 @@ async fn results_that_fail_each_rule_are_caught() {
         .await;
     h.poll_to_end(&mut op).await;
     assert_eq!(
-        h.provider.fetch_result(&op, 1).await.outcome,
+        h.provider.fetch_result(&op, 1.into()).await.outcome,
         ResultOutcome::TooLarge { limit: 1024 * 1024 }
     );
 
@@ -466,7 +469,7 @@ async fn results_that_fail_each_rule_are_caught() {
         .await;
     h.poll_to_end(&mut op).await;
     assert_eq!(
-        h.provider.fetch_result(&op, 1).await.outcome,
+        h.provider.fetch_result(&op, 1.into()).await.outcome,
         ResultOutcome::Failed {
             error_class: "http_500".into()
         }
@@ -477,7 +480,7 @@ async fn results_that_fail_each_rule_are_caught() {
         .await;
     h.poll_to_end(&mut op).await;
     assert!(matches!(
-        h.provider.fetch_result(&op, 1).await.outcome,
+        h.provider.fetch_result(&op, 1.into()).await.outcome,
         ResultOutcome::Unavailable {
             http_status: Some(404),
             ..
@@ -489,7 +492,7 @@ async fn results_that_fail_each_rule_are_caught() {
         .created(serde_json::json!({"duration_ms": 100, "result": "partial_batch", "items": 5}))
         .await;
     h.poll_to_end(&mut op).await;
-    let summary = verdict(&op, h.provider.fetch_result(&op, 1).await.outcome).unwrap();
+    let summary = verdict(&op, h.provider.fetch_result(&op, 1.into()).await.outcome).unwrap();
     assert_eq!(summary["items"]["failed"], 2);
     assert_eq!(
         summary["items"]["failed_refs"],
@@ -502,7 +505,7 @@ async fn csv_rows_that_say_error_fail_the_result() {
     let h = harness("sim-csv").await;
     let mut op = h.created(serde_json::json!({"duration_ms": 100, "format": "csv", "result": "error_rows", "items": 4})).await;
     h.poll_to_end(&mut op).await;
-    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&op, 1).await.outcome else {
+    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&op, 1.into()).await.outcome else {
         panic!()
     };
     match h.provider.check_result(&op, &f) {
@@ -516,7 +519,7 @@ async fn csv_rows_that_say_error_fail_the_result() {
         .created(serde_json::json!({"duration_ms": 100, "format": "csv", "items": 4}))
         .await;
     h.poll_to_end(&mut ok).await;
-    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&ok, 1).await.outcome else {
+    let ResultOutcome::Fetched(f) = h.provider.fetch_result(&ok, 1.into()).await.outcome else {
         panic!()
     };
     assert!(matches!(
@@ -529,7 +532,7 @@ async fn csv_rows_that_say_error_fail_the_result() {
 async fn lookup_by_client_reference_finds_the_job() {
     let h = harness("sim").await;
     let op = h.created(serde_json::json!({"never_finish": true})).await;
-    match h.provider.lookup(&op, 1).await.outcome {
+    match h.provider.lookup(&op, 1.into()).await.outcome {
         LookupOutcome::Found { job_ids } => {
             assert_eq!(job_ids, vec![op.remote_job_id.clone().unwrap()])
         }
@@ -537,7 +540,7 @@ async fn lookup_by_client_reference_finds_the_job() {
     }
     let never = h.op(serde_json::json!({})).await;
     assert_eq!(
-        h.provider.lookup(&never, 1).await.outcome,
+        h.provider.lookup(&never, 1.into()).await.outcome,
         LookupOutcome::NotFound
     );
 }
@@ -547,9 +550,9 @@ async fn every_request_carries_the_operation_trace_id() {
     let h = harness("sim").await;
     let mut op = h.created(serde_json::json!({"duration_ms": 200})).await;
     h.poll_to_end(&mut op).await;
-    h.provider.fetch_result(&op, 1).await;
-    h.provider.cancel(&op, 1).await;
-    h.provider.lookup(&op, 1).await;
+    h.provider.fetch_result(&op, 1.into()).await;
+    h.provider.cancel(&op, 1.into()).await;
+    h.provider.lookup(&op, 1.into()).await;
     let ledger = h.sim.ledger();
     let job = &ledger.jobs[op.remote_job_id.as_ref().unwrap()];
     for kind in ["create", "status", "result", "cancel", "lookup"] {
@@ -572,7 +575,7 @@ async fn a_missing_secret_means_nothing_is_sent_and_the_secret_is_never_named() 
     let mut c = contract("sim", &h.sim.base_url());
     c.auth.as_mut().unwrap().secret = SecretRef::Env("JOBTRAIL_TEST_UNSET_SECRET".into());
     let p = HttpProvider::new(c).unwrap();
-    let called = p.create(&op, 1).await;
+    let called = p.create(&op, 1.into()).await;
     assert_eq!(
         called.outcome,
         CreateOutcome::NotSent {

@@ -26,9 +26,14 @@ impl Store {
     /// Returns the transitions written.
     pub async fn bench_ceiling_jobtrail(&self, owner: &str, batch: i64) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let claimed =
-            crate::claim_due_with(&mut *tx, owner, batch, std::time::Duration::from_secs(60))
-                .await?;
+        let claimed = crate::claim_due_with(
+            &mut *tx,
+            owner,
+            batch,
+            std::time::Duration::from_secs(60),
+            None,
+        )
+        .await?;
         let writes: Vec<(crate::Lease, crate::Step)> = claimed
             .into_iter()
             .map(|c| {

@@ -33,6 +33,13 @@ pub enum StoreError {
         current: State,
         seq: i64,
     },
+    /// The operation left the state a worker's step assumed (a person decided meanwhile). Nothing
+    /// was written.
+    #[error("operation {operation_id} moved to {state} meanwhile: nothing was written")]
+    Moved {
+        operation_id: OperationId,
+        state: State,
+    },
     #[error(transparent)]
     Submit(#[from] SubmitError),
     #[error("stored data is inconsistent: {0}")]

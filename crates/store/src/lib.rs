@@ -40,7 +40,7 @@ pub use audit::{Anchor, VerifyReport};
 pub use error::StoreError;
 pub use queue::LeaseHolder;
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
-pub use write::{Applied, Counters, FailureCount, Observation, ResultBytes, Step};
+pub use write::{Applied, Counters, FailureCount, Observation, ResultBytes, SendMark, Step};
 
 use record::{HistoryRow, LockedRow, OperationRow};
 
@@ -68,11 +68,13 @@ pub struct Lease {
     pub epoch: i64,
 }
 
-/// A claimed operation: the lease and the row as it was at the claim.
+/// A claimed operation: the lease, the row as it was at the claim, and the database clock of the
+/// claim (the worker's one decision clock starts from it).
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub lease: Lease,
     pub operation: OperationRecord,
+    pub db_now: DateTime<Utc>,
 }
 
 /// What submit did.
@@ -149,15 +151,28 @@ impl Store {
                 known: providers.keys().cloned().collect::<Vec<_>>().join(", "),
             }
         })?;
-        let intent = submission.validate(terms, limits, Utc::now(), draw_entropy()?)?;
-        self.submit(&intent).await
+        // Deadlines come from the database's clock, the one every later decision uses.
+        let mut tx = self.pool.begin().await?;
+        let (now,): (DateTime<Utc>,) = sqlx::query_as(include_str!("sql/db_now.sql"))
+            .fetch_one(&mut *tx)
+            .await?;
+        let intent = submission.validate(terms, limits, now, draw_entropy()?)?;
+        self.submit_in(tx, &intent).await
     }
 
     /// Write an intent and its first history link in one transaction, or return the existing record
     /// if the same id was submitted with the same fingerprint. A different fingerprint under the same
     /// id is refused and nothing is written.
     pub async fn submit(&self, intent: &Intent) -> Result<Submitted, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let tx = self.pool.begin().await?;
+        self.submit_in(tx, intent).await
+    }
+
+    async fn submit_in(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        intent: &Intent,
+    ) -> Result<Submitted, StoreError> {
         if !insert_intent(&mut tx, intent).await? {
             tx.rollback().await?;
             let existing = self.get(intent.operation_id).await?;
@@ -263,14 +278,27 @@ impl Store {
     // Leases
     // ----------------------------------------------------------------------------------------------
 
-    /// Claim up to `limit` due operations for `owner` with a lease of `ttl`. One short transaction.
+    /// Claim up to `limit` due operations of any provider for `owner` with a lease of `ttl`. One
+    /// short transaction.
     pub async fn claim_due(
         &self,
         owner: &str,
         limit: i64,
         ttl: Duration,
     ) -> Result<Vec<Claimed>, StoreError> {
-        claim_due_with(&self.pool, owner, limit, ttl).await
+        claim_due_with(&self.pool, owner, limit, ttl, None).await
+    }
+
+    /// Claim up to `limit` due operations of the named providers only (those a worker has contracts
+    /// for): a worker never holds work it cannot do.
+    pub async fn claim_due_for(
+        &self,
+        owner: &str,
+        limit: i64,
+        ttl: Duration,
+        providers: &[String],
+    ) -> Result<Vec<Claimed>, StoreError> {
+        claim_due_with(&self.pool, owner, limit, ttl, Some(providers)).await
     }
 
     /// Extend a live lease. Returns the new expiry, or `LeaseLost`.
@@ -392,8 +420,11 @@ impl Store {
             .row_state()
             .parse()
             .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+        // Withdrawn only when no create can have created a job: every attempt so far was
+        // definitively not created (the state says so) and no send is marked in flight. A worker
+        // holding the lease decides for itself once its call is answered.
         let never_sent = state == State::CreatePending
-            && locked.row_create_attempts() == 0
+            && locked.row_create_sent_epoch().is_none()
             && locked.row_lease_owner().is_none();
         let event = if never_sent {
             Event::Withdraw(request.clone())
@@ -608,16 +639,19 @@ pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
     owner: &str,
     limit: i64,
     ttl: Duration,
+    providers: Option<&[String]>,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let rows: Vec<OperationRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
+    let rows: Vec<LockedRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
         .bind(owner)
         .bind(limit)
         .bind(ttl.as_secs_f64())
+        .bind(providers)
         .fetch_all(db)
         .await?;
     rows.into_iter()
         .map(|r| {
-            let op: OperationRecord = r.try_into()?;
+            let db_now = r.db_now;
+            let op: OperationRecord = r.row.try_into()?;
             Ok(Claimed {
                 lease: Lease {
                     operation_id: op.id,
@@ -625,6 +659,7 @@ pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
                     epoch: op.lease_epoch,
                 },
                 operation: op,
+                db_now,
             })
         })
         .collect()

@@ -3,100 +3,16 @@
 
 use chrono::{DateTime, Utc};
 use jobtrail_core::chain::{ChainEntry, StoredLink};
-use jobtrail_core::{Fingerprint, IdempotencyMode, IdempotencyToken, OperationId, State, TraceId};
+use jobtrail_core::{Fingerprint, IdempotencyToken, OperationId};
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::error::StoreError;
 
-/// The durable operation record.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct OperationRecord {
-    pub id: OperationId,
-    pub provider: String,
-    pub target: String,
-    pub request_body: serde_json::Value,
-    pub fingerprint: Fingerprint,
-    #[serde(skip)]
-    pub token: IdempotencyToken,
-    pub idempotency: IdempotencyMode,
-    pub at_most_once: bool,
-    pub caller: String,
-    pub approved_by: String,
-    pub approval_ref: Option<String>,
-    pub trace_id: TraceId,
-    pub created_at: DateTime<Utc>,
-    pub create_deadline: DateTime<Utc>,
-    pub result_deadline: DateTime<Utc>,
-    pub cancel_window_ms: i64,
-    pub cancel_deadline: Option<DateTime<Utc>>,
-    pub state: State,
-    pub state_changed_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub escalated_at: Option<DateTime<Utc>>,
-    pub escalation_reason: Option<String>,
-    pub remote_job_id: Option<String>,
-    pub conflicting_remote_job_id: Option<String>,
-    pub remote_state: Option<String>,
-    pub remote_updated_at: Option<String>,
-    pub remote_progress: Option<serde_json::Value>,
-    pub observed_at: Option<DateTime<Utc>>,
-    pub status_url: Option<String>,
-    #[serde(skip)]
-    pub provider_context: serde_json::Value,
-    pub next_action_at: DateTime<Utc>,
-    pub next_action_reason: String,
-    pub create_attempts: i32,
-    pub poll_count: i32,
-    pub failure_count: i32,
-    pub cancel_attempts: i32,
-    pub result_attempts: i32,
-    pub lease_owner: Option<String>,
-    pub lease_expires_at: Option<DateTime<Utc>>,
-    pub lease_epoch: i64,
-    pub cancel_requested_at: Option<DateTime<Utc>>,
-    pub cancel_requested_by: Option<String>,
-    pub cancel_reason: Option<String>,
-    pub result_location: Option<String>,
-    pub result_size: Option<i64>,
-    pub result_sha256: Option<String>,
-    pub result_content_type: Option<String>,
-    pub result_summary: Option<serde_json::Value>,
-    pub supersedes: Option<OperationId>,
-    pub superseded_by: Option<OperationId>,
-    pub history_seq: i64,
-    #[serde(serialize_with = "hex_bytes")]
-    pub history_head: Vec<u8>,
-}
+pub use jobtrail_core::record::{CallKind, CallRecord, OperationRecord};
 
 fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&hex::encode(b))
-}
-
-impl OperationRecord {
-    /// A cancel was requested but the job ended otherwise first ("finished before the cancel took
-    /// effect"): reported as such, never rewritten.
-    pub fn finished_before_cancel(&self) -> bool {
-        self.cancel_requested_at.is_some()
-            && self.state.is_terminal()
-            && !matches!(
-                self.state,
-                State::Cancelled | State::Withdrawn | State::Abandoned
-            )
-    }
-
-    /// A cancel was requested and not yet acted on as a state.
-    pub fn has_pending_cancel(&self) -> bool {
-        self.cancel_requested_at.is_some()
-            && !matches!(
-                self.state,
-                State::CancelRequested
-                    | State::Cancelling
-                    | State::CancellationUnconfirmed
-                    | State::Cancelled
-                    | State::Withdrawn
-            )
-    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -134,10 +50,13 @@ pub(crate) struct OperationRow {
     next_action_at: DateTime<Utc>,
     next_action_reason: String,
     create_attempts: i32,
+    create_sent_epoch: Option<i64>,
     poll_count: i32,
+    poll_not_before: Option<DateTime<Utc>>,
     failure_count: i32,
     cancel_attempts: i32,
     result_attempts: i32,
+    reconcile_attempts: i32,
     lease_owner: Option<String>,
     lease_expires_at: Option<DateTime<Utc>>,
     lease_epoch: i64,
@@ -207,10 +126,13 @@ impl TryFrom<OperationRow> for OperationRecord {
             next_action_at: r.next_action_at,
             next_action_reason: r.next_action_reason,
             create_attempts: r.create_attempts,
+            create_sent_epoch: r.create_sent_epoch,
             poll_count: r.poll_count,
+            poll_not_before: r.poll_not_before,
             failure_count: r.failure_count,
             cancel_attempts: r.cancel_attempts,
             result_attempts: r.result_attempts,
+            reconcile_attempts: r.reconcile_attempts,
             lease_owner: r.lease_owner,
             lease_expires_at: r.lease_expires_at,
             lease_epoch: r.lease_epoch,
@@ -314,50 +236,6 @@ impl HistoryRecord {
     }
 }
 
-/// Which provider endpoint a call went to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CallKind {
-    Create,
-    Status,
-    Cancel,
-    Result,
-    Lookup,
-}
-
-impl CallKind {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            CallKind::Create => "create",
-            CallKind::Status => "status",
-            CallKind::Cancel => "cancel",
-            CallKind::Result => "result",
-            CallKind::Lookup => "lookup",
-        }
-    }
-}
-
-/// One external call, as the worker recorded it (already sanitized: no credentials, no secret query
-/// parameters, only allow-listed response headers).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CallRecord {
-    pub id: Uuid,
-    pub kind: CallKind,
-    pub attempt: i32,
-    pub started_at: DateTime<Utc>,
-    pub duration_ms: f64,
-    pub method: String,
-    pub url: String,
-    pub http_status: Option<i32>,
-    pub response_headers: serde_json::Value,
-    pub provider_request_id: Option<String>,
-    pub error_class: Option<String>,
-    pub outcome: String,
-    pub trace_id: String,
-    pub span_id: String,
-    pub response_sha256: Option<String>,
-}
-
 /// A call as read back, with who made it.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct StoredCall {
@@ -388,8 +266,8 @@ impl LockedRow {
     pub(crate) fn row_state(&self) -> &str {
         &self.row.state
     }
-    pub(crate) fn row_create_attempts(&self) -> i32 {
-        self.row.create_attempts
+    pub(crate) fn row_create_sent_epoch(&self) -> Option<i64> {
+        self.row.create_sent_epoch
     }
     pub(crate) fn row_lease_owner(&self) -> Option<&str> {
         self.row.lease_owner.as_deref()

@@ -10,100 +10,9 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::record::{CallRecord, LockedRow, OperationRecord};
+use jobtrail_core::State;
 
-/// What the remote side looked like at this step (provider's words).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Observation {
-    pub remote_state: Option<String>,
-    pub remote_updated_at: Option<String>,
-    pub progress: Option<serde_json::Value>,
-    pub status_url: Option<String>,
-    pub provider_context: Option<serde_json::Value>,
-}
-
-/// How the failure counter (the retry budget) moves.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum FailureCount {
-    #[default]
-    Keep,
-    Increment,
-    Reset,
-}
-
-/// Counter movements of one step.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub create_attempts: i32,
-    pub polls: i32,
-    pub cancel_attempts: i32,
-    pub result_attempts: i32,
-    pub failures: FailureCount,
-}
-
-/// One step of a worker (or a person) on one operation: at most one event, at most one call, the
-/// observation, counters and the next action. Written atomically or not at all.
-#[derive(Debug, Clone, Default)]
-pub struct Step {
-    pub event: Option<Event>,
-    pub call: Option<CallRecord>,
-    pub observation: Option<Observation>,
-    pub counters: Counters,
-    /// Delay before the next action (from the database clock) and why. `None`: due at once.
-    pub next_in: Option<(Duration, &'static str)>,
-    /// Keep the lease after this step (the worker continues at once). Released otherwise.
-    pub keep_lease: bool,
-    /// Extra evidence for the history row (sanitized response metadata, provider request id, …).
-    pub detail: Option<serde_json::Value>,
-    pub set_create_deadline: Option<DateTime<Utc>>,
-    pub set_result_deadline: Option<DateTime<Utc>>,
-    pub set_cancel_deadline: Option<DateTime<Utc>>,
-    /// Result bytes to keep in the database with this step (its event, evidence or observed provider
-    /// context names their location, [`ResultBytes::location`]): both are written, or neither.
-    pub result_bytes: Option<ResultBytes>,
-}
-
-/// Result bytes kept in the `operation_results` table, written by the transaction of the step that
-/// records where they are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResultBytes {
-    /// Lowercase hex sha256 of `bytes`.
-    pub sha256: String,
-    pub content_type: Option<String>,
-    pub bytes: bytes::Bytes,
-}
-
-/// How a location in the database is written: `postgres:operation_results/<operation>/<sha256>`.
-const DB_LOCATION_PREFIX: &str = "postgres:operation_results/";
-
-impl ResultBytes {
-    /// The location to record for these bytes of `operation`.
-    pub fn location(&self, operation: jobtrail_core::OperationId) -> String {
-        format!("{DB_LOCATION_PREFIX}{operation}/{}", self.sha256)
-    }
-
-    /// The operation and digest a database location names; `None` for any other location.
-    pub fn parse_location(location: &str) -> Option<(jobtrail_core::OperationId, &str)> {
-        let (op, sha) = location.strip_prefix(DB_LOCATION_PREFIX)?.split_once('/')?;
-        Some((op.parse().ok()?, sha))
-    }
-}
-
-impl Step {
-    pub fn event(event: Event) -> Self {
-        Self {
-            event: Some(event),
-            ..Default::default()
-        }
-    }
-    pub fn with_call(mut self, call: CallRecord) -> Self {
-        self.call = Some(call);
-        self
-    }
-    pub fn next_in(mut self, delay: Duration, reason: &'static str) -> Self {
-        self.next_in = Some((delay, reason));
-        self
-    }
-}
+pub use jobtrail_core::step::{Counters, FailureCount, Observation, ResultBytes, SendMark, Step};
 
 /// The result of a written step.
 #[derive(Debug, Clone)]
@@ -179,6 +88,26 @@ pub(crate) fn plan<'s>(
     rec.poll_count += c.polls;
     rec.cancel_attempts += c.cancel_attempts;
     rec.result_attempts += c.result_attempts;
+    rec.reconcile_attempts += c.reconcile_attempts;
+    if let Some(ra) = step.retry_after {
+        // The provider's Retry-After, from this transaction's clock: no status read before it.
+        rec.poll_not_before =
+            Some(now + chrono::Duration::from_std(ra).unwrap_or(chrono::Duration::days(365)));
+    }
+    match step.send_mark {
+        SendMark::Keep => {}
+        SendMark::Set if rec.state == State::CreatePending && decided.is_none() => {
+            rec.create_sent_epoch = Some(epoch);
+        }
+        // The operation left create_pending meanwhile (a person's decision): no send may follow.
+        SendMark::Set => {
+            return Err(StoreError::Moved {
+                operation_id: rec.id,
+                state: rec.state,
+            });
+        }
+        SendMark::Clear => rec.create_sent_epoch = None,
+    }
     match c.failures {
         FailureCount::Keep => {}
         FailureCount::Increment => rec.failure_count += 1,
@@ -196,6 +125,11 @@ pub(crate) fn plan<'s>(
 
     if let (Some(ev), Some(t)) = (&step.event, decided) {
         apply_event_effects(&mut rec, ev, t, now);
+    }
+    // The send mark belongs to create_pending only (a CHECK constraint says so too): whatever
+    // moves the operation on has recorded what the send did.
+    if rec.state != State::CreatePending {
+        rec.create_sent_epoch = None;
     }
 
     // The schedule and the lease.
@@ -518,6 +452,9 @@ async fn update_row(
         .bind(r.create_deadline)
         .bind(r.history_seq)
         .bind(r.history_head.as_slice())
+        .bind(r.create_sent_epoch)
+        .bind(r.poll_not_before)
+        .bind(r.reconcile_attempts)
         .fetch_optional(&mut **tx)
         .await?;
     match done {
@@ -802,6 +739,9 @@ pub(crate) async fn execute_many(
         .bind(r.iter().map(|x| x.create_deadline).collect::<Vec<_>>())
         .bind(r.iter().map(|x| x.history_seq).collect::<Vec<_>>())
         .bind(r.iter().map(|x| x.history_head.clone()).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.create_sent_epoch).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.poll_not_before).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.reconcile_attempts).collect::<Vec<_>>())
         .execute(&mut **tx)
         .await?;
     if done.rows_affected() != planned.len() as u64 {

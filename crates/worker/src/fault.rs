@@ -1,17 +1,30 @@
-//! Fault points for the drills: `JOBTRAIL_FAULT=kill_after:<point>` makes the worker process kill
+//! Fault points for the drills. `JOBTRAIL_FAULT=kill_after:<point>` makes the worker process kill
 //! itself with SIGKILL at that point, so a test can crash a real worker exactly where the essay says
-//! ("after it saved the job id and before it scheduled the first poll"). Unset in production; reading
-//! one environment variable is all it costs.
+//! ("after it saved the job id and before it scheduled the first poll"); `stop_at:<point>` stops it
+//! there with SIGSTOP (once per process), as a long pause would, until the test sends SIGCONT. Unset
+//! in production; reading one environment variable is all it costs.
 
-/// Die here, uncleanly, if the drill asks for it.
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// Die (or stop) here, uncleanly, if the drill asks for it.
 pub fn point(name: &str) {
-    if let Ok(spec) = std::env::var("JOBTRAIL_FAULT")
-        && spec.strip_prefix("kill_after:") == Some(name)
-    {
+    let Ok(spec) = std::env::var("JOBTRAIL_FAULT") else {
+        return;
+    };
+    if spec.strip_prefix("kill_after:") == Some(name) {
         tracing::warn!(point = name, "fault injection: SIGKILL");
         // SAFETY: raising a signal on ourselves has no memory-safety preconditions.
         unsafe {
             libc::raise(libc::SIGKILL);
+        }
+    }
+    if spec.strip_prefix("stop_at:") == Some(name) && !STOPPED.swap(true, Ordering::SeqCst) {
+        tracing::warn!(point = name, "fault injection: SIGSTOP");
+        // SAFETY: as above; the process continues on SIGCONT.
+        unsafe {
+            libc::raise(libc::SIGSTOP);
         }
     }
 }

@@ -111,6 +111,8 @@ pub struct Worker {
     stats: Arc<Stats>,
     active: Arc<Mutex<HashMap<jobtrail_core::OperationId, Lease>>>,
     writer: writer::Writer,
+    /// The providers this worker has contracts for: the only ones it claims.
+    providers: Arc<Vec<String>>,
 }
 
 impl Worker {
@@ -123,8 +125,10 @@ impl Worker {
         // One writer lane: while a batch is being written the next one queues up, so batches form by
         // themselves; up to `write_batch` steps per transaction (see writer.rs).
         let writer = writer::Writer::start(store.clone(), 1, config.write_batch.max(1));
+        let providers = Arc::new(registry.names().map(str::to_owned).collect());
         Self {
             writer,
+            providers,
             store,
             registry: Arc::new(registry),
             results: Arc::new(results),
@@ -142,39 +146,58 @@ impl Worker {
         &self.config.id
     }
 
-    /// Drive one claimed operation (all its immediate steps).
-    async fn drive_one(&self, c: Claimed, shutdown: CancellationToken) -> Driven {
+    /// Drive one claimed operation (all its immediate steps). `sent`: when the claim was sent (the
+    /// lease is measured from then, so this worker never believes it holds it longer than the
+    /// database does); `answered`: when the claim's answer arrived (the decision clock starts then).
+    async fn drive_one(
+        &self,
+        c: Claimed,
+        (sent, answered): (Instant, Instant),
+        shutdown: CancellationToken,
+    ) -> Driven {
         let Some(provider) = self.registry.get(&c.operation.provider).cloned() else {
-            tracing::error!(operation = %c.operation.id, provider = %c.operation.provider, "no contract for this provider; retrying in a minute");
-            let later = chrono::Utc::now() + chrono::Duration::seconds(60);
+            // The claim filters by the providers this worker loaded, so this needs a registry
+            // changed under a running worker; give the operation back to whoever can drive it.
+            tracing::error!(operation = %c.operation.id, provider = %c.operation.provider, "no contract for this provider; giving it back");
             let _ = self
                 .store
-                .release(&c.lease, later, "provider not configured")
+                .release(&c.lease, chrono::Utc::now(), "provider not configured here")
                 .await;
             return Driven::default();
         };
         let ctx = drive::Ctx {
             store: &self.store,
             writer: &self.writer,
+            policy: provider.contract().policy(),
             provider: provider.as_ref(),
             results: &self.results,
             lease: c.lease.clone(),
             ttl: self.config.lease,
-            // The database set the expiry a moment ago; our clock starts now (conservative).
-            expires: Instant::now() + self.config.lease.saturating_sub(Duration::from_millis(250)),
+            expires: sent + self.config.lease,
+            clock: drive::DbClock {
+                at: c.db_now,
+                since: answered,
+            },
             shutdown,
         };
         drive::drive(ctx, c.operation).await
+    }
+
+    /// Claim up to `limit` due operations of the providers this worker has contracts for.
+    async fn claim(&self, limit: i64) -> Result<(Vec<Claimed>, (Instant, Instant)), StoreError> {
+        let sent = Instant::now();
+        let claimed = self
+            .store
+            .claim_due_for(&self.config.id, limit, self.config.lease, &self.providers)
+            .await?;
+        Ok((claimed, (sent, Instant::now())))
     }
 
     /// Claim one batch and drive every claimed operation to its next wait. Returns what was done.
     /// (Tests and benchmarks call this; [`Worker::run`] is the service loop.)
     pub async fn run_once(&self) -> Result<StatsSnapshot, StoreError> {
         let before = self.stats.snapshot();
-        let claimed = self
-            .store
-            .claim_due(&self.config.id, self.config.batch, self.config.lease)
-            .await?;
+        let (claimed, times) = self.claim(self.config.batch).await?;
         self.stats
             .claimed
             .fetch_add(claimed.len() as u64, Ordering::Relaxed);
@@ -182,7 +205,7 @@ impl Worker {
         let driven = futures::future::join_all(
             claimed
                 .into_iter()
-                .map(|c| self.drive_one(c, never.clone())),
+                .map(|c| self.drive_one(c, times, never.clone())),
         )
         .await;
         for d in driven {
@@ -233,12 +256,8 @@ impl Worker {
             }
             let mut got = 0;
             if want > 0 {
-                match self
-                    .store
-                    .claim_due(&self.config.id, want, self.config.lease)
-                    .await
-                {
-                    Ok(claimed) => {
+                match self.claim(want).await {
+                    Ok((claimed, times)) => {
                         backoff = Duration::from_millis(100);
                         got = claimed.len() as i64;
                         self.stats.claimed.fetch_add(got as u64, Ordering::Relaxed);
@@ -256,7 +275,7 @@ impl Worker {
                             let stop = shutdown.clone();
                             tasks.spawn(async move {
                                 let id = c.lease.operation_id;
-                                let d = me.drive_one(c, stop).await;
+                                let d = me.drive_one(c, times, stop).await;
                                 me.stats.add(d);
                                 me.active.lock().expect("lock").remove(&id);
                                 drop(permit);

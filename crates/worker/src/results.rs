@@ -27,16 +27,9 @@ pub struct ResultDir {
     root: PathBuf,
 }
 
-/// What was kept, and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stored {
-    pub location: String,
-    pub size: u64,
-    pub sha256: String,
-    /// Bytes still to be written by the step that records `location` (database store), which must
-    /// carry them in [`jobtrail_store::Step::result_bytes`].
-    pub pending: Option<ResultBytes>,
-}
+/// What was kept, and where. `bytes`: still to be written by the step that records `location`
+/// (database store), which carries them in [`jobtrail_store::Step::result_bytes`].
+pub type Stored = jobtrail_core::decide::Kept;
 
 impl ResultStore {
     /// Keep results in a local directory.
@@ -47,7 +40,7 @@ impl ResultStore {
     }
 
     /// Keep `bytes` of `operation`. In the database nothing is written yet: the returned
-    /// [`Stored::pending`] goes with the step. In a directory the file is durable when this returns
+    /// [`Stored::bytes`] go with the step. In a directory the file is durable when this returns
     /// (written off the async threads).
     pub async fn keep(
         &self,
@@ -74,7 +67,7 @@ impl ResultStore {
                     location: r.location(operation),
                     size: r.bytes.len() as u64,
                     sha256: r.sha256.clone(),
-                    pending: Some(r),
+                    bytes: Some(r),
                 })
             }
             Self::Directory(dir) => {
@@ -209,7 +202,7 @@ impl ResultDir {
             location: format!("file://{}", path.display()),
             size: bytes.len() as u64,
             sha256: sha,
-            pending: None,
+            bytes: None,
         })
     }
 

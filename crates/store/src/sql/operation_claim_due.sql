@@ -1,7 +1,13 @@
--- Claim due, automated operations: lock a batch with SKIP LOCKED (the LIMIT inside the CTE, so
--- concurrent claimers take disjoint rows), then set owner, expiry and a new fencing epoch. The claim
--- also moves next_action_at to the lease expiry: the row leaves the head of the due index at once,
--- and if the owner dies the row comes due again exactly when its lease expires.
+-- Claim due, automated operations of the providers this worker can drive ($4; NULL: any): lock a
+-- batch with SKIP LOCKED (the LIMIT inside the CTE, so concurrent claimers take disjoint rows), then
+-- set owner, expiry and a new fencing epoch. The claim also moves next_action_at to the lease expiry:
+-- the row leaves the head of the due index at once, and if the owner dies the row comes due again
+-- exactly when its lease expires.
+--
+-- A claimed create_pending row is marked "a create may leave under this epoch" in this same commit,
+-- before the worker sends anything (create_sent_epoch; see migration 0005). A mark left by an earlier
+-- epoch is kept: that send's outcome was never recorded, and the new owner must treat it as unknown.
+-- Returns the database clock, from which the worker carries its one decision clock.
 WITH due AS (
     SELECT id
     FROM operations
@@ -9,15 +15,18 @@ WITH due AS (
       AND state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
                     'result_collecting', 'cancel_requested', 'cancelling')
       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+      AND ($4::text[] IS NULL OR provider = ANY ($4::text[]))
     ORDER BY next_action_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE operations o
-SET lease_owner      = $1,
-    lease_expires_at = now() + make_interval(secs => $3),
-    lease_epoch      = o.lease_epoch + 1,
-    next_action_at   = now() + make_interval(secs => $3)
+SET lease_owner       = $1,
+    lease_expires_at  = now() + make_interval(secs => $3),
+    lease_epoch       = o.lease_epoch + 1,
+    next_action_at    = now() + make_interval(secs => $3),
+    create_sent_epoch = CASE WHEN o.state = 'create_pending'
+                             THEN coalesce(o.create_sent_epoch, o.lease_epoch + 1) END
 FROM due
 WHERE o.id = due.id
-RETURNING o.*
+RETURNING now() AS db_now, o.*

@@ -11,6 +11,7 @@ UPDATE operations SET
     cancel_requested_at = $25, cancel_requested_by = $26, cancel_reason = $27, cancel_deadline = $28,
     result_location = $29, result_size = $30, result_sha256 = $31, result_content_type = $32,
     result_summary = $33, superseded_by = $34, result_deadline = $35, create_deadline = $36,
-    history_seq = $37, history_head = $38
+    history_seq = $37, history_head = $38,
+    create_sent_epoch = $39, poll_not_before = $40, reconcile_attempts = $41
 WHERE id = $1 AND lease_epoch = $2
 RETURNING id

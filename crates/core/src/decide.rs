@@ -1,0 +1,1066 @@
+//! What the worker does next, and what each answer means: the step decisions, as pure functions.
+//!
+//! The worker is the I/O shell around this module (sans-IO, as in quinn-proto): it asks [`next`]
+//! what to do for the operation it holds a lease on, makes the one call that names (if any), turns
+//! the answer into a closed outcome ([`crate::outcome`]), and asks the matching `after_*` function
+//! which [`Step`] to write. Every function here takes the locked record, the outcome, the current
+//! time and a random draw in `[0, 1)` for jitter, and returns a [`Plan`]: no I/O, no clock, no
+//! randomness, so every (state, outcome) pair is a table test (`crates/core/tests/decide.rs`).
+//!
+//! **One clock.** `now` is the database's clock: the worker carries the claim's `now()` forward with
+//! its monotonic clock from the moment the claim's answer arrived, so it runs at most one claim
+//! round trip behind the database. Deadlines are therefore noticed at most that late and never early,
+//! and a delay computed here is applied by the store from the database's `now()` at write time, which
+//! is never earlier: a provider's `Retry-After` is never cut short.
+//!
+//! **Truth about creates.** An attempt counts as *definitively not created* only when nothing left
+//! (connection refused, a secret missing, the lease too short to send) or the provider answered "not
+//! now" (429, 503 with `Retry-After`). Everything else that may have reached the provider leaves
+//! `create_pending`. While in `create_pending`, the only thing that can make a job exist unseen is a
+//! send in flight, which the claim marks durably before any byte leaves
+//! ([`OperationRecord::create_sent_epoch`]): so `withdrawn` and `not_created` are decided only when no
+//! other lease's mark is set.
+
+use crate::event::{CancelConfirmation, CancelRequest, Event, ValidatedResult};
+use crate::outcome::{
+    Called, CancelOutcome, CreateOutcome, FetchedResult, LookupOutcome, Phase, ReconcileMethod,
+    StatusOutcome,
+};
+use crate::record::{CallRecord, OperationRecord};
+use crate::schedule::{Backoff, NextReason, RetryAfterBounds, next_poll};
+use crate::state::State;
+use crate::step::{Counters, FailureCount, Observation, ResultBytes, SendMark, Step};
+use chrono::{DateTime, Utc};
+use std::time::Duration;
+
+/// The margin a worker keeps between the end of a call and the end of its lease: it extends the
+/// lease to at least one call plus this before sending, and a contract's create window must hold as
+/// much (so a worker that died mid-create can be taken over with time left to reconcile).
+pub const LEASE_MARGIN: Duration = Duration::from_secs(2);
+
+/// What a provider's contract says about scheduling, reconciliation and cancel: everything the
+/// decisions need from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub backoff: Backoff,
+    pub retry_after: RetryAfterBounds,
+    /// Status or result reads that may fail in a row before a person is asked.
+    pub max_failures: u32,
+    pub reconcile: ReconcileMethod,
+    /// The contract can look a job up by our client reference.
+    pub lookup: bool,
+    pub reconcile_interval: Duration,
+    /// Cancel may be sent again (up to three times) after a failed attempt.
+    pub cancel_idempotent: bool,
+    /// Read the created resource once after remote success.
+    pub final_get: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::default(),
+            retry_after: RetryAfterBounds::default(),
+            max_failures: 8,
+            reconcile: ReconcileMethod::None,
+            lookup: false,
+            reconcile_interval: Duration::from_secs(2),
+            cancel_idempotent: false,
+            final_get: false,
+        }
+    }
+}
+
+/// One step's decision: what to write, and whether to go on at once under the same lease.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub step: Step,
+    /// Continue at once under the same lease (the next step is due now).
+    pub go_on: bool,
+    /// The worker attaches the evidence bundle (every call so far) to the step's detail.
+    pub evidence_bundle: bool,
+    /// A step to write before this one: a call that needs its own row in the call log.
+    pub first: Option<Step>,
+}
+
+impl Plan {
+    fn write(step: Step) -> Self {
+        Self {
+            step,
+            go_on: false,
+            evidence_bundle: false,
+            first: None,
+        }
+    }
+    fn then_continue(mut self) -> Self {
+        self.step.keep_lease = true;
+        self.go_on = true;
+        self
+    }
+}
+
+/// What to do with the operation now.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Write this without calling anyone.
+    Write(Box<Plan>),
+    /// Make this call, then ask the matching `after_*` function.
+    Call(Call),
+}
+
+/// The one call to make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// Send create. `mark`: this lease has not marked the send yet; write the mark first.
+    Create {
+        attempt: i32,
+        mark: bool,
+    },
+    /// Look the job up by our client reference (the reconciliation, or the cross-check before a
+    /// resend); then [`after_lookup`].
+    Lookup {
+        attempt: i32,
+    },
+    /// Reconcile by sending create again with the same token; then [`after_resend`].
+    Resend {
+        attempt: i32,
+    },
+    Status {
+        attempt: i32,
+    },
+    Cancel {
+        attempt: i32,
+    },
+    /// Read the created resource once after remote success; then [`after_final_get`].
+    FinalGet {
+        attempt: i32,
+    },
+    FetchResult {
+        attempt: i32,
+    },
+    /// Read back and validate the result kept when create answered synchronously; then
+    /// [`after_collect`].
+    SyncResult {
+        location: String,
+        sha256: String,
+        content_type: Option<String>,
+    },
+}
+
+fn until(deadline: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (deadline - now).to_std().unwrap_or(Duration::ZERO)
+}
+
+/// The pending cancel request, if one was recorded and not yet acted on as a state.
+fn pending_cancel(op: &OperationRecord) -> Option<CancelRequest> {
+    if !op.has_pending_cancel() {
+        return None;
+    }
+    CancelRequest::new(
+        op.cancel_requested_by.as_deref()?,
+        op.cancel_reason.as_deref()?,
+    )
+    .ok()
+}
+
+/// Delay before the next status read: at least `d`, and never before the provider's last
+/// `Retry-After` of this job.
+fn poll_delay(op: &OperationRecord, d: Duration, now: DateTime<Utc>) -> (Duration, bool) {
+    match op.poll_not_before {
+        Some(nb) if until(nb, now) > d => (until(nb, now), true),
+        _ => (d, false),
+    }
+}
+
+/// The provider's `Retry-After` or backoff for `attempt`, and why.
+fn wait(
+    policy: &Policy,
+    retry_after: Option<Duration>,
+    attempt: i32,
+    draw: f64,
+) -> (Duration, &'static str) {
+    let (d, why) = next_poll(
+        retry_after,
+        &policy.retry_after,
+        &policy.backoff,
+        attempt.max(0) as u32,
+        draw,
+    );
+    (d, why.as_str())
+}
+
+/// A call that failed or was deferred: tried again after `delay`, one more failure counted.
+fn failed_call(error_class: String, (delay, why): (Duration, &'static str)) -> Step {
+    Step {
+        counters: Counters {
+            failures: FailureCount::Increment,
+            ..Counters::default()
+        },
+        ..Step::event(Event::CallFailed { error_class }).next_in(delay, why)
+    }
+}
+
+/// Attach the call and the provider context it left (cookies, result hints) to a step.
+fn with_call(mut step: Step, call: CallRecord, context: Option<serde_json::Value>) -> Step {
+    step.call = Some(call);
+    if context.is_some() {
+        let mut obs = step.observation.take().unwrap_or_default();
+        obs.provider_context = context;
+        step.observation = Some(obs);
+    }
+    step
+}
+
+/// `cancellation_unconfirmed`; the worker attaches the evidence bundle.
+fn unconfirmed() -> Plan {
+    Plan {
+        evidence_bundle: true,
+        ..Plan::write(Step::event(Event::CancelDeadlinePassed))
+    }
+}
+
+fn act(plan: Plan) -> Action {
+    Action::Write(Box::new(plan))
+}
+
+/// What to do with `op`, held under the lease of `own_epoch`, at `now`.
+pub fn next(op: &OperationRecord, policy: &Policy, own_epoch: i64, now: DateTime<Utc>) -> Action {
+    match op.state {
+        State::CreatePending => next_create(op, own_epoch, now),
+        State::CreateUnknown => {
+            if policy.reconcile == ReconcileMethod::None {
+                return act(Plan::write(Step::event(Event::ReconciliationExhausted {
+                    why: "the provider offers no reconciliation: a person must find out whether the job exists".into(),
+                })));
+            }
+            act(Plan::write(Step::event(Event::ReconciliationStarted {
+                method: policy.reconcile.as_str().into(),
+            }))
+            .then_continue())
+        }
+        State::Reconciliation => {
+            // At least one reconciliation call before a person is asked, even past the deadline: a
+            // worker that took over late must still try what the contract offers.
+            if now >= op.create_deadline
+                && (op.reconcile_attempts > 0 || policy.reconcile == ReconcileMethod::None)
+            {
+                return act(Plan::write(Step::event(Event::ReconciliationExhausted {
+                    why: format!(
+                        "create deadline passed after {} create attempts and {} reconciliation calls; the remote job may or may not exist",
+                        op.create_attempts, op.reconcile_attempts
+                    ),
+                })));
+            }
+            let attempt = op.reconcile_attempts + 1;
+            match policy.reconcile {
+                ReconcileMethod::Lookup => Action::Call(Call::Lookup { attempt }),
+                ReconcileMethod::Resend if policy.lookup => Action::Call(Call::Lookup { attempt }),
+                ReconcileMethod::Resend => Action::Call(Call::Resend {
+                    attempt: op.create_attempts + 1,
+                }),
+                ReconcileMethod::None => {
+                    act(Plan::write(Step::event(Event::ReconciliationExhausted {
+                        why: "the provider offers no reconciliation".into(),
+                    })))
+                }
+            }
+        }
+        State::Accepted | State::Observing => {
+            if now >= op.result_deadline {
+                return act(Plan::write(Step::event(Event::ResultDeadlinePassed)));
+            }
+            if let Some(req) = pending_cancel(op) {
+                return act(Plan::write(Step::event(Event::CancelRequested(req))).then_continue());
+            }
+            next_status(op, now)
+        }
+        State::CancelRequested => {
+            if op.cancel_deadline.is_some_and(|d| now >= d) {
+                return act(unconfirmed());
+            }
+            // One cancel call; again only where the contract says cancel is idempotent.
+            if op.cancel_attempts == 0
+                || (policy.cancel_idempotent && op.cancel_attempts < 3 && op.failure_count > 0)
+            {
+                Action::Call(Call::Cancel {
+                    attempt: op.cancel_attempts + 1,
+                })
+            } else {
+                next_status(op, now)
+            }
+        }
+        State::Cancelling => {
+            if op.cancel_deadline.is_some_and(|d| now >= d) {
+                return act(unconfirmed());
+            }
+            next_status(op, now)
+        }
+        State::ResultCollecting => {
+            if let Some(sync) = op
+                .provider_context
+                .get("sync_result")
+                .filter(|v| v.is_object())
+            {
+                return Action::Call(Call::SyncResult {
+                    location: sync["location"].as_str().unwrap_or_default().to_owned(),
+                    sha256: sync["sha256"].as_str().unwrap_or_default().to_owned(),
+                    content_type: sync["content_type"].as_str().map(str::to_owned),
+                });
+            }
+            if policy.final_get && op.provider_context.get("final_get_done").is_none() {
+                return Action::Call(Call::FinalGet {
+                    attempt: op.poll_count + 1,
+                });
+            }
+            Action::Call(Call::FetchResult {
+                attempt: op.result_attempts + 1,
+            })
+        }
+        // Held and terminal states are never claimed; if one is, give it back untouched.
+        State::CreateUnresolved
+        | State::ContractViolation
+        | State::CancellationUnconfirmed
+        | State::ResultTimedOut
+        | State::Succeeded
+        | State::Failed
+        | State::Cancelled
+        | State::ResultUnavailable
+        | State::ResultValidationFailed
+        | State::Withdrawn
+        | State::NotCreated
+        | State::Abandoned => act(Plan::write(Step::default())),
+    }
+}
+
+fn next_create(op: &OperationRecord, own_epoch: i64, now: DateTime<Utc>) -> Action {
+    // Another lease marked a send whose outcome was never recorded (its worker died or stalled
+    // mid-call): the job may exist. That is an ambiguous create, never a reason to withdraw, expire
+    // or send blindly again.
+    if op.create_send_unrecorded(own_epoch) {
+        return act(Plan::write(Step {
+            send_mark: SendMark::Clear,
+            // The unrecorded attempt counts: it may have reached the provider.
+            counters: Counters {
+                create_attempts: 1,
+                ..Counters::default()
+            },
+            ..Step::event(Event::CreateAmbiguous {
+                error_class:
+                    "a previous send's outcome was never recorded (its worker stopped mid-call)"
+                        .into(),
+            })
+        })
+        .then_continue());
+    }
+    // Every attempt so far was definitively not created and none is in flight: nothing exists.
+    if let Some(req) = pending_cancel(op) {
+        return act(Plan::write(Step {
+            send_mark: SendMark::Clear,
+            ..Step::event(Event::Withdraw(req))
+        }));
+    }
+    if now >= op.create_deadline {
+        return act(Plan::write(Step {
+            send_mark: SendMark::Clear,
+            ..Step::event(Event::CreateExpired {
+                attempts: op.create_attempts,
+            })
+        }));
+    }
+    Action::Call(Call::Create {
+        attempt: op.create_attempts + 1,
+        mark: op.create_sent_epoch != Some(own_epoch),
+    })
+}
+
+fn next_status(op: &OperationRecord, now: DateTime<Utc>) -> Action {
+    // The provider's last Retry-After outlives everything else (a takeover, a cancel, a person's
+    // resume): wait for it without calling.
+    if let Some(nb) = op.poll_not_before
+        && now < nb
+    {
+        return act(Plan::write(
+            Step::default().next_in(until(nb, now), NextReason::RetryAfter.as_str()),
+        ));
+    }
+    Action::Call(Call::Status {
+        attempt: op.poll_count + 1,
+    })
+}
+
+/// The step for a create's outcome. `kept`: for a synchronous answer, where its bytes were kept
+/// (or why they could not be) and whether they passed the contract's rules.
+pub fn after_create(
+    op: &OperationRecord,
+    policy: &Policy,
+    called: Called<CreateOutcome>,
+    kept: Option<(Result<Kept, String>, bool)>,
+    now: DateTime<Utc>,
+    draw: f64,
+) -> Plan {
+    let Called {
+        outcome,
+        call,
+        context,
+    } = called;
+    let counters = Counters {
+        create_attempts: 1,
+        ..Counters::default()
+    };
+    let mut context = context;
+    let mut plan = match outcome {
+        CreateOutcome::Accepted {
+            job_id,
+            remote_state,
+            status_url,
+            ..
+        } => match op.remote_job_id.as_ref().filter(|p| **p != job_id) {
+            Some(prev) => Plan::write(Step::event(Event::ContractViolated {
+                recorded_job_id: prev.clone(),
+                other_job_id: job_id,
+            })),
+            None => Plan::write(Step {
+                observation: Some(Observation {
+                    remote_state: remote_state.clone(),
+                    status_url,
+                    ..Observation::default()
+                }),
+                ..Step::event(Event::CreateAccepted {
+                    remote_job_id: job_id,
+                    remote_state,
+                })
+            })
+            .then_continue(),
+        },
+        CreateOutcome::Completed { job_id, result } => match kept {
+            Some((Ok(k), valid)) => {
+                let mut ctx = context
+                    .take()
+                    .unwrap_or_else(|| op.provider_context.clone());
+                if !ctx.is_object() {
+                    ctx = serde_json::json!({});
+                }
+                ctx["sync_result"] = serde_json::json!({
+                    "location": k.location, "size": k.size, "sha256": k.sha256,
+                    "content_type": result.content_type, "valid": valid,
+                });
+                context = Some(ctx);
+                Plan::write(Step {
+                    result_bytes: k.bytes,
+                    ..Step::event(Event::CreateCompleted {
+                        remote_job_id: job_id,
+                    })
+                })
+                .then_continue()
+            }
+            // The job is done but its answer could not be kept: what we know is "created, result not
+            // held", which reconciliation settles.
+            _ => Plan::write(
+                Step::event(Event::CreateAmbiguous {
+                    error_class: "result_store_unavailable".into(),
+                })
+                .next_in(policy.reconcile_interval, "reconcile"),
+            ),
+        },
+        CreateOutcome::Rejected {
+            http_status,
+            reason,
+        } => Plan::write(Step::event(Event::CreateRejected {
+            http_status,
+            reason,
+        })),
+        CreateOutcome::Ambiguous { error_class } => Plan::write(
+            Step::event(Event::CreateAmbiguous { error_class })
+                .next_in(policy.reconcile_interval, "reconcile"),
+        ),
+        CreateOutcome::RetryLater { delay, reason } => not_created(
+            op,
+            policy,
+            format!("create deferred: {reason}"),
+            delay,
+            now,
+            draw,
+        ),
+        CreateOutcome::NotSent { error_class } => not_created(
+            op,
+            policy,
+            format!("create not sent: {error_class}"),
+            None,
+            now,
+            draw,
+        ),
+    };
+    plan.step.counters.create_attempts += counters.create_attempts;
+    plan.step.send_mark = SendMark::Clear;
+    plan.step = with_call(plan.step, call, context);
+    plan
+}
+
+/// An attempt that definitively created nothing: withdraw if a cancel is waiting (item: a cancel
+/// during create retries never sends again), else try again after Retry-After or backoff.
+fn not_created(
+    op: &OperationRecord,
+    policy: &Policy,
+    error_class: String,
+    delay: Option<Duration>,
+    now: DateTime<Utc>,
+    draw: f64,
+) -> Plan {
+    if let Some(req) = pending_cancel(op) {
+        return Plan::write(Step::event(Event::Withdraw(req)));
+    }
+    let (d, why) = wait(policy, delay, op.failure_count, draw);
+    Plan::write(failed_call(
+        error_class,
+        (d.min(until(op.create_deadline, now)), why),
+    ))
+}
+
+/// What a lookup by client reference settles.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // a short-lived value, moved once
+pub enum AfterLookup {
+    Write(Plan),
+    /// The contract reconciles by resend: send create again with the same token, then
+    /// [`after_resend`] with what the lookup found (`None`: the lookup failed).
+    Resend {
+        looked_up: Option<Vec<String>>,
+        lookup_call: CallRecord,
+        context: Option<serde_json::Value>,
+    },
+}
+
+fn inconclusive(op: &OperationRecord, policy: &Policy, class: String, now: DateTime<Utc>) -> Step {
+    Step {
+        counters: Counters {
+            reconcile_attempts: 1,
+            ..Counters::default()
+        },
+        ..Step::event(Event::ReconciliationInconclusive { error_class: class }).next_in(
+            policy
+                .reconcile_interval
+                .min(until(op.create_deadline, now)),
+            "reconcile",
+        )
+    }
+}
+
+/// The step for a lookup by client reference (state `reconciliation`).
+pub fn after_lookup(
+    op: &OperationRecord,
+    policy: &Policy,
+    called: Called<LookupOutcome>,
+    now: DateTime<Utc>,
+) -> AfterLookup {
+    let Called {
+        outcome,
+        call,
+        context,
+    } = called;
+    let reconcile = Counters {
+        reconcile_attempts: 1,
+        ..Counters::default()
+    };
+    if let LookupOutcome::Found { job_ids } = &outcome
+        && job_ids.len() > 1
+    {
+        let step = Step {
+            counters: reconcile,
+            detail: Some(serde_json::json!({"jobs_for_our_reference": job_ids})),
+            ..Step::event(Event::ContractViolated {
+                recorded_job_id: job_ids[0].clone(),
+                other_job_id: job_ids[1].clone(),
+            })
+        };
+        return AfterLookup::Write(Plan::write(with_call(step, call, context)));
+    }
+    if policy.reconcile != ReconcileMethod::Lookup {
+        return AfterLookup::Resend {
+            looked_up: match outcome {
+                LookupOutcome::Found { job_ids } => Some(job_ids),
+                LookupOutcome::NotFound => Some(Vec::new()),
+                LookupOutcome::Failed { .. } => None,
+            },
+            lookup_call: call,
+            context,
+        };
+    }
+    let plan = match outcome {
+        LookupOutcome::Found { mut job_ids } => match job_ids.pop() {
+            Some(job) => Plan::write(Step {
+                counters: reconcile,
+                ..Step::event(Event::CreateAccepted {
+                    remote_job_id: job,
+                    remote_state: None,
+                })
+            })
+            .then_continue(),
+            None => Plan::write(inconclusive(
+                op,
+                policy,
+                "not found by client reference (yet)".into(),
+                now,
+            )),
+        },
+        LookupOutcome::NotFound => Plan::write(inconclusive(
+            op,
+            policy,
+            "not found by client reference (yet)".into(),
+            now,
+        )),
+        LookupOutcome::Failed { error_class } => Plan::write(Step {
+            counters: Counters {
+                failures: FailureCount::Increment,
+                reconcile_attempts: 1,
+                ..Counters::default()
+            },
+            ..inconclusive(op, policy, error_class, now)
+        }),
+    };
+    AfterLookup::Write(Plan {
+        step: with_call(plan.step, call, context),
+        ..plan
+    })
+}
+
+/// The step for a resend with the same token (state `reconciliation`). `looked_up`: the jobs a
+/// lookup by client reference found just before (a cross-check), `None` if none was made or it
+/// failed; `lookup`: that lookup's call, logged on its own row first.
+pub fn after_resend(
+    op: &OperationRecord,
+    policy: &Policy,
+    called: Called<CreateOutcome>,
+    lookup: Option<(Option<Vec<String>>, CallRecord, Option<serde_json::Value>)>,
+    now: DateTime<Utc>,
+) -> Plan {
+    let Called {
+        outcome,
+        call,
+        context,
+    } = called;
+    let (looked_up, first, detail) = match lookup {
+        Some((ids, c, ctx)) => {
+            let detail = serde_json::json!({"lookup": {"call_id": c.id, "outcome": c.outcome}});
+            let first = with_call(
+                Step {
+                    keep_lease: true,
+                    ..Step::default()
+                },
+                c,
+                ctx,
+            );
+            (ids, Some(first), Some(detail))
+        }
+        None => (None, None, None),
+    };
+    let mut plan = match outcome {
+        CreateOutcome::Accepted {
+            job_id,
+            remote_state,
+            status_url,
+            ..
+        } => {
+            let other = looked_up
+                .as_ref()
+                .and_then(|ids| ids.iter().find(|i| **i != job_id).cloned())
+                .or_else(|| op.remote_job_id.clone().filter(|p| *p != job_id));
+            match other {
+                Some(other) => Plan::write(Step::event(Event::ContractViolated {
+                    recorded_job_id: other,
+                    other_job_id: job_id,
+                })),
+                None => Plan::write(Step {
+                    observation: Some(Observation {
+                        remote_state: remote_state.clone(),
+                        status_url,
+                        ..Observation::default()
+                    }),
+                    ..Step::event(Event::CreateAccepted {
+                        remote_job_id: job_id,
+                        remote_state,
+                    })
+                })
+                .then_continue(),
+            }
+        }
+        CreateOutcome::Completed { .. } => Plan::write(inconclusive(
+            op,
+            policy,
+            "the resend answered synchronously; collect by lookup".into(),
+            now,
+        )),
+        CreateOutcome::Rejected {
+            http_status,
+            reason,
+        } => Plan::write(Step::event(Event::CreateRejected {
+            http_status,
+            reason,
+        })),
+        CreateOutcome::Ambiguous { error_class } | CreateOutcome::NotSent { error_class } => {
+            Plan::write(inconclusive(op, policy, error_class, now))
+        }
+        CreateOutcome::RetryLater { reason, .. } => Plan::write(inconclusive(
+            op,
+            policy,
+            format!("retry later: {reason}"),
+            now,
+        )),
+    };
+    plan.step.counters.create_attempts = 1;
+    plan.step.counters.reconcile_attempts = 1;
+    if detail.is_some() {
+        plan.step.detail = detail;
+    }
+    plan.step = with_call(plan.step, call, context);
+    plan.first = first;
+    plan
+}
+
+/// The step for a status read (states `accepted`, `observing`, `cancel_requested`, `cancelling`).
+pub fn after_status(
+    op: &OperationRecord,
+    policy: &Policy,
+    called: Called<StatusOutcome>,
+    now: DateTime<Utc>,
+    draw: f64,
+) -> Plan {
+    let Called {
+        outcome,
+        call,
+        context,
+    } = called;
+    let cancel_phase = matches!(op.state, State::CancelRequested | State::Cancelling);
+    let deadline = if cancel_phase {
+        op.cancel_deadline.unwrap_or(op.result_deadline)
+    } else {
+        op.result_deadline
+    };
+    // Every read counts, whatever it said: attempts are numbered truthfully and backoff grows.
+    let polls = Counters {
+        polls: 1,
+        ..Counters::default()
+    };
+    let mut retry_after = None;
+    let plan = match outcome {
+        StatusOutcome::Observed(s) => {
+            let obs = Observation {
+                remote_state: Some(s.remote_state.clone()),
+                remote_updated_at: s.updated_at.clone(),
+                progress: s.progress.clone(),
+                status_url: s.status_url.clone(),
+                provider_context: None,
+            };
+            retry_after = s.retry_after.map(|d| policy.retry_after.clamp(d));
+            let counters = Counters {
+                failures: FailureCount::Reset,
+                ..polls
+            };
+            let step = |ev: Event| Step {
+                counters,
+                observation: Some(obs.clone()),
+                ..Step::event(ev)
+            };
+            match s.phase {
+                Some(Phase::Succeeded) => plan_go_on(step(Event::RemoteSucceeded {
+                    remote_state: s.remote_state,
+                })),
+                Some(Phase::Failed) => Plan::write(step(Event::RemoteFailed {
+                    remote_state: s.remote_state,
+                    reason: s.error,
+                })),
+                Some(Phase::Cancelled) => {
+                    match CancelConfirmation::from_provider(&s.remote_state) {
+                        Ok(c) => Plan::write(step(Event::RemoteCancelled(c))),
+                        Err(_) => Plan::write(step(Event::CallFailed {
+                            error_class: "empty cancelled state".into(),
+                        })),
+                    }
+                }
+                Some(Phase::Queued | Phase::Running) | None => {
+                    let (d, why) = wait(policy, s.retry_after, op.poll_count, draw);
+                    let (d, why) = capped(d, why, deadline, now);
+                    Plan::write(
+                        step(Event::RemoteProgress {
+                            remote_state: s.remote_state,
+                            known: s.phase.is_some(),
+                        })
+                        .next_in(d, why),
+                    )
+                }
+            }
+        }
+        StatusOutcome::RetryLater { delay, reason } => {
+            // The provider asked us to wait: not a failure, no budget spent, but backoff grows with
+            // every read when it gives no Retry-After.
+            retry_after = delay.map(|d| policy.retry_after.clamp(d));
+            let (d, why) = wait(policy, delay, op.poll_count, draw);
+            let (d, why) = capped(d, why, deadline, now);
+            Plan::write(Step {
+                counters: polls,
+                ..Step::event(Event::CallFailed {
+                    error_class: format!("retry later: {reason}"),
+                })
+                .next_in(d, why)
+            })
+        }
+        StatusOutcome::Failed { error_class }
+        | StatusOutcome::Rejected {
+            reason: error_class,
+            ..
+        } => {
+            if op.failure_count + 1 > policy.max_failures as i32 {
+                Plan::write(Step {
+                    counters: polls,
+                    ..Step::event(Event::RetryBudgetExhausted {
+                        error_class,
+                        failures: op.failure_count + 1,
+                    })
+                })
+            } else {
+                let (d, why) = wait(policy, None, op.failure_count, draw);
+                let (d, why) = capped(d, why, deadline, now);
+                let mut step = failed_call(error_class, (d, why));
+                step.counters.polls = 1;
+                Plan::write(step)
+            }
+        }
+    };
+    let mut plan = plan;
+    plan.step.retry_after = retry_after;
+    plan.step = with_call(plan.step, call, context);
+    plan
+}
+
+fn plan_go_on(step: Step) -> Plan {
+    Plan::write(step).then_continue()
+}
+
+/// A delay, cut to the deadline (the next step then notices the deadline instead of polling).
+fn capped(
+    d: Duration,
+    why: &'static str,
+    deadline: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> (Duration, &'static str) {
+    let left = until(deadline, now);
+    if d > left {
+        (left, NextReason::Deadline.as_str())
+    } else {
+        (d, why)
+    }
+}
+
+/// The step for the one cancel call (state `cancel_requested`).
+pub fn after_cancel(
+    op: &OperationRecord,
+    policy: &Policy,
+    called: Called<CancelOutcome>,
+    now: DateTime<Utc>,
+    draw: f64,
+) -> Plan {
+    let Called {
+        outcome,
+        call,
+        context,
+    } = called;
+    let mut retry_after = None;
+    let mut step = match outcome {
+        CancelOutcome::Accepted {
+            http_status,
+            retry_after: ra,
+        } => {
+            // The first poll after the cancel: soon, but never before a Retry-After the provider
+            // gave (on this answer or on any earlier status read of the job).
+            retry_after = ra.map(|d| policy.retry_after.clamp(d));
+            let soon = policy.backoff.initial.min(Duration::from_secs(1));
+            let d = retry_after.map_or(soon, |ra| ra.max(soon));
+            let (d, held) = poll_delay(op, d, now);
+            let why = if held || retry_after.is_some_and(|ra| ra >= soon) {
+                NextReason::RetryAfter.as_str()
+            } else {
+                "after_cancel"
+            };
+            Step {
+                counters: Counters {
+                    failures: FailureCount::Reset,
+                    ..Counters::default()
+                },
+                ..Step::event(Event::CancelSent { http_status }).next_in(d, why)
+            }
+        }
+        // Refused (e.g. already finished): do not ask again; polling will tell what happened.
+        CancelOutcome::Rejected { reason, .. } => {
+            let (d, held) = poll_delay(op, Duration::ZERO, now);
+            Step::event(Event::CallFailed {
+                error_class: format!("cancel refused: {reason}"),
+            })
+            .next_in(d, if held { "retry_after" } else { "after_cancel" })
+        }
+        CancelOutcome::RetryLater { delay, reason } => {
+            retry_after = delay.map(|d| policy.retry_after.clamp(d));
+            failed_call(
+                format!("cancel deferred: {reason}"),
+                wait(policy, delay, op.cancel_attempts, draw),
+            )
+        }
+        CancelOutcome::Failed { error_class } => failed_call(
+            format!("cancel failed: {error_class}"),
+            wait(policy, None, op.cancel_attempts, draw),
+        ),
+    };
+    step.counters.cancel_attempts = 1;
+    step.retry_after = retry_after;
+    Plan::write(with_call(step, call, context))
+}
+
+/// The step for the final GET of the created resource: its answer may carry result hints (kept in
+/// the provider context); the result is fetched next.
+pub fn after_final_get(
+    op: &OperationRecord,
+    call: CallRecord,
+    context: Option<serde_json::Value>,
+) -> Plan {
+    let mut ctx = context.unwrap_or_else(|| op.provider_context.clone());
+    if !ctx.is_object() {
+        ctx = serde_json::json!({});
+    }
+    ctx["final_get_done"] = serde_json::Value::Bool(true);
+    let step = Step {
+        counters: Counters {
+            polls: 1,
+            ..Counters::default()
+        },
+        ..Step::default()
+    };
+    Plan::write(with_call(step, call, Some(ctx))).then_continue()
+}
+
+/// Where result bytes were kept, and the bytes to write with the step when they go to the database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    pub location: String,
+    pub size: u64,
+    pub sha256: String,
+    pub bytes: Option<ResultBytes>,
+}
+
+/// A result after the worker fetched (or read back), checked and kept it.
+#[derive(Debug, Clone)]
+pub enum Collected {
+    /// Every rule passed; `kept` says where the bytes are, or why they could not be kept.
+    Valid {
+        fetched_content_type: Option<String>,
+        checks: Vec<String>,
+        summary: serde_json::Value,
+        kept: Result<Kept, String>,
+    },
+    /// A rule failed; the bytes are kept for inspection where possible.
+    Invalid {
+        violations: Vec<String>,
+        kept: Option<Kept>,
+    },
+    TooLarge {
+        limit: u64,
+    },
+    /// It will not become available (404, 410, no URL, a kept result unreadable).
+    Unavailable {
+        reason: String,
+    },
+    /// Worth another try later.
+    Failed {
+        error_class: String,
+    },
+}
+
+impl Collected {
+    /// A fetched result that the contract's rules found `checked`; `kept` where its bytes went.
+    pub fn from_fetched(
+        fetched: &FetchedResult,
+        checked: crate::outcome::Checked,
+        kept: Result<Kept, String>,
+    ) -> Self {
+        match checked {
+            crate::outcome::Checked::Valid { checks, summary } => Collected::Valid {
+                fetched_content_type: fetched.content_type.clone(),
+                checks,
+                summary,
+                kept,
+            },
+            crate::outcome::Checked::Invalid { violations } => Collected::Invalid {
+                violations,
+                kept: kept.ok(),
+            },
+        }
+    }
+}
+
+/// The step for result collection (state `result_collecting`). `call`: the fetch, if one was made
+/// (a synchronous result kept at create needs none).
+pub fn after_collect(
+    op: &OperationRecord,
+    policy: &Policy,
+    collected: Collected,
+    call: Option<(CallRecord, Option<serde_json::Value>)>,
+    draw: f64,
+) -> Plan {
+    let mut step = match collected {
+        Collected::Valid {
+            fetched_content_type,
+            checks,
+            summary,
+            kept: Ok(k),
+        } => match ValidatedResult::new(
+            &k.location,
+            k.size,
+            &k.sha256,
+            fetched_content_type,
+            checks,
+            summary,
+        ) {
+            Ok(v) => Step {
+                result_bytes: k.bytes,
+                ..Step::event(Event::ResultValidated(v))
+            },
+            Err(e) => Step::event(Event::ResultUnavailable { why: e.to_string() }),
+        },
+        Collected::Valid { kept: Err(e), .. } => Step::event(Event::ResultFetchFailed {
+            error_class: format!("result store: {e}"),
+        })
+        .next_in(Duration::from_secs(1), "result_store"),
+        Collected::Invalid { violations, kept } => Step {
+            detail: kept.as_ref().map(
+                |k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256}),
+            ),
+            result_bytes: kept.and_then(|k| k.bytes),
+            ..Step::event(Event::ResultInvalid { violations })
+        },
+        Collected::TooLarge { limit } => Step::event(Event::ResultInvalid {
+            violations: vec![format!(
+                "the result is larger than the contract's limit of {limit} bytes"
+            )],
+        }),
+        Collected::Unavailable { reason } => Step::event(Event::ResultUnavailable { why: reason }),
+        Collected::Failed { error_class } => {
+            if op.failure_count + 1 > policy.max_failures as i32 {
+                Step::event(Event::RetryBudgetExhausted {
+                    error_class,
+                    failures: op.failure_count + 1,
+                })
+            } else {
+                let (d, why) = wait(policy, None, op.failure_count, draw);
+                Step {
+                    counters: Counters {
+                        failures: FailureCount::Increment,
+                        ..Counters::default()
+                    },
+                    ..Step::event(Event::ResultFetchFailed { error_class }).next_in(d, why)
+                }
+            }
+        }
+    };
+    if let Some((c, ctx)) = call {
+        step.counters.result_attempts = 1;
+        step = with_call(step, c, ctx);
+    }
+    Plan::write(step)
+}

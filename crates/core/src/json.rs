@@ -1,0 +1,171 @@
+//! Request bodies, parsed strictly: what is fingerprinted, stored and sent is what the caller wrote.
+//!
+//! `serde_json` on its own takes the last of two equal keys, rounds integers beyond 64 bits to the
+//! nearest double, and accepts `\u0000`, which PostgreSQL's `jsonb` then refuses at write time (an
+//! "unavailable" error for what is bad input). Here each of those is refused before anything is
+//! written, with the line and column of the offending token:
+//!
+//! * a key that appears twice in one object;
+//! * an integer beyond the 64-bit range, or a number written with a fraction or exponent whose
+//!   value is an integer of 2^53 or more (a double cannot hold it exactly) — send such values as
+//!   strings; other non-integer numbers are IEEE doubles, as RFC 8785 (JCS) fingerprints them;
+//! * the NUL character in a key or a string.
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+
+/// Why a body was refused, with where (serde_json's line and column).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (line {line}, column {column})")]
+pub struct BodyError {
+    pub message: String,
+    pub line: usize,
+    pub column: usize,
+}
+
+/// Parse a request body strictly (see the module docs).
+pub fn parse_strict(bytes: &[u8]) -> Result<Value, BodyError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let parsed = Strict::deserialize(&mut de).and_then(|v| de.end().map(|()| v.0));
+    parsed.map_err(|e| BodyError {
+        // serde_json appends " at line L column C" to custom messages; the fields carry it.
+        message: e
+            .to_string()
+            .split(" at line ")
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
+        line: e.line(),
+        column: e.column(),
+    })
+}
+
+/// The largest magnitude a double holds every integer up to.
+const EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0; // 2^53
+
+struct Strict(Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+fn no_nul<E: de::Error>(s: &str, what: &str) -> Result<(), E> {
+    if s.contains('\0') {
+        return Err(E::custom(format!(
+            "{what} holds the NUL character (\\u0000), which cannot be stored"
+        )));
+    }
+    Ok(())
+}
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
+        // serde_json hands integers beyond 64 bits to us as (rounded) doubles.
+        if f.fract() == 0.0 && f.abs() >= EXACT_DOUBLE {
+            return Err(E::custom(format!(
+                "the number {f:e} is an integer beyond what is kept exactly (integers up to 64 bits, or 2^53 written with a fraction or exponent); send it as a string"
+            )));
+        }
+        Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("a number that is not finite"))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+        no_nul(s, "a string")?;
+        Ok(Value::String(s.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Value, E> {
+        no_nul(&s, "a string")?;
+        Ok(Value::String(s))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            no_nul(&key, "a key")?;
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format!(
+                    "the key {key:?} appears twice in one object"
+                )));
+            }
+            let Strict(v) = map.next_value()?;
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// What kind of JSON value this is, for messages.
+pub fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn good_json_parses_as_serde_json_would() {
+        let text = br#"{"a": [1, -2, 18446744073709551615, -9223372036854775808, 1.5, "x", null, true], "b": {"c": {}}}"#;
+        assert_eq!(
+            parse_strict(text).unwrap(),
+            serde_json::from_slice::<Value>(text).unwrap()
+        );
+    }
+
+    #[test]
+    fn what_would_change_silently_is_refused_with_where() {
+        for (text, says) in [
+            (r#"{"a": 1, "a": 2}"#, "appears twice"),
+            (r#"{"a": {"b": 1, "b": 1}}"#, "appears twice"),
+            (r#"{"n": 18446744073709551616}"#, "send it as a string"),
+            (r#"{"n": -9223372036854775809}"#, "send it as a string"),
+            (
+                r#"{"n": 123456789012345678901234567890}"#,
+                "send it as a string",
+            ),
+            (r#"{"n": 9007199254740993.0}"#, "send it as a string"),
+            (r#"{"s": "a\u0000b"}"#, "NUL"),
+            (r#"{"a\u0000": 1}"#, "NUL"),
+            (r#"{"a": 1} x"#, "trailing"),
+        ] {
+            let e = parse_strict(text.as_bytes()).unwrap_err();
+            assert!(e.message.contains(says), "{text}: {e}");
+            assert!(e.line >= 1 && e.column >= 1, "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,2 @@
+-- The database's clock (every deadline and decision uses this one clock).
+SELECT now()
