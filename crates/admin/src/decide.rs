@@ -189,10 +189,14 @@ pub async fn resume(
                     "resuming cancellation_unconfirmed needs --cancel-window",
                 )
             })?;
-            let w = shell::parse_duration(&w)
-                .map_err(|e| fail(exit::BAD_INPUT, format!("--cancel-window: {e}")))?;
+            let w = shell::parse_duration_within(
+                "--cancel-window",
+                &w,
+                std::time::Duration::from_secs(1),
+                jobtrail_core::operation::MAX_CANCEL_WINDOW,
+            )?;
             step.set_cancel_deadline =
-                Some(Utc::now() + chrono::Duration::from_std(w).unwrap_or_default());
+                Some(Utc::now() + chrono::Duration::from_std(w).expect("thirty days fit"));
         }
         State::CreateUnresolved => {
             let t = create_deadline.ok_or_else(|| {

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use common::{CmdResult, exit};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 const EXIT_CODES: &str = "Exit codes:
   0  success (for wait: the operation succeeded)
@@ -188,8 +189,12 @@ async fn run(cli: Cli) -> CmdResult {
             .await
         }
         Command::Wait { operation, timeout } => {
-            let timeout = common::parse_duration(&timeout)
-                .map_err(|e| common::fail(exit::BAD_INPUT, format!("--timeout: {e}")))?;
+            let timeout = common::parse_duration_within(
+                "--timeout",
+                &timeout,
+                Duration::ZERO,
+                Duration::from_secs(7 * 86_400),
+            )?;
             ops::wait(
                 &common::store(&cli.common.database_url).await?,
                 &operation,
@@ -220,13 +225,18 @@ async fn run(cli: Cli) -> CmdResult {
             config.batch = batch;
             config.concurrency = concurrency;
             config.write_batch = write_batch.max(1);
-            config.lease = common::parse_duration(&lease)
-                .map_err(|e| common::fail(exit::BAD_INPUT, format!("--lease: {e}")))?;
-            config.idle = common::parse_duration(&idle)
-                .map_err(|e| common::fail(exit::BAD_INPUT, format!("--idle: {e}")))?;
-            if config.lease < std::time::Duration::from_secs(1) {
-                return Err(common::fail(exit::BAD_INPUT, "--lease must be at least 1s"));
-            }
+            config.lease = common::parse_duration_within(
+                "--lease",
+                &lease,
+                Duration::from_secs(1),
+                Duration::from_secs(3600),
+            )?;
+            config.idle = common::parse_duration_within(
+                "--idle",
+                &idle,
+                Duration::from_millis(1),
+                Duration::from_secs(3600),
+            )?;
             let registry = common::registry(&cli.common.providers)?;
             let results = match result_dir.filter(|d| !d.as_os_str().is_empty()) {
                 Some(d) => jobtrail_worker::ResultStore::directory(d),

@@ -91,8 +91,12 @@ pub async fn submit(
             .cancel_window
             .as_deref()
             .map(|d| {
-                jobtrail_console::shell::parse_duration(d)
-                    .map_err(|e| fail(exit::BAD_INPUT, format!("--cancel-window: {e}")))
+                jobtrail_console::shell::parse_duration_within(
+                    "--cancel-window",
+                    d,
+                    Duration::from_secs(1),
+                    jobtrail_core::operation::MAX_CANCEL_WINDOW,
+                )
             })
             .transpose()?,
         supersedes: a.supersedes.as_deref().map(parse_id).transpose()?,

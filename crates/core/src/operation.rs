@@ -415,4 +415,53 @@ mod tests {
             Err(SubmitError::Missing { field: "caller" })
         ));
     }
+
+    #[test]
+    fn careless_bodies_and_windows_are_refused_before_anything_is_written() {
+        let v = |s: Submission, t: &ProviderTerms| {
+            s.validate(t, SubmitLimits::default(), now(), entropy())
+        };
+        for body in ["null", "42", "[1, 2]", "\"text\"", "true"] {
+            let err = v(sub(body), &terms()).unwrap_err();
+            assert!(
+                matches!(err, SubmitError::BodyNotObject { .. }),
+                "{body}: {err}"
+            );
+        }
+        let mut any = terms();
+        any.body = BodyShape::Any;
+        assert!(v(sub("null"), &any).is_ok());
+        for body in [
+            r#"{"a": 1, "a": 2}"#,
+            r#"{"n": 18446744073709551616}"#,
+            r#"{"s": "\u0000"}"#,
+        ] {
+            assert!(
+                matches!(v(sub(body), &terms()), Err(SubmitError::MalformedJson { .. })),
+                "{body}"
+            );
+        }
+        let mut s = sub("{}");
+        s.cancel_window = Some(Duration::from_secs(u64::MAX));
+        assert!(matches!(
+            v(s, &terms()),
+            Err(SubmitError::CancelWindowTooLong { .. })
+        ));
+        let mut s = sub("{}");
+        s.result_deadline = Some(now() + chrono::Duration::days(365 * 50));
+        assert!(matches!(
+            v(s, &terms()),
+            Err(SubmitError::DeadlineTooFar {
+                field: "result_deadline",
+                ..
+            })
+        ));
+        // A provider whose default window is absurd cannot overflow the clock either.
+        let mut huge = terms();
+        huge.default_result_window = Duration::MAX;
+        assert!(matches!(
+            v(sub("{}"), &huge),
+            Err(SubmitError::DeadlineTooFar { .. })
+        ));
+    }
 }

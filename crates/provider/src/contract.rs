@@ -660,6 +660,9 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Contract>, ContractError>
     Ok(out)
 }
 
+const HOUR_MS: u64 = 3_600_000;
+const DAY_MS: u64 = 24 * HOUR_MS;
+
 struct Validator<'a> {
     file: &'a str,
     dir: &'a Path,
@@ -738,11 +741,16 @@ impl Validator<'_> {
         SecretRef::parse(s).map_err(|e| self.err(key, e))
     }
 
-    fn ms(&self, key: &str, v: u64, min: u64) -> Result<Duration, ContractError> {
-        if v < min {
-            return Err(self.err(key, format!("at least {min} ms, got {v}")));
+    /// A duration in milliseconds within `[min, max]`: a typo of extra zeros is an error at load,
+    /// not a lease or deadline years away.
+    fn ms_within(&self, key: &str, v: u64, min: u64, max: u64) -> Result<Duration, ContractError> {
+        if v < min || v > max {
+            return Err(self.err(key, format!("{min} to {max} ms, got {v}")));
         }
         Ok(Duration::from_millis(v))
+    }
+    fn ms(&self, key: &str, v: u64, min: u64) -> Result<Duration, ContractError> {
+        self.ms_within(key, v, min, DAY_MS)
     }
 
     fn contract(&self, r: Raw, path: &Path) -> Result<Contract, ContractError> {
@@ -780,8 +788,8 @@ impl Validator<'_> {
             })?;
 
         let t = &r.timeouts;
-        let connect_timeout = self.ms("timeouts.connect_ms", t.connect_ms, 1)?;
-        let request_timeout = self.ms("timeouts.request_ms", t.request_ms, 1)?;
+        let connect_timeout = self.ms_within("timeouts.connect_ms", t.connect_ms, 1, HOUR_MS)?;
+        let request_timeout = self.ms_within("timeouts.request_ms", t.request_ms, 1, HOUR_MS)?;
         if t.max_response_bytes == 0 {
             return Err(self.err("timeouts.max_response_bytes", "a positive number of bytes"));
         }
@@ -1000,8 +1008,11 @@ impl Validator<'_> {
             max_failures: p.max_failures,
         };
 
-        let create_window = self.ms("deadlines.create_ms", r.deadlines.create_ms, 1000)?;
-        let result_window = self.ms("deadlines.result_ms", r.deadlines.result_ms, 1000)?;
+        let horizon = jobtrail_core::operation::MAX_HORIZON.as_millis() as u64;
+        let create_window =
+            self.ms_within("deadlines.create_ms", r.deadlines.create_ms, 1000, horizon)?;
+        let result_window =
+            self.ms_within("deadlines.result_ms", r.deadlines.result_ms, 1000, horizon)?;
         // A worker extends its lease to cover a call plus a margin before it sends; a create window
         // shorter than that ends before a worker that died mid-call can be taken over, and nobody
         // could reconcile in time.
@@ -1025,7 +1036,12 @@ impl Validator<'_> {
                 method: self.method("cancel.method", &c.method)?,
                 path: self.template("cancel.path", &c.path)?,
                 idempotent: c.idempotent,
-                window: self.ms("cancel.window_ms", c.window_ms, 1000)?,
+                window: self.ms_within(
+                    "cancel.window_ms",
+                    c.window_ms,
+                    1000,
+                    jobtrail_core::operation::MAX_CANCEL_WINDOW.as_millis() as u64,
+                )?,
             }),
             None => None,
         };

@@ -115,6 +115,17 @@ fn each_invalid_field_is_refused_with_its_name() {
         ("method = \"resend\"", "method = \"guess\"", "method"),
         ("create_ms = 30000", "create_ms = 10", "deadlines.create_ms"),
         (
+            "create_ms = 30000",
+            "create_ms = 99999999999999",
+            "deadlines.create_ms",
+        ),
+        ("request_ms = 2000", "request_ms = 86400000", "timeouts.request_ms"),
+        (
+            "sync_result = \"body:/result\"",
+            "sync_result = \"body:/result\"\nbody = \"list\"",
+            "create.body",
+        ),
+        (
             "redact = [\"/payment/card_number\"]",
             "redact = [\"payment.card_number\"]",
             "redact[0]",
@@ -167,6 +178,41 @@ fn cross_field_rules_are_enforced() {
             .unwrap_err()
             .contains("create.idempotency_header")
     );
+}
+
+/// A create window that cannot hold one call plus the lease margin ends before a worker that died
+/// mid-create can be taken over: refused at load, naming the keys that must change.
+#[test]
+fn a_create_window_shorter_than_one_call_and_its_lease_margin_is_refused() {
+    let base = sim_text();
+    // connect 1 s + request 2 s + margin 2 s = 5 s.
+    let text = base.replacen("create_ms = 30000", "create_ms = 4999", 1);
+    let err = parse(&text).unwrap_err();
+    for key in [
+        "test.toml",
+        "deadlines.create_ms",
+        "timeouts.connect_ms",
+        "timeouts.request_ms",
+        "5000",
+    ] {
+        assert!(err.contains(key), "{key} missing from: {err}");
+    }
+    let text = base.replacen("create_ms = 30000", "create_ms = 5000", 1);
+    assert!(parse(&text).is_ok());
+}
+
+/// Bodies other than an object are refused at submit unless the contract says otherwise.
+#[test]
+fn the_contract_says_which_bodies_it_takes() {
+    use jobtrail_core::BodyShape;
+    let base = sim_text();
+    assert_eq!(parse(&base).unwrap().terms().body, BodyShape::Object);
+    let text = base.replacen(
+        "sync_result = \"body:/result\"",
+        "sync_result = \"body:/result\"\nbody = \"any\"",
+        1,
+    );
+    assert_eq!(parse(&text).unwrap().terms().body, BodyShape::Any);
 }
 
 #[test]

@@ -1,0 +1,1105 @@
+//! The step decisions, by table: every (state, outcome) pair a contract allows, with the event it
+//! must produce, and a sweep that every decided event is one the transition table allows in that
+//! state. Pure: records, outcomes, times and draws are built here; nothing is sent or stored.
+
+use chrono::{DateTime, Duration as Td, Utc};
+use jobtrail_core::decide::*;
+use jobtrail_core::outcome::*;
+use jobtrail_core::*;
+use std::time::Duration;
+
+const EPOCH: i64 = 7;
+
+fn t0() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_780_000_000, 0).unwrap()
+}
+
+fn record(state: State) -> OperationRecord {
+    let now = t0();
+    OperationRecord {
+        id: OperationId::from_uuid(uuid::Uuid::from_u128(42)),
+        provider: "p".into(),
+        target: "t".into(),
+        request_body: serde_json::json!({}),
+        fingerprint: Fingerprint::of("p", "t", &serde_json::json!({})),
+        token: IdempotencyToken::from_random([1; 16]),
+        idempotency: IdempotencyMode::Header,
+        at_most_once: true,
+        caller: "agent".into(),
+        approved_by: "alice".into(),
+        approval_ref: None,
+        trace_id: TraceId::from_random([2; 16]),
+        created_at: now - Td::seconds(10),
+        create_deadline: now + Td::seconds(60),
+        result_deadline: now + Td::seconds(600),
+        cancel_window_ms: 30_000,
+        cancel_deadline: None,
+        state,
+        state_changed_at: now,
+        finished_at: None,
+        escalated_at: None,
+        escalation_reason: None,
+        remote_job_id: state.requires_remote_job().then(|| "job_1".to_owned()),
+        conflicting_remote_job_id: None,
+        remote_state: None,
+        remote_updated_at: None,
+        remote_progress: None,
+        observed_at: None,
+        status_url: None,
+        provider_context: serde_json::json!({}),
+        next_action_at: now,
+        next_action_reason: "immediate".into(),
+        create_attempts: 0,
+        create_sent_epoch: (state == State::CreatePending).then_some(EPOCH),
+        poll_count: 0,
+        poll_not_before: None,
+        failure_count: 0,
+        cancel_attempts: 0,
+        result_attempts: 0,
+        reconcile_attempts: 0,
+        lease_owner: Some("w".into()),
+        lease_expires_at: Some(now + Td::seconds(30)),
+        lease_epoch: EPOCH,
+        cancel_requested_at: None,
+        cancel_requested_by: None,
+        cancel_reason: None,
+        result_location: None,
+        result_size: None,
+        result_sha256: None,
+        result_content_type: None,
+        result_summary: None,
+        supersedes: None,
+        superseded_by: None,
+        history_seq: 1,
+        history_head: vec![0; 32],
+    }
+}
+
+fn with_cancel(mut op: OperationRecord) -> OperationRecord {
+    op.cancel_requested_at = Some(t0() - Td::seconds(1));
+    op.cancel_requested_by = Some("alice".into());
+    op.cancel_reason = Some("wrong range".into());
+    if matches!(op.state, State::CancelRequested | State::Cancelling) {
+        op.cancel_deadline = Some(t0() + Td::seconds(30));
+    }
+    op
+}
+
+fn policy() -> Policy {
+    Policy {
+        reconcile: ReconcileMethod::Resend,
+        lookup: true,
+        cancel_idempotent: true,
+        ..Policy::default()
+    }
+}
+
+fn call(kind: CallKind) -> CallRecord {
+    CallRecord {
+        id: uuid::Uuid::from_u128(9),
+        kind,
+        attempt: 1,
+        started_at: t0(),
+        duration_ms: 1.0,
+        method: "GET".into(),
+        url: "http://127.0.0.1/x".into(),
+        http_status: Some(200),
+        response_headers: serde_json::json!({}),
+        provider_request_id: None,
+        error_class: None,
+        outcome: "o".into(),
+        trace_id: "ab".repeat(16),
+        span_id: "cd".repeat(8),
+        response_sha256: None,
+    }
+}
+
+fn called<T>(kind: CallKind, outcome: T) -> Called<T> {
+    Called {
+        outcome,
+        call: call(kind),
+        context: None,
+    }
+}
+
+fn kept() -> Kept {
+    Kept {
+        location: "postgres:operation_results/x/y".into(),
+        size: 2,
+        sha256: "a".repeat(64),
+        bytes: None,
+    }
+}
+
+fn status(phase: Option<Phase>, retry_after: Option<Duration>) -> StatusOutcome {
+    StatusOutcome::Observed(RemoteStatus {
+        remote_state: match phase {
+            Some(Phase::Succeeded) => "done",
+            Some(Phase::Failed) => "failed",
+            Some(Phase::Cancelled) => "cancelled",
+            Some(Phase::Queued) => "queued",
+            Some(Phase::Running) => "running",
+            None => "warming_up",
+        }
+        .into(),
+        phase,
+        updated_at: None,
+        progress: None,
+        error: None,
+        status_url: None,
+        retry_after,
+        hints: ResultHints::default(),
+    })
+}
+
+fn kind(plan: &Plan) -> Option<EventKind> {
+    plan.step.event.as_ref().map(Event::kind)
+}
+
+/// Every decided event must be one the table allows in the state it was decided in.
+fn legal(op: &OperationRecord, plan: &Plan) {
+    if let Some(ev) = &plan.step.event {
+        assert!(
+            machine::transition(op.state, ev).is_ok(),
+            "{} decided in {}",
+            ev.kind(),
+            op.state
+        );
+    }
+}
+
+fn write_of(a: Action) -> Plan {
+    match a {
+        Action::Write(p) => *p,
+        Action::Call(c) => panic!("expected a write, got a call {c:?}"),
+    }
+}
+
+fn call_of(a: Action) -> Call {
+    match a {
+        Action::Call(c) => c,
+        Action::Write(p) => panic!("expected a call, got {:?}", p.step.event),
+    }
+}
+
+// ---- next(): what to do, per state ------------------------------------------------------------
+
+#[test]
+fn create_pending_sends_withdraws_expires_or_calls_it_ambiguous() {
+    let p = policy();
+    let now = t0();
+    // Our own mark, nothing pending: send, without another commit for the mark.
+    let op = record(State::CreatePending);
+    assert_eq!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::Create {
+            attempt: 1,
+            mark: false
+        }
+    );
+    // No mark at all (a continuation): mark first.
+    let mut op = record(State::CreatePending);
+    op.create_sent_epoch = None;
+    assert_eq!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::Create {
+            attempt: 1,
+            mark: true
+        }
+    );
+    // A cancel with every attempt definitively not created (three 429s, our mark only): withdraw.
+    let mut op = with_cancel(record(State::CreatePending));
+    op.create_attempts = 3;
+    let plan = write_of(next(&op, &p, EPOCH, now));
+    assert_eq!(kind(&plan), Some(EventKind::Withdraw));
+    assert_eq!(plan.step.send_mark, SendMark::Clear);
+    legal(&op, &plan);
+    // Another epoch marked a send and never recorded it: the job may exist. Never withdrawn, never
+    // expired, never sent blindly: ambiguous, and the unrecorded attempt is counted.
+    for deadline_passed in [false, true] {
+        let mut op = with_cancel(record(State::CreatePending));
+        op.create_sent_epoch = Some(EPOCH - 1);
+        if deadline_passed {
+            op.create_deadline = now - Td::seconds(1);
+        }
+        let plan = write_of(next(&op, &p, EPOCH, now));
+        assert_eq!(kind(&plan), Some(EventKind::CreateAmbiguous));
+        assert_eq!(plan.step.counters.create_attempts, 1);
+        assert!(plan.go_on);
+        legal(&op, &plan);
+    }
+    // The create deadline passed and nothing can have been created: a terminal not_created that
+    // says so, not a person's problem.
+    let mut op = record(State::CreatePending);
+    op.create_deadline = now - Td::seconds(1);
+    op.create_attempts = 4;
+    let plan = write_of(next(&op, &p, EPOCH, now));
+    assert_eq!(kind(&plan), Some(EventKind::CreateExpired));
+    legal(&op, &plan);
+    let t = machine::transition(op.state, plan.step.event.as_ref().unwrap()).unwrap();
+    assert_eq!(t.to, State::NotCreated);
+    op.create_attempts = 0;
+    let plan = write_of(next(&op, &p, EPOCH, now));
+    assert_eq!(
+        plan.step.event.unwrap().cause(),
+        "create deadline passed; never sent"
+    );
+}
+
+#[test]
+fn reconciliation_is_tried_at_least_once_even_past_the_deadline() {
+    let now = t0();
+    for (method, lookup, expected) in [
+        (ReconcileMethod::Lookup, true, Call::Lookup { attempt: 1 }),
+        (ReconcileMethod::Resend, true, Call::Lookup { attempt: 1 }),
+        (ReconcileMethod::Resend, false, Call::Resend { attempt: 1 }),
+    ] {
+        let p = Policy {
+            reconcile: method,
+            lookup,
+            ..policy()
+        };
+        let mut op = record(State::Reconciliation);
+        op.create_deadline = now - Td::seconds(5);
+        assert_eq!(call_of(next(&op, &p, EPOCH, now)), expected, "{method:?}");
+        op.reconcile_attempts = 1;
+        let plan = write_of(next(&op, &p, EPOCH, now));
+        assert_eq!(kind(&plan), Some(EventKind::ReconciliationExhausted));
+        legal(&op, &plan);
+    }
+    // create_unknown: start, or hand to a person when the contract offers nothing.
+    let op = record(State::CreateUnknown);
+    let plan = write_of(next(&op, &policy(), EPOCH, now));
+    assert_eq!(kind(&plan), Some(EventKind::ReconciliationStarted));
+    let none = Policy {
+        reconcile: ReconcileMethod::None,
+        lookup: false,
+        ..policy()
+    };
+    let plan = write_of(next(&op, &none, EPOCH, now));
+    assert_eq!(kind(&plan), Some(EventKind::ReconciliationExhausted));
+    legal(&op, &plan);
+}
+
+#[test]
+fn observing_states_poll_never_before_the_last_retry_after() {
+    let p = policy();
+    let now = t0();
+    for state in [
+        State::Accepted,
+        State::Observing,
+        State::Cancelling,
+        State::CancelRequested,
+    ] {
+        let mut op = record(state);
+        if matches!(state, State::CancelRequested | State::Cancelling) {
+            op = with_cancel(op);
+            op.cancel_attempts = 1;
+        }
+        op.poll_not_before = Some(now + Td::milliseconds(2_500));
+        let plan = write_of(next(&op, &p, EPOCH, now));
+        assert_eq!(kind(&plan), None, "{state}");
+        assert_eq!(
+            plan.step.next_in,
+            Some((Duration::from_millis(2_500), "retry_after")),
+            "{state}"
+        );
+        op.poll_not_before = Some(now - Td::seconds(1));
+        assert_eq!(
+            call_of(next(&op, &p, EPOCH, now)),
+            Call::Status { attempt: 1 },
+            "{state}"
+        );
+    }
+}
+
+#[test]
+fn observing_states_notice_deadlines_and_pending_cancels_first() {
+    let p = policy();
+    let now = t0();
+    let mut op = record(State::Observing);
+    op.result_deadline = now;
+    let plan = write_of(next(&op, &p, EPOCH, now));
+    assert_eq!(kind(&plan), Some(EventKind::ResultDeadlinePassed));
+    legal(&op, &plan);
+
+    let op = with_cancel(record(State::Accepted));
+    let plan = write_of(next(&op, &p, EPOCH, now));
+    assert_eq!(kind(&plan), Some(EventKind::CancelRequested));
+    assert!(plan.go_on);
+    legal(&op, &plan);
+
+    for state in [State::CancelRequested, State::Cancelling] {
+        let mut op = with_cancel(record(state));
+        op.cancel_deadline = Some(now - Td::seconds(1));
+        let plan = write_of(next(&op, &p, EPOCH, now));
+        assert_eq!(kind(&plan), Some(EventKind::CancelDeadlinePassed));
+        assert!(plan.evidence_bundle);
+        legal(&op, &plan);
+    }
+    // One cancel call; again only when idempotent, after a failure, at most three times.
+    let mut op = with_cancel(record(State::CancelRequested));
+    assert_eq!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::Cancel { attempt: 1 }
+    );
+    op.cancel_attempts = 1;
+    op.failure_count = 1;
+    assert_eq!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::Cancel { attempt: 2 }
+    );
+    let once = Policy {
+        cancel_idempotent: false,
+        ..policy()
+    };
+    assert_eq!(
+        call_of(next(&op, &once, EPOCH, now)),
+        Call::Status { attempt: 1 }
+    );
+}
+
+// ---- after_*: what each answer means -----------------------------------------------------------
+
+#[test]
+fn create_outcomes_map_to_one_event_each() {
+    let p = policy();
+    let now = t0();
+    let fetched = FetchedResult {
+        bytes: bytes::Bytes::from_static(b"{}"),
+        content_type: Some("application/json".into()),
+        checksum: None,
+    };
+    let cases: Vec<(CreateOutcome, Option<(Result<Kept, String>, bool)>, bool, EventKind)> = vec![
+        (
+            CreateOutcome::Accepted {
+                job_id: "job_1".into(),
+                remote_state: Some("queued".into()),
+                status_url: None,
+                duplicate: false,
+            },
+            None,
+            false,
+            EventKind::CreateAccepted,
+        ),
+        (
+            CreateOutcome::Completed {
+                job_id: None,
+                result: fetched.clone(),
+            },
+            Some((Ok(kept()), true)),
+            false,
+            EventKind::CreateCompleted,
+        ),
+        (
+            CreateOutcome::Completed {
+                job_id: None,
+                result: fetched,
+            },
+            Some((Err("disk full".into()), true)),
+            false,
+            EventKind::CreateAmbiguous,
+        ),
+        (
+            CreateOutcome::Rejected {
+                http_status: Some(422),
+                reason: "no".into(),
+            },
+            None,
+            false,
+            EventKind::CreateRejected,
+        ),
+        (
+            CreateOutcome::Ambiguous {
+                error_class: "timeout".into(),
+            },
+            None,
+            false,
+            EventKind::CreateAmbiguous,
+        ),
+        (
+            CreateOutcome::RetryLater {
+                delay: Some(Duration::from_secs(3)),
+                reason: "429".into(),
+            },
+            None,
+            false,
+            EventKind::CallFailed,
+        ),
+        (
+            CreateOutcome::NotSent {
+                error_class: "connect_failed".into(),
+            },
+            None,
+            false,
+            EventKind::CallFailed,
+        ),
+        // With a cancel waiting, an attempt that created nothing withdraws: no further create.
+        (
+            CreateOutcome::RetryLater {
+                delay: None,
+                reason: "503".into(),
+            },
+            None,
+            true,
+            EventKind::Withdraw,
+        ),
+        (
+            CreateOutcome::NotSent {
+                error_class: "connect_failed".into(),
+            },
+            None,
+            true,
+            EventKind::Withdraw,
+        ),
+        // A cancel waiting does not undo a job that exists: accepted, and the cancel follows.
+        (
+            CreateOutcome::Accepted {
+                job_id: "job_1".into(),
+                remote_state: None,
+                status_url: None,
+                duplicate: false,
+            },
+            None,
+            true,
+            EventKind::CreateAccepted,
+        ),
+        (
+            CreateOutcome::Ambiguous {
+                error_class: "reset".into(),
+            },
+            None,
+            true,
+            EventKind::CreateAmbiguous,
+        ),
+    ];
+    for (outcome, kept, cancel, expected) in cases {
+        let mut op = record(State::CreatePending);
+        if cancel {
+            op = with_cancel(op);
+        }
+        let what = format!("{outcome:?} cancel={cancel}");
+        let plan = after_create(
+            &op,
+            &p,
+            called(CallKind::Create, outcome),
+            kept,
+            now,
+            0.5,
+        );
+        assert_eq!(kind(&plan), Some(expected), "{what}");
+        assert_eq!(plan.step.counters.create_attempts, 1, "{what}");
+        assert_eq!(plan.step.send_mark, SendMark::Clear, "{what}");
+        assert!(plan.step.call.is_some(), "{what}: the call is logged");
+        legal(&op, &plan);
+    }
+}
+
+#[test]
+fn a_create_retry_waits_for_retry_after_or_backs_off_within_the_deadline() {
+    let p = policy();
+    let now = t0();
+    let mut op = record(State::CreatePending);
+    let plan = after_create(
+        &op,
+        &p,
+        called(
+            CallKind::Create,
+            CreateOutcome::RetryLater {
+                delay: Some(Duration::from_secs(7)),
+                reason: "429".into(),
+            },
+        ),
+        None,
+        now,
+        0.5,
+    );
+    assert_eq!(
+        plan.step.next_in,
+        Some((Duration::from_secs(7), "retry_after"))
+    );
+    op.create_deadline = now + Td::seconds(2);
+    let plan = after_create(
+        &op,
+        &p,
+        called(
+            CallKind::Create,
+            CreateOutcome::RetryLater {
+                delay: Some(Duration::from_secs(7)),
+                reason: "429".into(),
+            },
+        ),
+        None,
+        now,
+        0.5,
+    );
+    assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(2));
+}
+
+#[test]
+fn lookups_and_resends_settle_or_stay_inconclusive() {
+    let now = t0();
+    let lookup_only = Policy {
+        reconcile: ReconcileMethod::Lookup,
+        ..policy()
+    };
+    let op = record(State::Reconciliation);
+    let cases = [
+        (
+            LookupOutcome::Found {
+                job_ids: vec!["job_1".into()],
+            },
+            EventKind::CreateAccepted,
+        ),
+        (
+            LookupOutcome::Found {
+                job_ids: vec!["job_1".into(), "job_2".into()],
+            },
+            EventKind::ContractViolated,
+        ),
+        (LookupOutcome::NotFound, EventKind::ReconciliationInconclusive),
+        (
+            LookupOutcome::Failed {
+                error_class: "timeout".into(),
+            },
+            EventKind::ReconciliationInconclusive,
+        ),
+    ];
+    for (outcome, expected) in cases {
+        let what = format!("{outcome:?}");
+        match after_lookup(&op, &lookup_only, called(CallKind::Lookup, outcome), now) {
+            AfterLookup::Write(plan) => {
+                assert_eq!(kind(&plan), Some(expected), "{what}");
+                assert_eq!(plan.step.counters.reconcile_attempts, 1, "{what}");
+                legal(&op, &plan);
+            }
+            AfterLookup::Resend { .. } => panic!("lookup-only contract resent: {what}"),
+        }
+    }
+    // Resend contracts: the lookup is a cross-check; two jobs for our reference stop at once.
+    match after_lookup(
+        &op,
+        &policy(),
+        called(
+            CallKind::Lookup,
+            LookupOutcome::Found {
+                job_ids: vec!["job_1".into(), "job_2".into()],
+            },
+        ),
+        now,
+    ) {
+        AfterLookup::Write(plan) => assert_eq!(kind(&plan), Some(EventKind::ContractViolated)),
+        AfterLookup::Resend { .. } => panic!("resent despite two jobs"),
+    }
+    let accepted = |id: &str| CreateOutcome::Accepted {
+        job_id: id.into(),
+        remote_state: None,
+        status_url: None,
+        duplicate: true,
+    };
+    let cases: Vec<(CreateOutcome, Option<Vec<String>>, EventKind)> = vec![
+        (
+            accepted("job_1"),
+            Some(vec!["job_1".into()]),
+            EventKind::CreateAccepted,
+        ),
+        (accepted("job_1"), None, EventKind::CreateAccepted),
+        (
+            accepted("job_2"),
+            Some(vec!["job_1".into()]),
+            EventKind::ContractViolated,
+        ),
+        (
+            CreateOutcome::Rejected {
+                http_status: Some(422),
+                reason: "no".into(),
+            },
+            Some(vec![]),
+            EventKind::CreateRejected,
+        ),
+        (
+            CreateOutcome::Ambiguous {
+                error_class: "timeout".into(),
+            },
+            None,
+            EventKind::ReconciliationInconclusive,
+        ),
+        (
+            CreateOutcome::RetryLater {
+                delay: None,
+                reason: "429".into(),
+            },
+            None,
+            EventKind::ReconciliationInconclusive,
+        ),
+        (
+            CreateOutcome::NotSent {
+                error_class: "connect_failed".into(),
+            },
+            None,
+            EventKind::ReconciliationInconclusive,
+        ),
+    ];
+    for (outcome, looked_up, expected) in cases {
+        let what = format!("{outcome:?} after {looked_up:?}");
+        let plan = after_resend(
+            &op,
+            &policy(),
+            called(CallKind::Create, outcome),
+            Some((looked_up, call(CallKind::Lookup), None)),
+            now,
+        );
+        assert_eq!(kind(&plan), Some(expected), "{what}");
+        assert!(
+            plan.first.as_ref().and_then(|s| s.call.as_ref()).is_some(),
+            "{what}: the lookup gets its own call-log row"
+        );
+        assert_eq!(plan.step.counters.reconcile_attempts, 1, "{what}");
+        legal(&op, &plan);
+    }
+}
+
+#[test]
+fn status_outcomes_map_to_one_event_each_and_every_read_counts() {
+    let p = policy();
+    let now = t0();
+    let budget_spent = |mut op: OperationRecord| {
+        op.failure_count = p.max_failures as i32;
+        op
+    };
+    for state in [
+        State::Accepted,
+        State::Observing,
+        State::CancelRequested,
+        State::Cancelling,
+    ] {
+        let base = if matches!(state, State::CancelRequested | State::Cancelling) {
+            with_cancel(record(state))
+        } else {
+            record(state)
+        };
+        let cases: Vec<(OperationRecord, StatusOutcome, EventKind)> = vec![
+            (
+                base.clone(),
+                status(Some(Phase::Succeeded), None),
+                EventKind::RemoteSucceeded,
+            ),
+            (
+                base.clone(),
+                status(Some(Phase::Failed), None),
+                EventKind::RemoteFailed,
+            ),
+            (
+                base.clone(),
+                status(Some(Phase::Cancelled), None),
+                EventKind::RemoteCancelled,
+            ),
+            (
+                base.clone(),
+                status(Some(Phase::Running), Some(Duration::from_secs(3))),
+                EventKind::RemoteProgress,
+            ),
+            (
+                base.clone(),
+                status(None, None),
+                EventKind::RemoteProgress,
+            ),
+            (
+                base.clone(),
+                StatusOutcome::RetryLater {
+                    delay: None,
+                    reason: "429".into(),
+                },
+                EventKind::CallFailed,
+            ),
+            (
+                base.clone(),
+                StatusOutcome::Failed {
+                    error_class: "http_500".into(),
+                },
+                EventKind::CallFailed,
+            ),
+            (
+                budget_spent(base.clone()),
+                StatusOutcome::Failed {
+                    error_class: "http_500".into(),
+                },
+                EventKind::RetryBudgetExhausted,
+            ),
+            (
+                budget_spent(base.clone()),
+                StatusOutcome::Rejected {
+                    http_status: Some(404),
+                    reason: "gone".into(),
+                },
+                EventKind::RetryBudgetExhausted,
+            ),
+        ];
+        for (op, outcome, expected) in cases {
+            let what = format!("{state} {outcome:?}");
+            let plan = after_status(&op, &p, called(CallKind::Status, outcome), now, 0.5);
+            assert_eq!(kind(&plan), Some(expected), "{what}");
+            assert_eq!(plan.step.counters.polls, 1, "{what}: every read counts");
+            legal(&op, &plan);
+        }
+    }
+}
+
+#[test]
+fn retry_later_without_retry_after_backs_off_and_with_it_is_remembered() {
+    let p = policy();
+    let now = t0();
+    let mut op = record(State::Observing);
+    let mut delays = Vec::new();
+    for polls in 0..6 {
+        op.poll_count = polls;
+        let plan = after_status(
+            &op,
+            &p,
+            called(
+                CallKind::Status,
+                StatusOutcome::RetryLater {
+                    delay: None,
+                    reason: "429".into(),
+                },
+            ),
+            now,
+            0.5,
+        );
+        assert_eq!(
+            plan.step.counters.failures,
+            FailureCount::Keep,
+            "not a failure"
+        );
+        delays.push(plan.step.next_in.unwrap().0);
+    }
+    assert!(
+        delays.windows(2).all(|w| w[1] >= w[0]) && delays[5] > delays[0] * 4,
+        "{delays:?}"
+    );
+    assert!(delays.iter().all(|d| *d <= p.backoff.cap));
+    // A Retry-After is kept (clamped) for every later read, not only the next one.
+    let plan = after_status(
+        &op,
+        &p,
+        called(
+            CallKind::Status,
+            status(Some(Phase::Running), Some(Duration::MAX)),
+        ),
+        now,
+        0.5,
+    );
+    assert_eq!(plan.step.retry_after, Some(p.retry_after.max));
+}
+
+#[test]
+fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
+    let p = policy();
+    let now = t0();
+    let mut op = with_cancel(record(State::CancelRequested));
+    let accepted = |ra: Option<Duration>| {
+        called(
+            CallKind::Cancel,
+            CancelOutcome::Accepted {
+                http_status: Some(202),
+                retry_after: ra,
+            },
+        )
+    };
+    // Nothing said: soon.
+    let plan = after_cancel(&op, &p, accepted(None), now, 0.5);
+    assert_eq!(kind(&plan), Some(EventKind::CancelSent));
+    assert!(plan.step.next_in.unwrap().0 <= Duration::from_secs(1));
+    // An earlier status read said Retry-After: 4 s from now.
+    op.poll_not_before = Some(now + Td::seconds(4));
+    let plan = after_cancel(&op, &p, accepted(None), now, 0.5);
+    assert_eq!(
+        plan.step.next_in,
+        Some((Duration::from_secs(4), "retry_after"))
+    );
+    // The cancel answer itself said Retry-After: 9 s.
+    let plan = after_cancel(&op, &p, accepted(Some(Duration::from_secs(9))), now, 0.5);
+    assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(9));
+    assert_eq!(plan.step.retry_after, Some(Duration::from_secs(9)));
+    // Refused: polling tells the truth, after the Retry-After.
+    let plan = after_cancel(
+        &op,
+        &p,
+        called(
+            CallKind::Cancel,
+            CancelOutcome::Rejected {
+                http_status: Some(409),
+                reason: "already done".into(),
+            },
+        ),
+        now,
+        0.5,
+    );
+    assert_eq!(kind(&plan), Some(EventKind::CallFailed));
+    assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(4));
+    for outcome in [
+        CancelOutcome::RetryLater {
+            delay: None,
+            reason: "429".into(),
+        },
+        CancelOutcome::Failed {
+            error_class: "timeout".into(),
+        },
+    ] {
+        let plan = after_cancel(&op, &p, called(CallKind::Cancel, outcome), now, 0.5);
+        assert_eq!(kind(&plan), Some(EventKind::CallFailed));
+        assert_eq!(plan.step.counters.failures, FailureCount::Increment);
+        assert_eq!(plan.step.counters.cancel_attempts, 1);
+        legal(&op, &plan);
+    }
+}
+
+#[test]
+fn collection_outcomes_map_to_one_event_each() {
+    let p = policy();
+    let op = record(State::ResultCollecting);
+    let valid = |kept: Result<Kept, String>| Collected::Valid {
+        fetched_content_type: Some("application/json".into()),
+        checks: vec!["sha256".into()],
+        summary: serde_json::json!({}),
+        kept,
+    };
+    let mut spent = op.clone();
+    spent.failure_count = p.max_failures as i32;
+    let cases: Vec<(&OperationRecord, Collected, EventKind)> = vec![
+        (&op, valid(Ok(kept())), EventKind::ResultValidated),
+        (&op, valid(Err("disk".into())), EventKind::ResultFetchFailed),
+        (
+            &op,
+            Collected::Invalid {
+                violations: vec!["schema".into()],
+                kept: Some(kept()),
+            },
+            EventKind::ResultInvalid,
+        ),
+        (
+            &op,
+            Collected::TooLarge { limit: 10 },
+            EventKind::ResultInvalid,
+        ),
+        (
+            &op,
+            Collected::Unavailable {
+                reason: "404".into(),
+            },
+            EventKind::ResultUnavailable,
+        ),
+        (
+            &op,
+            Collected::Failed {
+                error_class: "timeout".into(),
+            },
+            EventKind::ResultFetchFailed,
+        ),
+        (
+            &spent,
+            Collected::Failed {
+                error_class: "timeout".into(),
+            },
+            EventKind::RetryBudgetExhausted,
+        ),
+    ];
+    for (op, collected, expected) in cases {
+        let what = format!("{collected:?}");
+        let plan = after_collect(op, &p, collected, Some((call(CallKind::Result), None)), 0.5);
+        assert_eq!(kind(&plan), Some(expected), "{what}");
+        assert_eq!(plan.step.counters.result_attempts, 1, "{what}");
+        legal(op, &plan);
+    }
+}
+
+#[test]
+fn result_collection_reads_a_kept_sync_result_or_does_the_final_get_first() {
+    let now = t0();
+    let mut op = record(State::ResultCollecting);
+    let p = Policy {
+        final_get: true,
+        ..policy()
+    };
+    assert_eq!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::FinalGet { attempt: 1 }
+    );
+    let plan = after_final_get(&op, call(CallKind::Status), None);
+    assert!(plan.go_on);
+    assert_eq!(
+        plan.step.observation.unwrap().provider_context.unwrap()["final_get_done"],
+        true
+    );
+    op.provider_context = serde_json::json!({"final_get_done": true});
+    assert_eq!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::FetchResult { attempt: 1 }
+    );
+    op.provider_context = serde_json::json!({"sync_result": {"location": "l", "sha256": "s"}});
+    assert!(matches!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::SyncResult { .. }
+    ));
+}
+
+/// The sweep: in every automated state, for every outcome its call can produce, the decided event
+/// is allowed by the table in that state (the worker never writes a step the store must refuse).
+#[test]
+fn every_decision_is_allowed_by_the_table() {
+    let now = t0();
+    let creates = || {
+        vec![
+            CreateOutcome::Accepted {
+                job_id: "job_1".into(),
+                remote_state: None,
+                status_url: None,
+                duplicate: false,
+            },
+            CreateOutcome::Accepted {
+                job_id: "job_9".into(),
+                remote_state: None,
+                status_url: None,
+                duplicate: true,
+            },
+            CreateOutcome::Rejected {
+                http_status: Some(400),
+                reason: "x".into(),
+            },
+            CreateOutcome::Ambiguous {
+                error_class: "x".into(),
+            },
+            CreateOutcome::RetryLater {
+                delay: None,
+                reason: "x".into(),
+            },
+            CreateOutcome::NotSent {
+                error_class: "x".into(),
+            },
+        ]
+    };
+    let statuses = || {
+        let mut v: Vec<StatusOutcome> = [
+            Some(Phase::Queued),
+            Some(Phase::Running),
+            Some(Phase::Succeeded),
+            Some(Phase::Failed),
+            Some(Phase::Cancelled),
+            None,
+        ]
+        .into_iter()
+        .map(|ph| status(ph, Some(Duration::from_secs(1))))
+        .collect();
+        v.push(StatusOutcome::RetryLater {
+            delay: None,
+            reason: "x".into(),
+        });
+        v.push(StatusOutcome::Failed {
+            error_class: "x".into(),
+        });
+        v
+    };
+    let automated: Vec<State> = State::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.is_automated())
+        .collect();
+    let mut decided = 0;
+    for state in automated {
+        for cancel in [false, true] {
+            for method in [
+                ReconcileMethod::Resend,
+                ReconcileMethod::Lookup,
+                ReconcileMethod::None,
+            ] {
+                let p = Policy {
+                    reconcile: method,
+                    lookup: method != ReconcileMethod::None,
+                    ..policy()
+                };
+                let mut op = record(state);
+                if cancel || matches!(state, State::CancelRequested | State::Cancelling) {
+                    op = with_cancel(op);
+                }
+                let plans: Vec<Plan> = match next(&op, &p, EPOCH, now) {
+                    Action::Write(plan) => vec![*plan],
+                    Action::Call(Call::Create { .. }) => creates()
+                        .into_iter()
+                        .map(|o| after_create(&op, &p, called(CallKind::Create, o), None, now, 0.3))
+                        .collect(),
+                    Action::Call(Call::Resend { .. }) => creates()
+                        .into_iter()
+                        .map(|o| after_resend(&op, &p, called(CallKind::Create, o), None, now))
+                        .collect(),
+                    Action::Call(Call::Lookup { .. }) => [
+                        LookupOutcome::NotFound,
+                        LookupOutcome::Found {
+                            job_ids: vec!["job_1".into()],
+                        },
+                        LookupOutcome::Failed {
+                            error_class: "x".into(),
+                        },
+                    ]
+                    .into_iter()
+                    .flat_map(|o| match after_lookup(&op, &p, called(CallKind::Lookup, o), now) {
+                        AfterLookup::Write(plan) => vec![plan],
+                        AfterLookup::Resend { looked_up, .. } => creates()
+                            .into_iter()
+                            .map(|o| {
+                                after_resend(
+                                    &op,
+                                    &p,
+                                    called(CallKind::Create, o),
+                                    Some((looked_up.clone(), call(CallKind::Lookup), None)),
+                                    now,
+                                )
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+                    Action::Call(Call::Status { .. }) => statuses()
+                        .into_iter()
+                        .map(|o| after_status(&op, &p, called(CallKind::Status, o), now, 0.3))
+                        .collect(),
+                    Action::Call(Call::Cancel { .. }) => [
+                        CancelOutcome::Accepted {
+                            http_status: Some(202),
+                            retry_after: None,
+                        },
+                        CancelOutcome::Rejected {
+                            http_status: Some(409),
+                            reason: "x".into(),
+                        },
+                        CancelOutcome::RetryLater {
+                            delay: None,
+                            reason: "x".into(),
+                        },
+                        CancelOutcome::Failed {
+                            error_class: "x".into(),
+                        },
+                    ]
+                    .into_iter()
+                    .map(|o| after_cancel(&op, &p, called(CallKind::Cancel, o), now, 0.3))
+                    .collect(),
+                    Action::Call(Call::FetchResult { .. } | Call::SyncResult { .. }) => vec![
+                        after_collect(
+                            &op,
+                            &p,
+                            Collected::Unavailable { reason: "x".into() },
+                            None,
+                            0.3,
+                        ),
+                    ],
+                    Action::Call(Call::FinalGet { .. }) => {
+                        vec![after_final_get(&op, call(CallKind::Status), None)]
+                    }
+                };
+                for plan in plans {
+                    legal(&op, &plan);
+                    decided += 1;
+                }
+            }
+        }
+    }
+    assert!(decided > 100, "{decided} decisions swept");
+}
