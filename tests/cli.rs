@@ -301,3 +301,87 @@ fn a_worker_refuses_contracts_whose_results_the_database_cannot_keep() {
     );
     std::fs::remove_dir_all(&providers).unwrap();
 }
+
+/// What a careless caller types is refused with exit 2 and a message that names the problem, and
+/// nothing is written: overflowing durations, bodies that are not objects, duplicate keys, integers
+/// beyond 64 bits, NUL characters, ids past 128 bits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
+    let env = Env::new().await;
+    let submit = [
+        "submit",
+        "--provider",
+        "sim",
+        "--target",
+        "reports",
+        "--caller",
+        "agent-7",
+        "--approved-by",
+        "alice",
+    ];
+    let with = |extra: &[&'static str]| {
+        let mut v = submit.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    let cases: Vec<(Vec<&str>, &str, &str)> = vec![
+        (
+            with(&["--cancel-window", "213503982334602d"]),
+            "{}",
+            "--cancel-window",
+        ),
+        (with(&["--cancel-window", "31d"]), "{}", "--cancel-window"),
+        (with(&["--cancel-window", "0s"]), "{}", "--cancel-window"),
+        (
+            with(&["--result-deadline", "+100000000d"]),
+            "{}",
+            "--result-deadline",
+        ),
+        (with(&["--result-deadline", "+4000d"]), "{}", "ten years"),
+        (
+            with(&["--id", "op_8ZZZZZZZZZZZZZZZZZZZZZZZZZ"]),
+            "{}",
+            "operation id",
+        ),
+        (submit.to_vec(), "null", "takes a JSON object"),
+        (submit.to_vec(), "42", "takes a JSON object"),
+        (submit.to_vec(), "[1,2]", "takes a JSON object"),
+        (submit.to_vec(), r#"{"a":1,"a":2}"#, "appears twice"),
+        (
+            submit.to_vec(),
+            r#"{"n":18446744073709551616}"#,
+            "send it as a string",
+        ),
+        (submit.to_vec(), r#"{"s":"a\u0000b"}"#, "NUL"),
+    ];
+    for (args, body, says) in cases {
+        let out = jobtrail(&env, &args, Some(body));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?} {body}: {stderr}");
+        assert!(stderr.contains(says), "{args:?} {body}: {stderr}");
+    }
+    for (args, says) in [
+        (
+            vec![
+                "wait",
+                "op_01JZZZZZZZZZZZZZZZZZZZZZZZ",
+                "--timeout",
+                "99999999999d",
+            ],
+            "--timeout",
+        ),
+        (vec!["worker", "--lease", "100000000d"], "--lease"),
+        (vec!["worker", "--lease", "2h"], "--lease"),
+        (vec!["worker", "--idle", "0s"], "--idle"),
+    ] {
+        let out = jobtrail(&env, &args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    assert_eq!(
+        env.store.totals().await.unwrap(),
+        (0, 0, 0),
+        "nothing written"
+    );
+}

@@ -437,7 +437,10 @@ mod tests {
             r#"{"s": "\u0000"}"#,
         ] {
             assert!(
-                matches!(v(sub(body), &terms()), Err(SubmitError::MalformedJson { .. })),
+                matches!(
+                    v(sub(body), &terms()),
+                    Err(SubmitError::MalformedJson { .. })
+                ),
                 "{body}"
             );
         }

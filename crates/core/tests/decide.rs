@@ -370,7 +370,12 @@ fn create_outcomes_map_to_one_event_each() {
         content_type: Some("application/json".into()),
         checksum: None,
     };
-    let cases: Vec<(CreateOutcome, Option<(Result<Kept, String>, bool)>, bool, EventKind)> = vec![
+    let cases: Vec<(
+        CreateOutcome,
+        Option<(Result<Kept, String>, bool)>,
+        bool,
+        EventKind,
+    )> = vec![
         (
             CreateOutcome::Accepted {
                 job_id: "job_1".into(),
@@ -479,14 +484,7 @@ fn create_outcomes_map_to_one_event_each() {
             op = with_cancel(op);
         }
         let what = format!("{outcome:?} cancel={cancel}");
-        let plan = after_create(
-            &op,
-            &p,
-            called(CallKind::Create, outcome),
-            kept,
-            now,
-            0.5,
-        );
+        let plan = after_create(&op, &p, called(CallKind::Create, outcome), kept, now, 0.5);
         assert_eq!(kind(&plan), Some(expected), "{what}");
         assert_eq!(plan.step.counters.create_attempts, 1, "{what}");
         assert_eq!(plan.step.send_mark, SendMark::Clear, "{what}");
@@ -557,7 +555,10 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
             },
             EventKind::ContractViolated,
         ),
-        (LookupOutcome::NotFound, EventKind::ReconciliationInconclusive),
+        (
+            LookupOutcome::NotFound,
+            EventKind::ReconciliationInconclusive,
+        ),
         (
             LookupOutcome::Failed {
                 error_class: "timeout".into(),
@@ -699,11 +700,7 @@ fn status_outcomes_map_to_one_event_each_and_every_read_counts() {
                 status(Some(Phase::Running), Some(Duration::from_secs(3))),
                 EventKind::RemoteProgress,
             ),
-            (
-                base.clone(),
-                status(None, None),
-                EventKind::RemoteProgress,
-            ),
+            (base.clone(), status(None, None), EventKind::RemoteProgress),
             (
                 base.clone(),
                 StatusOutcome::RetryLater {
@@ -1041,21 +1038,23 @@ fn every_decision_is_allowed_by_the_table() {
                         },
                     ]
                     .into_iter()
-                    .flat_map(|o| match after_lookup(&op, &p, called(CallKind::Lookup, o), now) {
-                        AfterLookup::Write(plan) => vec![plan],
-                        AfterLookup::Resend { looked_up, .. } => creates()
-                            .into_iter()
-                            .map(|o| {
-                                after_resend(
-                                    &op,
-                                    &p,
-                                    called(CallKind::Create, o),
-                                    Some((looked_up.clone(), call(CallKind::Lookup), None)),
-                                    now,
-                                )
-                            })
-                            .collect(),
-                    })
+                    .flat_map(
+                        |o| match after_lookup(&op, &p, called(CallKind::Lookup, o), now) {
+                            AfterLookup::Write(plan) => vec![plan],
+                            AfterLookup::Resend { looked_up, .. } => creates()
+                                .into_iter()
+                                .map(|o| {
+                                    after_resend(
+                                        &op,
+                                        &p,
+                                        called(CallKind::Create, o),
+                                        Some((looked_up.clone(), call(CallKind::Lookup), None)),
+                                        now,
+                                    )
+                                })
+                                .collect(),
+                        },
+                    )
                     .collect(),
                     Action::Call(Call::Status { .. }) => statuses()
                         .into_iter()
@@ -1081,15 +1080,15 @@ fn every_decision_is_allowed_by_the_table() {
                     .into_iter()
                     .map(|o| after_cancel(&op, &p, called(CallKind::Cancel, o), now, 0.3))
                     .collect(),
-                    Action::Call(Call::FetchResult { .. } | Call::SyncResult { .. }) => vec![
-                        after_collect(
+                    Action::Call(Call::FetchResult { .. } | Call::SyncResult { .. }) => {
+                        vec![after_collect(
                             &op,
                             &p,
                             Collected::Unavailable { reason: "x".into() },
                             None,
                             0.3,
-                        ),
-                    ],
+                        )]
+                    }
                     Action::Call(Call::FinalGet { .. }) => {
                         vec![after_final_get(&op, call(CallKind::Status), None)]
                     }

@@ -174,6 +174,35 @@ async fn create_faults_become_the_right_outcomes() {
     };
     assert_eq!(h.sim.ledger().tokens[op.token.as_str()], vec![job_id]);
 
+    // A job named `..` (a URL built from it would address another resource): the job may exist,
+    // but that name cannot be used. Ambiguous, and the reason says why.
+    let op = h.op(one(&["dot_dot_job_id"])).await;
+    match h.provider.create(&op, 1.into()).await.outcome {
+        CreateOutcome::Ambiguous { error_class } => {
+            assert!(error_class.starts_with("unusable_job_id"), "{error_class}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A call that could not end before the caller's lease does is not sent at all.
+    let op = h.op(one(&[])).await;
+    let before = h.sim.ledger().requests;
+    let late = CallCtx {
+        attempt: 1,
+        end_by: Some(std::time::Instant::now() + Duration::from_millis(500)),
+    };
+    assert_eq!(
+        h.provider.create(&op, late).await.outcome,
+        CreateOutcome::NotSent {
+            error_class: "lease_too_short_to_send".into()
+        }
+    );
+    assert_eq!(
+        h.sim.ledger().requests,
+        before,
+        "nothing reached the provider"
+    );
+
     // Answered only after our timeout: ambiguous (timeout).
     let op = h.op(one(&["slow_accept"])).await;
     assert_eq!(

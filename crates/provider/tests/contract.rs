@@ -119,7 +119,11 @@ fn each_invalid_field_is_refused_with_its_name() {
             "create_ms = 99999999999999",
             "deadlines.create_ms",
         ),
-        ("request_ms = 2000", "request_ms = 86400000", "timeouts.request_ms"),
+        (
+            "request_ms = 2000",
+            "request_ms = 86400000",
+            "timeouts.request_ms",
+        ),
         (
             "sync_result = \"body:/result\"",
             "sync_result = \"body:/result\"\nbody = \"list\"",

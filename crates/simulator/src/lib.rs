@@ -65,6 +65,9 @@ pub struct Ledger {
     pub jobs: BTreeMap<String, JobLedger>,
     /// Trace ids seen on creates, by client reference.
     pub references: BTreeMap<String, BTreeSet<String>>,
+    /// Create requests that reached the simulator, by idempotency token (every attempt, whatever
+    /// it was answered).
+    pub create_requests: BTreeMap<String, u32>,
     pub requests: u64,
     pub requests_without_traceparent: u64,
     pub unauthorized: u64,
@@ -368,7 +371,9 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                 }
                 e.fingerprint.clone_from(&fingerprint);
                 e.attempts += 1;
-                (e.attempts, e.jobs.first().cloned())
+                let seen = (e.attempts, e.jobs.first().cloned());
+                *g.ledger.create_requests.entry(t.clone()).or_default() += 1;
+                seen
             }
             None => (1, None),
         };
@@ -482,10 +487,15 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             serde_json::json!({"job_id": id, "state": "succeeded", "result": serde_json::from_slice::<serde_json::Value>(&doc).unwrap_or_default()}),
         );
     }
-    let status_url = format!("/v1/jobs/{id}");
+    let named = if act == CreateAct::DotDotJobId {
+        "..".to_owned()
+    } else {
+        id.clone()
+    };
+    let status_url = format!("/v1/jobs/{named}");
     let mut r = json_response(
         StatusCode::ACCEPTED,
-        serde_json::json!({"job_id": id, "state": "queued", "status_url": status_url}),
+        serde_json::json!({"job_id": named, "state": "queued", "status_url": status_url}),
     );
     let h = r.headers_mut();
     h.insert(
@@ -624,6 +634,9 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
                 .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             job.not_before = Some(now + Duration::from_secs(1));
             return r;
+        }
+        Some(StatusFault::TooManyRequestsBare) => {
+            return error(StatusCode::TOO_MANY_REQUESTS, "slow down");
         }
         Some(StatusFault::UnknownState) | None => {}
     }

@@ -31,6 +31,9 @@ pub enum CreateAct {
     AlreadyExistsError,
     /// 200 with the finished result inline.
     Sync,
+    /// Create the job, but name it `..` in the answer (a hostile or broken provider: a URL built
+    /// from that name addresses another resource).
+    DotDotJobId,
 }
 
 /// What a cancel request does.
@@ -76,6 +79,8 @@ pub enum StatusFault {
     #[serde(rename = "error_500")]
     Error500,
     TooManyRequests,
+    /// 429 without a `Retry-After` header: the client must back off on its own.
+    TooManyRequestsBare,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
