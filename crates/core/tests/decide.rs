@@ -361,6 +361,14 @@ fn observing_states_notice_deadlines_and_pending_cancels_first() {
 
 // ---- after_*: what each answer means -----------------------------------------------------------
 
+/// (outcome, where a synchronous result was kept and whether it is valid, cancel pending, event).
+type CreateCase = (
+    CreateOutcome,
+    Option<(Result<Kept, String>, bool)>,
+    bool,
+    EventKind,
+);
+
 #[test]
 fn create_outcomes_map_to_one_event_each() {
     let p = policy();
@@ -370,12 +378,7 @@ fn create_outcomes_map_to_one_event_each() {
         content_type: Some("application/json".into()),
         checksum: None,
     };
-    let cases: Vec<(
-        CreateOutcome,
-        Option<(Result<Kept, String>, bool)>,
-        bool,
-        EventKind,
-    )> = vec![
+    let cases: Vec<CreateCase> = vec![
         (
             CreateOutcome::Accepted {
                 job_id: "job_1".into(),
