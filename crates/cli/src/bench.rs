@@ -261,8 +261,8 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         best_batched = 0.0f64;
         best_lean = 0.0f64;
         // "jobtrail": the claim query and the worker's fenced batch write (jobtrail's own statements
-        // and code, one transaction per batch). "lean": one hand-tuned statement doing the same
-        // claim + update + history insert; an upper bound, printed for comparison.
+        // and code, one transaction per batch). "lean": one hand-tuned claim + history insert and
+        // one narrow head update; an upper bound, printed for comparison.
         for (kind, batch) in [
             ("jobtrail", 1i64),
             ("jobtrail", 32),

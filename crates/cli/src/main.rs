@@ -107,7 +107,9 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         write_batch: usize,
     },
-    /// Apply database migrations and exit.
+    /// Apply database migrations and exit: the only command that changes the schema. Run it as the
+    /// owner role, once per release (a Kubernetes Job); every other command checks the schema
+    /// version at start and refuses (exit 5) when it is behind or ahead.
     Migrate,
 }
 
@@ -149,7 +151,7 @@ async fn run(cli: Cli) -> CmdResult {
         Command::Demo(args) => demo::run(args, json).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate => {
-            common::store(&cli.common.database_url).await?;
+            common::store_migrated(&cli.common.database_url).await?;
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }

@@ -89,21 +89,31 @@ pub fn exit_with(result: CmdResult) -> ExitCode {
     })
 }
 
-/// Connect (DATABASE_URL or the private cluster) and apply migrations.
+/// Connect for any command but `migrate`: DATABASE_URL's database must already hold this binary's
+/// schema (checked with one read; `jobtrail migrate` is the only command that changes it, so no role
+/// but the owner needs DDL rights). jobtrail's private cluster (DATABASE_URL unset: demos and a
+/// single machine) is migrated on the spot, since whoever runs it owns it.
 pub async fn store(database_url: &Option<String>) -> Result<Store, Failure> {
-    let url = match database_url {
-        Some(u) => u.clone(),
-        None => jobtrail_store::cluster::database_url()
-            .await
-            .map_err(|e| fail(exit::UNAVAILABLE, e))?,
+    let (store, private) = connect(database_url).await?;
+    let ready = if private {
+        store.migrate().await
+    } else {
+        store.check_schema().await
     };
-    let store = Store::connect(&url)
-        .await
-        .context("connecting to the database")
-        .map_err(|e| Failure {
-            code: exit::UNAVAILABLE,
-            error: e,
-        })?;
+    ready.map_err(|e| Failure {
+        code: exit::UNAVAILABLE,
+        error: anyhow::Error::new(e).context(if private {
+            "applying migrations"
+        } else {
+            "checking the database schema"
+        }),
+    })?;
+    Ok(store)
+}
+
+/// Connect and apply every pending migration (`jobtrail migrate`, as the owner role).
+pub async fn store_migrated(database_url: &Option<String>) -> Result<Store, Failure> {
+    let (store, _) = connect(database_url).await?;
     store
         .migrate()
         .await
@@ -113,6 +123,26 @@ pub async fn store(database_url: &Option<String>) -> Result<Store, Failure> {
             error: e,
         })?;
     Ok(store)
+}
+
+async fn connect(database_url: &Option<String>) -> Result<(Store, bool), Failure> {
+    let (url, private) = match database_url {
+        Some(u) => (u.clone(), false),
+        None => (
+            jobtrail_store::cluster::database_url()
+                .await
+                .map_err(|e| fail(exit::UNAVAILABLE, e))?,
+            true,
+        ),
+    };
+    let store = Store::connect(&url)
+        .await
+        .context("connecting to the database")
+        .map_err(|e| Failure {
+            code: exit::UNAVAILABLE,
+            error: e,
+        })?;
+    Ok((store, private))
 }
 
 /// The providers directory: `--providers`, `$JOBTRAIL_PROVIDERS`, `./providers`, `/etc/jobtrail/providers`.

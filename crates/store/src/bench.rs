@@ -63,15 +63,24 @@ impl Store {
         Ok(written as u64)
     }
 
-    /// One lean ceiling transaction: claim, update and history insert for up to `batch` rows in a
-    /// single hand-tuned statement (no fencing read, narrow update). A bound no real write path
-    /// reaches; printed for comparison.
+    /// One lean ceiling transaction: claim and history insert for up to `batch` rows in one
+    /// hand-tuned statement, then one narrow update moving their heads (no fencing read, no
+    /// planning). A bound no real write path reaches; printed for comparison.
     pub async fn bench_ceiling_step(&self, batch: i64) -> Result<u64, StoreError> {
-        Ok(sqlx::query(include_str!("sql/bench_ceiling_step.sql"))
-            .bind(batch)
-            .execute(&self.pool)
+        let mut tx = self.pool.begin().await?;
+        let linked: Vec<(uuid::Uuid,)> =
+            sqlx::query_as(include_str!("sql/bench_ceiling_history.sql"))
+                .bind(batch)
+                .fetch_all(&mut *tx)
+                .await?;
+        let ids: Vec<uuid::Uuid> = linked.into_iter().map(|(id,)| id).collect();
+        let n = sqlx::query(include_str!("sql/bench_ceiling_advance.sql"))
+            .bind(&ids)
+            .execute(&mut *tx)
             .await?
-            .rows_affected())
+            .rows_affected();
+        tx.commit().await?;
+        Ok(n)
     }
 
     /// Write transactions so far (transaction ids consumed on the server; see bench_commits.sql).

@@ -50,6 +50,9 @@ pub enum StoreError {
     Database(sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database's schema is not the one this binary was built for.
+    #[error("{0}")]
+    Schema(String),
 }
 
 impl StoreError {

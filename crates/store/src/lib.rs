@@ -115,9 +115,100 @@ impl Store {
         Ok(Self { pool })
     }
 
-    /// Apply pending migrations (idempotent; concurrent callers serialise on sqlx's advisory lock).
+    /// Apply pending migrations: the only thing that changes the schema (`jobtrail migrate`, run
+    /// as the owner role once per release). Concurrent runs serialise on an exclusive lock of
+    /// `jobtrail_migration_lock`, a table only its owner may lock — unlike a session advisory lock,
+    /// which any role (an auditor) could take to stall every migration. The wait is bounded.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await?;
+        // A connection of its own (not the pool's: a pool of one must still run the migrations).
+        let mut guard: sqlx::PgConnection =
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&self.pool.connect_options())
+                .await?;
+        for attempt in 0..3 {
+            // Two first-ever runs may race to create the lock table; the loser sees a duplicate.
+            match sqlx::raw_sql(include_str!("sql/migration_lock_create.sql"))
+                .execute(&mut guard)
+                .await
+            {
+                Ok(_) => break,
+                Err(sqlx::Error::Database(db))
+                    if attempt < 2
+                        && matches!(db.code().as_deref(), Some("23505" | "42P07")) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut lock = sqlx::Connection::begin(&mut guard).await?;
+        sqlx::raw_sql(include_str!("sql/migration_lock_take.sql"))
+            .execute(&mut *lock)
+            .await
+            .map_err(|e| match e {
+                sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03") => {
+                    StoreError::Unavailable(
+                        "another migration holds jobtrail_migration_lock for over 60 s".into(),
+                    )
+                }
+                e => e.into(),
+            })?;
+        let unlocked = sqlx::migrate::Migrator {
+            migrations: MIGRATOR.migrations.clone(),
+            locking: false,
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        let applied = unlocked.run(&self.pool).await;
+        lock.commit().await?;
+        applied?;
+        let _ = sqlx::Connection::close(guard).await;
+        Ok(())
+    }
+
+    /// Check that the database holds exactly the schema this binary was built for (one read). Every
+    /// command but `migrate` runs this instead of migrating: behind means "run `jobtrail migrate`",
+    /// ahead means "this binary is older than the database", either way it refuses to run.
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let applied: Vec<(i64, Vec<u8>)> =
+            match sqlx::query_as(include_str!("sql/schema_versions.sql"))
+                .fetch_all(&self.pool)
+                .await
+            {
+                Ok(rows) => rows,
+                // No migrations table at all: an empty database.
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P01") => {
+                    Vec::new()
+                }
+                Err(e) => return Err(e.into()),
+            };
+        let known: Vec<(i64, &[u8])> = MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .map(|m| (m.version, m.checksum.as_ref()))
+            .collect();
+        let newest_known = known.last().map(|(v, _)| *v).unwrap_or(0);
+        let newest_applied = applied.last().map(|(v, _)| *v).unwrap_or(0);
+        if let Some((v, _)) = applied
+            .iter()
+            .find(|(v, _)| !known.iter().any(|(k, _)| k == v))
+        {
+            return Err(StoreError::Schema(format!(
+                "the database has migration {v}, which this binary does not know (it knows up to {newest_known}): the database is newer than this jobtrail; upgrade the binary"
+            )));
+        }
+        if let Some((v, _)) = applied.iter().find(|(v, sum)| {
+            known
+                .iter()
+                .any(|(k, ks)| k == v && *ks != sum.as_slice())
+        }) {
+            return Err(StoreError::Schema(format!(
+                "migration {v} in the database differs from the one this binary carries (edited after it was applied)"
+            )));
+        }
+        if let Some((v, _)) = known
+            .iter()
+            .find(|(k, _)| !applied.iter().any(|(v, _)| v == k))
+        {
+            return Err(StoreError::Schema(format!(
+                "the database schema is behind this binary (applied up to {newest_applied}, missing {v}): run `jobtrail migrate` as the database owner"
+            )));
+        }
         Ok(())
     }
 

@@ -1,0 +1,113 @@
+-- Least-privilege roles, and history that can only grow as a chain.
+-- Never edit this file once landed: add a new migration instead.
+--
+-- The role that runs `jobtrail migrate` owns every table: only it can change the schema or disable a
+-- trigger, and no other jobtrail command needs DDL rights (they check the schema version and refuse
+-- to run when it is behind or ahead). The group roles below get exactly what their commands need:
+--
+--   jobtrail_worker    `jobtrail worker`: claim, step, log calls, keep result bytes
+--   jobtrail_operator  `jobtrail-admin`: decisions, retries, anchors, escalations, stats, verify
+--   jobtrail_api       the agent-facing commands (`jobtrail submit|show|cancel|wait|result`) and the
+--                      HTTP API: submit and cancel, read what they submitted
+--   jobtrail_auditor   read-only: the audit views, history, calls, anchors (created in 0002)
+--
+-- None of them may UPDATE, DELETE or TRUNCATE evidence (history, calls, result bytes, anchors), or
+-- change the facts an operation was submitted with (caller, approver, approval reference, provider,
+-- target, body, fingerprint, token, trace id). They are NOLOGIN: create login roles IN ROLE one of
+-- them (docs/roles.md).
+
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['jobtrail_worker', 'jobtrail_operator', 'jobtrail_api', 'jobtrail_auditor'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+    NULL; -- another database's migration created them at the same moment (roles are cluster-wide)
+END $$;
+
+-- Nobody but the owner creates objects in the schema (PostgreSQL 15 already revokes this from PUBLIC;
+-- older servers did not).
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+
+-- Every role reads which migrations are applied: the schema check at start.
+GRANT USAGE ON SCHEMA public TO jobtrail_worker, jobtrail_operator, jobtrail_api, jobtrail_auditor;
+GRANT SELECT ON _sqlx_migrations TO jobtrail_worker, jobtrail_operator, jobtrail_api, jobtrail_auditor;
+
+-- The columns a step may change. Everything else on an operation is a submitted fact.
+GRANT SELECT ON operations TO jobtrail_worker, jobtrail_operator, jobtrail_api;
+GRANT UPDATE (
+    state, state_changed_at, finished_at, escalated_at, escalation_reason,
+    remote_job_id, conflicting_remote_job_id, remote_state, remote_updated_at, remote_progress,
+    observed_at, status_url, provider_context, next_action_at, next_action_reason,
+    create_attempts, create_sent_epoch, poll_count, poll_not_before, failure_count, cancel_attempts,
+    result_attempts, reconcile_attempts, lease_owner, lease_expires_at, lease_epoch,
+    cancel_requested_at, cancel_requested_by, cancel_reason, cancel_deadline,
+    result_location, result_size, result_sha256, result_content_type, result_summary,
+    superseded_by, result_deadline, create_deadline, history_seq, history_head
+) ON operations TO jobtrail_worker, jobtrail_operator, jobtrail_api;
+-- New operations: submit (api) and retry (operator).
+GRANT INSERT ON operations TO jobtrail_operator, jobtrail_api;
+
+-- Evidence: appended, read, never changed (the append-only triggers refuse it for the owner too).
+GRANT SELECT, INSERT ON operation_history TO jobtrail_worker, jobtrail_operator, jobtrail_api;
+GRANT SELECT, INSERT ON provider_calls TO jobtrail_worker;
+GRANT SELECT ON provider_calls TO jobtrail_operator, jobtrail_api;
+GRANT SELECT, INSERT ON operation_results TO jobtrail_worker;
+GRANT SELECT ON operation_results TO jobtrail_operator, jobtrail_api;
+GRANT SELECT, INSERT ON audit_anchors, audit_anchor_heads TO jobtrail_operator;
+GRANT USAGE ON SEQUENCE audit_anchors_id_seq TO jobtrail_operator;
+GRANT EXECUTE ON FUNCTION jobtrail_public_id(uuid) TO jobtrail_worker, jobtrail_operator, jobtrail_api;
+GRANT SELECT ON audit_operations, audit_history, audit_calls, audit_operation_timeline, audit_decisions,
+                audit_escalation_queue TO jobtrail_operator;
+
+-- ---------------------------------------------------------------------------------------------------
+-- History grows only as a chain from the operation's current head, whoever inserts: a new link's seq
+-- follows the head's and its prev_hash is the head's hash (the first link, written with its
+-- operation, starts from the all-zero genesis and is the head). The head moves only to the link just
+-- appended. The hash itself is computed by the one write path (the JCS form of the link, in Rust) and
+-- recomputed by `audit verify`; these triggers make sure nothing is appended beside that path's chain
+-- and no head is moved to skip or fork it. Only the table owner could disable them.
+-- ---------------------------------------------------------------------------------------------------
+CREATE FUNCTION jobtrail_history_continues_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    head_seq bigint;
+    head     bytea;
+BEGIN
+    SELECT history_seq, history_head INTO head_seq, head FROM operations WHERE id = NEW.operation_id;
+    IF NEW.seq = 1 THEN
+        IF head_seq IS DISTINCT FROM 1 OR head IS DISTINCT FROM NEW.hash
+           OR NEW.prev_hash <> '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea THEN
+            RAISE EXCEPTION 'jobtrail: a first history link must start from genesis and be its operation''s head'
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+    ELSIF head_seq IS NULL OR NEW.seq <> head_seq + 1 OR NEW.prev_hash <> head THEN
+        RAISE EXCEPTION 'jobtrail: history link %/% does not continue the chain (head #%)',
+            NEW.operation_id, NEW.seq, head_seq
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER operation_history_continues_chain BEFORE INSERT ON operation_history
+    FOR EACH ROW EXECUTE FUNCTION jobtrail_history_continues_chain();
+
+CREATE FUNCTION jobtrail_head_follows_history() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.history_seq <> OLD.history_seq + 1 OR NOT EXISTS (
+        SELECT 1 FROM operation_history h
+        WHERE h.operation_id = NEW.id AND h.seq = NEW.history_seq
+          AND h.hash = NEW.history_head AND h.prev_hash = OLD.history_head) THEN
+        RAISE EXCEPTION 'jobtrail: the head of % may only move to the link just appended', NEW.id
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER operations_head_follows_history BEFORE UPDATE ON operations
+    FOR EACH ROW
+    WHEN (OLD.history_head IS DISTINCT FROM NEW.history_head OR OLD.history_seq IS DISTINCT FROM NEW.history_seq)
+    EXECUTE FUNCTION jobtrail_head_follows_history();
