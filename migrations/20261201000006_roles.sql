@@ -63,6 +63,50 @@ GRANT USAGE ON SEQUENCE audit_anchors_id_seq TO jobtrail_operator;
 GRANT EXECUTE ON FUNCTION jobtrail_public_id(uuid) TO jobtrail_worker, jobtrail_operator, jobtrail_api;
 GRANT SELECT ON audit_operations, audit_history, audit_calls, audit_operation_timeline, audit_decisions,
                 audit_escalation_queue TO jobtrail_operator;
+-- `audit verify` as an auditor: chain heads and the submitted facts the chain commits to, never the
+-- request body or the provider context.
+GRANT SELECT (id, provider, target, request_fingerprint, idempotency_mode, at_most_once, caller,
+              approved_by, approval_ref, trace_id, created_at, state, remote_job_id, result_location,
+              result_size, result_sha256, supersedes, history_seq, history_head)
+    ON operations TO jobtrail_auditor;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Work notifications go to a channel whose name is a random token only the writing roles can read.
+-- PostgreSQL has no privilege for NOTIFY: any role that can connect may notify any channel. With a
+-- secret name, a role that cannot read it (an auditor) cannot reach the workers. Notifications stay
+-- hints either way: a worker woken for nothing scans the due index and finds nothing.
+-- ---------------------------------------------------------------------------------------------------
+CREATE TABLE jobtrail_settings (
+    key   text PRIMARY KEY,
+    value text NOT NULL
+);
+INSERT INTO jobtrail_settings (key, value)
+VALUES ('work_channel', 'jobtrail_work_' || md5(random()::text || clock_timestamp()::text));
+GRANT SELECT ON jobtrail_settings TO jobtrail_worker, jobtrail_operator, jobtrail_api;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Separation of duties, in the schema: which role may record which event. A person's decisions need
+-- the operator role; a submission the api (or operator, for a retry) role; a cancel request any of
+-- the three; everything a provider said, the worker role. The owner (and a superuser) may record
+-- anything: it could disable these triggers anyway.
+-- ---------------------------------------------------------------------------------------------------
+CREATE FUNCTION jobtrail_may_record(event text) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = 'operation_history'::regclass), 'MEMBER')
+        OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+        OR CASE
+            WHEN event IN ('adopt_remote_job', 'declare_not_created', 'confirm_cancellation',
+                           'choose_remote_job', 'resume', 'abandon', 'superseded')
+                THEN pg_has_role(current_user, 'jobtrail_operator', 'MEMBER')
+            WHEN event = 'submitted'
+                THEN pg_has_role(current_user, 'jobtrail_api', 'MEMBER')
+                  OR pg_has_role(current_user, 'jobtrail_operator', 'MEMBER')
+            WHEN event IN ('cancel_requested', 'withdraw')
+                THEN pg_has_role(current_user, 'jobtrail_api', 'MEMBER')
+                  OR pg_has_role(current_user, 'jobtrail_operator', 'MEMBER')
+                  OR pg_has_role(current_user, 'jobtrail_worker', 'MEMBER')
+            ELSE pg_has_role(current_user, 'jobtrail_worker', 'MEMBER')
+        END
+$$;
 
 -- ---------------------------------------------------------------------------------------------------
 -- History grows only as a chain from the operation's current head, whoever inserts: a new link's seq
@@ -77,6 +121,10 @@ DECLARE
     head_seq bigint;
     head     bytea;
 BEGIN
+    IF NOT jobtrail_may_record(NEW.event) THEN
+        RAISE EXCEPTION 'jobtrail: role % may not record % events', current_user, NEW.event
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     SELECT history_seq, history_head INTO head_seq, head FROM operations WHERE id = NEW.operation_id;
     IF NEW.seq = 1 THEN
         IF head_seq IS DISTINCT FROM 1 OR head IS DISTINCT FROM NEW.hash
@@ -95,13 +143,16 @@ END $$;
 CREATE TRIGGER operation_history_continues_chain BEFORE INSERT ON operation_history
     FOR EACH ROW EXECUTE FUNCTION jobtrail_history_continues_chain();
 
+-- The head moves only to the link just appended, and the state only with a link that leads to it:
+-- no state change without its history.
 CREATE FUNCTION jobtrail_head_follows_history() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.history_seq <> OLD.history_seq + 1 OR NOT EXISTS (
         SELECT 1 FROM operation_history h
         WHERE h.operation_id = NEW.id AND h.seq = NEW.history_seq
-          AND h.hash = NEW.history_head AND h.prev_hash = OLD.history_head) THEN
-        RAISE EXCEPTION 'jobtrail: the head of % may only move to the link just appended', NEW.id
+          AND h.hash = NEW.history_head AND h.prev_hash = OLD.history_head
+          AND h.to_state = NEW.state) THEN
+        RAISE EXCEPTION 'jobtrail: operation % may change its state or head only with the history link that records it', NEW.id
             USING ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NEW;
@@ -109,5 +160,7 @@ END $$;
 
 CREATE TRIGGER operations_head_follows_history BEFORE UPDATE ON operations
     FOR EACH ROW
-    WHEN (OLD.history_head IS DISTINCT FROM NEW.history_head OR OLD.history_seq IS DISTINCT FROM NEW.history_seq)
+    WHEN (OLD.history_head IS DISTINCT FROM NEW.history_head
+          OR OLD.history_seq IS DISTINCT FROM NEW.history_seq
+          OR OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION jobtrail_head_follows_history();

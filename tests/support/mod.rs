@@ -90,6 +90,13 @@ impl Env {
         }
     }
 
+    /// The test database (for logins as jobtrail's roles).
+    pub fn db(&self) -> &TestDb {
+        self._db
+            .as_ref()
+            .expect("an environment on its own test database")
+    }
+
     /// Submit an operation whose body carries a simulator script.
     pub async fn submit(
         &self,

@@ -137,11 +137,20 @@ impl Store {
 
     /// End every unfinished operation created since `since` (benchmark phases clean up after themselves).
     pub async fn bench_retire_since(&self, since: DateTime<Utc>) -> Result<u64, StoreError> {
-        Ok(sqlx::query(include_str!("sql/bench_retire_since.sql"))
-            .bind(since)
-            .execute(&self.pool)
+        let mut tx = self.pool.begin().await?;
+        let linked: Vec<(uuid::Uuid,)> =
+            sqlx::query_as(include_str!("sql/bench_retire_history.sql"))
+                .bind(since)
+                .fetch_all(&mut *tx)
+                .await?;
+        let ids: Vec<uuid::Uuid> = linked.into_iter().map(|(id,)| id).collect();
+        let n = sqlx::query(include_str!("sql/bench_retire_since.sql"))
+            .bind(&ids)
+            .execute(&mut *tx)
             .await?
-            .rows_affected())
+            .rows_affected();
+        tx.commit().await?;
+        Ok(n)
     }
 
     /// (id, lease owner, lease expiry) of operations created since `since`.

@@ -53,6 +53,10 @@ pub enum StoreError {
     /// The database's schema is not the one this binary was built for.
     #[error("{0}")]
     Schema(String),
+    /// The database role this command connects as may not do this (a least-privilege role used for
+    /// another role's command). Nothing was written.
+    #[error("permission denied: {0} (see docs/roles.md for what each role may do)")]
+    Denied(String),
 }
 
 impl StoreError {
@@ -70,6 +74,12 @@ impl StoreError {
                     .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")) =>
             {
                 StoreError::Unavailable(e.to_string())
+            }
+            // Insufficient privilege, or a read-only role's session.
+            sqlx::Error::Database(db)
+                if matches!(db.code().as_deref(), Some("42501" | "25006")) =>
+            {
+                StoreError::Denied(db.message().to_owned())
             }
             _ => StoreError::Database(e),
         }

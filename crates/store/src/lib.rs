@@ -47,9 +47,6 @@ use record::{HistoryRow, LockedRow, OperationRow};
 /// The migrations, embedded in every binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
-/// The channel workers LISTEN on for new and newly due work.
-pub const WORK_CHANNEL: &str = "jobtrail_work";
-
 /// Wake-ups for workers: new submissions, cancel requests and decisions.
 pub struct WorkListener(sqlx::postgres::PgListener);
 
@@ -132,8 +129,7 @@ impl Store {
             {
                 Ok(_) => break,
                 Err(sqlx::Error::Database(db))
-                    if attempt < 2
-                        && matches!(db.code().as_deref(), Some("23505" | "42P07")) => {}
+                    if attempt < 2 && matches!(db.code().as_deref(), Some("23505" | "42P07")) => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -192,11 +188,10 @@ impl Store {
                 "the database has migration {v}, which this binary does not know (it knows up to {newest_known}): the database is newer than this jobtrail; upgrade the binary"
             )));
         }
-        if let Some((v, _)) = applied.iter().find(|(v, sum)| {
-            known
-                .iter()
-                .any(|(k, ks)| k == v && *ks != sum.as_slice())
-        }) {
+        if let Some((v, _)) = applied
+            .iter()
+            .find(|(v, sum)| known.iter().any(|(k, ks)| k == v && *ks != sum.as_slice()))
+        {
             return Err(StoreError::Schema(format!(
                 "migration {v} in the database differs from the one this binary carries (edited after it was applied)"
             )));
@@ -216,10 +211,14 @@ impl Store {
         self.pool.close().await;
     }
 
-    /// A listener on [`WORK_CHANNEL`]. Notifications are hints; the due-time scan is the truth.
+    /// A listener on this database's work channel (its name is a secret only jobtrail's writing
+    /// roles can read). Notifications are hints; the due-time scan is the truth.
     pub async fn listen(&self) -> Result<WorkListener, StoreError> {
+        let (channel,): (String,) = sqlx::query_as(include_str!("sql/settings_work_channel.sql"))
+            .fetch_one(&self.pool)
+            .await?;
         let mut l = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
-        l.listen(WORK_CHANNEL).await?;
+        l.listen(&channel).await?;
         Ok(WorkListener(l))
     }
 

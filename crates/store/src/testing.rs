@@ -140,6 +140,35 @@ impl TestDb {
     pub fn admin_url(&self) -> &str {
         &self.admin_url
     }
+
+    /// A URL for this database as a new login role that is a member of `group` (one of jobtrail's
+    /// roles), as an operator would create it (docs/roles.md). Auditors' logins default to
+    /// read-only transactions. The test server trusts local logins, so no password is involved.
+    pub async fn login(&self, group: &str) -> String {
+        let user = format!(
+            "jt_{}_{}",
+            group.trim_start_matches("jobtrail_"),
+            &uuid::Uuid::now_v7().simple().to_string()[20..]
+        );
+        let mut sql = format!("CREATE ROLE {user} LOGIN IN ROLE {group};");
+        if group == "jobtrail_auditor" {
+            sql.push_str(&format!(
+                "ALTER ROLE {user} SET default_transaction_read_only = on;"
+            ));
+        }
+        let mut conn = sqlx::PgConnection::connect(&self.url)
+            .await
+            .expect("connect as the owner");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("creating a {group} login: {e}"));
+        let _ = conn.close().await;
+        // postgres://user@host/db?params → postgres://<login>@host/db?params
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let rest = rest.split_once('@').map(|(_, r)| r).unwrap_or(rest);
+        format!("{scheme}://{user}@{rest}")
+    }
 }
 
 impl Drop for TestDb {

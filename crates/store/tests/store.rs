@@ -489,8 +489,21 @@ async fn check_constraints_tie_states_to_their_facts() {
             format!("UPDATE operations SET state = 'done' WHERE id = '{id}'"),
         ),
     ] {
+        // Triggers off (a superuser's session), so it is the CHECK constraint that refuses.
+        let sql = format!("SET session_replication_role = replica; {sql}");
         assert!(exec(&db, &sql).await.is_err(), "{why}");
     }
+    // With the triggers on, a state never changes without the history link that records it.
+    let err = exec(
+        &db,
+        &format!(
+            "UPDATE operations SET state = 'abandoned', finished_at = now() WHERE id = '{id}'"
+        ),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("only with the history link"), "{err}");
 }
 
 #[tokio::test]

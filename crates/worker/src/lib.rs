@@ -7,9 +7,10 @@
 //! counts and the deadlines live in the row, so any worker can take over any operation whose lease
 //! expired.
 //!
-//! Wake-ups come from `LISTEN jobtrail_work` (new submissions, cancel requests, decisions) and from a
-//! short idle scan; lost notifications cost latency, never work. On shutdown a worker stops claiming,
-//! lets the steps in flight finish (each writes all of itself or nothing), and gives back its leases.
+//! Wake-ups come from LISTEN on the database's work channel (new submissions, cancel requests,
+//! decisions) and from a short idle scan; lost notifications cost latency, never work. On shutdown a
+//! worker stops claiming, lets the steps in flight finish (each writes all of itself or nothing), and
+//! gives back its leases.
 
 mod drive;
 pub mod fault;

@@ -1,3 +1,4 @@
--- Wake workers (LISTEN jobtrail_work). Delivered at commit; lost notifications only cost latency,
--- because the due-time scan is the truth.
-SELECT pg_notify('jobtrail_work', $1)
+-- Wake workers. Delivered at commit; lost notifications only cost latency, because the due-time scan
+-- is the truth. The channel's name is a per-database secret (jobtrail_settings, migration 0006), so a
+-- role that cannot read it cannot reach the workers.
+SELECT pg_notify((SELECT value FROM jobtrail_settings WHERE key = 'work_channel'), $1)

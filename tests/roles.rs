@@ -1,0 +1,361 @@
+//! Least privilege, as a matrix: each jobtrail command run as each database role, and what each
+//! role must not be able to do with SQL of its own. The owner (whoever runs `jobtrail migrate`) is
+//! the test database's superuser; the others are login roles made the way docs/roles.md says.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use jobtrail_core::State;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+use support::Env;
+
+fn admin_bin() -> std::path::PathBuf {
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")).with_file_name("jobtrail-admin");
+    assert!(
+        p.exists(),
+        "build the workspace first: {} is missing",
+        p.display()
+    );
+    p
+}
+
+fn run(bin: &std::path::Path, url: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut c = Command::new(bin);
+    c.args(args)
+        .env("DATABASE_URL", url)
+        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn jobtrail(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    run(
+        std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+        url,
+        args,
+        stdin,
+    )
+}
+
+fn admin(url: &str, args: &[&str]) -> Output {
+    run(&admin_bin(), url, args, None)
+}
+
+#[track_caller]
+fn allowed(o: &Output, what: &str) {
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{what} should be allowed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[track_caller]
+fn denied(o: &Output, what: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{what} should be refused: {err}");
+    assert!(err.contains("permission denied"), "{what}: {err}");
+}
+
+async fn sql_refused(url: &str, sql: &str) -> String {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+    match sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut c)
+        .await
+    {
+        Ok(_) => panic!("{url}: {sql} was allowed"),
+        Err(e) => e.to_string(),
+    }
+}
+
+async fn sql_allowed(url: &str, sql: &str) {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut c)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {sql}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_runs_its_commands_and_nothing_else() {
+    let env = Env::new().await;
+    let owner = env.url.clone();
+    let worker = env.db().login("jobtrail_worker").await;
+    let operator = env.db().login("jobtrail_operator").await;
+    let api = env.db().login("jobtrail_api").await;
+    let auditor = env.db().login("jobtrail_auditor").await;
+
+    // Only the owner changes the schema.
+    allowed(&jobtrail(&owner, &["migrate"], None), "migrate as owner");
+    for url in [&worker, &operator, &api, &auditor] {
+        let o = jobtrail(url, &["migrate"], None);
+        assert_eq!(o.status.code(), Some(5), "migrate as {url}");
+    }
+
+    // Agents submit and cancel through the api role; nobody else submits but an operator's retry.
+    let submit = |url: &str, body: &str| {
+        jobtrail(
+            url,
+            &[
+                "submit",
+                "--provider",
+                "sim",
+                "--target",
+                "reports",
+                "--caller",
+                "agent-7",
+                "--approved-by",
+                "alice",
+            ],
+            Some(body),
+        )
+    };
+    let done = r#"{"sim":{"duration_ms":200}}"#;
+    let out = submit(&api, done);
+    allowed(&out, "submit as api");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    for url in [&worker, &auditor] {
+        denied(&submit(url, done), "submit as worker or auditor");
+    }
+
+    // A worker process as the worker role drives it to a validated result.
+    let log = env.dir.join("role-worker.log");
+    let mut w = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args([
+            "worker",
+            "--id",
+            "role-worker",
+            "--lease",
+            "5s",
+            "--idle",
+            "50ms",
+        ])
+        .env("DATABASE_URL", &worker)
+        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
+        .env("JOBTRAIL_SIM_TOKEN", support::TOKEN)
+        .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", env.sim.base_url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .spawn()
+        .unwrap();
+    let op = env
+        .wait_settled(id.parse().unwrap(), Duration::from_secs(40))
+        .await;
+    assert_eq!(
+        op.state,
+        State::Succeeded,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+
+    // Reading: everyone but the auditor, who reads through the audit views.
+    for url in [&api, &operator, &worker] {
+        allowed(&jobtrail(url, &["show", &id], None), "show");
+    }
+    allowed(&jobtrail(&api, &["result", &id], None), "result as api");
+    denied(&jobtrail(&auditor, &["show", &id], None), "show as auditor");
+
+    // A cancel by the agent; decisions by the operator only.
+    let out = submit(&api, r#"{"sim":{"never_finish":true}}"#);
+    let live = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    env.wait_state(
+        live.parse().unwrap(),
+        State::Observing,
+        Duration::from_secs(30),
+    )
+    .await;
+    let _ = w.kill();
+    let _ = w.wait();
+    allowed(
+        &jobtrail(
+            &api,
+            &[
+                "cancel",
+                &live,
+                "--actor",
+                "agent-7",
+                "--reason",
+                "not needed",
+            ],
+            None,
+        ),
+        "cancel as api",
+    );
+    let now = env.store.get(live.parse().unwrap()).await.unwrap();
+    let seen = format!("{}@{}", now.state, now.history_seq);
+    let abandon = |url: &str| {
+        admin(
+            url,
+            &[
+                "abandon", &live, "--seen", &seen, "--actor", "alice", "--reason", "test",
+            ],
+        )
+    };
+    denied(&abandon(&api), "a decision as api");
+    denied(&abandon(&worker), "a decision as worker");
+    allowed(&abandon(&operator), "a decision as operator");
+    allowed(
+        &admin(&operator, &["escalations"]),
+        "escalations as operator",
+    );
+    allowed(&admin(&operator, &["stats"]), "stats as operator");
+    denied(&admin(&auditor, &["escalations"]), "escalations as auditor");
+
+    // Anchors by the operator; verification by the auditor too.
+    allowed(
+        &admin(&operator, &["audit", "anchor"]),
+        "anchor as operator",
+    );
+    denied(&admin(&auditor, &["audit", "anchor"]), "anchor as auditor");
+    for url in [&operator, &auditor] {
+        allowed(&admin(url, &["audit", "verify", "--all"]), "verify --all");
+        allowed(&admin(url, &["audit", "verify", &id]), "verify one");
+    }
+
+    // What no role but the owner may do with SQL of its own.
+    let some = format!(
+        "(SELECT id FROM operations WHERE id = '{}')",
+        op.id.as_uuid()
+    );
+    for url in [&worker, &operator, &api] {
+        for sql in [
+            "UPDATE operation_history SET cause = 'rewritten'".to_owned(),
+            "DELETE FROM provider_calls".to_owned(),
+            "TRUNCATE operation_results".to_owned(),
+            "ALTER TABLE operation_history DISABLE TRIGGER USER".to_owned(),
+            format!("UPDATE operations SET caller = 'mallory' WHERE id = {some}"),
+            format!("UPDATE operations SET approved_by = 'mallory' WHERE id = {some}"),
+            format!("UPDATE operations SET request_body = '{{}}' WHERE id = {some}"),
+            format!("UPDATE operations SET state = 'cancelled' WHERE id = {some}"),
+            "CREATE TABLE mischief (x int)".to_owned(),
+            "LOCK TABLE jobtrail_migration_lock".to_owned(),
+        ] {
+            sql_refused(url, &sql).await;
+        }
+    }
+    // A link that does not continue the chain, and a decision recorded by a role that may not.
+    let forged = format!(
+        "INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, detail, prev_hash, hash) \
+         SELECT id, history_seq + 1, now(), 'x', state, state, '{{event}}', 'forged', '{{}}', {{prev}}, sha256(history_head) \
+         FROM operations WHERE id = {some}"
+    );
+    let e = sql_refused(
+        &worker,
+        &forged
+            .replace("{event}", "remote_progress")
+            .replace("{prev}", "sha256('x')"),
+    )
+    .await;
+    assert!(e.contains("does not continue the chain"), "{e}");
+    let e = sql_refused(
+        &api,
+        &forged
+            .replace("{event}", "abandon")
+            .replace("{prev}", "history_head"),
+    )
+    .await;
+    assert!(e.contains("may not record abandon"), "{e}");
+    sql_refused(
+        &worker,
+        "INSERT INTO operations (id) VALUES (gen_random_uuid())",
+    )
+    .await;
+    sql_refused(
+        &api,
+        "INSERT INTO provider_calls (id) VALUES (gen_random_uuid())",
+    )
+    .await;
+
+    // The auditor reads the views and changes nothing, not even a notification.
+    sql_allowed(&auditor, "SELECT count(*) FROM audit_operations").await;
+    sql_allowed(&auditor, "SELECT count(*) FROM audit_history").await;
+    for sql in [
+        "SELECT request_body FROM operations",
+        "SELECT provider_context FROM operations",
+        "SELECT bytes FROM operation_results",
+        "INSERT INTO audit_anchors (created_by, operations, digest) VALUES ('a', 0, repeat('0', 64))",
+        // PostgreSQL has no privilege for NOTIFY; the workers' channel is named by a secret the
+        // auditor cannot read.
+        "SELECT value FROM jobtrail_settings",
+        "CREATE TABLE mischief (x int)",
+        "LOCK TABLE jobtrail_migration_lock",
+        "BEGIN; LOCK TABLE _sqlx_migrations IN EXCLUSIVE MODE; COMMIT",
+    ] {
+        sql_refused(&auditor, sql).await;
+    }
+    assert!(env.store.verify_everything(None).await.unwrap().is_clean());
+}
+
+/// Every command but `migrate` checks the schema with one read and refuses a database that is behind
+/// (never migrating it: a read-only `show` on an empty database creates nothing) or ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
+    use sqlx::Connection;
+    let env = Env::new().await;
+    let name = format!("jobtrail_empty_{}", uuid::Uuid::now_v7().simple());
+    let mut admin_conn = sqlx::PgConnection::connect(env.db().admin_url()).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin_conn)
+        .await
+        .unwrap();
+    let empty = env.url.replace(&env.db().name, &name);
+    let tables = |url: String| async move {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+        n
+    };
+    let out = jobtrail(&empty, &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("behind") && err.contains("jobtrail migrate"), "{err}");
+    assert_eq!(tables(empty.clone()).await, 0, "nothing was created");
+
+    allowed(&jobtrail(&empty, &["migrate"], None), "migrate");
+    let out = jobtrail(&empty, &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"], None);
+    assert_eq!(out.status.code(), Some(3), "now the schema is there: not found");
+
+    // A release newer than this binary migrated the database.
+    let mut c = sqlx::PgConnection::connect(&empty).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99991231000000, 'from the future', true, '\\x00', 1)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let out = jobtrail(&empty, &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("newer than this jobtrail"), "{err}");
+    drop(c);
+    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin_conn)
+    .await;
+}
