@@ -314,7 +314,9 @@ async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
     use sqlx::Connection;
     let env = Env::new().await;
     let name = format!("jobtrail_empty_{}", uuid::Uuid::now_v7().simple());
-    let mut admin_conn = sqlx::PgConnection::connect(env.db().admin_url()).await.unwrap();
+    let mut admin_conn = sqlx::PgConnection::connect(env.db().admin_url())
+        .await
+        .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut admin_conn)
         .await
@@ -332,12 +334,19 @@ async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
     let out = jobtrail(&empty, &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"], None);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{err}");
-    assert!(err.contains("behind") && err.contains("jobtrail migrate"), "{err}");
+    assert!(
+        err.contains("behind") && err.contains("jobtrail migrate"),
+        "{err}"
+    );
     assert_eq!(tables(empty.clone()).await, 0, "nothing was created");
 
     allowed(&jobtrail(&empty, &["migrate"], None), "migrate");
     let out = jobtrail(&empty, &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"], None);
-    assert_eq!(out.status.code(), Some(3), "now the schema is there: not found");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "now the schema is there: not found"
+    );
 
     // A release newer than this binary migrated the database.
     let mut c = sqlx::PgConnection::connect(&empty).await.unwrap();

@@ -1,15 +1,114 @@
 //! `audit verify` and `audit anchor`.
+//!
+//! An anchor is only worth what is kept outside the database: a writer with database rights can
+//! append to any chain, and could rewrite everything after the last anchor it cannot reach. So
+//! `anchor` writes the anchor to a file or stdout (Ed25519-signed when given a key), and `verify`
+//! takes that copy back (`--expect-anchor`): the named anchor must be in the database (else exit 8),
+//! must still hash to its digest, and every link and call it anchored must still be there.
 
+use ed25519_dalek::{Signer, Verifier};
 use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
 use jobtrail_core::OperationId;
-use jobtrail_store::Store;
+use jobtrail_store::{Anchor, Store, StoreError};
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// Exit code: the named anchor is not in the database, or its signature does not verify.
+pub const ANCHOR_NOT_FOUND: u8 = 8;
+
+/// An anchor as kept outside the database.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct AnchorFile {
+    pub jobtrail_anchor: u32,
+    pub anchor: Anchor,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Signature {
+    pub alg: String,
+    /// Hex Ed25519 public key.
+    pub public_key: String,
+    /// Hex signature over the RFC 8785 form of `anchor`.
+    pub value: String,
+}
+
+fn signed_bytes(a: &Anchor) -> Vec<u8> {
+    serde_json_canonicalizer::to_vec(a).expect("an anchor serialises")
+}
+
+fn hex32(text: &str, what: &str) -> Result<[u8; 32], jobtrail_console::shell::Failure> {
+    let bytes = hex::decode(text.trim())
+        .map_err(|_| fail(exit::BAD_INPUT, format!("{what}: expected 64 hex digits")))?;
+    bytes.try_into().map_err(|_| {
+        fail(
+            exit::BAD_INPUT,
+            format!("{what}: expected 32 bytes (64 hex digits)"),
+        )
+    })
+}
+
+/// The digest an `--expect-anchor` value names: a digest, or an anchor file (whose signature is
+/// checked when a public key is given).
+fn expected_digest(
+    value: &str,
+    public_key: Option<&str>,
+) -> Result<String, jobtrail_console::shell::Failure> {
+    let v = value.trim();
+    if v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if public_key.is_some() {
+            return Err(fail(
+                exit::BAD_INPUT,
+                "--anchor-public-key checks an anchor file's signature: pass the file, not a bare digest",
+            ));
+        }
+        return Ok(v.to_ascii_lowercase());
+    }
+    let text = std::fs::read_to_string(v).map_err(|e| {
+        fail(
+            exit::BAD_INPUT,
+            format!(
+                "--expect-anchor: neither a 64-hex digest nor a readable anchor file ({v}: {e})"
+            ),
+        )
+    })?;
+    let file: AnchorFile = serde_json::from_str(&text).map_err(|e| {
+        fail(
+            exit::BAD_INPUT,
+            format!("--expect-anchor: {v} is not an anchor file: {e}"),
+        )
+    })?;
+    if let Some(key) = public_key {
+        let key = ed25519_dalek::VerifyingKey::from_bytes(&hex32(key, "--anchor-public-key")?)
+            .map_err(|e| fail(exit::BAD_INPUT, format!("--anchor-public-key: {e}")))?;
+        let Some(sig) = &file.signature else {
+            return Err(fail(ANCHOR_NOT_FOUND, format!("{v} is not signed")));
+        };
+        let bytes: [u8; 64] = hex::decode(&sig.value)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| fail(ANCHOR_NOT_FOUND, format!("{v}: the signature is malformed")))?;
+        key.verify(
+            &signed_bytes(&file.anchor),
+            &ed25519_dalek::Signature::from_bytes(&bytes),
+        )
+        .map_err(|_| {
+            fail(
+                ANCHOR_NOT_FOUND,
+                format!("{v}: the signature does not verify with the given public key"),
+            )
+        })?;
+    }
+    Ok(file.anchor.digest.to_ascii_lowercase())
+}
 
 pub async fn verify(
     store: &Store,
     operation: Option<String>,
     all: bool,
     expect_anchor: Option<String>,
+    anchor_public_key: Option<String>,
     json: bool,
 ) -> CmdResult {
     if operation.is_some() && all {
@@ -18,12 +117,23 @@ pub async fn verify(
             "name one operation or --all, not both",
         ));
     }
-    let report = match &operation {
+    let expected = expect_anchor
+        .as_deref()
+        .map(|v| expected_digest(v, anchor_public_key.as_deref()))
+        .transpose()?;
+    let checked = match &operation {
         Some(op) => {
             let id: OperationId = op.parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
-            store.verify_operation(id).await?
+            store
+                .verify_operation_anchored(id, expected.as_deref())
+                .await
         }
-        None => store.verify_everything(expect_anchor.as_deref()).await?,
+        None => store.verify_everything(expected.as_deref()).await,
+    };
+    let report = match checked {
+        Ok(r) => r,
+        Err(StoreError::AnchorNotFound(e)) => return Err(fail(ANCHOR_NOT_FOUND, e)),
+        Err(e) => return Err(e.into()),
     };
     if json {
         print_json(&report);
@@ -36,26 +146,39 @@ pub async fn verify(
         }
         let anchor = match &report.anchor {
             Some(a) => format!(
-                ", anchor #{} ({} heads, {}) checked",
+                "; anchor #{} ({} operations, {}) checked",
                 a.id,
                 a.operations,
                 a.created_at.format("%Y-%m-%d %H:%M:%S")
             ),
-            None if operation.is_none() => {
-                ", no anchor yet (run `jobtrail-admin audit anchor`)".into()
-            }
-            None => String::new(),
+            None => "; no anchor yet (run `jobtrail-admin audit anchor --out FILE`)".into(),
         };
         println!(
-            "{} operations, {} history rows verified{anchor}: {}",
+            "{} operations, {} history links, {} calls ({} logged before calls were chained), {} stored results verified{anchor}: {}",
             report.operations,
             report.rows,
+            report.calls,
+            report.unchained_calls,
+            report.results,
             if report.is_clean() {
                 "intact".to_owned()
             } else {
                 format!("{} BREAKS", report.breaks.len())
             }
         );
+        if let Some(u) = report.unanchored {
+            println!(
+                "unanchored: {} operations, {} history links and {} calls lie after {} — intact as far as the chains tell, but only an anchor kept outside the database bounds what a writer with database rights could have rewritten",
+                u.operations,
+                u.links,
+                u.calls,
+                if report.anchor.is_some() {
+                    "that anchor"
+                } else {
+                    "no anchor at all"
+                }
+            );
+        }
     }
     Ok(if report.is_clean() {
         ExitCode::SUCCESS
@@ -64,10 +187,63 @@ pub async fn verify(
     })
 }
 
-pub async fn anchor(store: &Store, actor: &str, json: bool) -> CmdResult {
+pub async fn anchor(
+    store: &Store,
+    actor: &str,
+    out: Option<PathBuf>,
+    signing_key: Option<PathBuf>,
+    json: bool,
+) -> CmdResult {
+    // Everything that can be refused is refused before the anchor is recorded.
+    let key = match &signing_key {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                fail(
+                    exit::BAD_INPUT,
+                    format!("--signing-key {}: {e}", path.display()),
+                )
+            })?;
+            Some(ed25519_dalek::SigningKey::from_bytes(&hex32(
+                &text,
+                "--signing-key",
+            )?))
+        }
+        None => None,
+    };
+    if let Some(path) = &out
+        && path.exists()
+    {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!(
+                "--out {}: the file exists; anchors are never overwritten",
+                path.display()
+            ),
+        ));
+    }
     let a = store.anchor(actor).await?;
+    let signature = key.map(|k| Signature {
+        alg: "ed25519".into(),
+        public_key: hex::encode(k.verifying_key().to_bytes()),
+        value: hex::encode(k.sign(&signed_bytes(&a)).to_bytes()),
+    });
+    let file = AnchorFile {
+        jobtrail_anchor: 1,
+        anchor: a,
+        signature,
+    };
+    if let Some(path) = &out {
+        let text = serde_json::to_string_pretty(&file).expect("an anchor serialises");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+            .map_err(|e| fail(exit::UNAVAILABLE, format!("--out {}: {e} (the anchor is recorded in the database; rerun to write a new one)", path.display())))?;
+    }
+    let a = &file.anchor;
     if json {
-        print_json(&a);
+        print_json(&file);
     } else {
         println!(
             "anchor #{} at {} over {} operations by {}",
@@ -77,9 +253,14 @@ pub async fn anchor(store: &Store, actor: &str, json: bool) -> CmdResult {
             a.created_by
         );
         println!("digest {}", a.digest);
+        if let Some(s) = &file.signature {
+            println!("signed by ed25519 key {}", s.public_key);
+        }
         eprintln!(
-            "keep this digest outside the database; check it with `jobtrail-admin audit verify --all --expect-anchor {}`",
-            a.digest
+            "keep this digest (or the --out file) outside the database; check it with `jobtrail-admin audit verify --all --expect-anchor {}`",
+            out.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| a.digest.clone())
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -16,7 +16,8 @@ const EXIT_CODES: &str = "Exit codes:
   2  bad input or usage: nothing was written
   3  operation not found
   4  refused: the operation changed since you looked, or the state machine does not allow this decision
-  5  database or provider configuration unavailable";
+  5  database or provider configuration unavailable
+  8  audit verify: the anchor you named is not in the database, or its signature does not verify";
 
 #[derive(Parser)]
 #[command(
@@ -176,26 +177,40 @@ enum Command {
 
 #[derive(Subcommand)]
 enum AuditCmd {
-    /// Recompute hash chains and check the latest anchor; exits 1 naming each break.
+    /// Recompute both hash chains of every operation (or one), check each operation's facts and
+    /// stored results against them, and check an anchor; exits 1 naming each break, 8 when the
+    /// anchor you named is not there. Reports how much evidence no anchor covers yet.
     #[command(
-        after_help = "Examples:\n  jobtrail-admin audit verify --all\n  jobtrail-admin audit verify op_01KB…\n  jobtrail-admin audit verify --all --expect-anchor 9f2c…   (the digest you kept outside the database)"
+        after_help = "Examples:\n  jobtrail-admin audit verify --all\n  jobtrail-admin audit verify op_01KB…\n  jobtrail-admin audit verify --all --expect-anchor 9f2c…            (the digest you kept outside the database)\n  jobtrail-admin audit verify --all --expect-anchor anchors/2026-12-01.json --anchor-public-key 3b6a…"
     )]
     Verify {
         operation: Option<String>,
         /// Every operation (the default when no operation is named).
         #[arg(long)]
         all: bool,
-        /// The digest of the latest anchor as you kept it outside the database.
+        /// An anchor kept outside the database: its digest, or the file `audit anchor --out` wrote.
+        /// It must be in the database and still hold (else exit 8 or 1). Default: the latest anchor.
         #[arg(long)]
         expect_anchor: Option<String>,
+        /// Check the anchor file's Ed25519 signature with this public key (hex).
+        #[arg(long, env = "JOBTRAIL_ANCHOR_PUBLIC_KEY")]
+        anchor_public_key: Option<String>,
     },
-    /// Record a checkpoint over every operation's chain head and print its digest (keep it elsewhere).
+    /// Record a checkpoint over every operation's chain heads and write it where the database cannot
+    /// reach it (a file, or stdout), signed when a key is given. Run it on a schedule (cron, a
+    /// Kubernetes CronJob) and keep the files elsewhere.
     #[command(
-        after_help = "Example:\n  jobtrail-admin audit anchor --actor auditor-jane >> anchors.txt"
+        after_help = "Examples:\n  jobtrail-admin audit anchor --out /anchors/$(date -u +%FT%TZ).json --signing-key /run/secrets/anchor.key\n  jobtrail-admin audit anchor --actor auditor-jane >> anchors.txt"
     )]
     Anchor {
         #[arg(long, default_value = "jobtrail-admin")]
         actor: String,
+        /// Also write the anchor as JSON to this file (refuses to overwrite one).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Sign the anchor with this Ed25519 private key (a file of 64 hex digits: the 32-byte seed).
+        #[arg(long, env = "JOBTRAIL_ANCHOR_SIGNING_KEY_FILE")]
+        signing_key: Option<PathBuf>,
     },
 }
 
@@ -227,11 +242,27 @@ async fn run(cli: Cli) -> CmdResult {
                     operation,
                     all,
                     expect_anchor,
+                    anchor_public_key,
                 },
-        } => audit::verify(&store, operation, all, expect_anchor, json).await,
+        } => {
+            audit::verify(
+                &store,
+                operation,
+                all,
+                expect_anchor,
+                anchor_public_key,
+                json,
+            )
+            .await
+        }
         Command::Audit {
-            what: AuditCmd::Anchor { actor },
-        } => audit::anchor(&store, &actor, json).await,
+            what:
+                AuditCmd::Anchor {
+                    actor,
+                    out,
+                    signing_key,
+                },
+        } => audit::anchor(&store, &actor, out, signing_key, json).await,
         Command::Cancel {
             operation,
             actor,

@@ -698,8 +698,8 @@ async fn a_whole_operation_deleted_after_an_anchor_is_found_through_the_anchor()
         &["audit", "anchor", "--actor", "auditor-jane", "--json"],
     );
     assert_eq!(code(&out), 0);
-    let digest = json(&out)["digest"].as_str().unwrap().to_owned();
-    assert_eq!(json(&out)["operations"], 3);
+    let digest = json(&out)["anchor"]["digest"].as_str().unwrap().to_owned();
+    assert_eq!(json(&out)["anchor"]["operations"], 3);
     assert_eq!(
         code(&admin(
             &db,
@@ -762,6 +762,257 @@ async fn a_whole_operation_deleted_after_an_anchor_is_found_through_the_anchor()
             .contains("no longer hash to its digest")),
         "{breaks:#?}"
     );
+}
+
+/// A succeeded operation with a stored, validated result and a logged call, as a worker would leave it.
+async fn succeeded_with_result(store: &Store, n: u32, bytes: &'static [u8]) -> OperationRecord {
+    use sha2::Digest;
+    let op = submit(store, n).await;
+    let mut claimed = None;
+    for _ in 0..100 {
+        let got = store
+            .claim_due("setup-worker", 10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        claimed = got.into_iter().find(|c| c.lease.operation_id == op.id);
+        if claimed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = claimed.expect("claimed within two seconds");
+    for e in [
+        accepted("job_r"),
+        Event::RemoteSucceeded {
+            remote_state: "done".into(),
+        },
+    ] {
+        let step = Step {
+            keep_lease: true,
+            ..Step::event(e)
+        };
+        store.apply(&c.lease, step).await.unwrap();
+    }
+    let sha = hex::encode(sha2::Sha256::digest(bytes));
+    let rb = ResultBytes {
+        sha256: sha.clone(),
+        content_type: Some("application/json".into()),
+        bytes: bytes::Bytes::from_static(bytes),
+    };
+    let v = ValidatedResult::new(
+        &rb.location(op.id),
+        bytes.len() as u64,
+        &sha,
+        Some("application/json".into()),
+        vec!["sha256".into()],
+        serde_json::json!({}),
+    )
+    .unwrap();
+    let call = CallRecord {
+        id: uuid::Uuid::now_v7(),
+        kind: CallKind::Result,
+        attempt: 1,
+        started_at: chrono::Utc::now(),
+        duration_ms: 1.5,
+        method: "GET".into(),
+        url: "http://127.0.0.1:9/result".into(),
+        http_status: Some(200),
+        response_headers: serde_json::json!({"content-type": "application/json"}),
+        provider_request_id: Some("req_1".into()),
+        error_class: None,
+        outcome: "fetched".into(),
+        trace_id: op.trace_id.to_string(),
+        span_id: "00f067aa0ba902b7".into(),
+        response_sha256: Some(sha.clone()),
+    };
+    let step = Step {
+        result_bytes: Some(rb),
+        call: Some(call),
+        ..Step::event(Event::ResultValidated(v))
+    };
+    store.apply(&c.lease, step).await.unwrap();
+    store.get(op.id).await.unwrap()
+}
+
+/// Records the chain does not cover can no longer be forged: an approver or caller changed on the
+/// operation, a call-log row rewritten, result bytes swapped together with their digest — each is
+/// named by `audit verify`, and the swapped result is not served. Deleting the anchors defeats
+/// nothing: a named anchor that is not there is its own failure (exit 8).
+#[tokio::test]
+async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = succeeded_with_result(&store, 1, br#"{"items":[1,2,3]}"#).await;
+    let other = succeeded_with_result(&store, 2, br#"{"items":[4]}"#).await;
+    let keep = std::env::temp_dir().join(format!("anchor-{}.json", uuid::Uuid::now_v7().simple()));
+    let key = std::env::temp_dir().join(format!("anchor-{}.key", uuid::Uuid::now_v7().simple()));
+    std::fs::write(&key, "7".repeat(64)).unwrap();
+    let out = admin(
+        &db,
+        &[
+            "audit",
+            "anchor",
+            "--out",
+            keep.to_str().unwrap(),
+            "--signing-key",
+            key.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let anchor = json(&out);
+    let public = anchor["signature"]["public_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let kept = keep.to_str().unwrap();
+    let clean = admin(
+        &db,
+        &[
+            "audit",
+            "verify",
+            "--all",
+            "--json",
+            "--expect-anchor",
+            kept,
+            "--anchor-public-key",
+            &public,
+        ],
+    );
+    assert_eq!(
+        code(&clean),
+        0,
+        "{}",
+        String::from_utf8_lossy(&clean.stdout)
+    );
+    assert_eq!(
+        json(&clean)["calls"],
+        2,
+        "calls are verified through their chain"
+    );
+    assert_eq!(json(&clean)["results"], 2);
+    assert_eq!(json(&clean)["unanchored"]["links"], 0);
+    // An anchor file whose signature another key made is refused.
+    let wrong = ed25519_public_of(&"8".repeat(64));
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "audit",
+                "verify",
+                "--all",
+                "--expect-anchor",
+                kept,
+                "--anchor-public-key",
+                &wrong
+            ]
+        )),
+        8
+    );
+
+    let (a, b) = (op.id.as_uuid(), other.id.as_uuid());
+    // The approver and the caller, edited on the row (an owner with triggers off).
+    exec(&db, &format!("SET session_replication_role = replica; UPDATE operations SET approved_by = 'security team', caller = 'nobody' WHERE id = '{a}'")).await;
+    // A call-log row rewritten.
+    exec(&db, &format!("SET session_replication_role = replica; UPDATE provider_calls SET outcome = 'nothing happened', http_status = 404 WHERE operation_id = '{b}'")).await;
+    // Result bytes swapped together with their digest, on the result row and the operation.
+    let forged = br#"{"items":["forged"]}"#;
+    let forged_sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(forged))
+    };
+    exec(&db, &format!(
+        "SET session_replication_role = replica;          UPDATE operation_results SET bytes = decode('{}', 'hex'), size = {}, sha256 = '{forged_sha}' WHERE operation_id = '{b}';          UPDATE operations SET result_sha256 = '{forged_sha}', result_location = 'postgres:operation_results/{}/{forged_sha}' WHERE id = '{b}'",
+        hex::encode(forged), forged.len(), other.id
+    )).await;
+
+    let out = admin(&db, &["audit", "verify", "--all", "--json"]);
+    assert_eq!(code(&out), 1);
+    let breaks = json(&out)["breaks"].as_array().unwrap().clone();
+    let named = |op: OperationId, words: &str| {
+        breaks.iter().any(|x| {
+            x["operation_id"] == op.to_string() && x["problem"].as_str().unwrap().contains(words)
+        })
+    };
+    assert!(
+        named(op.id, "approved_by differs from the chained submission"),
+        "{breaks:#?}"
+    );
+    assert!(named(op.id, "caller differs"), "{breaks:#?}");
+    assert!(
+        named(other.id, "row content does not match its hash"),
+        "the rewritten call: {breaks:#?}"
+    );
+    assert!(
+        named(other.id, "no history link names"),
+        "the swapped bytes: {breaks:#?}"
+    );
+    assert!(
+        named(other.id, "result digest differs"),
+        "the swapped digest: {breaks:#?}"
+    );
+    // The swapped result is not served.
+    let err = store
+        .chained_result(other.id)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("altered"), "{err}");
+    assert!(store.chained_result(op.id).await.is_ok());
+    // One operation at a time, against the kept anchor.
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "audit",
+                "verify",
+                &op.id.to_string(),
+                "--expect-anchor",
+                kept
+            ]
+        )),
+        1
+    );
+
+    // Deleting every anchor does not turn "altered" into "no anchor yet": the anchor kept outside
+    // names one that is not there.
+    exec(&db, "SET session_replication_role = replica; DELETE FROM audit_anchor_heads; DELETE FROM audit_anchors").await;
+    let out = admin(&db, &["audit", "verify", "--all", "--expect-anchor", kept]);
+    assert_eq!(code(&out), 8, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no anchor with digest"));
+    assert_eq!(
+        code(&admin(
+            &db,
+            &[
+                "audit",
+                "verify",
+                &op.id.to_string(),
+                "--expect-anchor",
+                kept
+            ]
+        )),
+        8
+    );
+    // Without one, what lies after no anchor is reported as unanchored, not as intact.
+    let out = admin(&db, &["audit", "verify", &other.id.to_string()]);
+    assert_eq!(code(&out), 1);
+    let text =
+        String::from_utf8_lossy(&admin(&db, &["audit", "verify", "--all"]).stdout).to_string();
+    assert!(
+        text.contains("unanchored:") && text.contains("no anchor at all"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&keep);
+    let _ = std::fs::remove_file(&key);
+}
+
+fn ed25519_public_of(seed_hex: &str) -> String {
+    let seed: [u8; 32] = hex::decode(seed_hex).unwrap().try_into().unwrap();
+    hex::encode(
+        ed25519_dalek::SigningKey::from_bytes(&seed)
+            .verifying_key()
+            .to_bytes(),
+    )
 }
 
 /// The SQL blocks of docs/audit.md.

@@ -191,13 +191,10 @@ pub async fn result(store: &Store, id: &str, output: Option<&std::path::Path>) -
             format!("{id} is {}: there is no validated result", op.state),
         ));
     }
-    let (Some(loc), Some(sha)) = (&op.result_location, &op.result_sha256) else {
-        return Err(fail(
-            exit::UNAVAILABLE,
-            format!("{id} succeeded but records no result location"),
-        ));
-    };
-    let bytes = jobtrail_worker::ResultStore::read_verified(store, loc, sha)
+    // Served only as the (verified) history chain records it: a row or bytes changed behind
+    // jobtrail's back are refused, not served.
+    let (loc, sha) = store.chained_result(id).await?;
+    let bytes = jobtrail_worker::ResultStore::read_verified(store, &loc, &sha)
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     match output {

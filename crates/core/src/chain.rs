@@ -1,10 +1,17 @@
-//! The hash chain over an operation's history.
+//! The hash chains over an operation's evidence.
 //!
-//! Each history row carries the hash of the previous row of the same operation and its own hash:
-//! `sha256(prev_hash || JCS(entry))`, where `entry` holds every recorded column of the row. Chains are
-//! per operation so writers of different operations never contend on one head. The first row's
-//! `prev_hash` is 32 zero bytes. Timestamps are encoded at microsecond precision (PostgreSQL's), so a
-//! row read back from the database hashes exactly as it did when written.
+//! Two chains per operation, of the same construction: its history (every transition and the
+//! submission that opened it) and its provider calls (every request sent, or refused before it left,
+//! with what came back). Each row carries the hash of the previous row of the same chain and its own
+//! hash: `sha256(prev_hash || JCS(entry))`, where `entry` holds every recorded column of the row.
+//! Chains are per operation so writers of different operations never contend on one head. The first
+//! row's `prev_hash` is 32 zero bytes. Timestamps are encoded at microsecond precision
+//! (PostgreSQL's), so a row read back from the database hashes exactly as it did when written.
+//!
+//! What the chains commit to beyond their own rows: the submission link holds the operation's
+//! submitted facts (provider, target, fingerprint, caller, approver, approval reference, trace id),
+//! every stored result's sha256 is named by a link ([`SubmittedFacts`], `audit verify`), and anchors
+//! hash both heads of every operation ([`HeadsHasher`]).
 
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::Serialize;
@@ -12,6 +19,22 @@ use sha2::{Digest, Sha256};
 
 /// The `prev_hash` of an operation's first history row.
 pub const GENESIS: [u8; 32] = [0; 32];
+
+/// A row of one of the chains.
+pub trait Linked: Serialize + Sized {
+    fn operation_id(&self) -> &str;
+    fn seq(&self) -> i64;
+
+    /// `sha256(prev_hash || JCS(self))`.
+    fn hash(&self, prev_hash: &[u8; 32]) -> [u8; 32] {
+        let canonical =
+            serde_json_canonicalizer::to_vec(self).expect("chain entries always serialise");
+        let mut h = Sha256::new();
+        h.update(prev_hash);
+        h.update(&canonical);
+        h.finalize().into()
+    }
+}
 
 /// Every column of a history row that the hash covers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -39,22 +62,163 @@ pub fn storable(at: DateTime<Utc>) -> DateTime<Utc> {
     at.trunc_subsecs(6)
 }
 
+impl Linked for ChainEntry {
+    fn operation_id(&self) -> &str {
+        &self.operation_id
+    }
+    fn seq(&self) -> i64 {
+        self.seq
+    }
+}
+
 impl ChainEntry {
     /// `sha256(prev_hash || JCS(self))`.
     pub fn hash(&self, prev_hash: &[u8; 32]) -> [u8; 32] {
-        let canonical =
-            serde_json_canonicalizer::to_vec(self).expect("chain entries always serialise");
-        let mut h = Sha256::new();
-        h.update(prev_hash);
-        h.update(&canonical);
-        h.finalize().into()
+        Linked::hash(self, prev_hash)
     }
+}
+
+/// Every column of a provider-call row that its chain covers: who called, under which lease, what
+/// was sent where, and what came back (already sanitized).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallEntry {
+    pub operation_id: String,
+    pub seq: i64,
+    pub id: String,
+    pub kind: String,
+    pub attempt: i32,
+    pub actor: String,
+    pub lease_epoch: i64,
+    #[serde(serialize_with = "micros")]
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: f64,
+    pub method: String,
+    pub url: String,
+    pub http_status: Option<i32>,
+    pub response_headers: serde_json::Value,
+    pub provider_request_id: Option<String>,
+    pub error_class: Option<String>,
+    pub outcome: String,
+    pub trace_id: String,
+    pub span_id: String,
+    pub response_sha256: Option<String>,
+}
+
+impl Linked for CallEntry {
+    fn operation_id(&self) -> &str {
+        &self.operation_id
+    }
+    fn seq(&self) -> i64 {
+        self.seq
+    }
+}
+
+/// What an operation was submitted with. The submission link (seq 1) records them — the caller as
+/// its actor, the rest in its detail — so an operation row whose facts were changed later (an owner
+/// editing `approved_by`, say) disagrees with its own chain, and `audit verify` names the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmittedFacts {
+    pub provider: String,
+    pub target: String,
+    pub fingerprint: String,
+    pub caller: String,
+    pub approved_by: String,
+    pub approval_ref: Option<String>,
+    pub trace_id: String,
+    pub idempotency: String,
+}
+
+impl SubmittedFacts {
+    /// The facts as the submission link records them (`None` if this is not one).
+    pub fn from_first_link(e: &ChainEntry) -> Option<Self> {
+        if e.seq != 1 || e.event != "submitted" {
+            return None;
+        }
+        let d = &e.detail;
+        let text = |k: &str| d.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+        // Links written before the approver had its own field name it only in the cause.
+        let approved_by = text("approved_by").or_else(|| {
+            e.cause
+                .rsplit_once(", approved by ")
+                .map(|(_, a)| a.to_owned())
+        })?;
+        Some(Self {
+            provider: text("provider")?,
+            target: text("target")?,
+            fingerprint: text("fingerprint")?,
+            caller: text("caller").unwrap_or_else(|| e.actor.clone()),
+            approved_by,
+            approval_ref: text("approval_ref"),
+            trace_id: text("trace_id")?,
+            idempotency: text("idempotency")?,
+        })
+    }
+
+    /// Every field in which `stored` differs from these chained facts: (field, chained, stored).
+    pub fn differences(&self, stored: &SubmittedFacts) -> Vec<(&'static str, String, String)> {
+        let mut out = Vec::new();
+        let mut cmp = |field: &'static str, a: &str, b: &str| {
+            if a != b {
+                out.push((field, a.to_owned(), b.to_owned()));
+            }
+        };
+        cmp("provider", &self.provider, &stored.provider);
+        cmp("target", &self.target, &stored.target);
+        cmp(
+            "request_fingerprint",
+            &self.fingerprint,
+            &stored.fingerprint,
+        );
+        cmp("caller", &self.caller, &stored.caller);
+        cmp("approved_by", &self.approved_by, &stored.approved_by);
+        cmp(
+            "approval_ref",
+            self.approval_ref.as_deref().unwrap_or(""),
+            stored.approval_ref.as_deref().unwrap_or(""),
+        );
+        cmp("trace_id", &self.trace_id, &stored.trace_id);
+        cmp("idempotency_mode", &self.idempotency, &stored.idempotency);
+        out
+    }
+}
+
+/// The result digests a chain names: the sha256 of every validated result, of every result kept for
+/// inspection, and of a synchronous answer kept at create.
+pub fn named_result_digests(entries: &[ChainEntry]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in entries {
+        let d = &e.detail;
+        for v in [
+            d.get("sha256"),
+            d.pointer("/evidence/sha256"),
+            d.pointer("/evidence/sync_result/sha256"),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(s) = v.as_str() {
+                out.push(s.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The digest of the validated result the chain records last (what `jobtrail result` must serve).
+pub fn validated_result_digest(entries: &[ChainEntry]) -> Option<String> {
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.event == "result_validated")
+        .and_then(|e| e.detail.get("sha256"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
 }
 
 /// A stored row as read back for verification.
 #[derive(Debug, Clone)]
-pub struct StoredLink {
-    pub entry: ChainEntry,
+pub struct StoredLink<E = ChainEntry> {
+    pub entry: E,
     pub prev_hash: Vec<u8>,
     pub hash: Vec<u8>,
 }
@@ -72,24 +236,24 @@ pub struct ChainBreak {
 /// Recompute a chain (rows in `seq` order) and report every break: an edited row (its hash no longer
 /// matches), a removed or reordered row (a gap in `seq` or a `prev_hash` that is not the previous
 /// row's hash), a forged start.
-pub fn verify(links: &[StoredLink]) -> Vec<ChainBreak> {
+pub fn verify<E: Linked>(links: &[StoredLink<E>]) -> Vec<ChainBreak> {
     let mut breaks = Vec::new();
     let mut prev: [u8; 32] = GENESIS;
     let mut expected_seq = 1;
     for link in links {
         let e = &link.entry;
         let br = |problem: &str, expected: String, stored: String| ChainBreak {
-            operation_id: e.operation_id.clone(),
-            seq: e.seq,
+            operation_id: e.operation_id().to_owned(),
+            seq: e.seq(),
             problem: problem.to_owned(),
             expected,
             stored,
         };
-        if e.seq != expected_seq {
+        if e.seq() != expected_seq {
             breaks.push(br(
                 "sequence gap or reorder (a row was removed or inserted)",
                 expected_seq.to_string(),
-                e.seq.to_string(),
+                e.seq().to_string(),
             ));
         }
         if link.prev_hash != prev {
@@ -108,7 +272,7 @@ pub fn verify(links: &[StoredLink]) -> Vec<ChainBreak> {
             ));
         }
         prev = prev_array(&link.hash);
-        expected_seq = e.seq + 1;
+        expected_seq = e.seq() + 1;
     }
     breaks
 }
@@ -121,19 +285,45 @@ fn prev_array(v: &[u8]) -> [u8; 32] {
     out
 }
 
-/// A hash over many chain heads (for anchors): sha256 over the lines `operation_id:seq:hash_hex\n`
-/// in operation id order. Feed heads in ascending id order ([`OperationId`](crate::OperationId)
-/// strings sort like their UUIDs), so a database can stream them.
+/// A hash over many chain heads (for anchors): sha256 over one line per operation in operation id
+/// order — `operation_id:seq:hash_hex\n` (anchor version 1: history only) or
+/// `operation_id:seq:hash_hex:calls_seq:calls_hash_hex\n` (version 2: both chains). Feed heads in
+/// ascending id order ([`OperationId`](crate::OperationId) strings sort like their UUIDs), so a
+/// database can stream them.
 #[derive(Default)]
 pub struct HeadsHasher {
     h: Sha256,
     count: u64,
 }
 
+/// The anchor format that covers both chains of every operation.
+pub const ANCHOR_VERSION: i16 = 2;
+
 impl HeadsHasher {
     pub fn add(&mut self, operation_id: &str, seq: i64, hash: &[u8]) {
         self.h
             .update(format!("{operation_id}:{seq}:{}\n", hex::encode(hash)).as_bytes());
+        self.count += 1;
+    }
+    /// One operation's heads in anchor `version` (calls ignored in version 1).
+    pub fn add_heads(
+        &mut self,
+        version: i16,
+        operation_id: &str,
+        (seq, hash): (i64, &[u8]),
+        (calls_seq, calls_hash): (i64, &[u8]),
+    ) {
+        if version < 2 {
+            return self.add(operation_id, seq, hash);
+        }
+        self.h.update(
+            format!(
+                "{operation_id}:{seq}:{}:{calls_seq}:{}\n",
+                hex::encode(hash),
+                hex::encode(calls_hash)
+            )
+            .as_bytes(),
+        );
         self.count += 1;
     }
     pub fn count(&self) -> u64 {

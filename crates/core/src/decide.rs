@@ -446,6 +446,10 @@ pub fn after_create(
                 });
                 context = Some(ctx);
                 Plan::write(Step {
+                    // The kept bytes' digest is chained with the step that stores them.
+                    detail: Some(serde_json::json!({
+                        "sync_result": {"location": k.location, "sha256": k.sha256},
+                    })),
                     result_bytes: k.bytes,
                     ..Step::event(Event::CreateCompleted {
                         remote_job_id: job_id,

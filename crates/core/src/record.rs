@@ -78,6 +78,10 @@ pub struct OperationRecord {
     pub history_seq: i64,
     #[serde(serialize_with = "hex_bytes")]
     pub history_head: Vec<u8>,
+    /// The head of this operation's provider-call chain (see `chain`).
+    pub calls_seq: i64,
+    #[serde(serialize_with = "hex_bytes")]
+    pub calls_head: Vec<u8>,
 }
 
 pub(crate) fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {

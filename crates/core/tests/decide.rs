@@ -72,6 +72,8 @@ fn record(state: State) -> OperationRecord {
         superseded_by: None,
         history_seq: 1,
         history_head: vec![0; 32],
+        calls_seq: 0,
+        calls_head: vec![0; 32],
     }
 }
 

@@ -1,22 +1,50 @@
-//! Audit: recompute hash chains, and anchor every chain head so that even a whole operation deleted
-//! (or a chain rewritten from its first link) is found.
+//! Audit: recompute both hash chains of every operation, check the operation rows and the stored
+//! result bytes against what the chains say, and anchor every chain head so that even a whole
+//! operation deleted (or a chain rewritten from its first link) is found.
+//!
+//! What a verification covers, per operation:
+//! * the history chain, end to end, against the head recorded on the operation;
+//! * the call chain, end to end, against its head (calls logged before calls were chained are
+//!   counted as unchained, and must still exist when a history link names them);
+//! * the submitted facts (provider, target, fingerprint, caller, approver, approval reference, trace
+//!   id, idempotency mode) against the submission link; the state and remote job id against the last
+//!   link; the result digest against the last validated result the chain records;
+//! * every stored result's bytes against their digest (computed by the database, so a role that may
+//!   not read results can verify them), and that digest against the chain.
+//!
+//! And, with an anchor: that the anchor still hashes to its digest (and to the copy kept outside the
+//! database, when given), that every anchored link and call still exists with its anchored hash, and
+//! how much evidence lies after it ("unanchored": a writer with database rights could have appended
+//! or rewritten it without an anchor noticing).
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
+use futures::stream::BoxStream;
 use jobtrail_core::OperationId;
-use jobtrail_core::chain::{self, ChainBreak, GENESIS, HeadsHasher};
+use jobtrail_core::chain::{
+    self, ANCHOR_VERSION, ChainBreak, GENESIS, HeadsHasher, SubmittedFacts,
+};
 
-use crate::record::{HistoryRecord, HistoryRow};
+use crate::record::{HistoryRecord, HistoryRow, StoredCall};
 use crate::{Store, StoreError};
 
-/// The result of verifying chains (and, when checked, the latest anchor).
+/// The result of verifying chains (and, when checked, an anchor).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct VerifyReport {
     pub operations: u64,
+    /// History links verified.
     pub rows: u64,
+    /// Provider calls verified through their chain.
+    pub calls: u64,
+    /// Calls logged before calls were chained (checked for existence only).
+    pub unchained_calls: u64,
+    /// Stored results checked against their digests and the chain.
+    pub results: u64,
     pub breaks: Vec<ChainBreak>,
     /// The anchor that was checked, if any.
     pub anchor: Option<Anchor>,
+    /// Evidence no anchor covers yet (after the checked anchor, or all of it without one).
+    pub unanchored: Option<Unanchored>,
 }
 
 impl VerifyReport {
@@ -25,15 +53,33 @@ impl VerifyReport {
     }
 }
 
-/// A checkpoint over every operation's chain head.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+/// Evidence appended after an anchor: intact as far as the chains can tell, but only an anchor kept
+/// outside the database bounds what a writer with database rights could have rewritten.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct Unanchored {
+    pub operations: i64,
+    pub links: i64,
+    pub calls: i64,
+}
+
+/// A checkpoint over every operation's chain heads.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, sqlx::FromRow)]
 pub struct Anchor {
     pub id: i64,
     pub created_at: DateTime<Utc>,
     pub created_by: String,
     pub operations: i64,
     pub digest: String,
+    /// 1: history heads only; 2: history and call heads.
+    pub version: i16,
 }
+
+/// An anchor that was named and is not in the database.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no anchor with digest {0} is in the database: anchors were removed, or this digest belongs to another database"
+)]
+pub struct AnchorNotFound(pub String);
 
 /// An anchored head that no longer holds.
 #[derive(sqlx::FromRow)]
@@ -43,6 +89,86 @@ struct BrokenHead {
     anchored: Vec<u8>,
     current: Option<Vec<u8>>,
     operation_exists: bool,
+    chain: String,
+}
+
+/// An operation row: its heads and the facts the chain commits to.
+#[derive(sqlx::FromRow)]
+struct Facts {
+    id: uuid::Uuid,
+    provider: String,
+    target: String,
+    request_fingerprint: String,
+    caller: String,
+    approved_by: String,
+    approval_ref: Option<String>,
+    trace_id: String,
+    idempotency_mode: String,
+    state: String,
+    remote_job_id: Option<String>,
+    result_sha256: Option<String>,
+    history_seq: i64,
+    history_head: Vec<u8>,
+    calls_seq: i64,
+    calls_head: Vec<u8>,
+}
+
+/// A stored result's recorded digest and the digest of its bytes.
+#[derive(sqlx::FromRow)]
+struct ResultDigest {
+    operation_id: uuid::Uuid,
+    sha256: String,
+    actual_sha256: String,
+}
+
+/// Rows of one query, streamed in operation order, handed out one operation at a time.
+struct PerOperation<'a, T> {
+    stream: BoxStream<'a, Result<T, sqlx::Error>>,
+    next: Option<T>,
+    key: fn(&T) -> uuid::Uuid,
+}
+
+impl<'a, T> PerOperation<'a, T> {
+    async fn new(
+        stream: BoxStream<'a, Result<T, sqlx::Error>>,
+        key: fn(&T) -> uuid::Uuid,
+    ) -> Result<Self, StoreError> {
+        let mut s = Self {
+            stream,
+            next: None,
+            key,
+        };
+        s.next = s.stream.try_next().await?;
+        Ok(s)
+    }
+
+    /// Rows of operations before `id` (they have no operation row), then the rows of `id`.
+    async fn take(&mut self, id: Option<uuid::Uuid>) -> Result<(Vec<T>, Vec<T>), StoreError> {
+        let (mut orphans, mut rows) = (Vec::new(), Vec::new());
+        while let Some(r) = self.next.take() {
+            let k = (self.key)(&r);
+            match id {
+                Some(id) if k == id => rows.push(r),
+                Some(id) if k > id => {
+                    self.next = Some(r);
+                    break;
+                }
+                _ => orphans.push(r),
+            }
+            self.next = self.stream.try_next().await?;
+        }
+        Ok((orphans, rows))
+    }
+}
+
+fn orphan(report: &mut VerifyReport, id: uuid::Uuid, seq: i64, what: &str) {
+    report.breaks.push(ChainBreak {
+        operation_id: OperationId::from_uuid(id).to_string(),
+        seq,
+        problem: format!("{what} of an operation that does not exist"),
+        expected: "an operations row".into(),
+        stored: "none".into(),
+    });
 }
 
 impl Store {
@@ -50,73 +176,83 @@ impl Store {
     // Audit
     // ----------------------------------------------------------------------------------------------
 
-    /// Recompute one operation's chain and compare its end with the head recorded on the operation.
+    /// Verify one operation: both chains, its row's facts, its stored results.
     pub async fn verify_operation(&self, id: OperationId) -> Result<VerifyReport, StoreError> {
-        let (_, head_seq, head): (uuid::Uuid, i64, Vec<u8>) =
-            sqlx::query_as(include_str!("sql/operation_get_head.sql"))
-                .bind(id.as_uuid())
-                .fetch_optional(&self.pool)
-                .await?
-                .ok_or(StoreError::NotFound(id))?;
-        let rows = self.history(id).await?;
-        let mut report = VerifyReport {
-            operations: 1,
-            rows: rows.len() as u64,
-            ..Default::default()
-        };
-        check_chain(&id.to_string(), head_seq, &head, &rows, &mut report);
-        Ok(report)
-    }
-
-    /// Recompute every chain (streamed, so memory stays flat however large history grows): a merge
-    /// of the operations' recorded heads with the history rows, both in operation order.
-    pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
-        let heads: Vec<(uuid::Uuid, i64, Vec<u8>)> =
-            sqlx::query_as(include_str!("sql/operation_list_heads.sql"))
+        let facts: Facts = sqlx::query_as(include_str!("sql/operation_get_facts.sql"))
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound(id))?;
+        let history = self.history(id).await?;
+        let calls = self.calls(id).await?;
+        let results: Vec<ResultDigest> =
+            sqlx::query_as(include_str!("sql/result_list_digests.sql"))
+                .bind(Some(id.as_uuid()))
                 .fetch_all(&self.pool)
                 .await?;
         let mut report = VerifyReport::default();
-        let mut stream = sqlx::query_as::<_, HistoryRow>(include_str!("sql/history_list_all.sql"))
+        check_operation(&facts, &history, &calls, &results, &mut report);
+        Ok(report)
+    }
+
+    /// Verify every operation (streamed, so memory stays flat however large history grows): a merge
+    /// of the operation rows with their history, calls and result digests, all in operation order.
+    pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
+        let mut report = VerifyReport::default();
+        let mut ops = sqlx::query_as::<_, Facts>(include_str!("sql/operation_list_facts.sql"))
             .fetch(&self.pool);
-        let mut next = stream.try_next().await?.map(HistoryRecord::from);
-        let orphan = |r: &HistoryRecord, report: &mut VerifyReport| {
-            report.rows += 1;
-            report.breaks.push(ChainBreak {
-                operation_id: r.operation_id.to_string(),
-                seq: r.seq,
-                problem: "history row of an operation that does not exist".into(),
-                expected: "an operations row".into(),
-                stored: "none".into(),
-            });
-        };
-        for (id, head_seq, head_hash) in heads {
-            while let Some(r) = next.as_ref().filter(|r| r.operation_id.as_uuid() < id) {
-                orphan(r, &mut report);
-                next = stream.try_next().await?.map(HistoryRecord::from);
+        let mut history = PerOperation::new(
+            sqlx::query_as::<_, HistoryRow>(include_str!("sql/history_list_all.sql"))
+                .fetch(&self.pool),
+            HistoryRow::operation_uuid,
+        )
+        .await?;
+        let mut calls = PerOperation::new(
+            sqlx::query_as::<_, StoredCall>(include_str!("sql/call_list_all.sql"))
+                .fetch(&self.pool),
+            |c: &StoredCall| c.operation_id,
+        )
+        .await?;
+        let mut results = PerOperation::new(
+            sqlx::query_as::<_, ResultDigest>(include_str!("sql/result_list_digests.sql"))
+                .bind(None::<uuid::Uuid>)
+                .fetch(&self.pool),
+            |r: &ResultDigest| r.operation_id,
+        )
+        .await?;
+        loop {
+            let op = ops.try_next().await?;
+            let id = op.as_ref().map(|o| o.id);
+            let (lost_links, links) = history.take(id).await?;
+            let (lost_calls, op_calls) = calls.take(id).await?;
+            let (lost_results, op_results) = results.take(id).await?;
+            for r in lost_links {
+                report.rows += 1;
+                orphan(&mut report, r.operation_uuid(), r.seq(), "history row");
             }
-            let mut rows = Vec::new();
-            while let Some(r) = next.take() {
-                if r.operation_id.as_uuid() != id {
-                    next = Some(r);
-                    break;
-                }
-                rows.push(r);
-                next = stream.try_next().await?.map(HistoryRecord::from);
+            for c in lost_calls {
+                report.calls += 1;
+                orphan(
+                    &mut report,
+                    c.operation_id,
+                    c.seq.unwrap_or(0),
+                    "provider call",
+                );
             }
-            report.operations += 1;
-            report.rows += rows.len() as u64;
-            let op = OperationId::from_uuid(id).to_string();
-            check_chain(&op, head_seq, &head_hash, &rows, &mut report);
-        }
-        while let Some(r) = next {
-            orphan(&r, &mut report);
-            next = stream.try_next().await?.map(HistoryRecord::from);
+            for r in lost_results {
+                report.results += 1;
+                orphan(&mut report, r.operation_id, 0, "stored result");
+            }
+            let Some(op) = op else { break };
+            let links: Vec<HistoryRecord> = links.into_iter().map(HistoryRecord::from).collect();
+            check_operation(&op, &links, &op_calls, &op_results, &mut report);
         }
         Ok(report)
     }
 
-    /// Anchor every chain head: one digest over all heads, stored with its time, in one consistent
-    /// snapshot. Print the digest and keep it outside the database.
+    /// Anchor every operation's chain heads (history and calls): one digest over all of them,
+    /// stored with its time, in one consistent snapshot. Keep the returned anchor outside the
+    /// database (`jobtrail-admin audit anchor --out`).
     pub async fn anchor(&self, created_by: &str) -> Result<Anchor, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -124,12 +260,17 @@ impl Store {
             .await?;
         let mut hasher = HeadsHasher::default();
         {
-            let mut heads = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>)>(include_str!(
-                "sql/operation_list_heads.sql"
-            ))
+            let mut heads = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>, i64, Vec<u8>)>(
+                include_str!("sql/operation_list_heads.sql"),
+            )
             .fetch(&mut *tx);
-            while let Some((id, seq, hash)) = heads.try_next().await? {
-                hasher.add(&OperationId::from_uuid(id).to_string(), seq, &hash);
+            while let Some((id, seq, hash, calls_seq, calls_hash)) = heads.try_next().await? {
+                hasher.add_heads(
+                    ANCHOR_VERSION,
+                    &OperationId::from_uuid(id).to_string(),
+                    (seq, &hash),
+                    (calls_seq, &calls_hash),
+                );
             }
         }
         let count = hasher.count() as i64;
@@ -139,6 +280,7 @@ impl Store {
                 .bind(created_by)
                 .bind(count)
                 .bind(&digest)
+                .bind(ANCHOR_VERSION)
                 .fetch_one(&mut *tx)
                 .await?;
         sqlx::query(include_str!("sql/anchor_heads_insert_from_operations.sql"))
@@ -152,6 +294,7 @@ impl Store {
             created_by: created_by.to_owned(),
             operations: count,
             digest,
+            version: ANCHOR_VERSION,
         })
     }
 
@@ -161,35 +304,41 @@ impl Store {
             .await?)
     }
 
-    /// Check an anchor: its recorded heads must still hash to its digest (and to `expected_digest`, a
-    /// copy kept outside the database, when given), and every anchored link must still exist with the
-    /// anchored hash.
+    /// The anchor with this digest (a copy kept outside the database names it).
+    pub async fn anchor_by_digest(&self, digest: &str) -> Result<Option<Anchor>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/anchor_get_by_digest.sql"))
+            .bind(digest.to_ascii_lowercase())
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Check an anchor: its recorded heads must still hash to its digest, and every anchored link
+    /// and call must still exist with the anchored hash. `only`: check one operation's anchored
+    /// heads (the digest is always recomputed over all of them).
     pub async fn verify_anchor(
         &self,
         anchor: &Anchor,
-        expected_digest: Option<&str>,
+        only: Option<OperationId>,
     ) -> Result<Vec<ChainBreak>, StoreError> {
         let mut breaks = Vec::new();
         let tag = format!("anchor #{}", anchor.id);
-        if let Some(want) = expected_digest
-            && !want.eq_ignore_ascii_case(&anchor.digest)
-        {
-            breaks.push(ChainBreak {
-                operation_id: tag.clone(),
-                seq: 0,
-                problem: "the anchor in the database is not the one kept outside it".into(),
-                expected: want.to_ascii_lowercase(),
-                stored: anchor.digest.clone(),
-            });
-        }
         let mut hasher = HeadsHasher::default();
-        let mut heads = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>)>(include_str!(
-            "sql/anchor_heads_list.sql"
-        ))
-        .bind(anchor.id)
-        .fetch(&self.pool);
-        while let Some((id, seq, hash)) = heads.try_next().await? {
-            hasher.add(&OperationId::from_uuid(id).to_string(), seq, &hash);
+        let mut heads =
+            sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>, Option<i64>, Option<Vec<u8>>)>(
+                include_str!("sql/anchor_heads_list.sql"),
+            )
+            .bind(anchor.id)
+            .fetch(&self.pool);
+        while let Some((id, seq, hash, calls_seq, calls_hash)) = heads.try_next().await? {
+            hasher.add_heads(
+                anchor.version,
+                &OperationId::from_uuid(id).to_string(),
+                (seq, &hash),
+                (
+                    calls_seq.unwrap_or(0),
+                    calls_hash.as_deref().unwrap_or(&GENESIS),
+                ),
+            );
         }
         drop(heads);
         let count = hasher.count() as i64;
@@ -207,70 +356,271 @@ impl Store {
         let broken: Vec<BrokenHead> =
             sqlx::query_as(include_str!("sql/anchor_list_broken_heads.sql"))
                 .bind(anchor.id)
+                .bind(only.map(|o| o.as_uuid()))
                 .fetch_all(&self.pool)
                 .await?;
-        for BrokenHead {
-            operation_id: id,
-            seq,
-            anchored,
-            current,
-            operation_exists: exists,
-        } in broken
-        {
-            let problem = if !exists {
+        for b in broken {
+            let problem = if !b.operation_exists {
                 format!("operation deleted since {tag}")
-            } else if current.is_none() {
-                format!("history link anchored by {tag} is missing")
+            } else if b.current.is_none() {
+                format!("{} anchored by {tag} is missing", b.chain)
             } else {
-                format!("history link anchored by {tag} was rewritten")
+                format!("{} anchored by {tag} was rewritten", b.chain)
             };
             breaks.push(ChainBreak {
-                operation_id: OperationId::from_uuid(id).to_string(),
-                seq,
+                operation_id: OperationId::from_uuid(b.operation_id).to_string(),
+                seq: b.seq,
                 problem,
-                expected: hex::encode(anchored),
-                stored: current.map(hex::encode).unwrap_or_else(|| "none".into()),
+                expected: hex::encode(b.anchored),
+                stored: b.current.map(hex::encode).unwrap_or_else(|| "none".into()),
             });
         }
         Ok(breaks)
     }
 
-    /// Verify every chain and the latest anchor.
+    /// How much evidence lies after `anchor` (all of it without one).
+    pub async fn unanchored(&self, anchor: Option<&Anchor>) -> Result<Unanchored, StoreError> {
+        Ok(
+            sqlx::query_as(include_str!("sql/anchor_count_unanchored.sql"))
+                .bind(anchor.map(|a| a.id))
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Verify every operation and an anchor: the one whose digest `expected_digest` names (kept
+    /// outside the database; refused with [`AnchorNotFound`] when it is not there), else the latest.
     pub async fn verify_everything(
         &self,
         expected_digest: Option<&str>,
     ) -> Result<VerifyReport, StoreError> {
+        let anchor = self.anchor_to_check(expected_digest).await?;
         let mut report = self.verify_all().await?;
-        if let Some(anchor) = self.latest_anchor().await? {
+        if let Some(anchor) = &anchor {
             report
                 .breaks
-                .extend(self.verify_anchor(&anchor, expected_digest).await?);
-            report.anchor = Some(anchor);
+                .extend(self.verify_anchor(anchor, None).await?);
         }
+        report.unanchored = Some(self.unanchored(anchor.as_ref()).await?);
+        report.anchor = anchor;
         Ok(report)
+    }
+
+    /// Verify one operation, and its heads in the anchor `expected_digest` names (or the latest).
+    pub async fn verify_operation_anchored(
+        &self,
+        id: OperationId,
+        expected_digest: Option<&str>,
+    ) -> Result<VerifyReport, StoreError> {
+        let anchor = self.anchor_to_check(expected_digest).await?;
+        let mut report = self.verify_operation(id).await?;
+        if let Some(anchor) = &anchor {
+            report.breaks.extend(
+                self.verify_anchor(anchor, Some(id))
+                    .await?
+                    .into_iter()
+                    .filter(|b| b.operation_id == id.to_string() || b.seq == 0),
+            );
+        }
+        report.anchor = anchor;
+        Ok(report)
+    }
+
+    /// Where a succeeded operation's result is and its digest, as its (verified) history chain
+    /// records them: what may be served. `Tampered` if the chain does not verify or the row names
+    /// other bytes than the chain does.
+    pub async fn chained_result(&self, id: OperationId) -> Result<(String, String), StoreError> {
+        let history = self.history(id).await?;
+        let links: Vec<_> = history.iter().map(HistoryRecord::link).collect();
+        if let Some(b) = chain::verify(&links).first() {
+            return Err(StoreError::Tampered(format!(
+                "the history of {id} does not verify (#{}: {}); its result is not served",
+                b.seq, b.problem
+            )));
+        }
+        let entries: Vec<_> = links.into_iter().map(|l| l.entry).collect();
+        let validated = entries
+            .iter()
+            .rev()
+            .find(|e| e.event == "result_validated")
+            .and_then(|e| {
+                Some((
+                    e.detail.get("location")?.as_str()?.to_owned(),
+                    e.detail.get("sha256")?.as_str()?.to_owned(),
+                ))
+            })
+            .ok_or_else(|| {
+                StoreError::Tampered(format!("the history of {id} records no validated result"))
+            })?;
+        let op = self.get(id).await?;
+        if op.result_sha256.as_deref() != Some(validated.1.as_str())
+            || op.result_location.as_deref() != Some(validated.0.as_str())
+        {
+            return Err(StoreError::Tampered(format!(
+                "{id} names result {} but its history validated {}: the record was altered; the result is not served",
+                op.result_sha256.as_deref().unwrap_or("none"),
+                validated.1
+            )));
+        }
+        Ok(validated)
+    }
+
+    async fn anchor_to_check(&self, expected: Option<&str>) -> Result<Option<Anchor>, StoreError> {
+        match expected {
+            Some(d) => match self.anchor_by_digest(d).await? {
+                Some(a) => Ok(Some(a)),
+                None => Err(StoreError::AnchorNotFound(AnchorNotFound(
+                    d.to_ascii_lowercase(),
+                ))),
+            },
+            None => self.latest_anchor().await,
+        }
     }
 }
 
-fn check_chain(
-    op: &str,
-    head_seq: i64,
-    head_hash: &[u8],
-    rows: &[HistoryRecord],
+/// Everything one operation's evidence must agree on.
+fn check_operation(
+    f: &Facts,
+    history: &[HistoryRecord],
+    calls: &[StoredCall],
+    results: &[ResultDigest],
     report: &mut VerifyReport,
 ) {
-    let links: Vec<_> = rows.iter().map(HistoryRecord::link).collect();
+    let op = OperationId::from_uuid(f.id).to_string();
+    report.operations += 1;
+    report.rows += history.len() as u64;
+    let br = |seq: i64, problem: String, expected: String, stored: String| ChainBreak {
+        operation_id: op.clone(),
+        seq,
+        problem,
+        expected,
+        stored,
+    };
+
+    // The history chain, and its end against the head on the row.
+    let links: Vec<_> = history.iter().map(HistoryRecord::link).collect();
     report.breaks.extend(chain::verify(&links));
-    let (last_seq, last_hash) = rows
+    let (last_seq, last_hash) = history
         .last()
         .map(|r| (r.seq, r.hash.clone()))
         .unwrap_or((0, GENESIS.to_vec()));
-    if last_seq != head_seq || last_hash != head_hash {
-        report.breaks.push(ChainBreak {
-            operation_id: op.to_owned(),
-            seq: last_seq,
-            problem: "chain end does not match the head recorded on the operation (rows removed or appended out of band)".into(),
-            expected: format!("#{head_seq} {}", hex::encode(head_hash)),
-            stored: format!("#{last_seq} {}", hex::encode(&last_hash)),
-        });
+    if last_seq != f.history_seq || last_hash != f.history_head {
+        report.breaks.push(br(
+            last_seq,
+            "chain end does not match the head recorded on the operation (rows removed or appended out of band)".into(),
+            format!("#{} {}", f.history_seq, hex::encode(&f.history_head)),
+            format!("#{last_seq} {}", hex::encode(&last_hash)),
+        ));
+    }
+
+    // The row's facts against the chain.
+    let entries: Vec<_> = links.iter().map(|l| l.entry.clone()).collect();
+    match entries.first().and_then(SubmittedFacts::from_first_link) {
+        Some(chained) => {
+            let stored = SubmittedFacts {
+                provider: f.provider.clone(),
+                target: f.target.clone(),
+                fingerprint: f.request_fingerprint.clone(),
+                caller: f.caller.clone(),
+                approved_by: f.approved_by.clone(),
+                approval_ref: f.approval_ref.clone(),
+                trace_id: f.trace_id.clone(),
+                idempotency: f.idempotency_mode.clone(),
+            };
+            for (field, expected, found) in chained.differences(&stored) {
+                report.breaks.push(br(
+                    1,
+                    format!("the operation's {field} differs from the chained submission"),
+                    expected,
+                    found,
+                ));
+            }
+        }
+        None if !history.is_empty() => report.breaks.push(br(
+            1,
+            "the first history link is not a submission recording the submitted facts".into(),
+            "submitted".into(),
+            entries[0].event.clone(),
+        )),
+        None => {}
+    }
+    if let Some(last) = entries.last() {
+        if last.to_state != f.state {
+            report.breaks.push(br(
+                last.seq,
+                "the operation's state differs from where its last history link leads".into(),
+                last.to_state.clone(),
+                f.state.clone(),
+            ));
+        }
+        if last.remote_job_id != f.remote_job_id {
+            report.breaks.push(br(
+                last.seq,
+                "the operation's remote job id differs from the one its history records".into(),
+                last.remote_job_id.clone().unwrap_or_else(|| "none".into()),
+                f.remote_job_id.clone().unwrap_or_else(|| "none".into()),
+            ));
+        }
+    }
+    let validated = chain::validated_result_digest(&entries);
+    if f.result_sha256 != validated {
+        report.breaks.push(br(
+            last_seq,
+            "the operation's result digest differs from the validated result its history records"
+                .into(),
+            validated.unwrap_or_else(|| "none".into()),
+            f.result_sha256.clone().unwrap_or_else(|| "none".into()),
+        ));
+    }
+
+    // The call chain, and its end against the call head on the row.
+    let chained: Vec<_> = calls.iter().filter_map(StoredCall::link).collect();
+    report.calls += chained.len() as u64;
+    report.unchained_calls += (calls.len() - chained.len()) as u64;
+    report.breaks.extend(chain::verify(&chained));
+    let (calls_seq, calls_hash) = chained
+        .last()
+        .map(|l| (l.entry.seq, l.hash.clone()))
+        .unwrap_or((0, GENESIS.to_vec()));
+    if calls_seq != f.calls_seq || calls_hash != f.calls_head {
+        report.breaks.push(br(
+            calls_seq,
+            "the call chain's end does not match the call head recorded on the operation (calls removed or logged out of band)".into(),
+            format!("#{} {}", f.calls_seq, hex::encode(&f.calls_head)),
+            format!("#{calls_seq} {}", hex::encode(&calls_hash)),
+        ));
+    }
+    for link in history.iter().filter(|h| h.call_id.is_some()) {
+        if !calls.iter().any(|c| Some(c.id) == link.call_id) {
+            report.breaks.push(br(
+                link.seq,
+                "the provider call this history link names is missing".into(),
+                link.call_id.map(|c| c.to_string()).unwrap_or_default(),
+                "none".into(),
+            ));
+        }
+    }
+
+    // Stored result bytes: intact, and named by the chain.
+    let named = chain::named_result_digests(&entries);
+    for r in results {
+        report.results += 1;
+        if r.actual_sha256 != r.sha256 {
+            report.breaks.push(br(
+                0,
+                "stored result bytes do not match their recorded digest (bytes altered)".into(),
+                r.sha256.clone(),
+                r.actual_sha256.clone(),
+            ));
+        }
+        if !named.contains(&r.sha256) {
+            report.breaks.push(br(
+                0,
+                "stored result bytes that no history link names (bytes swapped or added out of band)"
+                    .into(),
+                "a digest named by the chain".into(),
+                r.sha256.clone(),
+            ));
+        }
     }
 }

@@ -50,6 +50,12 @@ pub enum StoreError {
     Database(sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Evidence disagrees with its chain; what depends on it is refused.
+    #[error("{0}")]
+    Tampered(String),
+    /// An anchor kept outside the database names a digest no anchor in it has.
+    #[error(transparent)]
+    AnchorNotFound(#[from] crate::audit::AnchorNotFound),
     /// The database's schema is not the one this binary was built for.
     #[error("{0}")]
     Schema(String),

@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use audit::{Anchor, VerifyReport};
+pub use audit::{Anchor, AnchorNotFound, Unanchored, VerifyReport};
 pub use error::StoreError;
 pub use queue::LeaseHolder;
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
@@ -434,19 +434,30 @@ impl Store {
     pub async fn apply(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
         let call = step.call.clone();
         let result = self.apply_fenced(lease, step).await;
-        if let (Err(StoreError::LeaseLost { .. } | StoreError::Illegal { .. }), Some(call)) =
-            (&result, call)
+        if let (Err(e), Some(call)) = (&result, call)
+            && refuses_only_the_step(e)
         {
-            write::insert_call(
-                &self.pool,
-                lease.operation_id,
-                lease.epoch,
-                &lease.owner,
-                &call,
-            )
-            .await?;
+            self.log_refused_call(lease, &call).await?;
         }
         result
+    }
+
+    /// Log the call of a refused write as the next link of its operation's call chain, in a
+    /// transaction of its own: the call happened, whoever owns the operation now.
+    async fn log_refused_call(&self, lease: &Lease, call: &CallRecord) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let locked = lock(&mut tx, lease.operation_id).await?;
+        let rec: OperationRecord = locked.row.try_into()?;
+        let link = write::next_call_link(&rec, lease.epoch, &lease.owner, call)?;
+        write::insert_call(&mut *tx, rec.id, lease.epoch, &lease.owner, call, link).await?;
+        sqlx::query(include_str!("sql/operation_advance_calls_head.sql"))
+            .bind(rec.id.as_uuid())
+            .bind(link.seq)
+            .bind(link.hash.as_slice())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Many fenced writes in one transaction (group commit): one lock statement for all rows, one
@@ -480,6 +491,15 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let results = write_batch_in(&mut tx, writes).await?;
         tx.commit().await?;
+        // The calls of refused writes, each after the batch (never holding the batch's locks while
+        // waiting for another worker's row).
+        for ((lease, step), result) in writes.iter().zip(&results) {
+            if let (Err(e), Some(call)) = (result, &step.call)
+                && refuses_only_the_step(e)
+            {
+                self.log_refused_call(lease, call).await?;
+            }
+        }
         Ok(results)
     }
 
@@ -618,6 +638,8 @@ async fn insert_intent(
         detail: serde_json::json!({
             "provider": intent.provider,
             "target": intent.target,
+            "caller": intent.caller,
+            "approved_by": intent.approved_by,
             "fingerprint": intent.fingerprint.as_str(),
             "idempotency": intent.idempotency.as_str(),
             "at_most_once": intent.idempotency.guarantees_at_most_once(),
@@ -687,7 +709,6 @@ pub(crate) async fn write_batch_in(
         locked.into_iter().map(|l| (l.row_id(), l)).collect();
     let mut planned = Vec::new();
     let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
-    let mut refused_calls = Vec::new();
     for (lease, step) in writes {
         let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
             None => Err(lost(lease)),
@@ -698,21 +719,10 @@ pub(crate) async fn write_batch_in(
                 planned.push(p);
                 slots.push(Ok(planned.len() - 1));
             }
-            Err(e) => {
-                // The call happened; log it even though the write is refused.
-                if let Some(call) = &step.call {
-                    refused_calls.push(write::CallRow {
-                        operation_id: lease.operation_id,
-                        epoch: lease.epoch,
-                        actor: &lease.owner,
-                        call,
-                    });
-                }
-                slots.push(Err(e));
-            }
+            // A refused step's call is logged by the caller after this transaction.
+            Err(e) => slots.push(Err(e)),
         }
     }
-    write::insert_calls(tx, &refused_calls).await?;
     write::execute_many(tx, &planned).await?;
     let mut planned: Vec<Option<write::Planned>> = planned.into_iter().map(Some).collect();
     let results = slots
@@ -753,6 +763,14 @@ pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
             })
         })
         .collect()
+}
+
+/// An error that refuses one step and leaves its call to be logged (the call happened).
+fn refuses_only_the_step(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::LeaseLost { .. } | StoreError::Illegal { .. } | StoreError::Moved { .. }
+    )
 }
 
 fn decision_actor(ev: &Event) -> Option<&str> {

@@ -72,6 +72,8 @@ pub(crate) struct OperationRow {
     superseded_by: Option<Uuid>,
     history_seq: i64,
     history_head: Vec<u8>,
+    calls_seq: i64,
+    calls_head: Vec<u8>,
 }
 
 /// A locked row together with the database clock reading of the locking transaction.
@@ -148,6 +150,8 @@ impl TryFrom<OperationRow> for OperationRecord {
             superseded_by: r.superseded_by.map(OperationId::from_uuid),
             history_seq: r.history_seq,
             history_head: r.history_head,
+            calls_seq: r.calls_seq,
+            calls_head: r.calls_head,
         })
     }
 }
@@ -187,6 +191,15 @@ pub(crate) struct HistoryRow {
     detail: serde_json::Value,
     prev_hash: Vec<u8>,
     hash: Vec<u8>,
+}
+
+impl HistoryRow {
+    pub(crate) fn operation_uuid(&self) -> Uuid {
+        self.operation_id
+    }
+    pub(crate) fn seq(&self) -> i64 {
+        self.seq
+    }
 }
 
 impl From<HistoryRow> for HistoryRecord {
@@ -257,6 +270,45 @@ pub struct StoredCall {
     pub trace_id: String,
     pub span_id: String,
     pub response_sha256: Option<String>,
+    /// The call's link in its operation's call chain (`None`: logged before calls were chained).
+    pub seq: Option<i64>,
+    #[serde(skip)]
+    pub prev_hash: Option<Vec<u8>>,
+    #[serde(skip)]
+    pub hash: Option<Vec<u8>>,
+}
+
+impl StoredCall {
+    /// The chained part of the row, as the call chain defines it.
+    pub fn link(
+        &self,
+    ) -> Option<jobtrail_core::chain::StoredLink<jobtrail_core::chain::CallEntry>> {
+        Some(jobtrail_core::chain::StoredLink {
+            entry: jobtrail_core::chain::CallEntry {
+                operation_id: OperationId::from_uuid(self.operation_id).to_string(),
+                seq: self.seq?,
+                id: self.id.to_string(),
+                kind: self.kind.clone(),
+                attempt: self.attempt,
+                actor: self.actor.clone(),
+                lease_epoch: self.lease_epoch,
+                started_at: self.started_at,
+                duration_ms: self.duration_ms,
+                method: self.method.clone(),
+                url: self.url.clone(),
+                http_status: self.http_status,
+                response_headers: self.response_headers.clone(),
+                provider_request_id: self.provider_request_id.clone(),
+                error_class: self.error_class.clone(),
+                outcome: self.outcome.clone(),
+                trace_id: self.trace_id.clone(),
+                span_id: self.span_id.clone(),
+                response_sha256: self.response_sha256.clone(),
+            },
+            prev_hash: self.prev_hash.clone()?,
+            hash: self.hash.clone()?,
+        })
+    }
 }
 
 impl LockedRow {

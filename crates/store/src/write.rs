@@ -2,7 +2,7 @@
 //! that is locked, append the history link, write the row, all in one short transaction.
 
 use chrono::{DateTime, Utc};
-use jobtrail_core::chain::{ChainEntry, storable};
+use jobtrail_core::chain::{CallEntry, ChainEntry, Linked, storable};
 use jobtrail_core::machine::Transition;
 use jobtrail_core::{Event, transition};
 use sqlx::{Postgres, Transaction};
@@ -39,7 +39,7 @@ pub(crate) struct Planned<'s> {
     pub applied: Applied,
     epoch: i64,
     actor: String,
-    call: Option<&'s CallRecord>,
+    call: Option<(&'s CallRecord, CallLink)>,
     link: Option<(ChainEntry, [u8; 32], [u8; 32])>,
     result: Option<&'s ResultBytes>,
 }
@@ -132,6 +132,17 @@ pub(crate) fn plan<'s>(
         rec.create_sent_epoch = None;
     }
 
+    // The call's link in the operation's call chain.
+    let call = match &step.call {
+        Some(c) => {
+            let link = next_call_link(&rec, epoch, actor, c)?;
+            rec.calls_seq = link.seq;
+            rec.calls_head = link.hash.to_vec();
+            Some((c, link))
+        }
+        None => None,
+    };
+
     // The schedule and the lease.
     let (delay, reason) = step.next_in.unwrap_or((Duration::ZERO, "immediate"));
     let automated = rec.state.is_automated();
@@ -198,9 +209,57 @@ pub(crate) fn plan<'s>(
         },
         epoch,
         actor: actor.to_owned(),
-        call: step.call.as_ref(),
+        call,
         link,
         result: step.result_bytes.as_ref(),
+    })
+}
+
+/// A call's place in its operation's call chain: seq, prev_hash, hash.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallLink {
+    pub seq: i64,
+    pub prev: [u8; 32],
+    pub hash: [u8; 32],
+}
+
+/// The link a call logged now (by `actor` under `epoch`) takes after the operation's call head.
+pub(crate) fn next_call_link(
+    rec: &OperationRecord,
+    epoch: i64,
+    actor: &str,
+    c: &CallRecord,
+) -> Result<CallLink, StoreError> {
+    let prev: [u8; 32] = rec
+        .calls_head
+        .as_slice()
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("calls_head is not 32 bytes".into()))?;
+    let entry = CallEntry {
+        operation_id: rec.id.to_string(),
+        seq: rec.calls_seq + 1,
+        id: c.id.to_string(),
+        kind: c.kind.as_str().to_owned(),
+        attempt: c.attempt,
+        actor: actor.to_owned(),
+        lease_epoch: epoch,
+        started_at: storable(c.started_at),
+        duration_ms: c.duration_ms,
+        method: c.method.clone(),
+        url: c.url.clone(),
+        http_status: c.http_status,
+        response_headers: c.response_headers.clone(),
+        provider_request_id: c.provider_request_id.clone(),
+        error_class: c.error_class.clone(),
+        outcome: c.outcome.clone(),
+        trace_id: c.trace_id.clone(),
+        span_id: c.span_id.clone(),
+        response_sha256: c.response_sha256.clone(),
+    };
+    Ok(CallLink {
+        seq: entry.seq,
+        prev,
+        hash: entry.hash(&prev),
     })
 }
 
@@ -210,11 +269,11 @@ pub(crate) async fn execute(
     p: &Planned<'_>,
 ) -> Result<(), StoreError> {
     let rec = &p.applied.record;
-    if let Some(call) = p.call {
-        insert_call(&mut **tx, rec.id, p.epoch, &p.actor, call).await?;
+    if let Some((call, link)) = p.call {
+        insert_call(&mut **tx, rec.id, p.epoch, &p.actor, call, link).await?;
     }
     if let Some((entry, prev, hash)) = &p.link {
-        insert_history(tx, entry, p.call.map(|c| c.id), prev, hash).await?;
+        insert_history(tx, entry, p.call.map(|(c, _)| c.id), prev, hash).await?;
     }
     insert_results(tx, std::slice::from_ref(p)).await?;
     update_row(tx, rec, p.epoch).await
@@ -353,6 +412,7 @@ pub(crate) async fn insert_call<'c, E: sqlx::PgExecutor<'c>>(
     epoch: i64,
     actor: &str,
     call: &CallRecord,
+    link: CallLink,
 ) -> Result<(), StoreError> {
     sqlx::query(include_str!("sql/call_insert.sql"))
         .bind(call.id)
@@ -373,6 +433,9 @@ pub(crate) async fn insert_call<'c, E: sqlx::PgExecutor<'c>>(
         .bind(&call.trace_id)
         .bind(&call.span_id)
         .bind(&call.response_sha256)
+        .bind(link.seq)
+        .bind(link.prev.as_slice())
+        .bind(link.hash.as_slice())
         .execute(exec)
         .await?;
     Ok(())
@@ -455,6 +518,8 @@ async fn update_row(
         .bind(r.create_sent_epoch)
         .bind(r.poll_not_before)
         .bind(r.reconcile_attempts)
+        .bind(r.calls_seq)
+        .bind(r.calls_head.as_slice())
         .fetch_optional(&mut **tx)
         .await?;
     match done {
@@ -466,21 +531,23 @@ async fn update_row(
     }
 }
 
-/// A provider call to log, with who made it under which epoch.
+/// A provider call to log, with who made it under which epoch, and its link.
 pub(crate) struct CallRow<'a> {
     pub operation_id: jobtrail_core::OperationId,
     pub epoch: i64,
     pub actor: &'a str,
     pub call: &'a CallRecord,
+    pub link: CallLink,
 }
 
 impl Planned<'_> {
     pub(crate) fn call_row(&self) -> Option<CallRow<'_>> {
-        self.call.map(|call| CallRow {
+        self.call.map(|(call, link)| CallRow {
             operation_id: self.applied.record.id,
             epoch: self.epoch,
             actor: &self.actor,
             call,
+            link,
         })
     }
 }
@@ -533,6 +600,17 @@ pub(crate) async fn insert_calls(
                 .map(|r| r.call.response_sha256.clone())
                 .collect::<Vec<_>>(),
         )
+        .bind(rows.iter().map(|r| r.link.seq).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.link.prev.to_vec())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| r.link.hash.to_vec())
+                .collect::<Vec<_>>(),
+        )
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -563,7 +641,7 @@ pub(crate) async fn execute_many(
         .filter_map(|p| {
             p.link
                 .as_ref()
-                .map(|(e, prev, hash)| (e, prev, hash, p.call.map(|c| c.id)))
+                .map(|(e, prev, hash)| (e, prev, hash, p.call.map(|(c, _)| c.id)))
         })
         .collect();
     if !links.is_empty() {
@@ -742,6 +820,8 @@ pub(crate) async fn execute_many(
         .bind(r.iter().map(|x| x.create_sent_epoch).collect::<Vec<_>>())
         .bind(r.iter().map(|x| x.poll_not_before).collect::<Vec<_>>())
         .bind(r.iter().map(|x| x.reconcile_attempts).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.calls_seq).collect::<Vec<_>>())
+        .bind(r.iter().map(|x| x.calls_head.clone()).collect::<Vec<_>>())
         .execute(&mut **tx)
         .await?;
     if done.rows_affected() != planned.len() as u64 {

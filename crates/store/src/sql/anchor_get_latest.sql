@@ -1,2 +1,2 @@
 -- The most recent anchor.
-SELECT id, created_at, created_by, operations, digest FROM audit_anchors ORDER BY id DESC LIMIT 1
+SELECT id, created_at, created_by, operations, digest, version FROM audit_anchors ORDER BY id DESC LIMIT 1

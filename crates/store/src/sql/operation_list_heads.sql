@@ -1,2 +1,2 @@
--- Every operation's recorded chain head, in id order (history_list_all.sql uses the same order).
-SELECT id, history_seq, history_head FROM operations ORDER BY id
+-- Every operation's chain heads (history, calls), in id order: what an anchor hashes.
+SELECT id, history_seq, history_head, calls_seq, calls_head FROM operations ORDER BY id

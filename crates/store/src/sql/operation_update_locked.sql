@@ -12,6 +12,7 @@ UPDATE operations SET
     result_location = $29, result_size = $30, result_sha256 = $31, result_content_type = $32,
     result_summary = $33, superseded_by = $34, result_deadline = $35, create_deadline = $36,
     history_seq = $37, history_head = $38,
-    create_sent_epoch = $39, poll_not_before = $40, reconcile_attempts = $41
+    create_sent_epoch = $39, poll_not_before = $40, reconcile_attempts = $41,
+    calls_seq = $42, calls_head = $43
 WHERE id = $1 AND lease_epoch = $2
 RETURNING id
