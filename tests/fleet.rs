@@ -130,7 +130,7 @@ async fn no_secret_reaches_the_database_or_the_logs() {
     let w = env.spawn_worker(
         "secretive",
         "5s",
-        &[("JOBTRAIL_TEST_CARD", CARD), ("JOBTRAIL_LOG", "trace")],
+        &[("JOBTRAIL_SIM_CARD", CARD), ("JOBTRAIL_LOG", "trace")],
     );
     let mut ids = Vec::new();
     for script in [
@@ -138,7 +138,7 @@ async fn no_secret_reaches_the_database_or_the_logs() {
         serde_json::json!({"create": ["drop_after_accept"]}),
         serde_json::json!({"result": "bad_checksum"}),
     ] {
-        let body = serde_json::json!({"report": "usage", "payment": {"card_number": {"$secret": "env:JOBTRAIL_TEST_CARD"}}, "sim": script});
+        let body = serde_json::json!({"report": "usage", "payment": {"card_number": {"$secret": "customer_card"}}, "sim": script});
         let op = env
             .submit("sim", serde_json::json!({}), |s| {
                 s.body = serde_json::to_vec(&body).unwrap()
@@ -192,7 +192,7 @@ async fn no_secret_reaches_the_database_or_the_logs() {
     let op = env.store.get(ids[0]).await.unwrap();
     assert_eq!(
         op.request_body["payment"]["card_number"]["$secret"],
-        "env:JOBTRAIL_TEST_CARD"
+        "customer_card"
     );
 }
 

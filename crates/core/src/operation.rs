@@ -5,7 +5,7 @@
 //! bytes for the operation id, the token and the trace id are arguments.
 
 use crate::ids::{IdempotencyToken, OperationId, TraceId};
-use crate::request::{Fingerprint, SensitiveFieldError, check_sensitive_fields};
+use crate::request::{Fingerprint, SecretGrant, SensitiveFieldError, check_sensitive_fields};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -71,6 +71,9 @@ pub struct ProviderTerms {
     #[serde(default)]
     pub body: BodyShape,
     pub sensitive_fields: Vec<String>,
+    /// Secrets callers may name at the sensitive fields, by grant name.
+    #[serde(default)]
+    pub secret_grants: std::collections::BTreeMap<String, SecretGrant>,
     pub default_create_window: Duration,
     pub default_result_window: Duration,
     pub default_cancel_window: Duration,
@@ -84,6 +87,7 @@ impl ProviderTerms {
             idempotency,
             body: BodyShape::Object,
             sensitive_fields: Vec::new(),
+            secret_grants: std::collections::BTreeMap::new(),
             default_create_window: Duration::from_secs(120),
             default_result_window: Duration::from_secs(3600),
             default_cancel_window: Duration::from_secs(300),
@@ -247,7 +251,12 @@ impl Submission {
         let target = non_empty(&self.target, "target")?;
         let caller = non_empty(&self.caller, "caller")?;
         let approved_by = non_empty(&self.approved_by, "approved_by")?;
-        check_sensitive_fields(&body, &terms.sensitive_fields)?;
+        check_sensitive_fields(
+            &body,
+            &terms.sensitive_fields,
+            &terms.secret_grants,
+            &caller,
+        )?;
 
         let now = crate::chain::storable(now);
         // Saturating: a window too long to add is caught as "too far" below, never a panic.

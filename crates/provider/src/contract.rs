@@ -126,6 +126,17 @@ struct Raw {
     webhook: Option<RawWebhook>,
     #[serde(default)]
     redact: Vec<String>,
+    #[serde(default)]
+    secrets: BTreeMap<String, RawSecret>,
+}
+
+/// `[secrets.NAME]`: a secret callers may name at a sensitive field (operator configuration).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    from: String,
+    #[serde(default)]
+    callers: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -433,6 +444,14 @@ pub struct Auth {
     pub secret: SecretRef,
 }
 
+/// A secret callers may name (by its grant name) at the contract's sensitive fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantedSecret {
+    /// Where the worker reads it: the operator's choice, never the caller's.
+    pub from: SecretRef,
+    pub grant: jobtrail_core::SecretGrant,
+}
+
 /// Where the idempotency token goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenPlacement {
@@ -563,6 +582,8 @@ pub struct Contract {
     pub reconcile: ReconcileSpec,
     pub webhook: Option<WebhookSpec>,
     pub redact: Vec<String>,
+    /// Secrets callers may name, by grant name.
+    pub secrets: BTreeMap<String, GrantedSecret>,
 }
 
 impl Contract {
@@ -571,6 +592,11 @@ impl Contract {
         let mut t = ProviderTerms::new(&self.name, self.idempotency());
         t.body = self.create.body;
         t.sensitive_fields = self.redact.clone();
+        t.secret_grants = self
+            .secrets
+            .iter()
+            .map(|(n, s)| (n.clone(), s.grant.clone()))
+            .collect();
         t.default_create_window = self.create_window;
         t.default_result_window = self.result_window;
         if let Some(c) = &self.cancel {
@@ -1110,6 +1136,34 @@ impl Validator<'_> {
                 ));
             }
         }
+        let mut secrets = BTreeMap::new();
+        for (name, raw) in &r.secrets {
+            let key = format!("secrets.{name}");
+            if !jobtrail_core::request::is_grant_name(name) {
+                return Err(self.err(&key, "a name of letters, digits, '_', '-', '.'"));
+            }
+            if r.redact.is_empty() {
+                return Err(self.err(
+                    &key,
+                    "a `redact` list naming the fields where callers may name secrets",
+                ));
+            }
+            if raw.callers.as_ref().is_some_and(|c| c.is_empty()) {
+                return Err(self.err(
+                    &format!("{key}.callers"),
+                    "at least one caller (or no `callers` key: any caller)",
+                ));
+            }
+            secrets.insert(
+                name.clone(),
+                GrantedSecret {
+                    from: self.secret(&format!("{key}.from"), &raw.from)?,
+                    grant: jobtrail_core::SecretGrant {
+                        callers: raw.callers.clone(),
+                    },
+                },
+            );
+        }
 
         Ok(Contract {
             file: path.to_path_buf(),
@@ -1135,6 +1189,7 @@ impl Validator<'_> {
             reconcile,
             webhook,
             redact: r.redact,
+            secrets,
         })
     }
 

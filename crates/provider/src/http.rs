@@ -53,6 +53,8 @@ struct Req {
     body: Option<Vec<u8>>,
     extra: http::HeaderMap,
     max_body: u64,
+    /// Values of the secrets the body carries (scrubbed from what is recorded).
+    secrets: Vec<String>,
 }
 
 /// A provider driven entirely by its contract file.
@@ -115,14 +117,21 @@ impl HttpProvider {
         Ok(u)
     }
 
-    fn headers(&self, op: &OperationRecord) -> Result<http::HeaderMap, String> {
+    /// The request headers, with the credential resolved now (never earlier), and the secret values
+    /// they carry (to scrub from what is recorded).
+    async fn headers(
+        &self,
+        op: &OperationRecord,
+    ) -> Result<(http::HeaderMap, Vec<String>), String> {
         let mut h = http::HeaderMap::new();
+        let mut secrets = Vec::new();
         h.insert(
             http::header::ACCEPT,
             http::HeaderValue::from_static("application/json, */*;q=0.5"),
         );
         if let Some(auth) = &self.contract.auth {
-            let secret = wire::resolve_secret(&auth.secret)?;
+            let secret = wire::resolve_secret(&auth.secret).await?;
+            secrets.push(secret.clone());
             let value = match &auth.scheme {
                 Some(s) => format!("{s} {secret}"),
                 None => secret,
@@ -151,7 +160,7 @@ impl HttpProvider {
                 h.insert(http::header::COOKIE, v);
             }
         }
-        Ok(h)
+        Ok((h, secrets))
     }
 
     async fn send(&self, op: &OperationRecord, req: Req) -> Exchange {
@@ -163,13 +172,30 @@ impl HttpProvider {
             body,
             extra,
             max_body,
+            mut secrets,
         } = req;
-        let mut headers = match self.headers(op) {
-            Ok(h) => h,
+        let mut headers = match self.headers(op).await {
+            Ok((h, auth)) => {
+                secrets.extend(auth);
+                h
+            }
             Err(why) => return wire::unsent(kind, at.attempt, &method, &url, op.trace_id, &why),
         };
+        // The operation's own secrets too, whatever this call sends: a provider may echo the create
+        // body in any later answer, and a caller granted a secret may have it used, never read back.
+        if kind != CallKind::Create
+            && let Ok((_, body_secrets)) = wire::resolve_body_secrets(
+                &op.request_body,
+                &self.contract.redact,
+                &self.contract.secrets,
+                &op.caller,
+            )
+            .await
+        {
+            secrets.extend(body_secrets);
+        }
         headers.extend(extra);
-        wire::exchange(
+        let mut ex = wire::exchange(
             &self.client,
             Outgoing {
                 kind,
@@ -185,7 +211,12 @@ impl HttpProvider {
                 budget: self.contract.call_budget(),
             },
         )
-        .await
+        .await;
+        // Nothing a secret of this call was resolved to is recorded, whatever the provider echoes.
+        // A result is kept exactly as sent, so one that repeats a credential is refused instead.
+        ex.echoed_secret =
+            wire::Scrubber::new(&secrets).exchange(&mut ex, kind == CallKind::Result);
+        ex
     }
 
     /// The provider context after this exchange: cookies it set are kept per operation.
@@ -298,8 +329,14 @@ impl HttpProvider {
         }
     }
 
-    fn create_body(&self, op: &OperationRecord) -> Result<Vec<u8>, String> {
-        let mut body = wire::resolve_body_secrets(&op.request_body)?;
+    async fn create_body(&self, op: &OperationRecord) -> Result<(Vec<u8>, Vec<String>), String> {
+        let (mut body, secrets) = wire::resolve_body_secrets(
+            &op.request_body,
+            &self.contract.redact,
+            &self.contract.secrets,
+            &op.caller,
+        )
+        .await?;
         if let TokenPlacement::BodyField(p) = &self.contract.create.token {
             set_pointer(
                 &mut body,
@@ -310,7 +347,10 @@ impl HttpProvider {
         if let Some(p) = &self.contract.create.client_reference_field {
             set_pointer(&mut body, p, serde_json::Value::String(op.id.to_string()))?;
         }
-        serde_json::to_vec(&body).map_err(|e| e.to_string())
+        Ok((
+            serde_json::to_vec(&body).map_err(|e| e.to_string())?,
+            secrets,
+        ))
     }
 
     /// What one exchange says, before it becomes the outcome of a particular call.
@@ -341,7 +381,7 @@ impl HttpProvider {
         &self,
         op: &OperationRecord,
         t: Target<'_>,
-        body: Option<Vec<u8>>,
+        body: Option<(Vec<u8>, Vec<String>)>,
         extra: http::HeaderMap,
     ) -> Exchange {
         let Target {
@@ -353,6 +393,10 @@ impl HttpProvider {
         } = t;
         match self.url(target) {
             Ok(url) => {
+                let (body, secrets) = match body {
+                    Some((b, s)) => (Some(b), s),
+                    None => (None, Vec::new()),
+                };
                 self.send(
                     op,
                     Req {
@@ -363,6 +407,7 @@ impl HttpProvider {
                         body,
                         extra,
                         max_body,
+                        secrets,
                     },
                 )
                 .await
@@ -377,7 +422,7 @@ impl HttpProvider {
     async fn do_create(&self, op: &OperationRecord, at: CallCtx) -> Called<CreateOutcome> {
         let spec = &self.contract.create;
         let target = self.fill(&spec.path, op);
-        let body = match self.create_body(op) {
+        let body = match self.create_body(op).await {
             Ok(b) => b,
             Err(why) => {
                 let url = self
@@ -817,6 +862,13 @@ impl HttpProvider {
                     error_class: e.class().into(),
                 },
                 format!("failed: {}", e.class()),
+            ),
+            Verdict::Success | Verdict::AlreadyExists if ex.echoed_secret => (
+                ResultOutcome::Unavailable {
+                    http_status: ex.status,
+                    reason: "the result repeats a credential this call sent; it is not kept".into(),
+                },
+                "refused: the result repeats a credential".into(),
             ),
             Verdict::Success | Verdict::AlreadyExists => {
                 let header = |name: &http::HeaderName| {

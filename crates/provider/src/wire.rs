@@ -50,36 +50,210 @@ const SECRET_QUERY_HINTS: &[&str] = &[
     "credential",
 ];
 
-/// Resolve a secret reference. The value is returned to the caller only; errors never contain it.
-pub fn resolve_secret(r: &SecretRef) -> Result<String, String> {
+/// The largest secret a file may hold.
+pub const MAX_SECRET_BYTES: u64 = 64 * 1024;
+/// The longest reading one secret may take (a stalled network mount must not stall a worker).
+pub const SECRET_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Resolve an operator-configured secret reference. The value is returned to the caller only; errors
+/// never contain it. A file is read off the async threads, with a timeout, and only if it is a
+/// regular file of at most [`MAX_SECRET_BYTES`]: `/dev/zero` or a FIFO is refused, never read.
+pub async fn resolve_secret(r: &SecretRef) -> Result<String, String> {
     match r {
         SecretRef::Env(name) => {
             std::env::var(name).map_err(|_| format!("secret env:{name} is not set"))
         }
-        SecretRef::File(path) => std::fs::read_to_string(path)
-            .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
-            .map_err(|e| format!("secret file:{path} cannot be read: {}", e.kind())),
+        SecretRef::File(path) => {
+            let p = path.clone();
+            match tokio::time::timeout(
+                SECRET_READ_TIMEOUT,
+                tokio::task::spawn_blocking(move || read_secret_file(&p)),
+            )
+            .await
+            {
+                Ok(Ok(read)) => read,
+                Ok(Err(_)) => Err(format!("secret file:{path} could not be read")),
+                Err(_) => Err(format!(
+                    "secret file:{path} took over {} s to read",
+                    SECRET_READ_TIMEOUT.as_secs()
+                )),
+            }
+        }
     }
 }
 
-/// Replace every `{"$secret": "..."}` object in a request body by the secret's value.
-pub fn resolve_body_secrets(v: &serde_json::Value) -> Result<serde_json::Value, String> {
-    if let Some(r) = SecretRef::from_value(v) {
-        return Ok(serde_json::Value::String(resolve_secret(&r?)?));
+fn read_secret_file(path: &str) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking open: opening a FIFO for reading must not wait for a writer.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("secret file:{path} cannot be read: {}", e.kind()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("secret file:{path} cannot be read: {}", e.kind()))?;
+    if !meta.file_type().is_file() {
+        return Err(format!(
+            "secret file:{path} is not a regular file (devices, FIFOs and directories are never read)"
+        ));
     }
-    Ok(match v {
-        serde_json::Value::Object(m) => serde_json::Value::Object(
-            m.iter()
-                .map(|(k, v)| Ok((k.clone(), resolve_body_secrets(v)?)))
-                .collect::<Result<_, String>>()?,
-        ),
-        serde_json::Value::Array(a) => serde_json::Value::Array(
-            a.iter()
-                .map(resolve_body_secrets)
-                .collect::<Result<_, String>>()?,
-        ),
-        other => other.clone(),
-    })
+    if meta.len() > MAX_SECRET_BYTES {
+        return Err(format!(
+            "secret file:{path} is larger than {MAX_SECRET_BYTES} bytes"
+        ));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_SECRET_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("secret file:{path} cannot be read: {}", e.kind()))?;
+    if buf.len() as u64 > MAX_SECRET_BYTES {
+        return Err(format!(
+            "secret file:{path} is larger than {MAX_SECRET_BYTES} bytes"
+        ));
+    }
+    let text = String::from_utf8(buf).map_err(|_| format!("secret file:{path} is not UTF-8"))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
+}
+
+/// The create body with every granted secret a sensitive field names resolved to its value, and the
+/// values (so everything recorded about the call can be scrubbed of them). Submit already checked
+/// each reference against the grants; a grant removed or narrowed since is refused here.
+pub async fn resolve_body_secrets(
+    body: &serde_json::Value,
+    sensitive: &[String],
+    secrets: &std::collections::BTreeMap<String, crate::contract::GrantedSecret>,
+    caller: &str,
+) -> Result<(serde_json::Value, Vec<String>), String> {
+    let mut out = body.clone();
+    let mut values = Vec::new();
+    for pointer in sensitive {
+        let Some(name) = out
+            .pointer(pointer)
+            .and_then(jobtrail_core::request::reference_name)
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        let granted = secrets
+            .get(&name)
+            .filter(|g| g.grant.allows(caller))
+            .ok_or_else(|| {
+                format!("secret {name:?} is no longer granted to {caller:?} for this provider")
+            })?;
+        let value = resolve_secret(&granted.from).await?;
+        values.push(value.clone());
+        if let Some(slot) = out.pointer_mut(pointer) {
+            *slot = serde_json::Value::String(value);
+        }
+    }
+    Ok((out, values))
+}
+
+/// Removes the values of the secrets a call sent from everything recorded about the call: a provider
+/// that quotes the request back (a 422 repeating the body, a header echoing the token) must not put a
+/// credential into the call log or the append-only history. Each value is matched raw and as it
+/// appears inside a JSON string.
+#[derive(Debug, Default)]
+pub struct Scrubber {
+    needles: Vec<Vec<u8>>,
+}
+
+/// What a scrubbed value is replaced with.
+pub const SCRUBBED: &str = "[secret]";
+
+impl Scrubber {
+    pub fn new(values: &[String]) -> Self {
+        let mut needles: Vec<Vec<u8>> = Vec::new();
+        for v in values.iter().filter(|v| !v.is_empty()) {
+            needles.push(v.as_bytes().to_vec());
+            let quoted = serde_json::to_string(v).unwrap_or_default();
+            let inner = &quoted[1..quoted.len().saturating_sub(1).max(1)];
+            if inner != v {
+                needles.push(inner.as_bytes().to_vec());
+            }
+        }
+        // Longest first, so a value containing another is replaced whole.
+        needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        needles.dedup();
+        Self { needles }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.needles.is_empty()
+    }
+
+    pub fn contains(&self, hay: &[u8]) -> bool {
+        self.needles
+            .iter()
+            .any(|n| hay.windows(n.len()).any(|w| w == n.as_slice()))
+    }
+
+    pub fn bytes(&self, hay: &[u8]) -> Vec<u8> {
+        let mut out = hay.to_vec();
+        for n in &self.needles {
+            let mut next = Vec::with_capacity(out.len());
+            let mut i = 0;
+            while i < out.len() {
+                if out[i..].starts_with(n) {
+                    next.extend_from_slice(SCRUBBED.as_bytes());
+                    i += n.len();
+                } else {
+                    next.push(out[i]);
+                    i += 1;
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    pub fn text(&self, s: &str) -> String {
+        if !self.contains(s.as_bytes()) {
+            return s.to_owned();
+        }
+        String::from_utf8_lossy(&self.bytes(s.as_bytes())).into_owned()
+    }
+
+    pub fn json(&self, v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::String(s) => *s = self.text(s),
+            serde_json::Value::Array(a) => a.iter_mut().for_each(|x| self.json(x)),
+            serde_json::Value::Object(m) => m.values_mut().for_each(|x| self.json(x)),
+            _ => {}
+        }
+    }
+
+    /// Scrub an exchange: its record, its headers and — unless `keep_body` (a result, kept exactly as
+    /// sent) — its body. Returns whether the body repeats a secret.
+    pub fn exchange(&self, ex: &mut Exchange, keep_body: bool) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        let echoed = self.contains(&ex.body);
+        if echoed && !keep_body {
+            ex.body = self.bytes(&ex.body).into();
+        }
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in ex.headers.iter() {
+            let clean = if self.contains(value.as_bytes()) {
+                http::HeaderValue::from_bytes(&self.bytes(value.as_bytes()))
+                    .unwrap_or_else(|_| http::HeaderValue::from_static(SCRUBBED))
+            } else {
+                value.clone()
+            };
+            headers.append(name.clone(), clean);
+        }
+        ex.headers = headers;
+        let r = &mut ex.record;
+        self.json(&mut r.response_headers);
+        r.url = self.text(&r.url);
+        r.outcome = self.text(&r.outcome);
+        r.provider_request_id = r.provider_request_id.as_deref().map(|p| self.text(p));
+        r.error_class = r.error_class.as_deref().map(|e| self.text(e));
+        echoed
+    }
 }
 
 /// The URL as it may be stored: no user info, secret-looking query values redacted.
@@ -135,6 +309,8 @@ pub fn inject_trace(headers: &mut http::HeaderMap, trace: TraceId, span: SpanId)
 /// A finished exchange: what came back (if anything) and the record to log.
 #[derive(Debug)]
 pub struct Exchange {
+    /// The body repeated a secret this call sent (results: the bytes are refused, not kept).
+    pub echoed_secret: bool,
     pub status: Option<u16>,
     pub headers: http::HeaderMap,
     pub body: bytes::Bytes,
@@ -286,6 +462,7 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
         response_sha256: status.map(|_| hex::encode(Sha256::digest(&body))),
     };
     Exchange {
+        echoed_secret: false,
         status,
         headers: resp_headers,
         body: body.into(),
@@ -317,6 +494,7 @@ pub fn not_sent(
     why: &str,
 ) -> Exchange {
     Exchange {
+        echoed_secret: false,
         status: None,
         headers: http::HeaderMap::new(),
         body: bytes::Bytes::new(),
@@ -443,19 +621,59 @@ mod tests {
     }
 
     #[test]
-    fn body_secrets_resolve_only_at_send_time() {
-        // SAFETY: tests in this module do not read this variable concurrently.
-        unsafe { std::env::set_var("JOBTRAIL_TEST_CARD", "4111") };
-        let body = serde_json::json!({"card": {"$secret": "env:JOBTRAIL_TEST_CARD"}, "n": [1]});
+    fn echoed_secrets_are_scrubbed_raw_and_inside_json() {
+        let s = Scrubber::new(&["4111-1111".into(), "tok\"en".into()]);
         assert_eq!(
-            resolve_body_secrets(&body).unwrap(),
-            serde_json::json!({"card": "4111", "n": [1]})
+            s.text("card 4111-1111 refused"),
+            format!("card {SCRUBBED} refused")
         );
-        let missing = serde_json::json!({"card": {"$secret": "env:JOBTRAIL_TEST_NOPE"}});
+        // A value with a quote, as a provider's JSON would quote it.
+        let echoed = serde_json::json!({"error": "bad token tok\"en"}).to_string();
+        assert!(!s.text(&echoed).contains("tok"));
+        let mut v = serde_json::json!({"a": ["x 4111-1111 y", {"b": "4111-1111"}]});
+        s.json(&mut v);
+        assert!(!v.to_string().contains("4111"));
+        assert_eq!(Scrubber::new(&[String::new()]).text("anything"), "anything");
+    }
+
+    #[tokio::test]
+    async fn secret_files_are_read_only_when_regular_and_small() {
+        let dir = std::env::temp_dir().join(format!("jt-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("token");
+        std::fs::write(&ok, "s3cret\n").unwrap();
+        let file = |p: &std::path::Path| SecretRef::File(p.display().to_string());
+        assert_eq!(resolve_secret(&file(&ok)).await.unwrap(), "s3cret");
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'x'; MAX_SECRET_BYTES as usize + 1]).unwrap();
         assert!(
-            resolve_body_secrets(&missing)
+            resolve_secret(&file(&big))
+                .await
                 .unwrap_err()
-                .contains("JOBTRAIL_TEST_NOPE")
+                .contains("larger")
         );
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.display().to_string()).unwrap();
+        // SAFETY: creating a FIFO at a path we own.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let started = std::time::Instant::now();
+        assert!(
+            resolve_secret(&file(&fifo))
+                .await
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "a FIFO never blocks"
+        );
+        let zero = SecretRef::File("/dev/zero".into());
+        assert!(
+            resolve_secret(&zero)
+                .await
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

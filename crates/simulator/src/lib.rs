@@ -115,6 +115,8 @@ struct Job {
     in_flight: u32,
     not_before: Option<Instant>,
     cookie: String,
+    /// The create request body as received (for scripts that echo it).
+    request: serde_json::Value,
     ledger: JobLedger,
 }
 
@@ -385,6 +387,12 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                     "invalid request: rejected by policy",
                 );
             }
+            CreateAct::RejectEcho => {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &format!("invalid request: {}", String::from_utf8_lossy(&body)),
+                );
+            }
             CreateAct::RetryAfterSeconds => {
                 let mut r = error(StatusCode::TOO_MANY_REQUESTS, "slow down");
                 r.headers_mut().insert(
@@ -432,6 +440,7 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                                 "s_{}",
                                 hex::encode(&Sha256::digest(id.as_bytes())[..8])
                             ),
+                            request: doc.clone(),
                             ledger: JobLedger {
                                 created_at: Some(chrono::Utc::now()),
                                 finishes_at: (!script.never_finish).then(|| {
@@ -763,13 +772,17 @@ async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
     if !sim.authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
     }
-    let (script, state) = {
+    let (script, state, request) = {
         let mut g = sim.inner.lock().expect("sim lock");
         let Some(job) = g.jobs.get_mut(&id) else {
             return error(StatusCode::NOT_FOUND, "no such job");
         };
         job.touch("result", &headers);
-        (job.script.clone(), job.phase(Instant::now()).0)
+        (
+            job.script.clone(),
+            job.phase(Instant::now()).0,
+            job.request.clone(),
+        )
     };
     match script.result {
         ResultAct::Fails => {
@@ -784,7 +797,12 @@ async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
     if state != "succeeded" {
         return error(StatusCode::CONFLICT, &format!("job is {state}, no result"));
     }
-    let (body, content_type) = result_doc(&id, &script);
+    let (mut body, content_type) = result_doc(&id, &script);
+    if script.result == ResultAct::EchoRequest {
+        let mut doc: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        doc["request"] = request;
+        body = doc.to_string().into_bytes();
+    }
     let digest = if script.result == ResultAct::BadChecksum {
         hex::encode(Sha256::digest(b"something else"))
     } else {

@@ -25,6 +25,8 @@ pub enum CreateAct {
     RetryAfterDate,
     /// 422: a definitive rejection; nothing created.
     Reject,
+    /// 422 quoting the whole request body back (a provider that echoes what it was sent).
+    RejectEcho,
     /// Create a *new* job under the same token and answer with it (a contract violation).
     DifferentJobId,
     /// Answer a repeated token with 409 "already exists" and the original job id.
@@ -67,6 +69,8 @@ pub enum ResultAct {
     Fails,
     /// The result URL answers 404.
     Gone,
+    /// A valid result that also quotes the create request body back.
+    EchoRequest,
 }
 
 /// A fault injected into one status response.

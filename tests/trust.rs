@@ -1,0 +1,313 @@
+//! The trust boundary around secrets, tried as an attacker would: a caller naming the worker host's
+//! files and variables, a provider that quotes the request back, and secret sources that are devices
+//! or FIFOs. Real worker processes, the simulated provider over real HTTP, a real PostgreSQL.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use jobtrail_core::State;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::{Env, TOKEN};
+
+const CARD: &str = "4111-1111-SECRET-CARD-98";
+
+fn jobtrail(env: &Env, providers: &Path, args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(args)
+        .env("DATABASE_URL", &env.url)
+        .env("JOBTRAIL_PROVIDERS", providers)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn submit(env: &Env, providers: &Path, body: &str) -> Output {
+    jobtrail(
+        env,
+        providers,
+        &[
+            "submit",
+            "--provider",
+            "sim",
+            "--target",
+            "reports",
+            "--caller",
+            "agent-7",
+            "--approved-by",
+            "alice",
+        ],
+        body,
+    )
+}
+
+/// A copy of the shipped contracts with `sim.toml` changed by `tweak`.
+fn providers_with(env: &Env, tweak: impl Fn(String) -> String) -> PathBuf {
+    let dir = env
+        .dir
+        .join(format!("providers-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(dir.join("schemas")).unwrap();
+    let src = support::providers_dir();
+    for e in std::fs::read_dir(src.join("schemas")).unwrap().flatten() {
+        std::fs::copy(e.path(), dir.join("schemas").join(e.file_name())).unwrap();
+    }
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "toml") {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            let text = if e.file_name() == "sim.toml" {
+                tweak(text)
+            } else {
+                text
+            };
+            std::fs::write(dir.join(e.file_name()), text).unwrap();
+        }
+    }
+    dir
+}
+
+/// Everything the database holds, as text.
+async fn dump(url: &str) -> String {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+    let tables: Vec<(String,)> =
+        sqlx::query_as("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    let mut all = String::new();
+    for (t,) in tables {
+        let sql =
+            format!("SELECT coalesce(string_agg(row_to_json(x)::text, E'\\n'), '') FROM {t} x");
+        let (text,): (String,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        all.push_str(&text);
+    }
+    // Result bytes as text too (row_to_json renders bytea as hex).
+    let rows: Vec<(Vec<u8>,)> = sqlx::query_as("SELECT bytes FROM operation_results")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+    for (b,) in rows {
+        all.push_str(&String::from_utf8_lossy(&b));
+    }
+    all
+}
+
+/// Item 2: a caller names secrets only by names the operator granted for this provider, only at the
+/// fields the contract marks sensitive — never a path or an environment variable. Every other
+/// reference is refused at submit (exit 2) and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_names_only_granted_secrets_never_a_path_or_a_variable() {
+    let env = Env::new().await;
+    let providers = providers_with(&env, |t| {
+        t + "\n[secrets.treasury_key]\nfrom = \"env:JOBTRAIL_TREASURY\"\ncallers = [\"finance-bot\"]\n"
+    });
+    for (body, says) in [
+        (
+            r#"{"payment":{"card_number":{"$secret":"env:JOBTRAIL_SIM_TOKEN"}}}"#,
+            "never a path or an environment variable",
+        ),
+        (
+            r#"{"payment":{"card_number":{"$secret":"file:/etc/passwd"}}}"#,
+            "never a path or an environment variable",
+        ),
+        (
+            r#"{"payment":{"card_number":{"$secret":"DATABASE_URL"}}}"#,
+            "not granted",
+        ),
+        (
+            r#"{"payment":{"card_number":{"$secret":"treasury_key"}}}"#,
+            "not granted to caller \"agent-7\"",
+        ),
+        (
+            r#"{"note":{"$secret":"customer_card"}}"#,
+            "secrets may be named only at /payment/card_number",
+        ),
+        (
+            r#"{"payment":{"card_number":"4111111111111111"}}"#,
+            "name a granted secret",
+        ),
+    ] {
+        let out = submit(&env, &providers, body);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {err}");
+        assert!(err.contains(says), "{body}: {err}");
+        assert!(
+            !err.contains("4111111111111111"),
+            "the value is never echoed"
+        );
+    }
+    assert_eq!(
+        env.store.totals().await.unwrap(),
+        (0, 0, 0),
+        "nothing written"
+    );
+    let ok = submit(
+        &env,
+        &providers,
+        r#"{"payment":{"card_number":{"$secret":"customer_card"}}}"#,
+    );
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+/// Items 2 and 4: a provider that quotes the request back. A 422 repeating the body, and a result
+/// repeating it: the card number a caller may have *used* never reaches the call log, the history,
+/// the stored results or the logs, and the caller cannot read it back through `jobtrail result`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_echoes_the_request_gets_no_secret_into_the_record_or_back_out() {
+    let env = Env::new().await;
+    let w = env.spawn_worker(
+        "echo",
+        "5s",
+        &[("JOBTRAIL_SIM_CARD", CARD), ("JOBTRAIL_LOG", "trace")],
+    );
+    let body = |sim: serde_json::Value| {
+        serde_json::to_vec(&serde_json::json!({
+            "report": "usage", "payment": {"card_number": {"$secret": "customer_card"}}, "sim": sim,
+        }))
+        .unwrap()
+    };
+    let rejected = env
+        .submit("sim", serde_json::json!({}), |s| {
+            s.body = body(serde_json::json!({"create": ["reject_echo"]}))
+        })
+        .await;
+    let echoed = env
+        .submit("sim", serde_json::json!({}), |s| {
+            s.body = body(serde_json::json!({"result": "echo_request"}))
+        })
+        .await;
+    let r = env.wait_settled(rejected.id, Duration::from_secs(40)).await;
+    assert_eq!(r.state, State::Failed);
+    let cause = env.store.history(r.id).await.unwrap().pop().unwrap().cause;
+    assert!(
+        cause.contains("invalid request") && cause.contains("[secret]"),
+        "the quote is recorded, the value is not: {cause}"
+    );
+    let e = env.wait_settled(echoed.id, Duration::from_secs(40)).await;
+    assert_eq!(
+        e.state,
+        State::ResultUnavailable,
+        "a result repeating a credential is not kept"
+    );
+    drop(w);
+    let all = dump(&env.url).await;
+    assert!(all.len() > 1000);
+    assert!(!all.contains(CARD), "the card number is stored");
+    assert!(!all.contains(TOKEN), "the bearer token is stored");
+    let logs = std::fs::read_to_string(env.dir.join("echo.log")).unwrap();
+    assert!(
+        !logs.contains(CARD) && !logs.contains(TOKEN),
+        "a secret reached a log line"
+    );
+    let out = jobtrail(
+        &env,
+        &support::providers_dir(),
+        &["result", &e.id.to_string()],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1), "nothing to read back");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(CARD));
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Item 3: secret sources that are `/dev/zero` or FIFOs are refused, never read: the worker does not
+/// grow, its runtime threads never block, and ordinary operations keep flowing beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_and_fifos_as_secret_sources_never_stall_or_bloat_a_worker() {
+    let env = Env::new().await;
+    let fifo = env.dir.join("secret-fifo");
+    let c = std::ffi::CString::new(fifo.display().to_string()).unwrap();
+    // SAFETY: creating a FIFO at a path this test owns.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo_text = fifo.display().to_string();
+    let providers = providers_with(&env, move |t| {
+        t + &format!(
+            "\n[secrets.zero]\nfrom = \"file:/dev/zero\"\n[secrets.pipe]\nfrom = \"file:{fifo_text}\"\n"
+        )
+    });
+    let w = env.spawn_worker(
+        "steady",
+        "5s",
+        &[("JOBTRAIL_PROVIDERS", providers.to_str().unwrap())],
+    );
+    let mut hostile = Vec::new();
+    for name in ["zero", "pipe", "pipe"] {
+        let out = submit(
+            &env,
+            &providers,
+            &format!(r#"{{"payment":{{"card_number":{{"$secret":"{name}"}}}},"sim":{{}}}}"#),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        hostile.push(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    }
+    let started = Instant::now();
+    let ordinary = env
+        .submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+        .await;
+    let done = env.wait_settled(ordinary.id, Duration::from_secs(30)).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "an ordinary operation waited {:?}",
+        started.elapsed()
+    );
+    for id in &hostile {
+        let op = env
+            .wait_for(
+                id.parse().unwrap(),
+                "a refused create attempt",
+                Duration::from_secs(20),
+                |o| o.create_attempts >= 1,
+            )
+            .await;
+        assert_eq!(op.state, State::CreatePending);
+        let calls = env.store.calls(op.id).await.unwrap();
+        assert!(
+            calls
+                .iter()
+                .all(|c| c.error_class.as_deref() == Some("secret_unresolved")
+                    && c.outcome.contains("not a regular file")),
+            "{calls:?}"
+        );
+    }
+    assert!(
+        rss_kib(w.pid()) < 300 * 1024,
+        "the worker grew to {} KiB",
+        rss_kib(w.pid())
+    );
+    assert_eq!(env.sim.ledger().jobs_for_reference(&hostile[0]).len(), 0);
+}
