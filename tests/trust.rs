@@ -311,3 +311,119 @@ async fn devices_and_fifos_as_secret_sources_never_stall_or_bloat_a_worker() {
     );
     assert_eq!(env.sim.ledger().jobs_for_reference(&hostile[0]).len(), 0);
 }
+
+/// Every request a listener received: (path, headers).
+#[derive(Clone, Default)]
+struct Seen(std::sync::Arc<std::sync::Mutex<Vec<(String, axum::http::HeaderMap)>>>);
+
+/// A listener on another loopback port that records every request and answers like a result store.
+async fn recorder() -> (String, Seen) {
+    use axum::response::IntoResponse;
+    let seen = Seen::default();
+    let s = seen.clone();
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri, headers: axum::http::HeaderMap| {
+        let s = s.clone();
+        async move {
+            s.0.lock().unwrap().push((uri.path().to_owned(), headers));
+            let items: Vec<serde_json::Value> = (1..=5)
+                .map(|i| serde_json::json!({"id": format!("item_{i}"), "status": "ok", "error": null}))
+                .collect();
+            let doc = serde_json::json!({"job_id": "elsewhere", "items": items}).to_string();
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                doc,
+            )
+                .into_response()
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (base, seen)
+}
+
+/// Item 1: credentials and cookies go only to the origins a contract declares. A status or result
+/// URL the provider names at another origin (another port is enough; the database's port too) is
+/// refused and recorded, held for a person with the URL in the evidence; at an origin the contract
+/// lists as unauthenticated (pre-signed result URLs), it is called without credentials or cookies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_and_cookies_never_follow_a_url_the_provider_names_elsewhere() {
+    let (anonymous, anonymous_seen) = recorder().await;
+    let (foreign, foreign_seen) = recorder().await;
+    let anon_origin = url::Url::parse(&anonymous).unwrap().origin();
+    let mut env = Env::with_contracts(move |c| {
+        if c.name == "sim" {
+            c.unauthenticated_origins = vec![anon_origin.clone()];
+        }
+    })
+    .await;
+    let status_away = env
+        .submit(
+            "sim",
+            serde_json::json!({"status_url_elsewhere": format!("{foreign}/status/1")}),
+            |_| {},
+        )
+        .await;
+    let database = env
+        .submit(
+            "sim",
+            serde_json::json!({"status_url_elsewhere": "http://127.0.0.1:5432/v1/jobs/1"}),
+            |_| {},
+        )
+        .await;
+    let result_away = env
+        .submit(
+            "sim",
+            serde_json::json!({"result_url_elsewhere": format!("{foreign}/results/1")}),
+            |_| {},
+        )
+        .await;
+    let presigned = env
+        .submit("sim", serde_json::json!({"result_url_elsewhere": format!("{anonymous}/bucket/r.json?X-Amz-Signature=abc")}), |_| {})
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    for (op, url) in [
+        (&status_away, format!("{foreign}/status/1")),
+        (&database, "http://127.0.0.1:5432/v1/jobs/1".to_owned()),
+        (&result_away, format!("{foreign}/results/1")),
+    ] {
+        let held = env.wait_settled(op.id, Duration::from_secs(30)).await;
+        assert_eq!(held.state, State::UrlRefused, "{}", op.id);
+        assert!(held.escalated_at.is_some(), "held for a person");
+        let last = env.store.history(op.id).await.unwrap().pop().unwrap();
+        assert_eq!(last.event, "url_refused");
+        assert_eq!(
+            last.detail["evidence"]["refused_url"], url,
+            "the URL is in the evidence"
+        );
+        let call = env.store.calls(op.id).await.unwrap().pop().unwrap();
+        assert_eq!(call.error_class.as_deref(), Some("url_outside_origins"));
+        assert!(call.http_status.is_none(), "nothing was sent");
+    }
+    assert!(
+        foreign_seen.0.lock().unwrap().is_empty(),
+        "the foreign listener received nothing"
+    );
+    let done = env
+        .wait_settled(presigned.id, Duration::from_secs(30))
+        .await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    let got = anonymous_seen.0.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "the pre-signed URL was fetched once");
+    assert_eq!(got[0].0, "/bucket/r.json");
+    assert!(
+        got[0].1.get("authorization").is_none(),
+        "no credential went to it"
+    );
+    assert!(got[0].1.get("cookie").is_none(), "no cookie went to it");
+    assert!(
+        got[0].1.get("traceparent").is_some(),
+        "the trace still travels"
+    );
+    // A person can see why and decide.
+    let held = env.store.get(status_away.id).await.unwrap();
+    assert!(held.escalation_reason.unwrap().contains(&foreign));
+    env.stop_workers().await;
+}

@@ -198,6 +198,8 @@ pub async fn resume(
             step.set_cancel_deadline =
                 Some(Utc::now() + chrono::Duration::from_std(w).expect("thirty days fit"));
         }
+        // The contract now declares the origin (or the provider moved on): a status read tells.
+        State::UrlRefused => {}
         State::CreateUnresolved => {
             let t = create_deadline.ok_or_else(|| {
                 fail(
@@ -216,7 +218,7 @@ pub async fn resume(
             return Err(fail(
                 exit::CONFLICT,
                 format!(
-                    "{other} cannot be resumed (resume applies to result_timed_out, cancellation_unconfirmed, create_unresolved)"
+                    "{other} cannot be resumed (resume applies to result_timed_out, cancellation_unconfirmed, create_unresolved, url_refused)"
                 ),
             ));
         }

@@ -321,6 +321,7 @@ pub fn next(op: &OperationRecord, policy: &Policy, own_epoch: i64, now: DateTime
         | State::ContractViolation
         | State::CancellationUnconfirmed
         | State::ResultTimedOut
+        | State::UrlRefused
         | State::Succeeded
         | State::Failed
         | State::Cancelled
@@ -807,6 +808,11 @@ pub fn after_status(
                 .next_in(d, why)
             })
         }
+        StatusOutcome::Refused { url } => Plan::write(Step {
+            counters: polls,
+            detail: Some(serde_json::json!({"refused_url": url})),
+            ..Step::event(Event::UrlRefused { url })
+        }),
         StatusOutcome::Failed { error_class }
         | StatusOutcome::Rejected {
             reason: error_class,
@@ -970,6 +976,10 @@ pub enum Collected {
     Unavailable {
         reason: String,
     },
+    /// The provider named a result URL outside the contract's origins; nothing was sent.
+    Refused {
+        url: String,
+    },
     /// Worth another try later.
     Failed {
         error_class: String,
@@ -1044,6 +1054,10 @@ pub fn after_collect(
             )],
         }),
         Collected::Unavailable { reason } => Step::event(Event::ResultUnavailable { why: reason }),
+        Collected::Refused { url } => Step {
+            detail: Some(serde_json::json!({"refused_url": url})),
+            ..Step::event(Event::UrlRefused { url })
+        },
         Collected::Failed { error_class } => {
             if op.failure_count + 1 > policy.max_failures as i32 {
                 Step::event(Event::RetryBudgetExhausted {

@@ -195,6 +195,8 @@ pub enum Event {
     CallFailed { error_class: String },
     /// The result deadline passed before the job ended.
     ResultDeadlinePassed,
+    /// The provider named a URL outside the contract's origins (sanitized here); nothing was sent.
+    UrlRefused { url: String },
     /// Calls kept failing past the contract's retry budget.
     RetryBudgetExhausted { error_class: String, failures: i32 },
 
@@ -286,6 +288,7 @@ event_kinds! {
     RemoteCancelled = "remote_cancelled",
     CallFailed = "call_failed",
     ResultDeadlinePassed = "result_deadline_passed",
+    UrlRefused = "url_refused",
     RetryBudgetExhausted = "retry_budget_exhausted",
     CancelRequested = "cancel_requested",
     Withdraw = "withdraw",
@@ -345,6 +348,7 @@ impl Event {
             Event::RemoteCancelled(_) => EventKind::RemoteCancelled,
             Event::CallFailed { .. } => EventKind::CallFailed,
             Event::ResultDeadlinePassed => EventKind::ResultDeadlinePassed,
+            Event::UrlRefused { .. } => EventKind::UrlRefused,
             Event::RetryBudgetExhausted { .. } => EventKind::RetryBudgetExhausted,
             Event::CancelRequested(_) => EventKind::CancelRequested,
             Event::Withdraw(_) => EventKind::Withdraw,
@@ -430,6 +434,9 @@ impl Event {
             Event::RemoteCancelled(c) => format!("provider confirms cancel ({})", c.remote_state()),
             Event::CallFailed { error_class } => format!("provider call failed: {error_class}"),
             Event::ResultDeadlinePassed => "result deadline passed".into(),
+            Event::UrlRefused { url } => format!(
+                "the provider named {url}, outside the origins its contract declares: nothing was sent there"
+            ),
             Event::RetryBudgetExhausted {
                 error_class,
                 failures,

@@ -43,6 +43,7 @@ const NOT_TERMINAL: &[State] = &[
     ContractViolation,
     CancellationUnconfirmed,
     ResultTimedOut,
+    UrlRefused,
 ];
 const TERMINAL: &[State] = &[
     Succeeded,
@@ -187,6 +188,18 @@ pub static RULES: &[Rule] = &[
         why: "the result fetch keeps failing",
     },
     Rule {
+        on: EventKind::UrlRefused,
+        from: &[
+            Accepted,
+            Observing,
+            CancelRequested,
+            Cancelling,
+            ResultCollecting,
+        ],
+        to: To::State(UrlRefused),
+        why: "the provider pointed outside the contract's origins: a person decides",
+    },
+    Rule {
         on: EventKind::ResultDeadlinePassed,
         from: &[Accepted, Observing],
         to: To::State(ResultTimedOut),
@@ -194,7 +207,7 @@ pub static RULES: &[Rule] = &[
     },
     Rule {
         on: EventKind::CancelRequested,
-        from: &[Accepted, Observing, ResultTimedOut],
+        from: &[Accepted, Observing, ResultTimedOut, UrlRefused],
         to: To::State(CancelRequested),
         why: "local fact: we asked",
     },
@@ -293,6 +306,12 @@ pub static RULES: &[Rule] = &[
         from: &[CreateUnresolved],
         to: To::State(Reconciliation),
         why: "a person extended the create deadline",
+    },
+    Rule {
+        on: EventKind::Resume,
+        from: &[UrlRefused],
+        to: To::State(Observing),
+        why: "a person declared the origin; a status read tells where the job is",
     },
     Rule {
         on: EventKind::Abandon,

@@ -119,6 +119,11 @@ pub enum StatusOutcome {
         http_status: Option<u16>,
         reason: String,
     },
+    /// The provider named a status URL outside the origins its contract declares: nothing was sent
+    /// there (our credentials must not go there, nor a request of ours).
+    Refused {
+        url: String,
+    },
 }
 
 /// The result of `cancel`.
@@ -169,6 +174,10 @@ pub enum ResultOutcome {
     Unavailable {
         http_status: Option<u16>,
         reason: String,
+    },
+    /// The provider named a result URL outside the origins its contract declares: nothing was sent.
+    Refused {
+        url: String,
     },
 }
 

@@ -96,6 +96,10 @@ states! {
     /// The result deadline passed before the remote job ended. Automatic polling stopped; the remote job
     /// is not assumed stopped. Held for a person: request a cancel, resume, or abandon.
     ResultTimedOut = "result_timed_out", Human;
+    /// The provider named a URL (to poll, or to fetch the result from) outside the origins its
+    /// contract declares; nothing was sent there. Held for a person, with the URL in the evidence:
+    /// declare the origin in the contract and resume, request a cancel, or abandon.
+    UrlRefused = "url_refused", Human;
     /// Remote success and a fetched, validated, stored result.
     Succeeded = "succeeded", Nobody;
     /// The provider rejected the create definitively or reported the job failed.
@@ -147,6 +151,7 @@ impl State {
                 | State::CancellationUnconfirmed
                 | State::Cancelled
                 | State::ResultTimedOut
+                | State::UrlRefused
         )
     }
 }

@@ -736,6 +736,14 @@ fn status_outcomes_map_to_one_event_each_and_every_read_counts() {
                 },
                 EventKind::RetryBudgetExhausted,
             ),
+            // Pointed outside the contract's origins: held for a person at once.
+            (
+                base.clone(),
+                StatusOutcome::Refused {
+                    url: "http://127.0.0.1:9/x".into(),
+                },
+                EventKind::UrlRefused,
+            ),
         ];
         for (op, outcome, expected) in cases {
             let what = format!("{state} {outcome:?}");
@@ -904,6 +912,13 @@ fn collection_outcomes_map_to_one_event_each() {
                 error_class: "timeout".into(),
             },
             EventKind::RetryBudgetExhausted,
+        ),
+        (
+            &op,
+            Collected::Refused {
+                url: "http://127.0.0.1:9/r".into(),
+            },
+            EventKind::UrlRefused,
         ),
     ];
     for (op, collected, expected) in cases {

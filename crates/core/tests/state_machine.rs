@@ -56,6 +56,9 @@ fn sample_events() -> Vec<Event> {
             error_class: "503".into(),
         },
         Event::ResultDeadlinePassed,
+        Event::UrlRefused {
+            url: "http://127.0.0.1:9/elsewhere".into(),
+        },
         Event::RetryBudgetExhausted {
             error_class: "timeout".into(),
             failures: 9,

@@ -108,6 +108,10 @@ struct Raw {
     trace_header: Option<String>,
     #[serde(default)]
     cookies: bool,
+    #[serde(default)]
+    origins: Option<Vec<String>>,
+    #[serde(default)]
+    unauthenticated_origins: Vec<String>,
     create: RawCreate,
     status: RawStatus,
     #[serde(default)]
@@ -452,6 +456,15 @@ pub struct GrantedSecret {
     pub grant: jobtrail_core::SecretGrant,
 }
 
+/// How a URL may be called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// With the contract's credentials and the operation's cookies.
+    Credentials,
+    /// Without credentials or cookies.
+    Anonymous,
+}
+
 /// Where the idempotency token goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenPlacement {
@@ -571,6 +584,10 @@ pub struct Contract {
     pub query: BTreeMap<String, String>,
     pub trace_header: Option<http::HeaderName>,
     pub cookies: bool,
+    /// Origins the credentials and cookies may go to (`None`: the base URL's origin only).
+    pub origins: Option<Vec<url::Origin>>,
+    /// Origins called without credentials or cookies (pre-signed object-storage URLs).
+    pub unauthenticated_origins: Vec<url::Origin>,
     pub create: CreateSpec,
     pub status: StatusSpec,
     pub rules: Vec<Rule>,
@@ -603,6 +620,30 @@ impl Contract {
             t.default_cancel_window = c.window;
         }
         t
+    }
+
+    /// Whether a URL may be called, and with the contract's credentials or without any. A URL at an
+    /// origin the contract does not declare is refused: the provider named it, and neither our
+    /// credentials nor a request of ours go there.
+    pub fn access(&self, u: &url::Url) -> Option<Access> {
+        if !matches!(u.scheme(), "http" | "https")
+            || !u.username().is_empty()
+            || u.password().is_some()
+        {
+            return None;
+        }
+        let origin = u.origin();
+        let trusted = match &self.origins {
+            Some(list) => list.contains(&origin),
+            None => origin == self.base_url.origin(),
+        };
+        if trusted {
+            Some(Access::Credentials)
+        } else if self.unauthenticated_origins.contains(&origin) {
+            Some(Access::Anonymous)
+        } else {
+            None
+        }
     }
 
     /// What the step decisions need: schedule, retry budget, reconciliation, cancel.
@@ -813,6 +854,51 @@ impl Validator<'_> {
                 )
             })?;
 
+        let origin_of = |key: &str, text: &str| -> Result<url::Origin, ContractError> {
+            url::Url::parse(text)
+                .ok()
+                .filter(|u| {
+                    matches!(u.scheme(), "http" | "https")
+                        && u.username().is_empty()
+                        && u.password().is_none()
+                        && u.path() == "/"
+                        && u.query().is_none()
+                        && u.fragment().is_none()
+                })
+                .map(|u| u.origin())
+                .ok_or_else(|| {
+                    self.err(
+                        key,
+                        format!("an origin: http(s)://host[:port] with no path, query or credentials, got {text:?}"),
+                    )
+                })
+        };
+        let origins = match &r.origins {
+            Some(list) => {
+                let list = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, o)| origin_of(&format!("origins[{i}]"), o))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if !list.contains(&base_url.origin()) {
+                    return Err(self.err(
+                        "origins",
+                        format!(
+                            "a list that includes base_url's origin {}",
+                            base_url.origin().ascii_serialization()
+                        ),
+                    ));
+                }
+                Some(list)
+            }
+            None => None,
+        };
+        let unauthenticated_origins = r
+            .unauthenticated_origins
+            .iter()
+            .enumerate()
+            .map(|(i, o)| origin_of(&format!("unauthenticated_origins[{i}]"), o))
+            .collect::<Result<Vec<_>, _>>()?;
         let t = &r.timeouts;
         let connect_timeout = self.ms_within("timeouts.connect_ms", t.connect_ms, 1, HOUR_MS)?;
         let request_timeout = self.ms_within("timeouts.request_ms", t.request_ms, 1, HOUR_MS)?;
@@ -1165,7 +1251,7 @@ impl Validator<'_> {
             );
         }
 
-        Ok(Contract {
+        let c = Contract {
             file: path.to_path_buf(),
             name: r.name,
             description: r.description,
@@ -1178,6 +1264,8 @@ impl Validator<'_> {
             query: r.query,
             trace_header,
             cookies: r.cookies,
+            origins,
+            unauthenticated_origins,
             create,
             status,
             rules,
@@ -1190,7 +1278,29 @@ impl Validator<'_> {
             webhook,
             redact: r.redact,
             secrets,
-        })
+        };
+        // A template that names a whole URL must stay within the declared origins too.
+        let mut templates = vec![
+            ("create.path", Some(c.create.path.clone())),
+            ("status.url", Some(c.status.url.clone())),
+            ("cancel.path", c.cancel.as_ref().map(|x| x.path.clone())),
+            ("result.url", c.result.as_ref().and_then(|x| x.url.clone())),
+            ("reconcile.lookup_url", c.reconcile.lookup_url.clone()),
+        ];
+        for (key, t) in templates.drain(..) {
+            if let Some(t) = t.filter(|t| t.starts_with("http://") || t.starts_with("https://"))
+                && url::Url::parse(&t)
+                    .ok()
+                    .and_then(|u| c.access(&u))
+                    .is_none()
+            {
+                return Err(self.err(
+                    key,
+                    format!("a URL within origins or unauthenticated_origins, got {t:?}"),
+                ));
+            }
+        }
+        Ok(c)
     }
 
     fn result(&self, r: RawResult, status_gives_url: bool) -> Result<ResultSpec, ContractError> {

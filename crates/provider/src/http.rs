@@ -1,6 +1,6 @@
 //! The config-driven HTTP adapter: a [`Contract`] turned into calls and closed outcomes.
 
-use crate::contract::{CallName, Contract, Locator, Meaning, TokenPlacement};
+use crate::contract::{Access, CallName, Contract, Locator, Meaning, TokenPlacement};
 use crate::outcome::*;
 use crate::wire::{self, Exchange, Outgoing, WireError};
 use crate::{CallCtx, Provider, ProviderFuture};
@@ -50,11 +50,19 @@ struct Req {
     at: CallCtx,
     method: http::Method,
     url: url::Url,
+    access: Access,
     body: Option<Vec<u8>>,
     extra: http::HeaderMap,
     max_body: u64,
     /// Values of the secrets the body carries (scrubbed from what is recorded).
     secrets: Vec<String>,
+}
+
+/// A URL that is not called.
+enum Refused {
+    Malformed(String),
+    /// At an origin the contract does not declare (or not http(s)).
+    Foreign(url::Url),
 }
 
 /// A provider driven entirely by its contract file.
@@ -95,8 +103,9 @@ impl HttpProvider {
     }
 
     /// An absolute URL from a template path or a URL the provider gave, with the contract's query
-    /// parameters added.
-    fn url(&self, path_or_url: &str) -> Result<url::Url, String> {
+    /// parameters added, and how it may be called. A URL at an origin the contract does not declare
+    /// is refused, whoever named it.
+    fn url(&self, path_or_url: &str) -> Result<(url::Url, Access), Refused> {
         let mut u = if path_or_url.starts_with("http://") || path_or_url.starts_with("https://") {
             url::Url::parse(path_or_url)
         } else {
@@ -108,13 +117,26 @@ impl HttpProvider {
             };
             url::Url::parse(&format!("{base}{path}"))
         }
-        .map_err(|e| format!("bad URL {path_or_url:?}: {e}"))?;
+        .map_err(|e| Refused::Malformed(format!("bad URL {path_or_url:?}: {e}")))?;
+        let access = self
+            .contract
+            .access(&u)
+            .ok_or_else(|| Refused::Foreign(u.clone()))?;
         for (k, v) in &self.contract.query {
             if !u.query_pairs().any(|(qk, _)| qk == k.as_str()) {
                 u.query_pairs_mut().append_pair(k, v);
             }
         }
-        Ok(u)
+        Ok((u, access))
+    }
+
+    /// The operation's cookie jar (domain, path and expiry kept), from its provider context.
+    fn jar(op: &OperationRecord) -> cookie_store::CookieStore {
+        op.provider_context
+            .get("cookie_jar")
+            .and_then(|j| j.as_str())
+            .and_then(|text| cookie_store::serde::json::load_all(text.as_bytes()).ok())
+            .unwrap_or_default()
     }
 
     /// The request headers, with the credential resolved now (never earlier), and the secret values
@@ -122,6 +144,8 @@ impl HttpProvider {
     async fn headers(
         &self,
         op: &OperationRecord,
+        url: &url::Url,
+        access: Access,
     ) -> Result<(http::HeaderMap, Vec<String>), String> {
         let mut h = http::HeaderMap::new();
         let mut secrets = Vec::new();
@@ -129,6 +153,10 @@ impl HttpProvider {
             http::header::ACCEPT,
             http::HeaderValue::from_static("application/json, */*;q=0.5"),
         );
+        // Credentials and cookies go to the contract's own origins only.
+        if access == Access::Anonymous {
+            return Ok((h, secrets));
+        }
         if let Some(auth) = &self.contract.auth {
             let secret = wire::resolve_secret(&auth.secret).await?;
             secrets.push(secret.clone());
@@ -141,21 +169,15 @@ impl HttpProvider {
             v.set_sensitive(true);
             h.insert(auth.header.clone(), v);
         }
-        if self.contract.cookies
-            && let Some(jar) = op
-                .provider_context
-                .get("cookies")
-                .and_then(|c| c.as_object())
-            && !jar.is_empty()
-        {
+        if self.contract.cookies {
+            let jar = Self::jar(op);
             let pairs: Vec<String> = jar
-                .iter()
-                .filter_map(|(k, v)| {
-                    v.as_str()
-                        .map(|v| cookie::Cookie::new(k.as_str(), v).stripped().to_string())
-                })
+                .get_request_values(url)
+                .map(|(k, v)| cookie::Cookie::new(k, v).stripped().to_string())
                 .collect();
-            if let Ok(mut v) = http::HeaderValue::from_str(&pairs.join("; ")) {
+            if !pairs.is_empty()
+                && let Ok(mut v) = http::HeaderValue::from_str(&pairs.join("; "))
+            {
                 v.set_sensitive(true);
                 h.insert(http::header::COOKIE, v);
             }
@@ -169,12 +191,13 @@ impl HttpProvider {
             at,
             method,
             url,
+            access,
             body,
             extra,
             max_body,
             mut secrets,
         } = req;
-        let mut headers = match self.headers(op).await {
+        let mut headers = match self.headers(op, &url, access).await {
             Ok((h, auth)) => {
                 secrets.extend(auth);
                 h
@@ -231,15 +254,27 @@ impl HttpProvider {
             ctx = serde_json::json!({});
         }
         let mut changed = false;
-        if self.contract.cookies {
-            for v in ex.headers.get_all(http::header::SET_COOKIE) {
-                if let Ok(c) = cookie::Cookie::parse(v.to_str().unwrap_or("").to_owned()) {
-                    let jar = ctx
-                        .as_object_mut()
-                        .expect("object")
-                        .entry("cookies")
-                        .or_insert_with(|| serde_json::json!({}));
-                    jar[c.name()] = serde_json::Value::String(c.value().to_owned());
+        // Cookies from the contract's own origins only, kept with their domain, path and expiry.
+        let from = url::Url::parse(&ex.record.url).ok();
+        if self.contract.cookies
+            && let Some(from) =
+                from.filter(|u| self.contract.access(u) == Some(Access::Credentials))
+        {
+            let set: Vec<cookie::Cookie<'static>> = ex
+                .headers
+                .get_all(http::header::SET_COOKIE)
+                .iter()
+                .filter_map(|v| cookie::Cookie::parse(v.to_str().ok()?.to_owned()).ok())
+                .collect();
+            if !set.is_empty() {
+                let mut jar = Self::jar(op);
+                jar.store_response_cookies(set.into_iter(), &from);
+                let mut text = Vec::new();
+                if cookie_store::serde::json::save_incl_expired_and_nonpersistent(&jar, &mut text)
+                    .is_ok()
+                {
+                    ctx["cookie_jar"] =
+                        serde_json::Value::String(String::from_utf8_lossy(&text).into_owned());
                     changed = true;
                 }
             }
@@ -392,7 +427,7 @@ impl HttpProvider {
             max_body,
         } = t;
         match self.url(target) {
-            Ok(url) => {
+            Ok((url, access)) => {
                 let (body, secrets) = match body {
                     Some((b, s)) => (Some(b), s),
                     None => (None, Vec::new()),
@@ -404,6 +439,7 @@ impl HttpProvider {
                         at,
                         method,
                         url,
+                        access,
                         body,
                         extra,
                         max_body,
@@ -412,10 +448,19 @@ impl HttpProvider {
                 )
                 .await
             }
-            Err(e) => {
+            Err(Refused::Malformed(e)) => {
                 let blank = url::Url::parse("about:blank").expect("static URL");
                 wire::unsent(kind, at.attempt, &method, &blank, op.trace_id, &e)
             }
+            Err(Refused::Foreign(u)) => wire::not_sent(
+                kind,
+                at.attempt,
+                &method,
+                &u,
+                op.trace_id,
+                WireError::Origin,
+                "the URL is outside the origins the contract declares",
+            ),
         }
     }
 
@@ -427,6 +472,7 @@ impl HttpProvider {
             Err(why) => {
                 let url = self
                     .url(&target)
+                    .map(|(u, _)| u)
                     .unwrap_or_else(|_| url::Url::parse("about:blank").expect("static URL"));
                 let ex = wire::unsent(
                     CallKind::Create,
@@ -638,6 +684,13 @@ impl HttpProvider {
             )
         };
         let (outcome, d, hints) = match self.verdict(CallName::Status, &ex) {
+            Verdict::Wire(WireError::Origin) => (
+                StatusOutcome::Refused {
+                    url: ex.record.url.clone(),
+                },
+                "refused: outside the contract's origins".into(),
+                None,
+            ),
             Verdict::Wire(e) => failed(e.class().into()),
             Verdict::Ambiguous { class } => failed(class),
             Verdict::RetryLater { delay, reason } => (
@@ -856,6 +909,12 @@ impl HttpProvider {
                     limit: spec.max_bytes,
                 },
                 format!("result larger than {} bytes", spec.max_bytes),
+            ),
+            Verdict::Wire(WireError::Origin) => (
+                ResultOutcome::Refused {
+                    url: ex.record.url.clone(),
+                },
+                "refused: outside the contract's origins".into(),
             ),
             Verdict::Wire(e) => (
                 ResultOutcome::Failed {

@@ -334,6 +334,8 @@ pub enum WireError {
     Secret,
     /// The caller's lease would end before the call could: nothing was sent.
     LeaseTooShort,
+    /// The URL is outside the origins the contract declares: nothing was sent.
+    Origin,
 }
 
 impl WireError {
@@ -345,13 +347,14 @@ impl WireError {
             WireError::TooLarge => "response_too_large",
             WireError::Secret => "secret_unresolved",
             WireError::LeaseTooShort => "lease_too_short_to_send",
+            WireError::Origin => "url_outside_origins",
         }
     }
     /// Nothing reached the provider.
     pub const fn not_sent(self) -> bool {
         matches!(
             self,
-            WireError::Connect | WireError::Secret | WireError::LeaseTooShort
+            WireError::Connect | WireError::Secret | WireError::LeaseTooShort | WireError::Origin
         )
     }
 }
@@ -628,8 +631,10 @@ mod tests {
             format!("card {SCRUBBED} refused")
         );
         // A value with a quote, as a provider's JSON would quote it.
-        let echoed = serde_json::json!({"error": "bad token tok\"en"}).to_string();
-        assert!(!s.text(&echoed).contains("tok"));
+        let echoed = serde_json::json!({"error": "bad secret tok\"en"}).to_string();
+        let clean = s.text(&echoed);
+        assert!(!clean.contains("tok\\\"en") && !clean.contains("tok\"en"), "{clean}");
+        assert!(clean.contains(SCRUBBED), "{clean}");
         let mut v = serde_json::json!({"a": ["x 4111-1111 y", {"b": "4111-1111"}]});
         s.json(&mut v);
         assert!(!v.to_string().contains("4111"));

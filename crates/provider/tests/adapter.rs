@@ -406,13 +406,27 @@ async fn failing_jobs_moving_status_urls_and_cookies() {
         "{paths:?}"
     );
 
-    // A session cookie set at create is kept per operation and sent back.
+    // A session cookie set at create is kept per operation, in a real cookie store, and sent back
+    // where its domain, path and expiry say: not the one scoped to another path, not the expired one.
     let mut op = h
         .created(serde_json::json!({"duration_ms": 200, "require_cookie": true}))
         .await;
-    assert!(op.provider_context["cookies"]["sim_session"].is_string());
+    assert!(
+        op.provider_context["cookie_jar"]
+            .as_str()
+            .is_some_and(|j| j.contains("sim_session")),
+        "{}",
+        op.provider_context
+    );
     h.poll_to_end(&mut op).await;
-    assert!(h.sim.ledger().jobs[op.remote_job_id.as_ref().unwrap()].cookie_seen >= 1);
+    let job = &h.sim.ledger().jobs[op.remote_job_id.as_ref().unwrap()];
+    assert!(job.cookie_seen >= 1);
+    for sent in &job.cookie_headers {
+        assert!(
+            !sent.contains("sim_scoped") && !sent.contains("sim_expired"),
+            "{sent}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -52,6 +52,8 @@ pub struct JobLedger {
     pub trace_ids: BTreeSet<String>,
     pub status_paths: BTreeSet<String>,
     pub cookie_seen: u32,
+    /// Every `Cookie` header status calls carried.
+    pub cookie_headers: BTreeSet<String>,
     pub cancel_requests: u32,
 }
 
@@ -501,7 +503,10 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
     } else {
         id.clone()
     };
-    let status_url = format!("/v1/jobs/{named}");
+    let status_url = script
+        .status_url_elsewhere
+        .clone()
+        .unwrap_or_else(|| format!("/v1/jobs/{named}"));
     let mut r = json_response(
         StatusCode::ACCEPTED,
         serde_json::json!({"job_id": named, "state": "queued", "status_url": status_url}),
@@ -518,6 +523,15 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
     h.insert(
         header::SET_COOKIE,
         HeaderValue::from_str(&format!("sim_session={cookie}; Path=/; HttpOnly")).expect("ascii"),
+    );
+    // Two more a real cookie store must not send back: one for another path, one already expired.
+    h.append(
+        header::SET_COOKIE,
+        HeaderValue::from_static("sim_scoped=elsewhere; Path=/somewhere-else"),
+    );
+    h.append(
+        header::SET_COOKIE,
+        HeaderValue::from_static("sim_expired=old; Path=/; Max-Age=0"),
     );
     if script.status_via_header {
         h.insert(
@@ -597,14 +611,18 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         sim: sim.clone(),
         id: id.clone(),
     };
-    let has_cookie = headers
+    let cookie_header = headers
         .get(header::COOKIE)
         .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let has_cookie = cookie_header
+        .as_deref()
         .is_some_and(|c| c.contains(&format!("sim_session={cookie}")));
-    if has_cookie {
+    if let Some(c) = cookie_header {
         let mut g = sim.inner.lock().expect("sim lock");
         if let Some(j) = g.jobs.get_mut(&id) {
-            j.ledger.cookie_seen += 1;
+            j.ledger.cookie_seen += u32::from(has_cookie);
+            j.ledger.cookie_headers.insert(c);
         }
     }
     if require_cookie && !has_cookie {
@@ -662,7 +680,12 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         "client_reference": job.ledger.client_reference,
     });
     if state == "succeeded" {
-        body["result_url"] = serde_json::json!(format!("/v1/jobs/{id}/result"));
+        body["result_url"] = serde_json::json!(
+            job.script
+                .result_url_elsewhere
+                .clone()
+                .unwrap_or_else(|| format!("/v1/jobs/{id}/result"))
+        );
         body["expected_items"] = serde_json::json!(job.script.items);
     }
     if state == "failed" {

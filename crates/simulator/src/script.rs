@@ -141,6 +141,10 @@ pub struct Script {
     pub status_via_header: bool,
     /// Status calls without the session cookie set at create are refused.
     pub require_cookie: bool,
+    /// Name this URL (anywhere, any origin) as the status URL on create: a provider pointing away.
+    pub status_url_elsewhere: Option<String>,
+    /// Name this URL as the result URL when the job succeeds.
+    pub result_url_elsewhere: Option<String>,
 }
 
 impl Default for Script {
@@ -165,6 +169,8 @@ impl Default for Script {
             moving_status_url: false,
             status_via_header: false,
             require_cookie: false,
+            status_url_elsewhere: None,
+            result_url_elsewhere: None,
         }
     }
 }

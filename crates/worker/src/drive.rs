@@ -286,6 +286,7 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
                 ResultOutcome::TooLarge { limit } => Collected::TooLarge { limit },
                 ResultOutcome::Unavailable { reason, .. } => Collected::Unavailable { reason },
                 ResultOutcome::Failed { error_class } => Collected::Failed { error_class },
+                ResultOutcome::Refused { url } => Collected::Refused { url },
             };
             decide::after_collect(
                 op,
