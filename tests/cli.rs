@@ -353,6 +353,12 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
             "send it as a string",
         ),
         (submit.to_vec(), r#"{"s":"a\u0000b"}"#, "NUL"),
+        // The body limit is the operator's (the contract's), not the caller's to raise.
+        (
+            with(&["--max-body-bytes", "999999999"]),
+            "{}",
+            "--max-body-bytes",
+        ),
     ];
     for (args, body, says) in cases {
         let out = jobtrail(&env, &args, Some(body));

@@ -427,3 +427,44 @@ async fn credentials_and_cookies_never_follow_a_url_the_provider_names_elsewhere
     assert!(held.escalation_reason.unwrap().contains(&foreign));
     env.stop_workers().await;
 }
+
+/// Item 9: terminal escapes and line breaks in a caller name, a provider's state or an error text are
+/// shown escaped in every human rendering, never obeyed (no cleared screen, no forged line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_escapes_from_callers_and_providers_are_shown_not_obeyed() {
+    let env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": ["reject_echo"], "note": "\u{1b}[2J\u{1b}[H"}),
+            |s| {
+                s.caller = "agent\u{1b}[2J\napproved by security team".into();
+            },
+        )
+        .await;
+    let _w = env.spawn_worker("w1", "5s", &[]);
+    env.wait_settled(op.id, Duration::from_secs(30)).await;
+    let out = jobtrail(
+        &env,
+        &support::providers_dir(),
+        &["show", &op.id.to_string()],
+        "",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "an escape reached the terminal:\n{text}"
+    );
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.trim_start().starts_with("approved by security team")),
+        "a forged line:\n{text}"
+    );
+    assert!(text.contains("\\u{1b}[2J"), "shown escaped:\n{text}");
+}

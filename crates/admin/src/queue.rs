@@ -104,6 +104,9 @@ pub async fn escalations(
         return Ok(ExitCode::SUCCESS);
     }
     for (op, calls) in &entries {
+        // Whatever a caller or provider wrote is shown, never obeyed by the terminal.
+        let op = &jobtrail_console::visible::operation(op);
+        let calls: Vec<_> = calls.iter().map(jobtrail_console::visible::call).collect();
         println!(
             "{}  {}  waiting {}  provider {}  --seen {}",
             op.id,
@@ -122,7 +125,7 @@ pub async fn escalations(
             (None, _) => "(unknown)".into(),
         };
         println!("  remote job {jobs}   trace {}", op.trace_id);
-        for c in calls {
+        for c in &calls {
             println!(
                 "  call       {} {} #{} → {} {}",
                 c.started_at.format("%Y-%m-%d %H:%M:%S"),
@@ -188,7 +191,11 @@ pub async fn stats(store: &Store, json: bool) -> CmdResult {
     t.load_style(UTF8_BORDERS_ONLY)
         .set_header(vec!["state", "provider", "operations"]);
     for (s, p, n) in &by_state {
-        t.add_row(vec![s.clone(), p.clone(), n.to_string()]);
+        t.add_row(vec![
+            s.clone(),
+            jobtrail_console::visible::text(p).into_owned(),
+            n.to_string(),
+        ]);
     }
     println!("{t}");
     println!("{ops} operations, {history} history rows, {calls} provider calls");
@@ -206,7 +213,9 @@ pub async fn stats(store: &Store, json: bool) -> CmdResult {
     for l in leases {
         println!(
             "lease holder {}: {} held, {} expired",
-            l.lease_owner, l.held, l.expired
+            jobtrail_console::visible::text(&l.lease_owner),
+            l.held,
+            l.expired
         );
     }
     Ok(ExitCode::SUCCESS)

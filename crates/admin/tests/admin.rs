@@ -1121,3 +1121,126 @@ async fn stats_report_states_the_queue_and_lease_holders() {
     let help = admin(&db, &["--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("Exit codes"));
 }
+
+/// Decisions a careless operator (or a hostile one) could make, refused with nothing written: a
+/// second retry of the same operation, adopting a job another operation owns (or a job id that
+/// would address another resource), resuming with no cancel window, and a submission superseding an
+/// operation that is still live.
+#[tokio::test]
+async fn careless_decisions_are_refused_and_write_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let decide = |args: &[String]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        admin(&db, &args)
+    };
+    // A second retry of one finished operation.
+    let b = unresolved(&store, 1).await;
+    let id = b.id.to_string();
+    let base = ["--actor", "alice", "--reason", "checked"];
+    let with = |head: &[&str]| -> Vec<String> {
+        head.iter()
+            .chain(base.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    assert_eq!(
+        code(&decide(&with(&[
+            "declare-not-created",
+            &id,
+            "--seen",
+            "create_unresolved"
+        ]))),
+        0
+    );
+    assert_eq!(
+        code(&decide(&with(&["retry", &id, "--seen", "not_created"]))),
+        0
+    );
+    let again = decide(&with(&["retry", &id, "--seen", "not_created"]));
+    assert_eq!(
+        code(&again),
+        4,
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already retried"));
+
+    // Adopting a job another operation owns, or a job id that is not one.
+    let owner = violation(&store, 2).await; // holds job_a (and job_b as the other answer)
+    let a = unresolved(&store, 3).await;
+    let seen = format!("create_unresolved@{}", a.history_seq);
+    for (job, want) in [("job_a", 4), ("job_b", 4), ("..", 2)] {
+        let out = decide(&with(&[
+            "adopt",
+            &a.id.to_string(),
+            "--job-id",
+            job,
+            "--seen",
+            &seen,
+        ]));
+        assert_eq!(
+            code(&out),
+            want,
+            "{job}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        String::from_utf8_lossy(
+            &decide(&with(&[
+                "adopt",
+                &a.id.to_string(),
+                "--job-id",
+                "job_a",
+                "--seen",
+                &seen
+            ]))
+            .stderr
+        )
+        .contains(&owner.id.to_string())
+    );
+    assert_eq!(
+        store.get(a.id).await.unwrap().history_seq,
+        a.history_seq,
+        "nothing written"
+    );
+
+    // Resuming an unconfirmed cancel with a window of nothing.
+    let u = unconfirmed(&store, 4).await;
+    let out = decide(&with(&[
+        "resume",
+        &u.id.to_string(),
+        "--cancel-window",
+        "0s",
+        "--seen",
+        "cancellation_unconfirmed",
+    ]));
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+
+    // A new operation may supersede only a finished one.
+    let live = timed_out(&store, 5).await;
+    let mut s = Submission {
+        provider: "sim".into(),
+        target: "reports".into(),
+        body: br#"{"n": 6}"#.to_vec(),
+        caller: "agent-7".into(),
+        approved_by: "alice".into(),
+        supersedes: Some(live.id),
+        ..Default::default()
+    };
+    let err = store
+        .submit_new(&s, &terms(), SubmitLimits::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, jobtrail_store::StoreError::Conflict(_)),
+        "{err}"
+    );
+    s.supersedes = Some(b.id);
+    let err = store
+        .submit_new(&s, &terms(), SubmitLimits::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already retried"), "{err}");
+}

@@ -38,11 +38,9 @@ pub struct SubmitArgs {
     /// How long a cancel may take to be confirmed (90s, 5m). Default: the provider's.
     #[arg(long)]
     pub cancel_window: Option<String>,
-    /// The operation this one retries (a new operation linked to the old).
+    /// The operation this one retries (a new operation linked to the old; it must be finished).
     #[arg(long)]
     pub supersedes: Option<String>,
-    #[arg(long, default_value_t = 1024 * 1024)]
-    pub max_body_bytes: usize,
 }
 
 fn parse_id(s: &str) -> Result<OperationId, jobtrail_console::shell::Failure> {
@@ -55,16 +53,25 @@ pub async fn submit(
     a: SubmitArgs,
     json: bool,
 ) -> CmdResult {
+    // The body limit is the operator's (the provider contract's `create.max_body_bytes`), never the
+    // caller's to raise.
+    let terms = registry.terms();
+    let limit = terms
+        .get(a.provider.trim())
+        .map(|t| t.max_body_bytes)
+        .unwrap_or(jobtrail_core::operation::DEFAULT_BODY_BYTES);
     let mut body = Vec::new();
     match &a.body {
         Some(p) if p.as_os_str() != "-" => {
-            body = std::fs::read(p)
+            // At most one byte over the limit, whatever the file's size.
+            std::fs::File::open(p)
+                .and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut body))
                 .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?;
         }
         _ => {
             // Read at most one byte over the limit: enough to refuse, never more into memory.
             std::io::stdin()
-                .take(a.max_body_bytes as u64 + 1)
+                .take(limit as u64 + 1)
                 .read_to_end(&mut body)
                 .map_err(|e| fail(exit::BAD_INPUT, format!("reading the body from stdin: {e}")))?;
         }
@@ -102,13 +109,7 @@ pub async fn submit(
         supersedes: a.supersedes.as_deref().map(parse_id).transpose()?,
     };
     let s = store
-        .submit_new(
-            &submission,
-            &registry.terms(),
-            SubmitLimits {
-                max_body_bytes: a.max_body_bytes,
-            },
-        )
+        .submit_new(&submission, &terms, SubmitLimits::default())
         .await?;
     let op = &s.operation;
     if json {
@@ -166,7 +167,7 @@ pub async fn cancel(store: &Store, id: &str, actor: &str, reason: &str, json: bo
     };
     let op = &applied.record;
     let what = match op.state {
-        State::Withdrawn => "withdrawn: no create was ever sent",
+        State::Withdrawn => "withdrawn: no create can have reached the provider",
         State::CancelRequested => {
             "cancel requested: the lease owner sends one cancel call and waits for the provider's confirmation"
         }
@@ -263,7 +264,7 @@ fn report(op: &OperationRecord, json: bool) {
         let extra = op
             .escalation_reason
             .as_deref()
-            .map(|r| format!(" — {r}"))
+            .map(|r| format!(" — {}", jobtrail_console::visible::text(r)))
             .unwrap_or_default();
         println!("{} {}{extra}", op.id, op.state);
     }

@@ -65,9 +65,11 @@ pub fn code_for(e: &StoreError) -> u8 {
             exit::CONFLICT
         }
         StoreError::Submit(_) => exit::BAD_INPUT,
-        StoreError::Stale { .. } | StoreError::Illegal { .. } | StoreError::LeaseLost { .. } => {
-            exit::CONFLICT
-        }
+        StoreError::Stale { .. }
+        | StoreError::Illegal { .. }
+        | StoreError::LeaseLost { .. }
+        | StoreError::Moved { .. }
+        | StoreError::Conflict(_) => exit::CONFLICT,
         _ => exit::UNAVAILABLE,
     }
 }

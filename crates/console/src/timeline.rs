@@ -8,8 +8,15 @@ fn t(at: &chrono::DateTime<chrono::Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
 }
 
-/// A terminal rendering of an operation, its history and its calls.
+/// A terminal rendering of an operation, its history and its calls. Text callers and providers
+/// supplied is shown with control characters escaped (see [`crate::visible`]).
 pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCall]) -> String {
+    let op = &crate::visible::operation(op);
+    let history: &[HistoryRecord] = &history
+        .iter()
+        .map(crate::visible::history)
+        .collect::<Vec<_>>();
+    let calls: &[StoredCall] = &calls.iter().map(crate::visible::call).collect::<Vec<_>>();
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -71,6 +71,9 @@ pub struct ProviderTerms {
     #[serde(default)]
     pub body: BodyShape,
     pub sensitive_fields: Vec<String>,
+    /// The largest request body the provider takes (operator configuration, never the caller's).
+    #[serde(default = "default_body_bytes")]
+    pub max_body_bytes: usize,
     /// Secrets callers may name at the sensitive fields, by grant name.
     #[serde(default)]
     pub secret_grants: std::collections::BTreeMap<String, SecretGrant>,
@@ -87,12 +90,17 @@ impl ProviderTerms {
             idempotency,
             body: BodyShape::Object,
             sensitive_fields: Vec::new(),
+            max_body_bytes: DEFAULT_BODY_BYTES,
             secret_grants: std::collections::BTreeMap::new(),
             default_create_window: Duration::from_secs(120),
             default_result_window: Duration::from_secs(3600),
             default_cancel_window: Duration::from_secs(300),
         }
     }
+}
+
+fn default_body_bytes() -> usize {
+    DEFAULT_BODY_BYTES
 }
 
 /// Untrusted input to submit.
@@ -121,16 +129,22 @@ pub struct Entropy {
     pub trace: [u8; 16],
 }
 
-/// Submit limits.
+/// Submit limits of the server (the operator's): a ceiling over every provider's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SubmitLimits {
     pub max_body_bytes: usize,
 }
 
+/// The largest request body any contract may allow.
+pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// A provider's request body limit unless its contract says otherwise.
+pub const DEFAULT_BODY_BYTES: usize = 1024 * 1024;
+
 impl Default for SubmitLimits {
     fn default() -> Self {
         Self {
-            max_body_bytes: 1024 * 1024,
+            max_body_bytes: MAX_BODY_BYTES,
         }
     }
 }
@@ -211,6 +225,8 @@ pub enum SubmitError {
     },
     #[error("operation {0} named by supersedes does not exist")]
     SupersededMissing(OperationId),
+    #[error("not a usable job id: {0}")]
+    UnusableJobId(String),
 }
 
 impl Submission {
@@ -222,10 +238,11 @@ impl Submission {
         now: DateTime<Utc>,
         entropy: Entropy,
     ) -> Result<Intent, SubmitError> {
-        if self.body.len() > limits.max_body_bytes {
+        let limit = limits.max_body_bytes.min(terms.max_body_bytes);
+        if self.body.len() > limit {
             return Err(SubmitError::BodyTooLarge {
                 size: self.body.len(),
-                limit: limits.max_body_bytes,
+                limit,
             });
         }
         let body =

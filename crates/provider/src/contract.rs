@@ -207,6 +207,8 @@ struct RawCreate {
     sync_result: Option<String>,
     #[serde(default)]
     body: Option<String>,
+    #[serde(default)]
+    max_body_bytes: Option<u64>,
 }
 fn d_post() -> String {
     "POST".into()
@@ -485,6 +487,8 @@ pub struct CreateSpec {
     pub sync_result: Option<Locator>,
     /// Which JSON values submit accepts as the body (`create.body`: "object", the default, or "any").
     pub body: BodyShape,
+    /// The largest request body submit accepts for this provider.
+    pub max_body_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -608,6 +612,7 @@ impl Contract {
     pub fn terms(&self) -> ProviderTerms {
         let mut t = ProviderTerms::new(&self.name, self.idempotency());
         t.body = self.create.body;
+        t.max_body_bytes = self.create.max_body_bytes;
         t.sensitive_fields = self.redact.clone();
         t.secret_grants = self
             .secrets
@@ -848,9 +853,26 @@ impl Validator<'_> {
                     && u.password().is_none()
             })
             .ok_or_else(|| {
+                // Never echo a credential someone put into the URL.
+                let shown = url::Url::parse(&base)
+                    .map(|mut u| {
+                        let had = !u.username().is_empty() || u.password().is_some();
+                        let _ = u.set_username("");
+                        let _ = u.set_password(None);
+                        format!(
+                            "{:?}{}",
+                            u.as_str(),
+                            if had {
+                                " (with credentials, not shown)"
+                            } else {
+                                ""
+                            }
+                        )
+                    })
+                    .unwrap_or_else(|_| "a value that is not a URL".into());
                 self.err(
                     "base_url",
-                    format!("an absolute http(s) URL without credentials, got {base:?}"),
+                    format!("an absolute http(s) URL without credentials, got {shown}"),
                 )
             })?;
 
@@ -970,6 +992,21 @@ impl Validator<'_> {
                 .as_deref()
                 .map(|s| self.locator("create.sync_result", s))
                 .transpose()?,
+            max_body_bytes: match c.max_body_bytes {
+                None => jobtrail_core::operation::DEFAULT_BODY_BYTES,
+                Some(n) if n >= 1 && n <= jobtrail_core::operation::MAX_BODY_BYTES as u64 => {
+                    n as usize
+                }
+                Some(n) => {
+                    return Err(self.err(
+                        "create.max_body_bytes",
+                        format!(
+                            "1 to {} bytes, got {n}",
+                            jobtrail_core::operation::MAX_BODY_BYTES
+                        ),
+                    ));
+                }
+            },
             body: match c.body.as_deref() {
                 None | Some("object") => BodyShape::Object,
                 Some("any") => BodyShape::Any,

@@ -633,7 +633,10 @@ mod tests {
         // A value with a quote, as a provider's JSON would quote it.
         let echoed = serde_json::json!({"error": "bad secret tok\"en"}).to_string();
         let clean = s.text(&echoed);
-        assert!(!clean.contains("tok\\\"en") && !clean.contains("tok\"en"), "{clean}");
+        assert!(
+            !clean.contains("tok\\\"en") && !clean.contains("tok\"en"),
+            "{clean}"
+        );
         assert!(clean.contains(SCRUBBED), "{clean}");
         let mut v = serde_json::json!({"a": ["x 4111-1111 y", {"b": "4111-1111"}]});
         s.json(&mut v);

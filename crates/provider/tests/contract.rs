@@ -219,6 +219,30 @@ fn the_contract_says_which_bodies_it_takes() {
     assert_eq!(parse(&text).unwrap().terms().body, BodyShape::Any);
 }
 
+/// A refused base URL never echoes the credential someone put into it.
+#[test]
+fn a_refused_base_url_does_not_echo_its_credential() {
+    let text = sim_text().replacen(
+        "base_url = \"http://127.0.0.1:8700\"",
+        "base_url = \"http://admin:hunter2-SECRET@127.0.0.1:8700\"",
+        1,
+    );
+    let err = parse(&text).unwrap_err();
+    assert!(
+        err.contains("base_url") && err.contains("not shown"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2") && !err.contains("admin"), "{err}");
+    let text = sim_text()
+        .replacen("create.max_body_bytes", "x", 0)
+        .replacen(
+            "sync_result = \"body:/result\"",
+            "sync_result = \"body:/result\"\nmax_body_bytes = 999999999999",
+            1,
+        );
+    assert!(parse(&text).unwrap_err().contains("create.max_body_bytes"));
+}
+
 #[test]
 fn the_base_url_can_be_overridden_per_environment() {
     // SAFETY: no other test in this binary reads this variable.

@@ -50,6 +50,10 @@ pub enum StoreError {
     Database(sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The request conflicts with another record (a job another operation owns, an operation already
+    /// retried, a retry of one still live). Nothing was written.
+    #[error("{0}")]
+    Conflict(String),
     /// Evidence disagrees with its chain; what depends on it is refused.
     #[error("{0}")]
     Tampered(String),

@@ -263,6 +263,9 @@ impl Store {
         mut tx: Transaction<'_, Postgres>,
         intent: &Intent,
     ) -> Result<Submitted, StoreError> {
+        if let Some(old) = intent.supersedes {
+            may_supersede(&mut tx, old).await?;
+        }
         if !insert_intent(&mut tx, intent).await? {
             tx.rollback().await?;
             let existing = self.get(intent.operation_id).await?;
@@ -569,6 +572,12 @@ impl Store {
     ) -> Result<Submitted, StoreError> {
         let mut tx = self.pool.begin().await?;
         let locked = lock_as_seen(&mut tx, old, seen_state, seen_seq).await?;
+        if let Some(by) = locked.row_superseded_by() {
+            return Err(StoreError::Conflict(format!(
+                "{old} was already retried as {}: retry that one, or look at it first",
+                OperationId::from_uuid(by)
+            )));
+        }
         let actor = decision.actor().to_owned();
         let step = Step::event(Event::Superseded {
             decision,
@@ -606,6 +615,9 @@ impl Store {
         };
         let mut tx = self.pool.begin().await?;
         let locked = lock_as_seen(&mut tx, id, seen_state, seen_seq).await?;
+        if let Some(Event::AdoptRemoteJob { remote_job_id, .. }) = &step.event {
+            job_not_owned_elsewhere(&mut tx, id, locked.row_provider(), remote_job_id).await?;
+        }
         let applied = write::apply_locked(&mut tx, locked, &actor, step).await?;
         sqlx::query(include_str!("sql/notify_work.sql"))
             .bind(id.to_string())
@@ -613,6 +625,59 @@ impl Store {
             .await?;
         tx.commit().await?;
         Ok(applied)
+    }
+}
+
+/// A retry may link only to a finished operation not retried yet.
+async fn may_supersede(
+    tx: &mut Transaction<'_, Postgres>,
+    old: OperationId,
+) -> Result<(), StoreError> {
+    let row: Option<(String, Option<uuid::Uuid>)> =
+        sqlx::query_as(include_str!("sql/operation_lock_supersedable.sql"))
+            .bind(old.as_uuid())
+            .fetch_optional(&mut **tx)
+            .await?;
+    let (state, by) = row.ok_or(SubmitError::SupersededMissing(old))?;
+    let state: State = state
+        .parse()
+        .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+    if !state.is_terminal() {
+        return Err(StoreError::Conflict(format!(
+            "{old} is {state}, not finished: a new operation may supersede only a finished one (cancel it, or wait)"
+        )));
+    }
+    if let Some(by) = by {
+        return Err(StoreError::Conflict(format!(
+            "{old} was already retried as {}",
+            OperationId::from_uuid(by)
+        )));
+    }
+    Ok(())
+}
+
+/// A person may adopt a job only if no other operation of the provider already holds it.
+async fn job_not_owned_elsewhere(
+    tx: &mut Transaction<'_, Postgres>,
+    id: OperationId,
+    provider: &str,
+    job: &str,
+) -> Result<(), StoreError> {
+    jobtrail_core::ids::check_remote_job_id(job)
+        .map_err(|why| StoreError::Submit(SubmitError::UnusableJobId(why)))?;
+    let owner: Option<(uuid::Uuid,)> =
+        sqlx::query_as(include_str!("sql/operation_find_by_remote_job.sql"))
+            .bind(provider)
+            .bind(job)
+            .bind(id.as_uuid())
+            .fetch_optional(&mut **tx)
+            .await?;
+    match owner {
+        Some((other,)) => Err(StoreError::Conflict(format!(
+            "job {job} belongs to operation {} of provider {provider}: one remote job, one operation",
+            OperationId::from_uuid(other)
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -327,4 +327,10 @@ impl LockedRow {
     pub(crate) fn row_history_seq(&self) -> i64 {
         self.row.history_seq
     }
+    pub(crate) fn row_superseded_by(&self) -> Option<uuid::Uuid> {
+        self.row.superseded_by
+    }
+    pub(crate) fn row_provider(&self) -> &str {
+        &self.row.provider
+    }
 }

@@ -1,0 +1,122 @@
+//! Text from callers and providers, made safe for a terminal.
+//!
+//! A caller name, a provider's job id or state, an error text: any of them may hold terminal escapes
+//! (clearing the screen, moving the cursor), line breaks (forging a line such as "approved by
+//! security team"), or bidirectional overrides (reordering what is read). Every human rendering
+//! shows such characters visibly, escaped, instead of letting the terminal act on them. JSON output
+//! needs nothing: JSON escapes them itself.
+
+use jobtrail_store::{HistoryRecord, OperationRecord, StoredCall};
+use std::borrow::Cow;
+
+/// Would a terminal act on this character instead of printing it?
+fn acts(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` with every control, line-break and direction-override character shown escaped (`\u{1b}`,
+/// `\n`).
+pub fn text(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(acts) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if acts(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn fix(s: &mut String) {
+    if let Cow::Owned(o) = text(s) {
+        *s = o;
+    }
+}
+
+fn fix_opt(s: &mut Option<String>) {
+    if let Some(s) = s {
+        fix(s);
+    }
+}
+
+/// A copy of an operation with every free-text field made visible.
+pub fn operation(op: &OperationRecord) -> OperationRecord {
+    let mut o = op.clone();
+    for s in [
+        &mut o.provider,
+        &mut o.target,
+        &mut o.caller,
+        &mut o.approved_by,
+        &mut o.next_action_reason,
+    ] {
+        fix(s);
+    }
+    for s in [
+        &mut o.approval_ref,
+        &mut o.escalation_reason,
+        &mut o.remote_job_id,
+        &mut o.conflicting_remote_job_id,
+        &mut o.remote_state,
+        &mut o.remote_updated_at,
+        &mut o.status_url,
+        &mut o.lease_owner,
+        &mut o.cancel_requested_by,
+        &mut o.cancel_reason,
+        &mut o.result_location,
+        &mut o.result_content_type,
+    ] {
+        fix_opt(s);
+    }
+    o
+}
+
+/// A copy of a history row with every free-text field made visible.
+pub fn history(h: &HistoryRecord) -> HistoryRecord {
+    let mut h = h.clone();
+    for s in [&mut h.actor, &mut h.to_state, &mut h.event, &mut h.cause] {
+        fix(s);
+    }
+    fix_opt(&mut h.from_state);
+    fix_opt(&mut h.remote_job_id);
+    h
+}
+
+/// A copy of a call with every free-text field made visible.
+pub fn call(c: &StoredCall) -> StoredCall {
+    let mut c = c.clone();
+    for s in [
+        &mut c.kind,
+        &mut c.actor,
+        &mut c.method,
+        &mut c.url,
+        &mut c.outcome,
+    ] {
+        fix(s);
+    }
+    fix_opt(&mut c.provider_request_id);
+    fix_opt(&mut c.error_class);
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_are_shown_not_obeyed() {
+        assert_eq!(text("agent-7"), "agent-7");
+        assert_eq!(text("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(
+            text("x\napproved by security team"),
+            "x\\napproved by security team"
+        );
+        assert_eq!(text("\u{202e}evil"), "\\u{202e}evil");
+        assert_eq!(text("tab\there"), "tab\\there");
+        assert_eq!(text("żółw ✓"), "żółw ✓", "printable text is untouched");
+    }
+}
