@@ -4,33 +4,18 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 use support::Env;
 
 fn jobtrail(env: &Env, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
-    c.args(args)
-        .env("DATABASE_URL", &env.url)
-        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    child.wait_with_output().unwrap()
+    support::run_bin(
+        std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+        &env.url,
+        &support::providers_dir(),
+        args,
+        stdin,
+    )
 }
 
 fn code(o: &Output) -> i32 {

@@ -21,28 +21,7 @@ fn admin_bin() -> std::path::PathBuf {
 }
 
 fn run(bin: &std::path::Path, url: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    use std::io::Write;
-    let mut c = Command::new(bin);
-    c.args(args)
-        .env("DATABASE_URL", url)
-        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    child.wait_with_output().unwrap()
+    support::run_bin(bin, url, &support::providers_dir(), args, stdin)
 }
 
 fn jobtrail(url: &str, args: &[&str], stdin: Option<&str>) -> Output {

@@ -7,30 +7,20 @@ mod support;
 
 use jobtrail_core::State;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 use support::{Env, TOKEN};
 
 const CARD: &str = "4111-1111-SECRET-CARD-98";
 
 fn jobtrail(env: &Env, providers: &Path, args: &[&str], stdin: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
-        .args(args)
-        .env("DATABASE_URL", &env.url)
-        .env("JOBTRAIL_PROVIDERS", providers)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    support::run_bin(
+        Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+        &env.url,
+        providers,
+        args,
+        Some(stdin),
+    )
 }
 
 fn submit(env: &Env, providers: &Path, body: &str) -> Output {

@@ -13,6 +13,42 @@ use std::time::{Duration, Instant};
 
 pub const TOKEN: &str = "sim-bearer-Zq8v-DO-NOT-LEAK";
 
+/// Run a jobtrail binary against database `url` with the contracts in `providers`, feeding `stdin`
+/// (or nothing), and wait for it.
+pub fn run_bin(
+    bin: &Path,
+    url: &str,
+    providers: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("JOBTRAIL_PROVIDERS", providers)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a jobtrail binary");
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(text.as_bytes())
+            .expect("write stdin");
+    }
+    child
+        .wait_with_output()
+        .expect("wait for a jobtrail binary")
+}
+
 pub fn providers_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers")
 }

@@ -415,24 +415,12 @@ pub fn after_create(
             remote_state,
             status_url,
             ..
-        } => match op.remote_job_id.as_ref().filter(|p| **p != job_id) {
-            Some(prev) => Plan::write(Step::event(Event::ContractViolated {
-                recorded_job_id: prev.clone(),
-                other_job_id: job_id,
-            })),
-            None => Plan::write(Step {
-                observation: Some(Observation {
-                    remote_state: remote_state.clone(),
-                    status_url,
-                    ..Observation::default()
-                }),
-                ..Step::event(Event::CreateAccepted {
-                    remote_job_id: job_id,
-                    remote_state,
-                })
-            })
-            .then_continue(),
-        },
+        } => accepted_unless_another(
+            op.remote_job_id.clone().filter(|p| *p != job_id),
+            job_id,
+            remote_state,
+            status_url,
+        ),
         CreateOutcome::Completed { job_id, result } => match kept {
             Some((Ok(k), valid)) => {
                 let mut ctx = context
@@ -499,6 +487,34 @@ pub fn after_create(
     plan.step.send_mark = SendMark::Clear;
     plan.step = with_call(plan.step, call, context);
     plan
+}
+
+/// The provider named the job: accepted, and on at once to the first status read — unless another
+/// job is already known for this token, which is a contract violation (both answers kept).
+fn accepted_unless_another(
+    other: Option<String>,
+    job_id: String,
+    remote_state: Option<String>,
+    status_url: Option<String>,
+) -> Plan {
+    match other {
+        Some(other) => Plan::write(Step::event(Event::ContractViolated {
+            recorded_job_id: other,
+            other_job_id: job_id,
+        })),
+        None => Plan::write(Step {
+            observation: Some(Observation {
+                remote_state: remote_state.clone(),
+                status_url,
+                ..Observation::default()
+            }),
+            ..Step::event(Event::CreateAccepted {
+                remote_job_id: job_id,
+                remote_state,
+            })
+        })
+        .then_continue(),
+    }
 }
 
 /// An attempt that definitively created nothing: withdraw if a cancel is waiting (item: a cancel
@@ -669,24 +685,7 @@ pub fn after_resend(
                 .as_ref()
                 .and_then(|ids| ids.iter().find(|i| **i != job_id).cloned())
                 .or_else(|| op.remote_job_id.clone().filter(|p| *p != job_id));
-            match other {
-                Some(other) => Plan::write(Step::event(Event::ContractViolated {
-                    recorded_job_id: other,
-                    other_job_id: job_id,
-                })),
-                None => Plan::write(Step {
-                    observation: Some(Observation {
-                        remote_state: remote_state.clone(),
-                        status_url,
-                        ..Observation::default()
-                    }),
-                    ..Step::event(Event::CreateAccepted {
-                        remote_job_id: job_id,
-                        remote_state,
-                    })
-                })
-                .then_continue(),
-            }
+            accepted_unless_another(other, job_id, remote_state, status_url)
         }
         CreateOutcome::Completed { .. } => Plan::write(inconclusive(
             op,
