@@ -111,56 +111,39 @@ $$;
 -- ---------------------------------------------------------------------------------------------------
 -- History grows only as a chain from the operation's current head, whoever inserts: a new link's seq
 -- follows the head's and its prev_hash is the head's hash (the first link, written with its
--- operation, starts from the all-zero genesis and is the head). The head moves only to the link just
--- appended. The hash itself is computed by the one write path (the JCS form of the link, in Rust) and
--- recomputed by `audit verify`; these triggers make sure nothing is appended beside that path's chain
--- and no head is moved to skip or fork it. Only the table owner could disable them.
+-- operation, starts from the all-zero genesis and is the head), and its event is one the inserting
+-- role may record. The hash itself is computed by the one write path (the JCS form of the link, in
+-- Rust) and recomputed by `audit verify`, which also finds a head or a state moved without its link.
+-- One check per statement, set-based over the statement's new links (a worker's group commit appends
+-- dozens at once); only the table owner could disable it.
 -- ---------------------------------------------------------------------------------------------------
 CREATE FUNCTION jobtrail_history_continues_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    head_seq bigint;
-    head     bytea;
+    ev  text;
+    bad record;
 BEGIN
-    IF NOT jobtrail_may_record(NEW.event) THEN
-        RAISE EXCEPTION 'jobtrail: role % may not record % events', current_user, NEW.event
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    SELECT history_seq, history_head INTO head_seq, head FROM operations WHERE id = NEW.operation_id;
-    IF NEW.seq = 1 THEN
-        IF head_seq IS DISTINCT FROM 1 OR head IS DISTINCT FROM NEW.hash
-           OR NEW.prev_hash <> '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea THEN
-            RAISE EXCEPTION 'jobtrail: a first history link must start from genesis and be its operation''s head'
-                USING ERRCODE = 'integrity_constraint_violation';
+    FOR ev IN SELECT DISTINCT event FROM new_links LOOP
+        IF NOT jobtrail_may_record(ev) THEN
+            RAISE EXCEPTION 'jobtrail: role % may not record % events', current_user, ev
+                USING ERRCODE = 'insufficient_privilege';
         END IF;
-    ELSIF head_seq IS NULL OR NEW.seq <> head_seq + 1 OR NEW.prev_hash <> head THEN
+    END LOOP;
+    SELECT n.operation_id, n.seq, o.history_seq AS head_seq INTO bad
+    FROM new_links n
+    LEFT JOIN operations o ON o.id = n.operation_id
+    WHERE o.id IS NULL
+       OR (n.seq = 1 AND (o.history_seq <> 1 OR o.history_head <> n.hash
+                          OR n.prev_hash <> decode(repeat('00', 32), 'hex')))
+       OR (n.seq > 1 AND (n.seq <> o.history_seq + 1 OR n.prev_hash <> o.history_head))
+    LIMIT 1;
+    IF FOUND THEN
         RAISE EXCEPTION 'jobtrail: history link %/% does not continue the chain (head #%)',
-            NEW.operation_id, NEW.seq, head_seq
+            bad.operation_id, bad.seq, bad.head_seq
             USING ERRCODE = 'integrity_constraint_violation';
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END $$;
 
-CREATE TRIGGER operation_history_continues_chain BEFORE INSERT ON operation_history
-    FOR EACH ROW EXECUTE FUNCTION jobtrail_history_continues_chain();
-
--- The head moves only to the link just appended, and the state only with a link that leads to it:
--- no state change without its history.
-CREATE FUNCTION jobtrail_head_follows_history() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.history_seq <> OLD.history_seq + 1 OR NOT EXISTS (
-        SELECT 1 FROM operation_history h
-        WHERE h.operation_id = NEW.id AND h.seq = NEW.history_seq
-          AND h.hash = NEW.history_head AND h.prev_hash = OLD.history_head
-          AND h.to_state = NEW.state) THEN
-        RAISE EXCEPTION 'jobtrail: operation % may change its state or head only with the history link that records it', NEW.id
-            USING ERRCODE = 'integrity_constraint_violation';
-    END IF;
-    RETURN NEW;
-END $$;
-
-CREATE TRIGGER operations_head_follows_history BEFORE UPDATE ON operations
-    FOR EACH ROW
-    WHEN (OLD.history_head IS DISTINCT FROM NEW.history_head
-          OR OLD.history_seq IS DISTINCT FROM NEW.history_seq
-          OR OLD.state IS DISTINCT FROM NEW.state)
-    EXECUTE FUNCTION jobtrail_head_follows_history();
+CREATE TRIGGER operation_history_continues_chain AFTER INSERT ON operation_history
+    REFERENCING NEW TABLE AS new_links
+    FOR EACH STATEMENT EXECUTE FUNCTION jobtrail_history_continues_chain();

@@ -226,7 +226,6 @@ async fn each_role_runs_its_commands_and_nothing_else() {
             format!("UPDATE operations SET caller = 'mallory' WHERE id = {some}"),
             format!("UPDATE operations SET approved_by = 'mallory' WHERE id = {some}"),
             format!("UPDATE operations SET request_body = '{{}}' WHERE id = {some}"),
-            format!("UPDATE operations SET state = 'cancelled' WHERE id = {some}"),
             "CREATE TABLE mischief (x int)".to_owned(),
             "LOCK TABLE jobtrail_migration_lock".to_owned(),
         ] {
@@ -284,6 +283,29 @@ async fn each_role_runs_its_commands_and_nothing_else() {
         sql_refused(&auditor, sql).await;
     }
     assert!(env.store.verify_everything(None).await.unwrap().is_clean());
+
+    // The worker may move an operation's state (that is its job), but a state the history does not
+    // lead to is found by verify: the row is checked against the chain, not trusted.
+    sql_allowed(
+        &worker,
+        &format!("UPDATE operations SET state = 'failed' WHERE id = {some}"),
+    )
+    .await;
+    let one = env.store.verify_operation(op.id).await.unwrap();
+    assert!(
+        one.breaks.iter().any(|b| b.problem.contains("state")),
+        "{:?}",
+        one.breaks
+    );
+    assert_eq!(
+        env.store
+            .verify_everything(None)
+            .await
+            .unwrap()
+            .breaks
+            .len(),
+        1
+    );
 }
 
 /// Every command but `migrate` checks the schema with one read and refuses a database that is behind
