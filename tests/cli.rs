@@ -44,7 +44,7 @@ async fn submit_show_wait_result_and_exit_codes() {
     let out = jobtrail(&env, &submit, Some(body));
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let id = v["operation_id"].as_str().unwrap().to_owned();
+    let id = v["operation"]["id"].as_str().unwrap().to_owned();
     assert_eq!(v["created"], true);
 
     // Submitting the same id again with the same body is a no-op; with another body, a conflict (4).
@@ -105,7 +105,7 @@ async fn submit_show_wait_result_and_exit_codes() {
 
     // A never-ending job: wait times out (6); a cancel is recorded; then it ends cancelled (1).
     let out = jobtrail(&env, &submit, Some(r#"{"sim":{"never_finish":true}}"#));
-    let id2 = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["operation_id"]
+    let id2 = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["operation"]["id"]
         .as_str()
         .unwrap()
         .to_owned();

@@ -62,6 +62,8 @@ pub struct Env {
     pub dir: PathBuf,
     /// Where in-process workers keep results (the database unless a test says otherwise).
     pub results: jobtrail_worker::ResultStore,
+    /// The contracts directory servers and processes of this environment load.
+    pub providers: PathBuf,
     workers: Vec<(
         tokio_util::sync::CancellationToken,
         tokio::task::JoinHandle<()>,
@@ -87,14 +89,59 @@ impl Env {
         Self::build(url, db, &|_| {}).await
     }
 
+    /// An environment whose contracts (for in-process workers and for servers started with
+    /// [`Env::providers`]) are the shipped ones with text replaced: `(file, from, to)`.
+    pub async fn with_edited_contracts(edits: &[(&str, &str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "jobtrail-providers-{}",
+            uuid::Uuid::now_v7().simple()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(providers_dir()).unwrap().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                let to = dir.join(e.file_name());
+                std::fs::create_dir_all(&to).unwrap();
+                for f in std::fs::read_dir(&path).unwrap().flatten() {
+                    std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+                }
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mut text = std::fs::read_to_string(&path).unwrap();
+            for (file, from, to) in edits {
+                if *file == name {
+                    assert!(text.contains(from), "{name} has no {from:?}");
+                    text = text.replacen(from, to, 1);
+                }
+            }
+            std::fs::write(dir.join(&name), text).unwrap();
+        }
+        let db = TestDb::new().await;
+        let url = db.url.clone();
+        let mut env = Self::build_from(url, Some(db), &|_| {}, dir.clone()).await;
+        env.providers = dir;
+        env
+    }
+
     async fn build(
         url: String,
         db: Option<TestDb>,
         tweak: &dyn Fn(&mut jobtrail_provider::Contract),
     ) -> Self {
+        Self::build_from(url, db, tweak, providers_dir()).await
+    }
+
+    async fn build_from(
+        url: String,
+        db: Option<TestDb>,
+        tweak: &dyn Fn(&mut jobtrail_provider::Contract),
+        providers: PathBuf,
+    ) -> Self {
         let store = Store::connect(&url).await.unwrap();
         let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
             bearer_token: Some(TOKEN.into()),
+            webhook: None,
         })
         .start("127.0.0.1:0".parse().unwrap())
         .await
@@ -106,7 +153,7 @@ impl Env {
         let secret_file = dir.join("sim-token");
         std::fs::write(&secret_file, TOKEN).unwrap();
         let mut registry = Registry::default();
-        for (_, mut c) in jobtrail_provider::contract::load_dir(&providers_dir()).unwrap() {
+        for (_, mut c) in jobtrail_provider::contract::load_dir(&providers).unwrap() {
             c.base_url = url::Url::parse(&sim.base_url()).unwrap();
             if let Some(a) = c.auth.as_mut() {
                 a.secret = jobtrail_core::SecretRef::File(secret_file.display().to_string());
@@ -123,6 +170,7 @@ impl Env {
             dir,
             results: jobtrail_worker::ResultStore::Database,
             workers: Vec::new(),
+            providers,
         }
     }
 
@@ -195,7 +243,7 @@ impl Env {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
         cmd.args(["worker", "--id", id, "--lease", lease, "--idle", "50ms"])
             .env("DATABASE_URL", &self.url)
-            .env("JOBTRAIL_PROVIDERS", providers_dir())
+            .env("JOBTRAIL_PROVIDERS", &self.providers)
             .env("JOBTRAIL_SIM_TOKEN", TOKEN)
             .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", self.sim.base_url())
             .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", self.sim.base_url())
@@ -331,4 +379,112 @@ impl Drop for WorkerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A `jobtrail serve` process (the HTTP API with MCP at /mcp), killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub log: PathBuf,
+}
+
+/// The webhook secret servers started by [`Env::serve`] hold (the contract names the variable).
+pub const WEBHOOK_SECRET: &str = "whsec_c2ltLXdlYmhvb2stc2VjcmV0LWZvci10ZXN0cw==";
+
+impl Env {
+    /// Start `jobtrail serve` on a free loopback port against this environment's database and
+    /// contracts; returns once it listens (bounded).
+    pub fn serve(&self, name: &str) -> Server {
+        let log = self.dir.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--drain", "2s"])
+            .env("DATABASE_URL", &self.url)
+            .env("JOBTRAIL_PROVIDERS", &self.providers)
+            .env("JOBTRAIL_SIM_TOKEN", TOKEN)
+            .env("JOBTRAIL_SIM_WEBHOOK_SECRET", WEBHOOK_SECRET)
+            .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", self.sim.base_url())
+            .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", self.sim.base_url())
+            .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", self.sim.base_url())
+            .env("JOBTRAIL_LOG", "info")
+            .env_remove("JOBTRAIL_API")
+            .env_remove("JOBTRAIL_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("spawn jobtrail serve");
+        let mut child = child;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(rest) = text.split("listening on ").nth(1) {
+                let base = rest.split_whitespace().next().unwrap().to_owned();
+                return Server { child, base, log };
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("jobtrail serve did not start:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A new API token for `caller` with `scopes` (as `jobtrail-admin tokens create` makes them).
+    pub async fn token(&self, caller: &str, scopes: &[&str]) -> String {
+        let (token, sha256) = jobtrail_service::auth::new_token().unwrap();
+        let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
+        self.store
+            .insert_token(&jobtrail_store::NewToken {
+                caller,
+                scopes: &scopes,
+                sha256,
+                note: None,
+                created_by: "test",
+                expires_at: None,
+            })
+            .await
+            .unwrap();
+        token
+    }
+}
+
+impl Server {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    /// SIGTERM, and wait (bounded) for a clean exit.
+    pub fn stop(mut self) -> Option<std::process::ExitStatus> {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP client for the API (bounded).
+pub fn http() -> reqwest::Client {
+    jobtrail_provider::install_crypto();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
 }

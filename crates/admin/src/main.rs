@@ -4,9 +4,12 @@
 mod audit;
 mod decide;
 mod queue;
+mod tokens;
 
 use clap::{Args, Parser, Subcommand};
 use jobtrail_console::shell::{self, CmdResult};
+use jobtrail_provider::Registry;
+use jobtrail_service::Decision;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -160,6 +163,12 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// API tokens: create (shown once), list, revoke. The caller recorded for anything done with a
+    /// token is the token's.
+    Tokens {
+        #[command(subcommand)]
+        what: tokens::TokensCmd,
+    },
     /// Verify and anchor the tamper-evident history.
     Audit {
         #[command(subcommand)]
@@ -268,6 +277,7 @@ async fn run(cli: Cli) -> CmdResult {
             actor,
             reason,
         } => decide::cancel(&store, &operation, &actor, &reason, json).await,
+        Command::Tokens { what } => tokens::run(&store, what, json).await,
         Command::Retry {
             operation,
             body,
@@ -275,35 +285,41 @@ async fn run(cli: Cli) -> CmdResult {
             decided,
         } => {
             let registry = shell::registry(&cli.common.providers)?;
-            decide::retry(
-                &store,
-                &registry,
-                &operation,
-                body,
+            let request = decide::retry_body(body)?;
+            let d = Decision::Retry {
+                request,
                 result_deadline,
-                decided,
-                json,
-            )
-            .await
+            };
+            decide::decide(&store, registry, &operation, d, decided, json).await
         }
         Command::Adopt {
             operation,
             job_id,
             decided,
-        } => decide::adopt(&store, &operation, &job_id, decided, json).await,
+        } => {
+            let d = Decision::Adopt { job_id };
+            decide::decide(&store, Registry::default(), &operation, d, decided, json).await
+        }
         Command::DeclareNotCreated { operation, decided } => {
-            decide::declare_not_created(&store, &operation, decided, json).await
+            let d = Decision::DeclareNotCreated;
+            decide::decide(&store, Registry::default(), &operation, d, decided, json).await
         }
         Command::ConfirmCancel {
             operation,
             evidence,
             decided,
-        } => decide::confirm_cancel(&store, &operation, &evidence, decided, json).await,
+        } => {
+            let d = Decision::ConfirmCancel { evidence };
+            decide::decide(&store, Registry::default(), &operation, d, decided, json).await
+        }
         Command::ChooseJob {
             operation,
             job_id,
             decided,
-        } => decide::choose_job(&store, &operation, &job_id, decided, json).await,
+        } => {
+            let d = Decision::ChooseJob { job_id };
+            decide::decide(&store, Registry::default(), &operation, d, decided, json).await
+        }
         Command::Resume {
             operation,
             result_deadline,
@@ -311,19 +327,16 @@ async fn run(cli: Cli) -> CmdResult {
             create_deadline,
             decided,
         } => {
-            decide::resume(
-                &store,
-                &operation,
+            let d = Decision::Resume {
                 result_deadline,
                 cancel_window,
                 create_deadline,
-                decided,
-                json,
-            )
-            .await
+            };
+            decide::decide(&store, Registry::default(), &operation, d, decided, json).await
         }
         Command::Abandon { operation, decided } => {
-            decide::abandon(&store, &operation, decided, json).await
+            let d = Decision::Abandon;
+            decide::decide(&store, Registry::default(), &operation, d, decided, json).await
         }
     }
 }

@@ -3,29 +3,16 @@
 use chrono::Utc;
 use comfy_table::{Table, presets::UTF8_BORDERS_ONLY};
 use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
-use jobtrail_core::machine::allowed_events;
-use jobtrail_core::{EventKind, OperationId, State};
+use jobtrail_core::{OperationId, State};
 use jobtrail_store::{OperationRecord, Store};
 use std::process::ExitCode;
 
-/// The admin commands that fit an operation in `state`, from the transition table.
-pub fn decisions_for(state: State) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    for k in allowed_events(state) {
-        let cmd = match k {
-            EventKind::AdoptRemoteJob => "adopt",
-            EventKind::DeclareNotCreated => "declare-not-created",
-            EventKind::ConfirmCancellation => "confirm-cancel",
-            EventKind::ChooseRemoteJob => "choose-job",
-            EventKind::Resume => "resume",
-            EventKind::Abandon => "abandon",
-            EventKind::Superseded => "retry",
-            EventKind::CancelRequested if state == State::ResultTimedOut => "cancel",
-            _ => continue,
-        };
-        out.push(cmd);
-    }
-    out
+/// The admin commands that fit an operation in `state` (the service's decisions, as commands).
+pub fn decisions_for(state: State) -> Vec<String> {
+    jobtrail_service::operator::decisions_for(state)
+        .into_iter()
+        .map(|d| d.replace('_', "-"))
+        .collect()
 }
 
 /// `STATE@SEQ`: what to pass as `--seen` to decide on exactly this view.

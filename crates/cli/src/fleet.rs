@@ -87,6 +87,7 @@ impl Fleet {
         let token = format!("{kind}-{}", uuid::Uuid::now_v7().simple());
         let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
             bearer_token: Some(token.clone()),
+            webhook: None,
         })
         .start("127.0.0.1:0".parse().expect("loopback"))
         .await

@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod fleet;
 mod ops;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use common::{CmdResult, exit};
@@ -20,7 +21,11 @@ const EXIT_CODES: &str = "Exit codes:
   4  conflict: another request under this id, a stale view, or a move the state machine refuses
   5  database or provider configuration unavailable
   6  wait timed out
-  7  the operation is held for a person (see jobtrail-admin escalations)";
+  7  the operation is held for a person (see jobtrail-admin escalations)
+  8  evidence disagrees with its chain (a result refused as tampered)
+
+Agents on another machine: set JOBTRAIL_API (or --api) and JOBTRAIL_TOKEN; then submit, show, list,
+providers, cancel, result and wait go through the HTTP API and need no database URL or contracts.";
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +40,8 @@ and waits for the provider's confirmation, validates the result, and keeps a tam
 struct Cli {
     #[command(flatten)]
     common: jobtrail_console::shell::Common,
+    #[command(flatten)]
+    door: ops::DoorArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -58,11 +65,30 @@ enum Command {
     Submit(ops::SubmitArgs),
     /// Show an operation: state, remote facts, and its whole timeline.
     Show { operation: String },
+    /// List operations, newest first (with --api: the token's own).
+    #[command(after_help = "Example:\n  jobtrail list --state observing --limit 20")]
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        provider: Option<String>,
+        #[arg(long)]
+        caller: Option<String>,
+        /// The cursor the previous page printed.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Page size, 1-200.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// The providers you can submit to, and what a request to each needs.
+    Providers,
     /// Request a cancel (recorded with actor and reason; confirmed only by the provider).
     Cancel {
         operation: String,
+        /// Who asks (with --api the token decides).
         #[arg(long)]
-        actor: String,
+        actor: Option<String>,
         #[arg(long)]
         reason: String,
     },
@@ -73,13 +99,24 @@ enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
-    /// Wait until the operation ends or needs a person.
+    /// Wait until the operation ends or needs a person (woken by notifications, not polling).
     Wait {
         operation: String,
         /// Give up after this long (90s, 5m).
         #[arg(long, default_value = "5m")]
         timeout: String,
     },
+    /// Serve the HTTP API (and MCP over Streamable HTTP at /mcp) until SIGTERM/SIGINT.
+    #[command(
+        after_help = "Example:\n  DATABASE_URL=postgres://jobtrail_api_1@db/jobtrail jobtrail serve --listen 127.0.0.1:8080\n\nTokens: jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel"
+    )]
+    Serve(serve::ServeArgs),
+    /// Serve MCP over stdio for an agent host, through the HTTP API (JOBTRAIL_API, JOBTRAIL_TOKEN):
+    /// the agent's machine needs no database URL, contracts or provider credentials.
+    #[command(
+        after_help = "MCP client configuration:\n  {\"command\": \"jobtrail\", \"args\": [\"mcp\"],\n   \"env\": {\"JOBTRAIL_API\": \"http://127.0.0.1:8080\", \"JOBTRAIL_TOKEN\": \"jtk_...\"}}"
+    )]
+    Mcp,
     /// Run a worker until SIGTERM/SIGINT.
     #[command(after_help = "Example:\n  jobtrail worker --concurrency 64 --lease 30s")]
     Worker {
@@ -137,7 +174,7 @@ async fn main() -> ExitCode {
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
     init_logs(match cli.command {
-        Command::Worker { .. } => "info",
+        Command::Worker { .. } | Command::Serve(_) => "info",
         // The benchmark's synthetic bulk statements are slow on purpose.
         Command::Bench(_) => "error",
         _ => "warn",
@@ -156,39 +193,48 @@ async fn run(cli: Cli) -> CmdResult {
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit(args) => {
-            let registry = common::registry(&cli.common.providers)?;
-            let store = common::store(&cli.common.database_url).await?;
-            ops::submit(&store, &registry, args, json).await
+            let caller = args.caller.clone().unwrap_or_default();
+            let door = ops::door(&cli.common, &cli.door, Some(&caller), true).await?;
+            ops::submit(&door, args, json).await
         }
         Command::Show { operation } => {
-            ops::show(
-                &common::store(&cli.common.database_url).await?,
-                &operation,
-                json,
-            )
-            .await
+            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            ops::show(&door, &operation, json).await
+        }
+        Command::List {
+            state,
+            provider,
+            caller,
+            cursor,
+            limit,
+        } => {
+            let q = jobtrail_service::ListQuery {
+                state,
+                provider,
+                caller,
+                cursor,
+                limit: Some(limit),
+                ..Default::default()
+            };
+            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            ops::list(&door, q, json).await
+        }
+        Command::Providers => {
+            let door = ops::door(&cli.common, &cli.door, None, true).await?;
+            ops::providers(&door, json).await
         }
         Command::Cancel {
             operation,
             actor,
             reason,
         } => {
-            ops::cancel(
-                &common::store(&cli.common.database_url).await?,
-                &operation,
-                &actor,
-                &reason,
-                json,
-            )
-            .await
+            let actor = actor.unwrap_or_default();
+            let door = ops::door(&cli.common, &cli.door, Some(&actor), false).await?;
+            ops::cancel(&door, &operation, &reason, json).await
         }
         Command::Result { operation, output } => {
-            ops::result(
-                &common::store(&cli.common.database_url).await?,
-                &operation,
-                output.as_deref(),
-            )
-            .await
+            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            ops::result(&door, &operation, output.as_deref()).await
         }
         Command::Wait { operation, timeout } => {
             let timeout = common::parse_duration_within(
@@ -197,14 +243,11 @@ async fn run(cli: Cli) -> CmdResult {
                 Duration::ZERO,
                 Duration::from_secs(7 * 86_400),
             )?;
-            ops::wait(
-                &common::store(&cli.common.database_url).await?,
-                &operation,
-                timeout,
-                json,
-            )
-            .await
+            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            ops::wait(&door, &operation, timeout, json).await
         }
+        Command::Serve(args) => serve::serve(&cli.common, args).await,
+        Command::Mcp => serve::mcp(&cli.door).await,
         Command::Worker {
             id,
             batch,

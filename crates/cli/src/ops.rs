@@ -1,11 +1,68 @@
-//! The agent-facing commands: submit, show, cancel, result, wait.
+//! The agent-facing commands: submit, show, list, providers, cancel, result, wait. Each is a thin
+//! layer over `jobtrail_service`, through whichever door this invocation has: the database
+//! (`DATABASE_URL`, or the private cluster) or the HTTP API (`--api` / `JOBTRAIL_API` with
+//! `JOBTRAIL_TOKEN`; then neither a database URL nor contracts are needed on this machine).
 
-use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
-use jobtrail_core::{CancelRequest, OperationId, State, Submission, SubmitLimits};
-use jobtrail_store::{OperationRecord, Store, StoreError};
+use jobtrail_console::shell::{self, CmdResult, Failure, exit, fail, print_json};
+use jobtrail_service::{
+    Door, ListQuery, OperationView, Operations, Principal, ServiceError, SubmitRequest,
+};
 use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// How this invocation reaches jobtrail.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DoorArgs {
+    /// jobtrail's HTTP API (`http://host:8080`) instead of the database; the token comes from
+    /// JOBTRAIL_TOKEN (never a flag: flags show in process lists).
+    #[arg(long, env = "JOBTRAIL_API", global = true)]
+    pub api: Option<String>,
+}
+
+/// The door for a command acting as `caller` (database mode; with the API the token decides).
+pub async fn door(
+    common: &shell::Common,
+    d: &DoorArgs,
+    caller: Option<&str>,
+    needs_contracts: bool,
+) -> Result<Door, Failure> {
+    if let Some(api) = d.api.as_deref().filter(|a| !a.trim().is_empty()) {
+        if caller.is_some_and(|c| !c.trim().is_empty()) {
+            eprintln!(
+                "note: with --api the token decides the caller and actor; the flag is ignored"
+            );
+        }
+        let token = std::env::var("JOBTRAIL_TOKEN").unwrap_or_default();
+        return Ok(Door::Remote(
+            jobtrail_service::client::ApiClient::new(api, &token).map_err(failure)?,
+        ));
+    }
+    let registry = if needs_contracts {
+        shell::registry(&common.providers)?
+    } else {
+        jobtrail_provider::Registry::default()
+    };
+    let store = shell::store(&common.database_url).await?;
+    let caller = match caller.map(str::trim) {
+        Some(c) if !c.is_empty() => c.to_owned(),
+        Some(_) => {
+            return Err(fail(
+                exit::BAD_INPUT,
+                "who asks is required: --caller (or JOBTRAIL_CALLER) for submit, --actor for cancel (with --api the token names the caller)",
+            ));
+        }
+        None => "cli".to_owned(),
+    };
+    Ok(Door::Local(
+        jobtrail_service::Service::new(store, registry).bind(Principal::trusted(caller)),
+    ))
+}
+
+/// A service error as the command's failure (the exit code of its kind).
+pub fn failure(e: ServiceError) -> Failure {
+    fail(e.kind.exit_code(), e.message)
+}
 
 #[derive(clap::Args)]
 pub struct SubmitArgs {
@@ -20,9 +77,9 @@ pub struct SubmitArgs {
     /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a no-op.
     #[arg(long)]
     pub id: Option<String>,
-    /// Who asks (agent run, tool, person).
+    /// Who asks (agent run, tool, person). With --api the token decides.
     #[arg(long, env = "JOBTRAIL_CALLER")]
-    pub caller: String,
+    pub caller: Option<String>,
     /// Who authorised the work.
     #[arg(long)]
     pub approved_by: String,
@@ -41,86 +98,105 @@ pub struct SubmitArgs {
     /// The operation this one retries (a new operation linked to the old; it must be finished).
     #[arg(long)]
     pub supersedes: Option<String>,
+    /// W3C trace context (`00-<trace id>-<span id>-<flags>`): the operation's provider calls join
+    /// this trace. Default: TRACEPARENT from the environment, else a new trace.
+    #[arg(long, env = "TRACEPARENT")]
+    pub traceparent: Option<String>,
 }
 
-fn parse_id(s: &str) -> Result<OperationId, jobtrail_console::shell::Failure> {
-    s.parse().map_err(|e| fail(exit::BAD_INPUT, e))
-}
-
-pub async fn submit(
-    store: &Store,
-    registry: &jobtrail_provider::Registry,
-    a: SubmitArgs,
-    json: bool,
-) -> CmdResult {
-    // The body limit is the operator's (the provider contract's `create.max_body_bytes`), never the
-    // caller's to raise.
-    let terms = registry.terms();
-    let limit = terms
-        .get(a.provider.trim())
-        .map(|t| t.max_body_bytes)
-        .unwrap_or(jobtrail_core::operation::DEFAULT_BODY_BYTES);
+/// Read the body, at most one byte over the largest any contract allows (the provider's own limit
+/// is checked by the service).
+fn read_body(path: &Option<std::path::PathBuf>) -> Result<Vec<u8>, Failure> {
+    let limit = jobtrail_core::operation::MAX_BODY_BYTES as u64 + 1;
     let mut body = Vec::new();
-    match &a.body {
+    match path {
         Some(p) if p.as_os_str() != "-" => {
-            // At most one byte over the limit, whatever the file's size.
             std::fs::File::open(p)
-                .and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut body))
+                .and_then(|f| f.take(limit).read_to_end(&mut body))
                 .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?;
         }
         _ => {
-            // Read at most one byte over the limit: enough to refuse, never more into memory.
             std::io::stdin()
-                .take(limit as u64 + 1)
+                .take(limit)
                 .read_to_end(&mut body)
                 .map_err(|e| fail(exit::BAD_INPUT, format!("reading the body from stdin: {e}")))?;
         }
     }
-    let time = |s: &Option<String>, what: &str| {
-        s.as_deref()
-            .map(|t| {
-                jobtrail_console::shell::parse_time(t)
-                    .map_err(|e| fail(exit::BAD_INPUT, format!("--{what}: {e}")))
-            })
-            .transpose()
-    };
-    let submission = Submission {
-        operation_id: a.id.as_deref().map(parse_id).transpose()?,
-        provider: a.provider.clone(),
-        target: a.target.clone(),
-        body,
-        caller: a.caller.clone(),
-        approved_by: a.approved_by.clone(),
-        approval_ref: a.approval_ref.clone(),
-        create_deadline: time(&a.create_deadline, "create-deadline")?,
-        result_deadline: time(&a.result_deadline, "result-deadline")?,
-        cancel_window: a
-            .cancel_window
-            .as_deref()
-            .map(|d| {
-                jobtrail_console::shell::parse_duration_within(
-                    "--cancel-window",
-                    d,
-                    Duration::from_secs(1),
-                    jobtrail_core::operation::MAX_CANCEL_WINDOW,
+    Ok(body)
+}
+
+pub async fn submit(door: &Door, a: SubmitArgs, json: bool) -> CmdResult {
+    let body = read_body(&a.body)?;
+    if body.len() > jobtrail_core::operation::MAX_BODY_BYTES {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!(
+                "the request body is over {} bytes",
+                jobtrail_core::operation::MAX_BODY_BYTES
+            ),
+        ));
+    }
+    // The body is checked strictly here too (duplicate keys, numbers beyond exact range, NUL): a
+    // request travels as JSON inside the API's envelope, and what is recorded must be what was
+    // meant.
+    let request = jobtrail_core::json::parse_strict(&body).map_err(|e| {
+        fail(
+            exit::BAD_INPUT,
+            format!("request body is not valid JSON: {e}"),
+        )
+    })?;
+    let trace = match a.traceparent.as_deref().filter(|t| !t.trim().is_empty()) {
+        None => None,
+        Some(t) => {
+            let mut h = http::HeaderMap::new();
+            let v = http::HeaderValue::from_str(t.trim())
+                .map_err(|_| fail(exit::BAD_INPUT, "--traceparent: not a header value"))?;
+            h.insert("traceparent", v);
+            Some(jobtrail_provider::wire::extract_trace(&h).ok_or_else(|| {
+                fail(
+                    exit::BAD_INPUT,
+                    format!(
+                        "--traceparent {t:?}: not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
+                    ),
                 )
-            })
-            .transpose()?,
-        supersedes: a.supersedes.as_deref().map(parse_id).transpose()?,
+            })?)
+        }
     };
-    let s = store
-        .submit_new(&submission, &terms, SubmitLimits::default())
-        .await?;
+    // The same checks the service makes, here so that the error names the flag the user typed.
+    for (flag, t) in [
+        ("--create-deadline", &a.create_deadline),
+        ("--result-deadline", &a.result_deadline),
+    ] {
+        if let Some(t) = t {
+            jobtrail_core::when::parse_time(t)
+                .map_err(|e| fail(exit::BAD_INPUT, format!("{flag}: {e}")))?;
+        }
+    }
+    if let Some(w) = &a.cancel_window {
+        jobtrail_core::when::parse_duration_within(
+            "--cancel-window",
+            w,
+            Duration::from_secs(1),
+            jobtrail_core::operation::MAX_CANCEL_WINDOW,
+        )
+        .map_err(|e| fail(exit::BAD_INPUT, e))?;
+    }
+    let req = SubmitRequest {
+        id: a.id,
+        provider: a.provider,
+        target: a.target,
+        request,
+        approved_by: a.approved_by,
+        approval_ref: a.approval_ref,
+        create_deadline: a.create_deadline,
+        result_deadline: a.result_deadline,
+        cancel_window: a.cancel_window,
+        supersedes: a.supersedes,
+    };
+    let s = door.submit(req, trace).await.map_err(failure)?;
     let op = &s.operation;
     if json {
-        print_json(&serde_json::json!({
-            "operation_id": op.id.to_string(),
-            "created": s.created,
-            "state": op.state,
-            "fingerprint": op.fingerprint.as_str(),
-            "trace_id": op.trace_id.to_string(),
-            "at_most_once": op.at_most_once,
-        }));
+        print_json(&s);
     } else {
         println!("{}", op.id);
         if !s.created {
@@ -136,129 +212,187 @@ pub async fn submit(
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn show(store: &Store, id: &str, json: bool) -> CmdResult {
-    let id = parse_id(id)?;
-    let op = store.get(id).await?;
-    let history = store.history(id).await?;
-    let calls = store.calls(id).await?;
+pub async fn show(door: &Door, id: &str, json: bool) -> CmdResult {
+    match door {
+        Door::Local(b) => {
+            let (op, history, calls) = b
+                .service
+                .evidence(&b.principal, id)
+                .await
+                .map_err(failure)?;
+            if json {
+                print_json(
+                    &serde_json::json!({ "operation": op, "history": history, "calls": calls }),
+                );
+            } else {
+                print!(
+                    "{}",
+                    jobtrail_console::timeline::render(&op, &history, &calls)
+                );
+            }
+        }
+        Door::Remote(c) => {
+            let v = c.get(id, true).await.map_err(failure)?;
+            if json {
+                print_json(&v);
+            } else {
+                print!("{}", render_view(&v));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An operation as the API gives it (no provider calls: those stay with operators).
+fn render_view(v: &OperationView) -> String {
+    use jobtrail_console::visible::text;
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "{}  {}  ({})", v.id, v.state, text(&v.advice));
+    let _ = writeln!(
+        s,
+        "  provider {}  target {}  caller {}  approved by {}",
+        text(&v.provider),
+        text(&v.target),
+        text(&v.caller),
+        text(&v.approved_by)
+    );
+    if let Some(j) = &v.remote_job_id {
+        let _ = writeln!(s, "  remote job {}", text(j));
+    }
+    if let Some(r) = &v.escalation_reason {
+        let _ = writeln!(s, "  held because {}", text(r));
+    }
+    let _ = writeln!(s, "  trace {}", v.trace_id);
+    for t in v.timeline.iter().flatten() {
+        let _ = writeln!(
+            s,
+            "  #{:<3} {}  {} → {}  {}  by {}",
+            t.seq,
+            t.at.format("%Y-%m-%d %H:%M:%S%.3f"),
+            t.from_state.as_deref().unwrap_or("-"),
+            t.to_state,
+            text(&t.cause),
+            text(&t.actor)
+        );
+    }
+    s
+}
+
+pub async fn list(door: &Door, q: ListQuery, json: bool) -> CmdResult {
+    let page = door.list(q).await.map_err(failure)?;
     if json {
-        print_json(&serde_json::json!({ "operation": op, "history": history, "calls": calls }));
+        print_json(&page);
         return Ok(ExitCode::SUCCESS);
     }
-    print!(
-        "{}",
-        jobtrail_console::timeline::render(&op, &history, &calls)
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-pub async fn cancel(store: &Store, id: &str, actor: &str, reason: &str, json: bool) -> CmdResult {
-    let id = parse_id(id)?;
-    let req = CancelRequest::new(actor, reason).map_err(|e| fail(exit::BAD_INPUT, e))?;
-    let applied = match store.request_cancel(id, req).await {
-        Ok(a) => a,
-        Err(StoreError::Illegal { source, .. }) => {
-            return Err(fail(
-                exit::CONFLICT,
-                format!("cannot cancel {id}: it is {} ({source})", source.from),
-            ));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let op = &applied.record;
-    let what = match op.state {
-        State::Withdrawn => "withdrawn: no create can have reached the provider",
-        State::CancelRequested => {
-            "cancel requested: the lease owner sends one cancel call and waits for the provider's confirmation"
-        }
-        _ => "cancel noted: it is acted on as soon as the remote job id is known",
-    };
-    if json {
-        print_json(
-            &serde_json::json!({"operation_id": id.to_string(), "state": op.state, "note": what}),
+    for v in &page.operations {
+        println!(
+            "{}  {:<24} {:<12} {}",
+            v.id,
+            v.state,
+            jobtrail_console::visible::text(&v.provider),
+            v.created_at.format("%Y-%m-%d %H:%M:%S")
         );
-    } else {
-        println!("{id}: {what}");
+    }
+    if let Some(c) = &page.next_cursor {
+        eprintln!("more: --cursor {c}");
     }
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn result(store: &Store, id: &str, output: Option<&std::path::Path>) -> CmdResult {
-    let id = parse_id(id)?;
-    let op = store.get(id).await?;
-    if op.state != State::Succeeded {
-        return Err(fail(
-            exit::NOT_SUCCEEDED,
-            format!("{id} is {}: there is no validated result", op.state),
-        ));
+pub async fn providers(door: &Door, json: bool) -> CmdResult {
+    let list = door.providers().await.map_err(failure)?;
+    if json {
+        print_json(&list);
+        return Ok(ExitCode::SUCCESS);
     }
-    // Served only as the (verified) history chain records it: a row or bytes changed behind
-    // jobtrail's back are refused, not served.
-    let (loc, sha) = store.chained_result(id).await?;
-    let bytes = jobtrail_worker::ResultStore::read_verified(store, &loc, &sha)
-        .await
-        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+    for p in &list.providers {
+        println!(
+            "{}  {}{}",
+            p.name,
+            p.description.as_deref().unwrap_or(""),
+            if p.at_most_once {
+                ""
+            } else {
+                "  (no idempotency key: at-most-once not guaranteed)"
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn cancel(door: &Door, id: &str, reason: &str, json: bool) -> CmdResult {
+    let r = door.cancel(id, reason).await.map_err(failure)?;
+    if json {
+        print_json(&r);
+    } else {
+        println!("{}: {}", r.operation.id, r.note);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> CmdResult {
+    let r = door.result(id).await.map_err(failure)?;
     match output {
         Some(p) if p.as_os_str() != "-" => {
-            std::fs::write(p, &bytes)
+            std::fs::write(p, &r.bytes)
                 .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", p.display())))?;
             eprintln!(
-                "wrote {} bytes (sha256 {sha}) to {}",
-                bytes.len(),
+                "wrote {} bytes (sha256 {}) to {}",
+                r.bytes.len(),
+                r.sha256,
                 p.display()
             );
         }
         _ => {
             use std::io::Write;
             std::io::stdout()
-                .write_all(&bytes)
+                .write_all(&r.bytes)
                 .map_err(|e| fail(exit::UNAVAILABLE, e))?;
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Block until the operation is terminal or held for a person, or the timeout. Polls with a gentle
-/// backoff (100 ms doubling to 2 s) rather than hammering the database.
-pub async fn wait(store: &Store, id: &str, timeout: Duration, json: bool) -> CmdResult {
-    let id = parse_id(id)?;
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let op = store.get(id).await?;
-        if op.state.is_terminal() || op.state.needs_human() {
-            report(&op, json);
-            let code = match op.state {
-                State::Succeeded => exit::OK,
-                s if s.needs_human() => exit::NEEDS_HUMAN,
-                _ => exit::NOT_SUCCEEDED,
-            };
-            return Ok(ExitCode::from(code));
-        }
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            report(&op, json);
-            return Err(fail(
-                exit::TIMEOUT,
-                format!("{id} is still {} after {}s", op.state, timeout.as_secs()),
-            ));
-        }
-        tokio::time::sleep(pause.min(deadline - now)).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
+/// Block until the operation is terminal or held for a person, or the timeout. Woken by the
+/// database's notifications (directly, or through the API's long poll), never by a sleep loop.
+pub async fn wait(door: &Door, id: &str, timeout: Duration, json: bool) -> CmdResult {
+    let w = jobtrail_service::wait_settled(door, id, timeout)
+        .await
+        .map_err(failure)?;
+    let op = &w.operation;
+    report(op, json);
+    if w.timed_out {
+        return Err(fail(
+            exit::TIMEOUT,
+            format!(
+                "{} is still {} after {}s",
+                op.id,
+                op.state,
+                timeout.as_secs()
+            ),
+        ));
     }
+    let code = match op.state.as_str() {
+        "succeeded" => exit::OK,
+        _ if op.needs_human => exit::NEEDS_HUMAN,
+        _ => exit::NOT_SUCCEEDED,
+    };
+    Ok(ExitCode::from(code))
 }
 
-fn report(op: &OperationRecord, json: bool) {
+fn report(op: &OperationView, json: bool) {
     if json {
         print_json(&serde_json::json!({
-            "operation_id": op.id.to_string(),
+            "operation_id": op.id,
             "state": op.state,
+            "advice": op.advice,
             "remote_job_id": op.remote_job_id,
             "remote_state": op.remote_state,
             "escalation_reason": op.escalation_reason,
-            "result_sha256": op.result_sha256,
-            "result_summary": op.result_summary,
-            "finished_before_cancel": op.finished_before_cancel(),
+            "result_sha256": op.result.as_ref().and_then(|r| r.sha256.clone()),
+            "result_summary": op.result.as_ref().and_then(|r| r.summary.clone()),
+            "finished_before_cancel": op.finished_before_cancel,
         }));
     } else {
         let extra = op

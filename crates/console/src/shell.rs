@@ -1,7 +1,7 @@
 //! What every subcommand shares: the database, the provider contracts, exit codes, time parsing.
 
 use anyhow::Context;
-use chrono::{DateTime, Utc};
+
 use jobtrail_provider::Registry;
 use jobtrail_store::{Store, StoreError};
 use std::path::PathBuf;
@@ -171,59 +171,7 @@ pub fn registry(flag: &Option<PathBuf>) -> Result<Registry, Failure> {
     })
 }
 
-/// The farthest any time or duration flag may reach: ten years (further is a typo, and every layer's
-/// clock arithmetic stays far from overflow).
-pub const MAX_FLAG_DURATION: std::time::Duration = jobtrail_core::operation::MAX_HORIZON;
-
-/// An absolute RFC 3339 time, or a relative one: `+90s`, `+5m`, `+2h`, `+1d`. At most ten years ahead.
-pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
-    let now = Utc::now();
-    let latest = now + chrono::Duration::from_std(MAX_FLAG_DURATION).expect("ten years fit");
-    let t = if let Some(rel) = s.strip_prefix('+') {
-        let d = parse_duration(rel)?;
-        now + chrono::Duration::from_std(d).map_err(|_| format!("{s:?} is too far ahead"))?
-    } else {
-        DateTime::parse_from_rfc3339(s)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(|e| {
-                format!(
-                    "{s:?} is not RFC 3339 (2026-01-31T12:00:00Z) or relative (+90s, +5m, +2h): {e}"
-                )
-            })?
-    };
-    if t > latest {
-        return Err(format!(
-            "{s:?} is more than ten years ahead (latest {latest})"
-        ));
-    }
-    Ok(t)
-}
-
-/// `90s`, `5m`, `2h`, `1d`, `250ms`, or plain seconds; at most ten years.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 90s, 5m, 2h"))?;
-    let millis_per = match unit {
-        "ms" => 1,
-        "s" | "" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m, h, d)")),
-    };
-    let d = n
-        .checked_mul(millis_per)
-        .map(std::time::Duration::from_millis)
-        .filter(|d| *d <= MAX_FLAG_DURATION)
-        .ok_or_else(|| format!("{s:?} is longer than ten years"))?;
-    Ok(d)
-}
+pub use jobtrail_core::when::{MAX_FLAG_DURATION, parse_duration, parse_time};
 
 /// A duration flag within `[min, max]`, with a message that names the flag and the range.
 pub fn parse_duration_within(
@@ -232,68 +180,10 @@ pub fn parse_duration_within(
     min: std::time::Duration,
     max: std::time::Duration,
 ) -> Result<std::time::Duration, Failure> {
-    let d = parse_duration(s).map_err(|e| fail(exit::BAD_INPUT, format!("{flag}: {e}")))?;
-    if d < min || d > max {
-        return Err(fail(
-            exit::BAD_INPUT,
-            format!(
-                "{flag}: {s} is outside {} to {}",
-                show_duration(min),
-                show_duration(max)
-            ),
-        ));
-    }
-    Ok(d)
-}
-
-fn show_duration(d: std::time::Duration) -> String {
-    let ms = d.as_millis();
-    match ms {
-        0 => "0s".into(),
-        m if m % 86_400_000 == 0 => format!("{}d", m / 86_400_000),
-        m if m % 3_600_000 == 0 => format!("{}h", m / 3_600_000),
-        m if m % 60_000 == 0 => format!("{}m", m / 60_000),
-        m if m % 1_000 == 0 => format!("{}s", m / 1_000),
-        m => format!("{m}ms"),
-    }
+    jobtrail_core::when::parse_duration_within(flag, s, min, max)
+        .map_err(|e| fail(exit::BAD_INPUT, e))
 }
 
 pub fn print_json(v: &impl serde::Serialize) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_and_times_parse() {
-        assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
-        assert_eq!(parse_duration("5m").unwrap().as_secs(), 300);
-        assert_eq!(parse_duration("250ms").unwrap().as_millis(), 250);
-        assert_eq!(parse_duration("7").unwrap().as_secs(), 7);
-        assert!(parse_duration("5 parsecs").is_err());
-        // Overflow and absurd lengths are errors, never a wrapped or clamped value.
-        assert!(parse_duration("213503982334602d").is_err());
-        assert!(parse_duration("100000000d").is_err());
-        assert!(parse_duration("99999999999999999999999s").is_err());
-        assert!(parse_duration("3650d").is_ok());
-        assert!(parse_time("+100000000d").is_err());
-        assert!(parse_time("275817-01-01T00:00:00Z").is_err());
-        let lease = |s: &str| {
-            parse_duration_within(
-                "--lease",
-                s,
-                std::time::Duration::from_secs(1),
-                std::time::Duration::from_secs(3600),
-            )
-        };
-        assert!(lease("30s").is_ok());
-        let e = lease("2h").unwrap_err();
-        assert_eq!(e.code, exit::BAD_INPUT);
-        assert!(e.error.to_string().contains("1s to 1h"), "{}", e.error);
-        assert!(parse_time("+1h").unwrap() > Utc::now());
-        assert!(parse_time("2026-01-31T12:00:00Z").is_ok());
-        assert!(parse_time("tomorrow").is_err());
-    }
 }

@@ -23,6 +23,7 @@ pub mod request;
 pub mod schedule;
 pub mod state;
 pub mod step;
+pub mod when;
 
 pub use event::{CancelConfirmation, CancelRequest, Decision, Event, EventKind, ValidatedResult};
 pub use ids::{IdempotencyToken, OperationId, TraceId};

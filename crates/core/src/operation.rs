@@ -118,6 +118,9 @@ pub struct Submission {
     pub result_deadline: Option<DateTime<Utc>>,
     pub cancel_window: Option<Duration>,
     pub supersedes: Option<OperationId>,
+    /// The caller's trace (W3C `traceparent`), so the operation's trace joins the agent's; a new
+    /// trace otherwise.
+    pub trace_id: Option<TraceId>,
 }
 
 /// Caller-drawn randomness for a new intent.
@@ -344,7 +347,7 @@ impl Submission {
             body,
             token: IdempotencyToken::from_random(entropy.token),
             idempotency: terms.idempotency,
-            trace_id: TraceId::from_random(entropy.trace),
+            trace_id: self.trace_id.unwrap_or(TraceId::from_random(entropy.trace)),
             caller,
             approved_by,
             approval_ref: self

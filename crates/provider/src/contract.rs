@@ -99,6 +99,8 @@ struct Raw {
     #[serde(default)]
     untested: bool,
     #[serde(default)]
+    requires_approval: bool,
+    #[serde(default)]
     timeouts: RawTimeouts,
     #[serde(default)]
     auth: Option<RawAuth>,
@@ -209,6 +211,10 @@ struct RawCreate {
     body: Option<String>,
     #[serde(default)]
     max_body_bytes: Option<u64>,
+    #[serde(default)]
+    request_schema: Option<String>,
+    #[serde(default)]
+    request_schema_file: Option<String>,
 }
 fn d_post() -> String {
     "POST".into()
@@ -434,10 +440,16 @@ impl Default for RawReconcile {
 #[serde(deny_unknown_fields)]
 struct RawWebhook {
     signature: String,
-    signature_header: String,
+    #[serde(default)]
+    signature_header: Option<String>,
+    #[serde(default)]
+    timestamp_header: Option<String>,
     secret: String,
-    event_id: String,
+    #[serde(default)]
+    event_id: Option<String>,
     job_id: String,
+    #[serde(default)]
+    tolerance_ms: Option<u64>,
 }
 
 // ---- the validated contract ---------------------------------------------------------------------
@@ -489,6 +501,22 @@ pub struct CreateSpec {
     pub body: BodyShape,
     /// The largest request body submit accepts for this provider.
     pub max_body_bytes: usize,
+    /// The JSON Schema a request must satisfy (`create.request_schema` or `request_schema_file`),
+    /// checked at submit; shown to agents in the provider catalogue.
+    pub request_schema: Option<Schema>,
+}
+
+/// A JSON Schema document and its compiled validator.
+#[derive(Debug, Clone)]
+pub struct Schema {
+    pub document: serde_json::Value,
+    pub validator: std::sync::Arc<jsonschema::Validator>,
+}
+
+impl PartialEq for Schema {
+    fn eq(&self, other: &Self) -> bool {
+        self.document == other.document
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -564,13 +592,35 @@ pub struct ReconcileSpec {
     pub interval: Duration,
 }
 
+/// How a provider's webhooks are received: verified, deduplicated by event id, mapped to an
+/// operation by job id, and then only a reason to read the job's status now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WebhookSpec {
-    pub signature: String,
-    pub signature_header: http::HeaderName,
+    pub scheme: WebhookScheme,
+    /// The signing secret (for Standard Webhooks, `whsec_` and base64, as providers hand it out).
     pub secret: SecretRef,
-    pub event_id: String,
+    /// Pointer to the event id in the payload (the plain HMAC scheme; Standard Webhooks carry it in
+    /// the `webhook-id` header).
+    pub event_id: Option<String>,
+    /// Pointer to the remote job id in the payload.
     pub job_id: String,
+    /// How far a delivery's timestamp may be from now (Standard Webhooks: the library's five
+    /// minutes).
+    pub tolerance: Duration,
+}
+
+/// A webhook signature scheme.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WebhookScheme {
+    /// Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature` (`v1,<base64>`
+    /// HMAC-SHA256 of `id.timestamp.body`).
+    StandardWebhooks,
+    /// A hex HMAC-SHA256 in one header (optionally `sha256=`-prefixed), of the body, or of
+    /// `timestamp.body` when a timestamp header is named.
+    HmacSha256 {
+        signature_header: http::HeaderName,
+        timestamp_header: Option<http::HeaderName>,
+    },
 }
 
 /// A validated provider contract.
@@ -580,6 +630,8 @@ pub struct Contract {
     pub name: String,
     pub description: Option<String>,
     pub untested: bool,
+    /// Submissions need a person's approval: through the API, a token with the `decide` scope.
+    pub requires_approval: bool,
     pub base_url: url::Url,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
@@ -756,6 +808,37 @@ impl Validator<'_> {
             }
             other => Ok(other.clone()),
         }
+    }
+
+    /// A JSON Schema given inline or as a file next to the contract (not both).
+    fn schema(
+        &self,
+        (inline_key, inline): (&str, &Option<String>),
+        (file_key, file): (&str, &Option<String>),
+    ) -> Result<Option<(serde_json::Value, std::sync::Arc<jsonschema::Validator>)>, ContractError>
+    {
+        let (key, text) = match (inline, file) {
+            (Some(_), Some(_)) => {
+                return Err(self.err(
+                    inline_key,
+                    format!("either {inline_key} or {file_key}, not both"),
+                ));
+            }
+            (Some(s), None) => (inline_key, s.clone()),
+            (None, Some(f)) => {
+                let p = self.dir.join(f);
+                let text = std::fs::read_to_string(&p).map_err(|e| {
+                    self.err(file_key, format!("a readable file ({}: {e})", p.display()))
+                })?;
+                (file_key, text)
+            }
+            (None, None) => return Ok(None),
+        };
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| self.err(key, format!("a JSON Schema document ({e})")))?;
+        let validator = jsonschema::validator_for(&v)
+            .map_err(|e| self.err(key, format!("a valid JSON Schema ({e})")))?;
+        Ok(Some((v, std::sync::Arc::new(validator))))
     }
 
     fn locator(&self, key: &str, s: &str) -> Result<Locator, ContractError> {
@@ -1017,6 +1100,15 @@ impl Validator<'_> {
                     ));
                 }
             },
+            request_schema: self
+                .schema(
+                    ("create.request_schema", &c.request_schema),
+                    ("create.request_schema_file", &c.request_schema_file),
+                )?
+                .map(|(document, validator)| Schema {
+                    document,
+                    validator,
+                }),
         };
 
         let s = &r.status;
@@ -1230,23 +1322,66 @@ impl Validator<'_> {
 
         let webhook = match &r.webhook {
             Some(w) => {
-                if w.signature != "hmac-sha256" {
+                let scheme = match w.signature.as_str() {
+                    "standard-webhooks" => {
+                        if w.signature_header.is_some() || w.timestamp_header.is_some() {
+                            return Err(self.err(
+                                "webhook.signature_header",
+                                "no header names with standard-webhooks (its headers are fixed)",
+                            ));
+                        }
+                        WebhookScheme::StandardWebhooks
+                    }
+                    "hmac-sha256" => WebhookScheme::HmacSha256 {
+                        signature_header: self.header(
+                            "webhook.signature_header",
+                            w.signature_header.as_deref().ok_or_else(|| {
+                                self.err("webhook.signature_header", "a header name")
+                            })?,
+                        )?,
+                        timestamp_header: w
+                            .timestamp_header
+                            .as_deref()
+                            .map(|h| self.header("webhook.timestamp_header", h))
+                            .transpose()?,
+                    },
+                    other => {
+                        return Err(self.err(
+                            "webhook.signature",
+                            format!("\"standard-webhooks\" or \"hmac-sha256\", got {other:?}"),
+                        ));
+                    }
+                };
+                let event_id = self.pointer("webhook.event_id", &w.event_id)?;
+                if matches!(scheme, WebhookScheme::HmacSha256 { .. }) && event_id.is_none() {
                     return Err(self.err(
-                        "webhook.signature",
-                        format!("\"hmac-sha256\", got {:?}", w.signature),
+                        "webhook.event_id",
+                        "a JSON pointer to the event id (deliveries are deduplicated by it)",
                     ));
                 }
+                let tolerance = match (&scheme, w.tolerance_ms) {
+                    (WebhookScheme::StandardWebhooks, Some(_)) => {
+                        return Err(self.err(
+                            "webhook.tolerance_ms",
+                            "not set with standard-webhooks (five minutes, fixed)",
+                        ));
+                    }
+                    (_, Some(ms)) => {
+                        self.ms_within("webhook.tolerance_ms", ms, 1_000, 3_600_000)?
+                    }
+                    (_, None) => Duration::from_secs(300),
+                };
                 Some(WebhookSpec {
-                    signature: w.signature.clone(),
-                    signature_header: self
-                        .header("webhook.signature_header", &w.signature_header)?,
+                    scheme,
                     secret: self.secret("webhook.secret", &w.secret)?,
-                    event_id: self
-                        .pointer("webhook.event_id", &Some(w.event_id.clone()))?
-                        .unwrap_or_default(),
+                    event_id,
                     job_id: self
                         .pointer("webhook.job_id", &Some(w.job_id.clone()))?
-                        .unwrap_or_default(),
+                        .filter(|p| !p.is_empty())
+                        .ok_or_else(|| {
+                            self.err("webhook.job_id", "a JSON pointer to the job id")
+                        })?,
+                    tolerance,
                 })
             }
             None => None,
@@ -1293,6 +1428,7 @@ impl Validator<'_> {
             name: r.name,
             description: r.description,
             untested: r.untested,
+            requires_approval: r.requires_approval,
             base_url,
             connect_timeout,
             request_timeout,
@@ -1361,33 +1497,12 @@ impl Validator<'_> {
                 format!("\"sha256\", got {:?}", r.checksum_algorithm),
             ));
         }
-        let schema_text = match (&r.schema, &r.schema_file) {
-            (Some(_), Some(_)) => {
-                return Err(self.err("result.schema", "either schema or schema_file, not both"));
-            }
-            (Some(s), None) => Some(("result.schema", s.clone())),
-            (None, Some(f)) => {
-                let p = self.dir.join(f);
-                let text = std::fs::read_to_string(&p).map_err(|e| {
-                    self.err(
-                        "result.schema_file",
-                        format!("a readable file ({}: {e})", p.display()),
-                    )
-                })?;
-                Some(("result.schema_file", text))
-            }
-            (None, None) => None,
-        };
-        let schema = match schema_text {
-            Some((key, text)) => {
-                let v: serde_json::Value = serde_json::from_str(&text)
-                    .map_err(|e| self.err(key, format!("a JSON Schema document ({e})")))?;
-                let validator = jsonschema::validator_for(&v)
-                    .map_err(|e| self.err(key, format!("a valid JSON Schema ({e})")))?;
-                Some(std::sync::Arc::new(validator))
-            }
-            None => None,
-        };
+        let schema = self
+            .schema(
+                ("result.schema", &r.schema),
+                ("result.schema_file", &r.schema_file),
+            )?
+            .map(|(_, v)| v);
         if schema.is_some() && r.format != ResultFormat::Json {
             return Err(self.err(
                 "result.schema",

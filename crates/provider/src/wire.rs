@@ -306,6 +306,16 @@ pub fn inject_trace(headers: &mut http::HeaderMap, trace: TraceId, span: SpanId)
     propagator.inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
 }
 
+/// The trace id of a caller's W3C `traceparent`, if it carries a valid one (an invalid header is
+/// ignored, as the W3C spec asks: the operation then starts a trace of its own).
+pub fn extract_trace(headers: &http::HeaderMap) -> Option<TraceId> {
+    let propagator = opentelemetry_sdk::propagation::TraceContextPropagator::new();
+    let cx = propagator.extract(&opentelemetry_http::HeaderExtractor(headers));
+    let sc = cx.span().span_context().clone();
+    sc.is_valid()
+        .then(|| TraceId::from_random(sc.trace_id().to_bytes()))
+}
+
 /// A finished exchange: what came back (if anything) and the record to log.
 #[derive(Debug)]
 pub struct Exchange {

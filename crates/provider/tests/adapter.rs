@@ -32,6 +32,7 @@ async fn harness(contract_name: &str) -> H {
     unsafe { std::env::set_var("JOBTRAIL_SIM_TOKEN", SECRET) };
     let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
         bearer_token: Some(SECRET.into()),
+        webhook: None,
     })
     .start("127.0.0.1:0".parse().unwrap())
     .await

@@ -13,6 +13,7 @@
 //! single-owner polling from the provider's side of the wire.
 
 pub mod script;
+pub mod webhook;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
@@ -33,6 +34,8 @@ use tokio::time::Instant;
 pub struct Config {
     /// When set, every request must carry `Authorization: Bearer <token>`.
     pub bearer_token: Option<String>,
+    /// Where (and how signed) the simulator sends webhooks about its jobs; none when unset.
+    pub webhook: Option<webhook::Target>,
 }
 
 /// What the simulator saw for one job.
@@ -73,6 +76,8 @@ pub struct Ledger {
     pub requests: u64,
     pub requests_without_traceparent: u64,
     pub unauthorized: u64,
+    /// Every webhook delivery the simulator made, in order.
+    pub webhooks: Vec<webhook::Sent>,
 }
 
 impl Ledger {
@@ -130,6 +135,8 @@ struct TokenEntry {
 }
 
 struct Inner {
+    /// Where webhooks go (settable after start: the receiver may start after the simulator).
+    webhook: Option<webhook::Target>,
     next_job: u64,
     jobs: HashMap<String, Job>,
     tokens: HashMap<String, TokenEntry>,
@@ -168,6 +175,7 @@ impl Sim {
     pub fn new(config: Config) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner {
+                webhook: config.webhook.clone(),
                 next_job: 0,
                 jobs: HashMap::new(),
                 tokens: HashMap::new(),
@@ -175,6 +183,11 @@ impl Sim {
             })),
             config: Arc::new(config),
         }
+    }
+
+    /// Send webhooks about jobs created from now on to `target` (or stop, with `None`).
+    pub fn set_webhook(&self, target: Option<webhook::Target>) {
+        self.inner.lock().expect("sim lock").webhook = target;
     }
 
     /// A snapshot of the ledger, with each job's current state.
@@ -456,6 +469,9 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                             },
                         };
                         g.jobs.insert(id.clone(), job);
+                        if let Some(target) = g.webhook.clone() {
+                            webhook::spawn(sim.clone(), target, id.clone(), &script);
+                        }
                         if let Some(t) = &token {
                             g.tokens.get_mut(t).expect("entry").jobs.push(id.clone());
                             g.ledger

@@ -31,7 +31,10 @@ async fn main() -> std::process::ExitCode {
         },
         None => None,
     };
-    let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config { bearer_token });
+    let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
+        bearer_token,
+        webhook: None,
+    });
     let running = match sim.start(cli.listen).await {
         Ok(r) => r,
         Err(e) => {

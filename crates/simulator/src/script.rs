@@ -145,6 +145,39 @@ pub struct Script {
     pub status_url_elsewhere: Option<String>,
     /// Name this URL as the result URL when the job succeeds.
     pub result_url_elsewhere: Option<String>,
+    /// The webhooks this job's provider sends (when the simulator has a webhook target).
+    pub webhooks: WebhookPlan,
+}
+
+/// Which webhook deliveries a job makes: the honest one when it ends, and the bad ones a receiver
+/// must shrug off.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookPlan {
+    /// Announce the job's state when its duration is over.
+    pub on_finish: bool,
+    /// Send that announcement this many more times, with the same event id.
+    pub duplicates: u32,
+    /// Announce "succeeded" right after create, while the job still runs (out of order: a status
+    /// read says otherwise).
+    pub early: bool,
+    /// Also send a delivery claiming success with a signature made with the wrong key.
+    pub forged: bool,
+    /// Also send the end announcement under a new event id with a timestamp an hour old (a late
+    /// replay, outside any tolerance).
+    pub stale: bool,
+}
+
+impl Default for WebhookPlan {
+    fn default() -> Self {
+        Self {
+            on_finish: true,
+            duplicates: 0,
+            early: false,
+            forged: false,
+            stale: false,
+        }
+    }
 }
 
 impl Default for Script {
@@ -171,6 +204,7 @@ impl Default for Script {
             require_cookie: false,
             status_url_elsewhere: None,
             result_url_elsewhere: None,
+            webhooks: WebhookPlan::default(),
         }
     }
 }

@@ -19,6 +19,7 @@ mod audit;
 mod bench;
 pub mod cluster;
 pub mod error;
+mod front;
 mod queue;
 pub mod record;
 pub mod testing;
@@ -38,6 +39,9 @@ use std::time::Duration;
 
 pub use audit::{Anchor, AnchorNotFound, Unanchored, VerifyReport};
 pub use error::StoreError;
+pub use front::{
+    Delivery, DeliveryOutcome, ListFilter, NewToken, STATE_CHANNEL, StateListener, TokenRecord,
+};
 pub use queue::LeaseHolder;
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
 pub use write::{Applied, Counters, FailureCount, Observation, ResultBytes, SendMark, Step};

@@ -1,0 +1,154 @@
+//! API tokens: created with a caller and scopes (the token is printed once; only its SHA-256 is
+//! kept), listed, revoked.
+
+use clap::Subcommand;
+use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
+use jobtrail_service::auth;
+use jobtrail_store::{NewToken, Store, TokenRecord};
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum TokensCmd {
+    /// Create a token for a caller. Printed once on stdout: store it in the agent's secret store.
+    #[command(
+        after_help = "Examples:\n  jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel --created-by alice\n  jobtrail-admin tokens create --caller alice --scopes read,decide --expires +30d --created-by alice\n\nScopes: submit, read, cancel (own operations); decide (operator: every operation, decisions,\napproval); audit (every operation, verify)."
+    )]
+    Create {
+        /// The caller recorded for everything done with this token.
+        #[arg(long)]
+        caller: String,
+        /// Comma-separated: submit, read, cancel, decide, audit.
+        #[arg(long)]
+        scopes: String,
+        /// Who creates it (recorded).
+        #[arg(long)]
+        created_by: String,
+        /// When it stops working (RFC 3339 or +30d). Default: never (revoke it).
+        #[arg(long)]
+        expires: Option<String>,
+        /// What it is for.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Every token: id, caller, scopes, created, expiry, revocation (never the token).
+    List,
+    /// Revoke a token at once (by the id `list` shows).
+    Revoke {
+        id: uuid::Uuid,
+        /// Who revokes it (recorded).
+        #[arg(long)]
+        actor: String,
+    },
+}
+
+fn row(t: &TokenRecord) -> String {
+    let status = match (&t.revoked_at, &t.expires_at) {
+        (Some(at), _) => format!(
+            "revoked {} by {}",
+            at.format("%Y-%m-%d %H:%M"),
+            jobtrail_console::visible::text(t.revoked_by.as_deref().unwrap_or("-"))
+        ),
+        (None, Some(e)) if *e <= chrono::Utc::now() => {
+            format!("expired {}", e.format("%Y-%m-%d %H:%M"))
+        }
+        (None, Some(e)) => format!("live until {}", e.format("%Y-%m-%d %H:%M")),
+        (None, None) => "live".into(),
+    };
+    format!(
+        "{}  {:<16} {:<28} {}",
+        t.id,
+        jobtrail_console::visible::text(&t.caller),
+        t.scopes.join(","),
+        status
+    )
+}
+
+pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
+    match what {
+        TokensCmd::Create {
+            caller,
+            scopes,
+            created_by,
+            expires,
+            note,
+        } => {
+            let caller = caller.trim();
+            if caller.is_empty() || caller.len() > 200 || caller.chars().any(char::is_control) {
+                return Err(fail(
+                    exit::BAD_INPUT,
+                    "--caller: 1 to 200 characters, no control characters",
+                ));
+            }
+            if created_by.trim().is_empty() {
+                return Err(fail(
+                    exit::BAD_INPUT,
+                    "--created-by must name who creates it",
+                ));
+            }
+            let scopes = auth::parse_scopes(&scopes)
+                .map_err(|e| fail(exit::BAD_INPUT, format!("--scopes: {e}")))?;
+            let expires_at = expires
+                .as_deref()
+                .map(|e| {
+                    let t = jobtrail_core::when::parse_time(e)
+                        .map_err(|m| fail(exit::BAD_INPUT, format!("--expires: {m}")))?;
+                    if t <= chrono::Utc::now() {
+                        return Err(fail(exit::BAD_INPUT, "--expires is not in the future"));
+                    }
+                    Ok(t)
+                })
+                .transpose()?;
+            let (token, sha256) =
+                auth::new_token().map_err(|e| fail(e.kind.exit_code(), e.message))?;
+            let names: Vec<String> = scopes.iter().map(|s| s.as_str().to_owned()).collect();
+            let rec = store
+                .insert_token(&NewToken {
+                    caller,
+                    scopes: &names,
+                    sha256,
+                    note: note.as_deref(),
+                    created_by: created_by.trim(),
+                    expires_at,
+                })
+                .await?;
+            if json {
+                print_json(&serde_json::json!({ "token": token, "record": rec }));
+            } else {
+                println!("{token}");
+                eprintln!(
+                    "token {} for caller {} with scopes {}: shown once, keep it in a secret store",
+                    rec.id,
+                    rec.caller,
+                    rec.scopes.join(",")
+                );
+            }
+        }
+        TokensCmd::List => {
+            let all = store.tokens().await?;
+            if json {
+                print_json(&all);
+            } else if all.is_empty() {
+                println!("no tokens (jobtrail-admin tokens create)");
+            } else {
+                for t in &all {
+                    println!("{}", row(t));
+                }
+            }
+        }
+        TokensCmd::Revoke { id, actor } => {
+            if actor.trim().is_empty() {
+                return Err(fail(exit::BAD_INPUT, "--actor must name who revokes it"));
+            }
+            let t = store
+                .revoke_token(id, actor.trim())
+                .await?
+                .ok_or_else(|| fail(exit::NOT_FOUND, format!("no token {id}")))?;
+            if json {
+                print_json(&t);
+            } else {
+                println!("{}", row(&t));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,198 @@
+//! # jobtrail-api
+//!
+//! The HTTP door: a thin axum layer over [`jobtrail_service`]. Every route but the webhook receiver
+//! and `/openapi.json` needs a bearer token; the caller recorded in history is the token's, never a
+//! field of the request. Errors are RFC 9457 problems ([`problem`]); the OpenAPI 3.1 document is
+//! generated from the handlers' annotations ([`openapi`]) and committed as `docs/openapi.json`.
+
+pub mod problem;
+mod routes;
+pub mod webhook;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use jobtrail_service::{Kind, Principal, Service};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+pub use problem::{Problem, ProblemDoc};
+
+/// Bound on a request's handling, waits excepted (they carry their own bound).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest request body: the largest provider request any contract may allow, plus room for
+/// the envelope.
+pub const MAX_REQUEST_BYTES: usize = jobtrail_core::operation::MAX_BODY_BYTES + 64 * 1024;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub service: Arc<Service>,
+    pub webhooks: webhook::Receiver,
+}
+
+/// The authenticated caller of a request.
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Problem> {
+        if let Some(p) = parts.extensions.get::<Principal>() {
+            return Ok(Caller(p.clone()));
+        }
+        authenticate(parts, &state.service).await.map(Caller)
+    }
+}
+
+async fn authenticate(parts: &Parts, service: &Service) -> Result<Principal, Problem> {
+    let token = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        })
+        .ok_or_else(|| {
+            Problem::new(
+                Kind::Unauthenticated,
+                "send Authorization: Bearer <token> (jobtrail-admin tokens create)",
+            )
+        })?;
+    Ok(service.authenticate(token).await?)
+}
+
+/// Middleware for routes served by other crates (the MCP endpoint): authenticate the bearer token
+/// and put the [`Principal`] in the request's extensions.
+pub async fn require_bearer(
+    State(service): State<Arc<Service>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (mut parts, body) = req.into_parts();
+    match authenticate(&parts, &service).await {
+        Ok(p) => {
+            parts.extensions.insert(p);
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(problem) => problem.into_response(),
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "jobtrail",
+        description = "Durable, evidenced remote asynchronous jobs for AI agents: submit an operation and get its id at once; jobtrail creates the remote job once, observes it, cancels on request (cancelled only when the provider confirms), validates the result and keeps a tamper-evident history. Errors are RFC 9457 problems whose `kind` matches the CLI's exit codes.",
+        license(name = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "operations", description = "What agents do: submit, read, wait, cancel, fetch results"),
+        (name = "operator", description = "What people do: the escalation queue and decisions (scope decide)"),
+        (name = "audit", description = "Evidence verification (scope audit)"),
+        (name = "webhooks", description = "Provider webhooks: a hint to read the status now, never a state change by itself")
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A jobtrail API token (jtk_…), from `jobtrail-admin tokens create`",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(routes::router())
+}
+
+/// The OpenAPI document, generated from the routes.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router().split_for_parts().1
+}
+
+/// The API's router (with `/openapi.json`), ready to serve.
+pub fn router(service: Arc<Service>) -> axum::Router {
+    let state = AppState {
+        webhooks: webhook::Receiver::new(service.clone()),
+        service,
+    };
+    let (routes, doc) = api_router().split_for_parts();
+    let doc = Arc::new(doc);
+    routes
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let doc = doc.clone();
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
+        )
+        .fallback(|| async {
+            Problem::new(
+                Kind::NotFound,
+                "no such route (see /openapi.json for the API)",
+            )
+        })
+        .with_state(state)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                Problem::new(Kind::Unavailable, "internal error").into_response()
+            },
+        ))
+        .layer(
+            tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
+                header::AUTHORIZATION,
+            ]),
+        )
+}
+
+/// Serve `app` on `listener` until `shutdown` resolves, then finish the requests in flight (bounded
+/// by `drain`).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: tokio_util::sync::CancellationToken,
+    drain: Duration,
+) -> std::io::Result<()> {
+    let stop = shutdown.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        stop.cancelled().await;
+    });
+    let server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        r = server => r,
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(drain).await;
+        } => {
+            tracing::warn!("requests still open after {drain:?}: stopping anyway");
+            Ok(())
+        }
+    }
+}
+
+/// A status code for tests and the CLI.
+pub fn status_of(kind: Kind) -> StatusCode {
+    StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}

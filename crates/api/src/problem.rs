@@ -1,0 +1,82 @@
+//! Errors as RFC 9457 `application/problem+json`, with the same meanings as the CLI's exit codes
+//! (one [`Kind`] each).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use jobtrail_service::{Kind, ServiceError};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The media type of every error answer.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProblemDoc {
+    /// `urn:jobtrail:problem:<kind>`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub title: String,
+    pub status: u16,
+    /// What happened, for a person or an agent to act on.
+    pub detail: String,
+    /// The kind (bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded,
+    /// tampered, unavailable, too-large); the CLI exits with the matching code.
+    pub kind: String,
+    /// The CLI's exit code for this kind.
+    pub exit_code: u8,
+    /// Machine-readable details (both fingerprints of a conflict, the current view of a stale one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub extra: Option<serde_json::Value>,
+}
+
+/// A service error as an HTTP answer.
+#[derive(Debug)]
+pub struct Problem(pub ServiceError);
+
+impl From<ServiceError> for Problem {
+    fn from(e: ServiceError) -> Self {
+        Self(e)
+    }
+}
+
+impl Problem {
+    pub fn new(kind: Kind, detail: impl Into<String>) -> Self {
+        Self(ServiceError::new(kind, detail))
+    }
+
+    pub fn doc(&self) -> ProblemDoc {
+        let k = self.0.kind;
+        ProblemDoc {
+            type_: format!("urn:jobtrail:problem:{}", k.as_str()),
+            title: k.title().to_owned(),
+            status: k.http_status(),
+            detail: self.0.message.clone(),
+            kind: k.as_str().to_owned(),
+            exit_code: k.exit_code(),
+            extra: self.0.detail.clone(),
+        }
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let doc = self.doc();
+        let status = StatusCode::from_u16(doc.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::warn!(kind = %doc.kind, detail = %doc.detail, "request failed");
+        }
+        let body = serde_json::to_vec(&doc).unwrap_or_default();
+        let mut r = (status, body).into_response();
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if self.0.kind == Kind::Unauthenticated {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"jobtrail\""),
+            );
+        }
+        r
+    }
+}

@@ -1,0 +1,400 @@
+//! The routes: each one parses, calls the service, and renders. No domain logic here.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use jobtrail_service::*;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::problem::{PROBLEM_JSON, Problem, ProblemDoc};
+use crate::{AppState, Caller, REQUEST_TIMEOUT};
+
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    // Every route but wait is bounded by REQUEST_TIMEOUT; a wait by its own timeout.
+    let bounded = OpenApiRouter::new()
+        .routes(routes!(submit, list))
+        .routes(routes!(get_operation))
+        .routes(routes!(cancel))
+        .routes(routes!(result))
+        .routes(routes!(providers))
+        .routes(routes!(escalations))
+        .routes(routes!(decide))
+        .routes(routes!(verify))
+        .routes(routes!(crate::webhook::receive))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            REQUEST_TIMEOUT,
+        ));
+    OpenApiRouter::new()
+        .merge(bounded)
+        .routes(routes!(wait))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            MAX_WAIT + REQUEST_TIMEOUT,
+        ))
+}
+
+/// A JSON body parsed strictly (duplicate keys, numbers beyond exact range and NUL refused, as for
+/// any request jobtrail records), then into `T` (unknown fields refused).
+pub(crate) fn strict_json<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, Problem> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::new(
+                Kind::TooLarge,
+                format!(
+                    "the request body is over {} bytes",
+                    crate::MAX_REQUEST_BYTES
+                ),
+            )
+        } else {
+            Problem::new(Kind::BadInput, format!("reading the request body: {e}"))
+        }
+    })?;
+    let json_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|m| {
+            let m = m.trim().to_ascii_lowercase();
+            m == "application/json" || m.ends_with("+json")
+        })
+        .unwrap_or(false);
+    if !json_type {
+        return Err(Problem::new(
+            Kind::BadInput,
+            "send the body as JSON with Content-Type: application/json",
+        ));
+    }
+    let v = jobtrail_core::json::parse_strict(&body).map_err(|e| {
+        Problem::new(
+            Kind::BadInput,
+            format!("the body is not acceptable JSON: {e}"),
+        )
+    })?;
+    serde_json::from_value(v).map_err(|e| Problem::new(Kind::BadInput, format!("the body: {e}")))
+}
+
+/// Query parameters, with a problem document (not axum's plain text) when they do not parse.
+fn query<T: serde::de::DeserializeOwned>(
+    q: Result<Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, Problem> {
+    q.map(|Query(v)| v)
+        .map_err(|e| Problem::new(Kind::BadInput, e.body_text()))
+}
+
+#[utoipa::path(
+    post, path = "/v1/operations", tag = "operations",
+    request_body(content = SubmitRequest, content_type = "application/json"),
+    params(("traceparent" = Option<String>, Header, description = "W3C trace context: the operation's provider calls join this trace")),
+    responses(
+        (status = 201, description = "Submitted: the intent is durable; nothing may have been sent yet", body = SubmitResponse),
+        (status = 200, description = "This id already holds the same request: nothing new was written", body = SubmitResponse),
+        (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "No valid token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the submit scope, or the provider needs approval", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "This id holds a different request (both fingerprints in `extra`)", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 413, description = "Body too large", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn submit(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<SubmitResponse>), Problem> {
+    p.require(Scope::Submit)?;
+    let req: SubmitRequest = strict_json(&headers, body)?;
+    let trace = jobtrail_provider::wire::extract_trace(&headers);
+    let r = s.service.submit(&p, req, trace).await?;
+    let status = if r.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(r)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct GetParams {
+    /// Include the history, oldest first.
+    #[serde(default)]
+    timeline: bool,
+}
+
+#[utoipa::path(
+    get, path = "/v1/operations/{id}", tag = "operations",
+    params(("id" = String, Path, description = "Operation id"), GetParams),
+    responses(
+        (status = 200, description = "The operation: its state, what is known and what is not", body = OperationView),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the scope this route needs", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_operation(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(id): Path<String>,
+    q: Result<Query<GetParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<OperationView>, Problem> {
+    let q = query(q)?;
+    Ok(Json(s.service.get(&p, &id, q.timeline).await?))
+}
+
+#[utoipa::path(
+    get, path = "/v1/operations", tag = "operations",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of operations, newest first", body = OperationPage),
+        (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the scope this route needs", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn list(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<OperationPage>, Problem> {
+    let q = query(q)?;
+    Ok(Json(s.service.list(&p, q).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct WaitParams {
+    /// How long to wait at most (`30s`, `2m`, `500ms`; default 30s, at most 5m).
+    #[serde(default)]
+    timeout: Option<String>,
+    /// The state (or `STATE@SEQ`) you last saw; default: the state now.
+    #[serde(default)]
+    seen: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/operations/{id}/wait", tag = "operations",
+    params(("id" = String, Path, description = "Operation id"), WaitParams),
+    responses(
+        (status = 200, description = "The state changed, the operation is settled, or the timeout passed (`timed_out`)", body = WaitResponse),
+        (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn wait(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(id): Path<String>,
+    q: Result<Query<WaitParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<WaitResponse>, Problem> {
+    let q = query(q)?;
+    let timeout = match q.timeout.as_deref() {
+        None => Duration::from_secs(30),
+        Some(t) => {
+            jobtrail_core::when::parse_duration_within("timeout", t, Duration::ZERO, MAX_WAIT)
+                .map_err(|e| Problem::new(Kind::BadInput, e))?
+        }
+    };
+    Ok(Json(
+        s.service.wait(&p, &id, q.seen.as_deref(), timeout).await?,
+    ))
+}
+
+#[utoipa::path(
+    post, path = "/v1/operations/{id}/cancel", tag = "operations",
+    params(("id" = String, Path, description = "Operation id")),
+    request_body(content = CancelBody, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Recorded; cancelled only when the provider confirms", body = CancelResponse),
+        (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the scope this route needs", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "The state machine refuses a cancel in this state", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn cancel(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<CancelResponse>), Problem> {
+    p.require(Scope::Cancel)?;
+    let b: CancelBody = strict_json(&headers, body)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(s.service.cancel(&p, &id, &b.reason).await?),
+    ))
+}
+
+#[utoipa::path(
+    get, path = "/v1/operations/{id}/result", tag = "operations",
+    params(("id" = String, Path, description = "Operation id")),
+    responses(
+        (status = 200, description = "The validated result's bytes, exactly as recorded; `jobtrail-result-sha256` and `Repr-Digest` carry the digest the evidence chain holds",
+         content_type = "application/octet-stream",
+         headers(("jobtrail-result-sha256" = String, description = "hex sha256 of the body, as the history chain records it"),
+                 ("repr-digest" = String, description = "RFC 9530 digest of the body"))),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "Not succeeded: there is no validated result", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 500, description = "The stored bytes disagree with the chain: refused", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn result(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    use base64::Engine;
+    let r = s.service.result(&p, &id).await?;
+    let raw = hex::decode(&r.sha256).unwrap_or_default();
+    let repr = format!(
+        "sha-256=:{}:",
+        base64::engine::general_purpose::STANDARD.encode(raw)
+    );
+    let content_type = r
+        .content_type
+        .as_deref()
+        .and_then(|c| HeaderValue::from_str(c).ok())
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    let mut resp = axum::body::Body::from(r.bytes).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, content_type);
+    h.insert(
+        RESULT_SHA256_HEADER,
+        HeaderValue::from_str(&r.sha256).map_err(|_| {
+            Problem::new(Kind::Tampered, "the recorded digest is not a header value")
+        })?,
+    );
+    if let Ok(v) = HeaderValue::from_str(&repr) {
+        h.insert("repr-digest", v);
+    }
+    // Results are caller data: never cached by an intermediary.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(resp)
+}
+
+#[utoipa::path(
+    get, path = "/v1/providers", tag = "operations",
+    responses(
+        (status = 200, description = "What each provider does and what a request to it needs", body = ProviderList),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn providers(State(s): State<AppState>, Caller(p): Caller) -> Json<ProviderList> {
+    Json(s.service.providers(&p))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct EscalationParams {
+    /// Only this held state.
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    provider: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/escalations", tag = "operator",
+    params(EscalationParams),
+    responses(
+        (status = 200, description = "Operations held for a person, oldest first, with the decisions that fit", body = EscalationList),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the decide scope", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn escalations(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    q: Result<Query<EscalationParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EscalationList>, Problem> {
+    let q = query(q)?;
+    Ok(Json(
+        s.service
+            .escalations(&p, q.state.as_deref(), q.provider.as_deref())
+            .await?,
+    ))
+}
+
+#[utoipa::path(
+    post, path = "/v1/operations/{id}/decisions", tag = "operator",
+    params(("id" = String, Path, description = "Operation id")),
+    request_body(content = DecideRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Recorded, with the token's caller as actor", body = DecideResponse),
+        (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the decide scope", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "Stale view (`seen` no longer current) or a decision the state machine refuses", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn decide(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DecideResponse>, Problem> {
+    p.require(Scope::Decide)?;
+    let req: DecideRequest = strict_json(&headers, body)?;
+    Ok(Json(s.service.decide(&p, &id, req).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct VerifyParams {
+    /// One operation; absent: every chain.
+    #[serde(default)]
+    operation: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/audit/verify", tag = "audit",
+    params(VerifyParams),
+    responses(
+        (status = 200, description = "What was checked and every break found (an empty `breaks` is a clean record)", body = Object),
+        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the audit scope", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn verify(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    q: Result<Query<VerifyParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, Problem> {
+    let q = query(q)?;
+    let report = s.service.verify(&p, q.operation.as_deref()).await?;
+    Ok(Json(serde_json::to_value(report).map_err(|e| {
+        Problem::new(Kind::Unavailable, e.to_string())
+    })?))
+}

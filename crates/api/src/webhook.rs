@@ -1,0 +1,239 @@
+//! The webhook receiver. A delivery is verified by the provider contract's scheme (Standard
+//! Webhooks, or a plain HMAC header), deduplicated by its event id, mapped to an operation by the
+//! remote job id, and then only makes that operation due for a status read under the normal lease
+//! rules. It never moves a state: success is still declared only from a status read and a validated
+//! result, so out-of-order, late, replayed and forged deliveries change nothing else.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use hmac::{KeyInit, Mac};
+use jobtrail_provider::contract::{WebhookScheme, WebhookSpec};
+use jobtrail_service::{Kind, Service};
+use jobtrail_store::{Delivery, DeliveryOutcome};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::problem::{PROBLEM_JSON, Problem, ProblemDoc};
+
+/// Deliveries are remembered this long (far beyond any timestamp tolerance).
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// The largest payload accepted.
+pub const MAX_PAYLOAD: usize = 256 * 1024;
+/// The longest event or job id accepted.
+const MAX_ID: usize = 200;
+
+/// The receiver's shared part.
+#[derive(Clone)]
+pub struct Receiver {
+    service: Arc<Service>,
+}
+
+impl Receiver {
+    pub fn new(service: Arc<Service>) -> Self {
+        Self { service }
+    }
+}
+
+/// What a delivery led to.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WebhookAck {
+    /// `scheduled` (a status read is due now), `duplicate` (seen before: nothing done),
+    /// `no_operation` (no operation holds this job), `not_observing` (the operation is not waiting
+    /// for a status read).
+    pub outcome: String,
+}
+
+fn unauthorized(why: &str) -> Problem {
+    Problem::new(Kind::Unauthenticated, format!("webhook refused: {why}"))
+}
+
+/// Verify a delivery's signature (and timestamp) and return its event id if the scheme carries it.
+fn verify(
+    spec: &WebhookSpec,
+    secret: &str,
+    headers: &HeaderMap,
+    payload: &[u8],
+) -> Result<Option<String>, Problem> {
+    let header = |name: &str| -> Result<&str, Problem> {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| unauthorized(&format!("no {name} header")))
+    };
+    match &spec.scheme {
+        WebhookScheme::StandardWebhooks => {
+            let wh = standardwebhooks::Webhook::new(secret.trim()).map_err(|_| {
+                Problem::new(
+                    Kind::Unavailable,
+                    "the contract's webhook secret is not a Standard Webhooks secret (whsec_<base64>)",
+                )
+            })?;
+            wh.verify(payload, headers).map_err(|e| {
+                use standardwebhooks::WebhookError as E;
+                unauthorized(match e {
+                    E::TimestampTooOldError | E::FutureTimestampError => {
+                        "the timestamp is outside the tolerance"
+                    }
+                    E::MissingHeader(_) | E::InvalidHeader(_) => {
+                        "webhook-id, webhook-timestamp and webhook-signature are required"
+                    }
+                    _ => "the signature does not verify",
+                })
+            })?;
+            Ok(Some(
+                header(standardwebhooks::HEADER_WEBHOOK_ID)?.to_owned(),
+            ))
+        }
+        WebhookScheme::HmacSha256 {
+            signature_header,
+            timestamp_header,
+        } => {
+            let given = header(signature_header.as_str())?;
+            let given = given.trim();
+            let given = given.strip_prefix("sha256=").unwrap_or(given);
+            let given = hex::decode(given).map_err(|_| unauthorized("the signature is not hex"))?;
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
+                .map_err(|_| Problem::new(Kind::Unavailable, "the webhook secret is unusable"))?;
+            if let Some(th) = timestamp_header {
+                let ts = header(th.as_str())?;
+                let at: i64 = ts
+                    .trim()
+                    .parse()
+                    .map_err(|_| unauthorized("the timestamp is not unix seconds"))?;
+                let now = chrono::Utc::now().timestamp();
+                if now.abs_diff(at) > spec.tolerance.as_secs() {
+                    return Err(unauthorized("the timestamp is outside the tolerance"));
+                }
+                mac.update(ts.trim().as_bytes());
+                mac.update(b".");
+            }
+            mac.update(payload);
+            // Constant-time comparison.
+            mac.verify_slice(&given)
+                .map_err(|_| unauthorized("the signature does not verify"))?;
+            Ok(None)
+        }
+    }
+}
+
+/// A string (or integer) at `pointer`, bounded.
+fn id_at(v: &serde_json::Value, pointer: &str, what: &str) -> Result<String, Problem> {
+    let s = match v.pointer(pointer) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+        _ => {
+            return Err(Problem::new(
+                Kind::BadInput,
+                format!("the payload has no {what} at {pointer}"),
+            ));
+        }
+    };
+    check_id(&s, what)?;
+    Ok(s)
+}
+
+fn check_id(s: &str, what: &str) -> Result<(), Problem> {
+    if s.is_empty() || s.len() > MAX_ID || s.chars().any(char::is_control) {
+        return Err(Problem::new(
+            Kind::BadInput,
+            format!("the {what} is empty, longer than {MAX_ID} bytes, or holds control characters"),
+        ));
+    }
+    Ok(())
+}
+
+#[utoipa::path(
+    post, path = "/v1/webhooks/{provider}", tag = "webhooks",
+    params(("provider" = String, Path, description = "The provider's name, as in its contract")),
+    request_body(content = Object, content_type = "application/json", description = "The provider's payload, verified by the contract's signature scheme"),
+    responses(
+        (status = 200, description = "Verified; a status read is due now, or nothing was needed (a duplicate, an unknown job)", body = WebhookAck),
+        (status = 400, description = "Not a payload this contract describes", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "The signature or timestamp does not verify: nothing was recorded", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "No provider of this name takes webhooks", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 413, description = "Body too large: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+    )
+)]
+pub(crate) async fn receive(
+    State(s): State<AppState>,
+    Path(provider): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<WebhookAck>), Problem> {
+    let service = &s.webhooks.service;
+    let spec = service
+        .registry()
+        .get(&provider)
+        .and_then(|p| p.contract().webhook.clone())
+        .ok_or_else(|| {
+            Problem::new(
+                Kind::NotFound,
+                format!("no provider {provider:?} takes webhooks here"),
+            )
+        })?;
+    let payload = body.map_err(|e| Problem::new(Kind::BadInput, e.body_text()))?;
+    if payload.len() > MAX_PAYLOAD {
+        return Err(Problem::new(
+            Kind::TooLarge,
+            format!("a webhook payload may be at most {MAX_PAYLOAD} bytes"),
+        ));
+    }
+    let secret = jobtrail_provider::wire::resolve_secret(&spec.secret)
+        .await
+        .map_err(|_| {
+            // The reason may name the secret's location: logged, not sent.
+            tracing::warn!(provider = %provider, "the webhook secret is unavailable");
+            Problem::new(Kind::Unavailable, "the webhook secret is unavailable")
+        })?;
+    let header_event_id = verify(&spec, &secret, &headers, &payload)?;
+    let v = jobtrail_core::json::parse_strict(&payload).map_err(|e| {
+        Problem::new(
+            Kind::BadInput,
+            format!("the payload is not acceptable JSON: {e}"),
+        )
+    })?;
+    let event_id = match (header_event_id, &spec.event_id) {
+        (Some(id), _) => {
+            check_id(&id, "event id")?;
+            id
+        }
+        (None, Some(p)) => id_at(&v, p, "event id")?,
+        (None, None) => {
+            return Err(Problem::new(
+                Kind::Unavailable,
+                "the contract names no event id",
+            ));
+        }
+    };
+    let job = match v.pointer(&spec.job_id) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(_) => Some(id_at(&v, &spec.job_id, "job id")?),
+    };
+    let outcome = match service
+        .store()
+        .webhook_delivered(&provider, &event_id, job.as_deref(), RETENTION)
+        .await
+        .map_err(jobtrail_service::ServiceError::from)?
+    {
+        Delivery::Duplicate => "duplicate",
+        Delivery::New { outcome, .. } => match outcome {
+            DeliveryOutcome::Scheduled => "scheduled",
+            DeliveryOutcome::NoOperation => "no_operation",
+            DeliveryOutcome::NotObserving => "not_observing",
+        },
+    };
+    tracing::info!(provider = %provider, event_id = %event_id, outcome, "webhook");
+    Ok((
+        StatusCode::OK,
+        Json(WebhookAck {
+            outcome: outcome.to_owned(),
+        }),
+    ))
+}

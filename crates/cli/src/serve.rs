@@ -1,0 +1,96 @@
+//! `jobtrail serve` (the HTTP API with MCP over Streamable HTTP at /mcp) and `jobtrail mcp` (MCP over
+//! stdio, through the HTTP API).
+
+use jobtrail_console::shell::{self, CmdResult, exit, fail};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (`127.0.0.1:0` picks a free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// A `jobtrail_operator` login for the operator and audit routes (decisions, escalations,
+    /// verify). Without it they use DATABASE_URL, whose role decides what succeeds.
+    #[arg(long, env = "JOBTRAIL_OPERATOR_DATABASE_URL", hide_env_values = true)]
+    pub operator_database_url: Option<String>,
+    /// A Host name the MCP endpoint accepts besides loopback (DNS-rebinding protection); repeat
+    /// for several (`jobtrail.example`, `jobtrail.example:8443`).
+    #[arg(long = "mcp-allowed-host")]
+    pub mcp_allowed_hosts: Vec<String>,
+    /// How long requests in flight may finish after SIGTERM.
+    #[arg(long, default_value = "10s")]
+    pub drain: String,
+}
+
+fn on_signal(token: tokio_util::sync::CancellationToken) {
+    tokio::spawn(async move {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        token.cancel();
+    });
+}
+
+pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
+    let drain = shell::parse_duration_within(
+        "--drain",
+        &a.drain,
+        Duration::ZERO,
+        Duration::from_secs(600),
+    )?;
+    let registry = shell::registry(&common.providers)?;
+    let store = shell::store(&common.database_url).await?;
+    let service = match a.operator_database_url.filter(|u| !u.trim().is_empty()) {
+        Some(u) => {
+            let operator = shell::store(&Some(u)).await?;
+            jobtrail_service::Service::with_operator(store, operator, registry)
+        }
+        None => jobtrail_service::Service::new(store, registry),
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    on_signal(shutdown.clone());
+    let mcp = axum::Router::new()
+        .nest_service(
+            "/mcp",
+            jobtrail_mcp::http_service(service.clone(), shutdown.clone(), a.mcp_allowed_hosts),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            service.clone(),
+            jobtrail_api::require_bearer,
+        ));
+    let app = jobtrail_api::router(service).merge(mcp);
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| fail(exit::UNAVAILABLE, format!("--listen {}: {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+    eprintln!("jobtrail API listening on http://{addr} (MCP at /mcp, OpenAPI at /openapi.json)");
+    jobtrail_api::serve(listener, app, shutdown, drain)
+        .await
+        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn mcp(d: &crate::ops::DoorArgs) -> CmdResult {
+    let api = d.api.as_deref().filter(|a| !a.trim().is_empty()).ok_or_else(|| {
+        fail(
+            exit::BAD_INPUT,
+            "jobtrail mcp talks to jobtrail's HTTP API: set JOBTRAIL_API (or --api) and JOBTRAIL_TOKEN",
+        )
+    })?;
+    let token = std::env::var("JOBTRAIL_TOKEN").unwrap_or_default();
+    let client =
+        jobtrail_service::client::ApiClient::new(api, &token).map_err(crate::ops::failure)?;
+    jobtrail_mcp::serve_stdio(jobtrail_mcp::Backend::Api(client))
+        .await
+        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,124 @@
+//! Times and durations as people and agents write them: RFC 3339 or relative (`+5m`), and `90s`,
+//! `5m`, `2h`, `1d`, `250ms`. Bounded to ten years (further is a typo, and every layer's clock
+//! arithmetic stays far from overflow).
+
+use chrono::{DateTime, Utc};
+
+/// The farthest any time or duration may reach: ten years.
+pub const MAX_FLAG_DURATION: std::time::Duration = crate::operation::MAX_HORIZON;
+
+/// An absolute RFC 3339 time, or a relative one: `+90s`, `+5m`, `+2h`, `+1d`. At most ten years ahead.
+pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    let now = Utc::now();
+    let latest = now + chrono::Duration::from_std(MAX_FLAG_DURATION).expect("ten years fit");
+    let t = if let Some(rel) = s.strip_prefix('+') {
+        let d = parse_duration(rel)?;
+        now + chrono::Duration::from_std(d).map_err(|_| format!("{s:?} is too far ahead"))?
+    } else {
+        DateTime::parse_from_rfc3339(s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| {
+                format!(
+                    "{s:?} is not RFC 3339 (2026-01-31T12:00:00Z) or relative (+90s, +5m, +2h): {e}"
+                )
+            })?
+    };
+    if t > latest {
+        return Err(format!(
+            "{s:?} is more than ten years ahead (latest {latest})"
+        ));
+    }
+    Ok(t)
+}
+
+/// `90s`, `5m`, `2h`, `1d`, `250ms`, or plain seconds; at most ten years.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s, 5m, 2h"))?;
+    let millis_per = match unit {
+        "ms" => 1,
+        "s" | "" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m, h, d)")),
+    };
+    let d = n
+        .checked_mul(millis_per)
+        .map(std::time::Duration::from_millis)
+        .filter(|d| *d <= MAX_FLAG_DURATION)
+        .ok_or_else(|| format!("{s:?} is longer than ten years"))?;
+    Ok(d)
+}
+
+/// A duration within `[min, max]`, with a message that names the field and the range.
+pub fn parse_duration_within(
+    field: &str,
+    s: &str,
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s).map_err(|e| format!("{field}: {e}"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "{field}: {s} is outside {} to {}",
+            show_duration(min),
+            show_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+/// A duration in the largest unit that divides it (`90s`, `5m`, `1d`).
+pub fn show_duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".into(),
+        m if m % 86_400_000 == 0 => format!("{}d", m / 86_400_000),
+        m if m % 3_600_000 == 0 => format!("{}h", m / 3_600_000),
+        m if m % 60_000 == 0 => format!("{}m", m / 60_000),
+        m if m % 1_000 == 0 => format!("{}s", m / 1_000),
+        m => format!("{m}ms"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_times_parse() {
+        assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
+        assert_eq!(parse_duration("5m").unwrap().as_secs(), 300);
+        assert_eq!(parse_duration("250ms").unwrap().as_millis(), 250);
+        assert_eq!(parse_duration("7").unwrap().as_secs(), 7);
+        assert!(parse_duration("5 parsecs").is_err());
+        // Overflow and absurd lengths are errors, never a wrapped or clamped value.
+        assert!(parse_duration("213503982334602d").is_err());
+        assert!(parse_duration("100000000d").is_err());
+        assert!(parse_duration("99999999999999999999999s").is_err());
+        assert!(parse_duration("3650d").is_ok());
+        assert!(parse_time("+100000000d").is_err());
+        assert!(parse_time("275817-01-01T00:00:00Z").is_err());
+        let lease = |s: &str| {
+            parse_duration_within(
+                "--lease",
+                s,
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(3600),
+            )
+        };
+        assert!(lease("30s").is_ok());
+        let e = lease("2h").unwrap_err();
+        assert!(e.contains("1s to 1h"), "{e}");
+        assert!(parse_time("+1h").unwrap() > Utc::now());
+        assert!(parse_time("2026-01-31T12:00:00Z").is_ok());
+        assert!(parse_time("tomorrow").is_err());
+    }
+}

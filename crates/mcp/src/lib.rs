@@ -1,0 +1,523 @@
+//! # jobtrail-mcp
+//!
+//! jobtrail as MCP tools, so an agent starts, waits for and cancels paid remote work without a
+//! polling loop in its prompt and without credentials for the provider or the database.
+//!
+//! * Tools: `submit_operation`, `get_operation`, `wait_operation` (bounded), `cancel_operation`,
+//!   `get_result`, `list_operations`, `list_providers`. Never the operator decisions: approvals stay
+//!   human.
+//! * MCP Tasks (the `io.modelcontextprotocol/tasks` extension, as rmcp implements it): a
+//!   `submit_operation` call from a client that declares the extension answers with a task whose id
+//!   is the operation id; `tasks/get` maps jobtrail's state to a task status (see [`task_of`]),
+//!   `tasks/cancel` is a cancel request, and `tasks/list` (the 2025-11-25 method, kept for clients
+//!   that use it) lists the caller's tasks. Tasks are operations: they live in PostgreSQL, survive a
+//!   restart of the MCP server, and any instance serves them.
+//! * Transports: stdio ([`Backend::Api`]: the server talks to jobtrail's HTTP API with a token, so the
+//!   agent's machine holds nothing else), and Streamable HTTP inside the API server
+//!   ([`Backend::Service`]: the caller comes from the request's bearer token).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use jobtrail_service::client::ApiClient;
+use jobtrail_service::{
+    Door, Kind, ListQuery, OperationView, Operations, Principal, Service, ServiceError,
+    SubmitRequest,
+};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::*;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+/// Largest result returned inline by `get_result` (larger: fetch it over the HTTP API).
+pub const MAX_INLINE_RESULT: usize = 4 * 1024 * 1024;
+/// How often a client should poll `tasks/get`, while working and while held for a person.
+const POLL_WORKING_MS: u64 = 1_000;
+const POLL_HELD_MS: u64 = 30_000;
+/// The JSON-RPC error code of a task whose operation ended without a result (server-defined range).
+pub const OPERATION_FAILED: i32 = -32001;
+
+/// Where the tools' answers come from.
+#[derive(Clone)]
+pub enum Backend {
+    /// The database, for the caller the HTTP request's bearer token names (Streamable HTTP inside
+    /// the API server).
+    Service(Arc<Service>),
+    /// jobtrail's HTTP API, with one token (stdio on the agent's machine).
+    Api(ApiClient),
+}
+
+/// The MCP server.
+#[derive(Clone)]
+pub struct JobtrailMcp {
+    backend: Backend,
+    tool_router: ToolRouter<Self>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperationRef {
+    /// The operation id `submit_operation` returned.
+    pub operation_id: String,
+    /// Include the operation's history (get_operation only).
+    #[serde(default)]
+    pub timeline: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitArgs {
+    pub operation_id: String,
+    /// Seconds to wait at most (default 30, at most 300). Call again to wait longer.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    /// Return as soon as the state is no longer this one (default: wait until the operation is
+    /// settled: finished or held for a person).
+    #[serde(default)]
+    pub seen: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelArgs {
+    pub operation_id: String,
+    /// Why (recorded in the operation's history with your caller name).
+    pub reason: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListArgs {
+    /// Only operations in this state.
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// The `next_cursor` of the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Page size, 1–200 (default 50).
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+fn to_value<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+/// A service error as a tool result the agent reads (not a protocol error it never sees).
+fn tool_error(e: ServiceError) -> CallToolResult {
+    let mut v = serde_json::json!({
+        "error": e.kind.as_str(),
+        "message": e.message,
+    });
+    if let Some(d) = e.detail {
+        v["detail"] = d;
+    }
+    CallToolResult::structured_error(v)
+}
+
+fn answer<T: serde::Serialize>(r: Result<T, ServiceError>) -> CallToolResult {
+    match r {
+        Ok(v) => CallToolResult::structured(to_value(&v)),
+        Err(e) => tool_error(e),
+    }
+}
+
+/// A task's view of an operation: the status rmcp's Tasks extension knows, and what is known.
+///
+/// | jobtrail | task |
+/// | --- | --- |
+/// | automated states (create_pending … cancelling) | `working`, the state and its advice as the message |
+/// | held for a person (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused) | `working`, "held for a person: …" with the reason (the extension's `input_required` asks *the client* for input through `tasks/update`; here an operator decides) |
+/// | succeeded | `completed`, with the validated result's description (fetch the bytes with `get_result`) |
+/// | failed, result_unavailable, result_validation_failed, not_created | `failed`, a JSON-RPC error object whose `data` is the operation |
+/// | cancelled, withdrawn, abandoned | `cancelled` |
+pub fn task_of(op: &OperationView) -> DetailedTask {
+    let state = op.state();
+    let mut message = format!("{}: {}", op.state, op.advice);
+    if let Some(r) = &op.escalation_reason {
+        message = format!("{message} ({r})");
+    }
+    let task = Task::new(
+        op.id.clone(),
+        TaskStatus::Working,
+        op.created_at.to_rfc3339(),
+        op.state_changed_at.to_rfc3339(),
+    )
+    .with_status_message(message.clone())
+    .with_poll_interval_ms(if op.needs_human {
+        POLL_HELD_MS
+    } else {
+        POLL_WORKING_MS
+    });
+    use jobtrail_core::State as S;
+    let payload = match state {
+        Some(S::Succeeded) => TaskPayload::Completed {
+            result: as_object(to_value(&CallToolResult::structured(
+                serde_json::json!({ "operation": op }),
+            ))),
+        },
+        Some(S::Cancelled | S::Withdrawn | S::Abandoned) => TaskPayload::Cancelled,
+        Some(s) if s.is_terminal() => TaskPayload::Failed {
+            error: as_object(serde_json::json!({
+                "code": OPERATION_FAILED,
+                "message": message,
+                "data": { "operation": op },
+            })),
+        },
+        _ => TaskPayload::Working,
+    };
+    DetailedTask::new(task, payload)
+}
+
+fn as_object(v: serde_json::Value) -> JsonObject {
+    match v {
+        serde_json::Value::Object(m) => m,
+        _ => JsonObject::new(),
+    }
+}
+
+fn mcp_error(e: ServiceError) -> McpError {
+    match e.kind {
+        Kind::NotFound => McpError::invalid_params("Failed to retrieve task: Task not found", None),
+        Kind::BadInput | Kind::Conflict => McpError::invalid_params(e.message, None),
+        Kind::Unauthenticated | Kind::Forbidden => McpError::invalid_request(e.message, None),
+        _ => McpError::internal_error(e.message, None),
+    }
+}
+
+#[tool_router]
+impl JobtrailMcp {
+    pub fn new(backend: Backend) -> Self {
+        Self {
+            backend,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The operations for this request's caller.
+    fn ops(&self, ctx: &RequestContext<RoleServer>) -> Result<Door, ServiceError> {
+        match &self.backend {
+            Backend::Api(a) => Ok(Door::Remote(a.clone())),
+            Backend::Service(s) => {
+                let principal = ctx
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|p| p.extensions.get::<Principal>())
+                    .cloned()
+                    .ok_or_else(|| {
+                        ServiceError::new(Kind::Unauthenticated, "no bearer token on this session")
+                    })?;
+                Ok(Door::Local(s.bind(principal)))
+            }
+        }
+    }
+
+    #[tool(
+        description = "Start a remote asynchronous job at a provider, on your behalf, without you holding its credentials. Returns at once with the operation (and, for clients with MCP Tasks, a task whose id is the operation id). Name your own `id` (op_<ULID>) so that a retried call never starts a second job: the same id with the same request returns the existing operation. Then use wait_operation (or tasks/get) and get_result. See list_providers for what each provider needs.",
+        annotations(
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn submit_operation(
+        &self,
+        Parameters(req): Parameters<SubmitRequest>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let ops = match self.ops(&ctx) {
+            Ok(o) => o,
+            Err(e) => return Ok(tool_error(e).into()),
+        };
+        let r = match ops.submit(req, None).await {
+            Ok(r) => r,
+            Err(e) => return Ok(tool_error(e).into()),
+        };
+        if ctx
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+        {
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(
+                task_of(&r.operation).task,
+            )));
+        }
+        Ok(CallToolResult::structured(to_value(&r)).into())
+    }
+
+    #[tool(
+        description = "What jobtrail knows about an operation, and what it does not: its state, what the state means, and what to do now (`advice`). A state like create_unknown means the provider may or may not have created the job: do not submit again, wait.",
+        annotations(read_only_hint = true)
+    )]
+    async fn get_operation(
+        &self,
+        Parameters(a): Parameters<OperationRef>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        match self.ops(&ctx) {
+            Ok(ops) => answer(ops.get(&a.operation_id, a.timeline).await),
+            Err(e) => tool_error(e),
+        }
+    }
+
+    #[tool(
+        description = "Wait (without polling) until the operation is settled — finished, or held for a person — or its state leaves `seen`, at most `timeout_secs` (default 30, at most 300). `timed_out: true` means nothing changed yet: call it again.",
+        annotations(read_only_hint = true)
+    )]
+    async fn wait_operation(
+        &self,
+        Parameters(a): Parameters<WaitArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let ops = match self.ops(&ctx) {
+            Ok(o) => o,
+            Err(e) => return tool_error(e),
+        };
+        let timeout =
+            Duration::from_secs(a.timeout_secs.unwrap_or(30)).min(jobtrail_service::MAX_WAIT);
+        match &a.seen {
+            Some(seen) => answer(ops.wait(&a.operation_id, Some(seen), timeout).await),
+            None => answer(jobtrail_service::wait_settled(&ops, &a.operation_id, timeout).await),
+        }
+    }
+
+    #[tool(
+        description = "Ask to cancel an operation. Recorded at once with your reason; the operation is cancelled only when the provider confirms (or withdrawn if nothing was sent yet). The job may still finish first: wait_operation tells.",
+        annotations(destructive_hint = true, idempotent_hint = true)
+    )]
+    async fn cancel_operation(
+        &self,
+        Parameters(a): Parameters<CancelArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        match self.ops(&ctx) {
+            Ok(ops) => answer(ops.cancel(&a.operation_id, &a.reason).await),
+            Err(e) => tool_error(e),
+        }
+    }
+
+    #[tool(
+        description = "The validated result of a succeeded operation, exactly as recorded (its sha256 is checked against the evidence chain). Text results come as `text`, others as `base64`.",
+        annotations(read_only_hint = true)
+    )]
+    async fn get_result(
+        &self,
+        Parameters(a): Parameters<OperationRef>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let ops = match self.ops(&ctx) {
+            Ok(o) => o,
+            Err(e) => return tool_error(e),
+        };
+        match ops.result(&a.operation_id).await {
+            Ok(r) if r.bytes.len() > MAX_INLINE_RESULT => tool_error(ServiceError::new(
+                Kind::TooLarge,
+                format!(
+                    "the result is {} bytes, more than a tool result carries ({MAX_INLINE_RESULT}); fetch it with GET /v1/operations/{}/result",
+                    r.bytes.len(),
+                    a.operation_id
+                ),
+            )),
+            Ok(r) => {
+                let mut v = serde_json::json!({
+                    "operation_id": a.operation_id,
+                    "sha256": r.sha256,
+                    "size": r.bytes.len(),
+                    "content_type": r.content_type,
+                });
+                match String::from_utf8(r.bytes) {
+                    Ok(text) => v["text"] = text.into(),
+                    Err(e) => {
+                        v["base64"] = base64::engine::general_purpose::STANDARD
+                            .encode(e.into_bytes())
+                            .into()
+                    }
+                }
+                CallToolResult::structured(v)
+            }
+            Err(e) => tool_error(e),
+        }
+    }
+
+    #[tool(
+        description = "Your operations, newest first, optionally filtered by state or provider; pass `next_cursor` back as `cursor` for the next page.",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_operations(
+        &self,
+        Parameters(a): Parameters<ListArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        match self.ops(&ctx) {
+            Ok(ops) => answer(
+                ops.list(ListQuery {
+                    state: a.state,
+                    provider: a.provider,
+                    cursor: a.cursor,
+                    limit: a.limit,
+                    ..ListQuery::default()
+                })
+                .await,
+            ),
+            Err(e) => tool_error(e),
+        }
+    }
+
+    #[tool(
+        description = "The providers you can submit to: what each does, the request shape (and JSON Schema when the contract gives one), fields that take secrets (name a granted secret as {\"$secret\": \"name\"}, never the value), whether creation is at-most-once, and whether a person must approve.",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_providers(
+        &self,
+        Parameters(_): Parameters<NoArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        match self.ops(&ctx) {
+            Ok(ops) => answer(ops.providers().await),
+            Err(e) => tool_error(e),
+        }
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for JobtrailMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("jobtrail", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "jobtrail runs paid, irreversible remote jobs for you and keeps the evidence. Submit with \
+             submit_operation (name your own id so a retry is harmless), then wait_operation until it \
+             is settled, then get_result. Never submit again because a state is uncertain: \
+             create_unknown means we do not yet know whether the job exists. States held for a \
+             person are decided by an operator, not by you.",
+        )
+    }
+
+    async fn get_task(
+        &self,
+        p: GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let ops = self.ops(&ctx).map_err(mcp_error)?;
+        let op = ops.get(&p.task_id, false).await.map_err(mcp_error)?;
+        Ok(GetTaskResult::new(task_of(&op)))
+    }
+
+    async fn update_task(
+        &self,
+        p: UpdateTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        // jobtrail never asks the client for input (people decide through jobtrail-admin): the task
+        // must exist; its answers are ignored, as the extension asks for keys never issued.
+        let ops = self.ops(&ctx).map_err(mcp_error)?;
+        ops.get(&p.task_id, false).await.map_err(mcp_error)?;
+        Ok(())
+    }
+
+    async fn cancel_task(
+        &self,
+        p: CancelTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let ops = self.ops(&ctx).map_err(mcp_error)?;
+        let op = ops.get(&p.task_id, false).await.map_err(mcp_error)?;
+        if op.settled && !op.needs_human {
+            // Already terminal: an ack, nothing to cancel.
+            return Ok(());
+        }
+        ops.cancel(&p.task_id, "tasks/cancel from the MCP client")
+            .await
+            .map_err(mcp_error)?;
+        Ok(())
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        if request.method != "tasks/list" {
+            return Err(McpError::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                request.method,
+                None,
+            ));
+        }
+        let cursor = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("cursor"))
+            .and_then(|c| c.as_str())
+            .map(str::to_owned);
+        let ops = self.ops(&ctx).map_err(mcp_error)?;
+        let page = ops
+            .list(ListQuery {
+                cursor,
+                ..ListQuery::default()
+            })
+            .await
+            .map_err(|e| match e.kind {
+                Kind::BadInput => McpError::invalid_params("invalid cursor", None),
+                _ => mcp_error(e),
+            })?;
+        let tasks: Vec<Task> = page.operations.iter().map(|o| task_of(o).task).collect();
+        let mut v = serde_json::json!({ "tasks": tasks });
+        if let Some(c) = page.next_cursor {
+            v["nextCursor"] = c.into();
+        }
+        Ok(CustomResult(v))
+    }
+}
+
+/// Serve over stdio until the client goes away.
+pub async fn serve_stdio(backend: Backend) -> Result<(), String> {
+    use rmcp::ServiceExt;
+    let running = JobtrailMcp::new(backend)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| format!("MCP session: {e}"))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| format!("MCP session: {e}"))?;
+    Ok(())
+}
+
+/// The Streamable HTTP endpoint, to mount (behind bearer authentication) in the API server.
+pub fn http_service(
+    service: Arc<Service>,
+    shutdown: tokio_util::sync::CancellationToken,
+    allowed_hosts: Vec<String>,
+) -> rmcp::transport::streamable_http_server::StreamableHttpService<
+    JobtrailMcp,
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+> {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(shutdown.child_token());
+    if !allowed_hosts.is_empty() {
+        config = config.with_allowed_hosts(allowed_hosts);
+    }
+    StreamableHttpService::new(
+        move || Ok(JobtrailMcp::new(Backend::Service(service.clone()))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}

@@ -1,0 +1,185 @@
+//! Who is asking: a principal is a caller name and the scopes its token grants. The caller recorded in
+//! history for anything done through the API or MCP is the token's caller, never a field of a
+//! request.
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Kind, ServiceError};
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Submit operations.
+    Submit,
+    /// Read, wait for and fetch the results of its own operations.
+    Read,
+    /// Request cancels of its own operations.
+    Cancel,
+    /// Operator: see every operation, the escalation queue, record decisions, approve submissions.
+    Decide,
+    /// Auditor: see every operation and verify the evidence.
+    Audit,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 5] = [
+        Scope::Submit,
+        Scope::Read,
+        Scope::Cancel,
+        Scope::Decide,
+        Scope::Audit,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Submit => "submit",
+            Scope::Read => "read",
+            Scope::Cancel => "cancel",
+            Scope::Decide => "decide",
+            Scope::Audit => "audit",
+        }
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Scope::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s.trim())
+            .ok_or_else(|| {
+                format!("unknown scope {s:?} (scopes: submit, read, cancel, decide, audit)")
+            })
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    caller: String,
+    scopes: Vec<Scope>,
+}
+
+impl Principal {
+    pub fn new(caller: impl Into<String>, scopes: impl IntoIterator<Item = Scope>) -> Self {
+        let mut scopes: Vec<Scope> = scopes.into_iter().collect();
+        scopes.sort();
+        scopes.dedup();
+        Self {
+            caller: caller.into(),
+            scopes,
+        }
+    }
+
+    /// Whoever holds database credentials (the CLI and jobtrail-admin with `DATABASE_URL`): every
+    /// scope. What they may really do is bounded by their database role.
+    pub fn trusted(caller: impl Into<String>) -> Self {
+        Self::new(caller, Scope::ALL)
+    }
+
+    pub fn caller(&self) -> &str {
+        &self.caller
+    }
+
+    pub fn scopes(&self) -> &[Scope] {
+        &self.scopes
+    }
+
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes.contains(&scope)
+    }
+
+    /// Refused unless the principal holds `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), ServiceError> {
+        if self.has(scope) {
+            Ok(())
+        } else {
+            Err(ServiceError::new(
+                Kind::Forbidden,
+                format!(
+                    "this token (caller {}) lacks the {} scope",
+                    self.caller,
+                    scope.as_str()
+                ),
+            ))
+        }
+    }
+
+    /// Operators and auditors see every operation; everyone else only their own caller's.
+    pub fn sees_all(&self) -> bool {
+        self.has(Scope::Decide) || self.has(Scope::Audit)
+    }
+}
+
+/// The prefix every token carries (so a leaked one is recognisable in a scan).
+pub const TOKEN_PREFIX: &str = "jtk_";
+
+/// A new token: `jtk_` and 256 random bits in hex. Shown once; only its digest is stored.
+pub fn new_token() -> Result<(String, [u8; 32]), ServiceError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| ServiceError::unavailable(format!("the OS random source failed: {e}")))?;
+    let token = format!("{TOKEN_PREFIX}{}", hex::encode(bytes));
+    let digest = token_digest(&token);
+    Ok((token, digest))
+}
+
+/// The stored form of a token.
+pub fn token_digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Whether a string is shaped like a token (checked before any database lookup).
+pub fn token_shaped(token: &str) -> bool {
+    token
+        .strip_prefix(TOKEN_PREFIX)
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Parse a comma-separated scope list (`submit,read`).
+pub fn parse_scopes(s: &str) -> Result<Vec<Scope>, String> {
+    let scopes = s
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(str::parse)
+        .collect::<Result<Vec<Scope>, String>>()?;
+    if scopes.is_empty() {
+        return Err("at least one scope is needed (submit, read, cancel, decide, audit)".into());
+    }
+    Ok(scopes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_shaped_and_stored_as_digests() {
+        let (a, da) = new_token().unwrap();
+        let (b, db) = new_token().unwrap();
+        assert_ne!(a, b);
+        assert_ne!(da, db);
+        assert!(token_shaped(&a));
+        assert_eq!(token_digest(&a), da);
+        assert!(!token_shaped("jtk_short"));
+        assert!(!token_shaped(&a.replace(TOKEN_PREFIX, "xyz_")));
+        assert!(!token_shaped(&format!("{a}0")));
+    }
+
+    #[test]
+    fn scopes_parse_and_gate() {
+        assert_eq!(
+            parse_scopes("submit, read").unwrap(),
+            vec![Scope::Submit, Scope::Read]
+        );
+        assert!(parse_scopes("").is_err());
+        assert!(parse_scopes("submit,admin").is_err());
+        let p = Principal::new("agent-7", [Scope::Read, Scope::Submit, Scope::Read]);
+        assert_eq!(p.scopes(), &[Scope::Submit, Scope::Read]);
+        assert!(p.require(Scope::Read).is_ok());
+        assert_eq!(p.require(Scope::Cancel).unwrap_err().kind, Kind::Forbidden);
+        assert!(!p.sees_all());
+        assert!(Principal::trusted("alice").sees_all());
+    }
+}

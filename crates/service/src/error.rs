@@ -1,0 +1,185 @@
+//! The service's one error type. Each kind has one meaning everywhere: the CLI's exit code, the HTTP
+//! API's status and RFC 9457 problem type, and the MCP server's tool error all come from [`Kind`].
+
+use jobtrail_store::StoreError;
+
+/// What went wrong, as a caller can act on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// Bad input: nothing was written. Fix the request.
+    BadInput,
+    /// No credentials, or credentials that are not (or no longer) valid.
+    Unauthenticated,
+    /// Valid credentials without the scope (or the ownership) this needs.
+    Forbidden,
+    /// No such operation (or not one this caller may see).
+    NotFound,
+    /// Another request under this id, a stale view, or a move the state machine refuses.
+    Conflict,
+    /// The operation did not succeed, so there is no validated result.
+    NotSucceeded,
+    /// Evidence disagrees with its chain: what depends on it is refused.
+    Tampered,
+    /// The database, a provider contract or a configured part is unavailable. Try again later.
+    Unavailable,
+    /// The request body is larger than the limit.
+    TooLarge,
+}
+
+impl Kind {
+    /// The CLI's exit code (README "Exit codes").
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Kind::NotSucceeded => 1,
+            Kind::BadInput | Kind::TooLarge => 2,
+            Kind::NotFound => 3,
+            Kind::Conflict => 4,
+            Kind::Unavailable | Kind::Unauthenticated | Kind::Forbidden => 5,
+            Kind::Tampered => 8,
+        }
+    }
+
+    /// The HTTP status.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Kind::BadInput => 400,
+            Kind::Unauthenticated => 401,
+            Kind::Forbidden => 403,
+            Kind::NotFound => 404,
+            Kind::Conflict | Kind::NotSucceeded => 409,
+            Kind::TooLarge => 413,
+            Kind::Tampered => 500,
+            Kind::Unavailable => 503,
+        }
+    }
+
+    /// The problem type's name (the last segment of its `type` URI).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::BadInput => "bad-input",
+            Kind::Unauthenticated => "unauthenticated",
+            Kind::Forbidden => "forbidden",
+            Kind::NotFound => "not-found",
+            Kind::Conflict => "conflict",
+            Kind::NotSucceeded => "not-succeeded",
+            Kind::Tampered => "tampered",
+            Kind::Unavailable => "unavailable",
+            Kind::TooLarge => "too-large",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Self> {
+        ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// A short title for the problem document.
+    pub fn title(self) -> &'static str {
+        match self {
+            Kind::BadInput => "Bad input: nothing was written",
+            Kind::Unauthenticated => "Missing or invalid bearer token",
+            Kind::Forbidden => "Not allowed for this token",
+            Kind::NotFound => "No such operation",
+            Kind::Conflict => "Conflict: nothing was written",
+            Kind::NotSucceeded => "The operation did not succeed: there is no validated result",
+            Kind::Tampered => "Evidence disagrees with its chain",
+            Kind::Unavailable => "Temporarily unavailable",
+            Kind::TooLarge => "Request body too large",
+        }
+    }
+}
+
+pub const ALL: [Kind; 9] = [
+    Kind::BadInput,
+    Kind::Unauthenticated,
+    Kind::Forbidden,
+    Kind::NotFound,
+    Kind::Conflict,
+    Kind::NotSucceeded,
+    Kind::Tampered,
+    Kind::Unavailable,
+    Kind::TooLarge,
+];
+
+/// A refused or failed request, with a message for the person or agent who sent it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ServiceError {
+    pub kind: Kind,
+    pub message: String,
+    /// Machine-readable details (both fingerprints of a conflict, the current state of a stale view).
+    pub detail: Option<serde_json::Value>,
+}
+
+impl ServiceError {
+    pub fn new(kind: Kind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            detail: None,
+        }
+    }
+    pub fn with_detail(mut self, detail: serde_json::Value) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+    pub fn bad_input(message: impl Into<String>) -> Self {
+        Self::new(Kind::BadInput, message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(Kind::Forbidden, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(Kind::Conflict, message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(Kind::Unavailable, message)
+    }
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(e: StoreError) -> Self {
+        let kind = match &e {
+            StoreError::NotFound(_) => Kind::NotFound,
+            StoreError::Submit(jobtrail_core::SubmitError::FingerprintConflict {
+                operation_id,
+                stored,
+                submitted,
+            }) => {
+                return ServiceError::conflict(e.to_string()).with_detail(serde_json::json!({
+                    "operation_id": operation_id.to_string(),
+                    "stored_fingerprint": stored.as_str(),
+                    "submitted_fingerprint": submitted.as_str(),
+                }));
+            }
+            StoreError::Submit(jobtrail_core::SubmitError::BodyTooLarge { .. }) => Kind::TooLarge,
+            StoreError::Submit(_) => Kind::BadInput,
+            StoreError::Stale {
+                current, seq, seen, ..
+            } => {
+                return ServiceError::conflict(e.to_string()).with_detail(serde_json::json!({
+                    "seen": seen,
+                    "current": format!("{current}@{seq}"),
+                }));
+            }
+            StoreError::Illegal { .. }
+            | StoreError::LeaseLost { .. }
+            | StoreError::Moved { .. }
+            | StoreError::Conflict(_) => Kind::Conflict,
+            StoreError::Tampered(_) | StoreError::AnchorNotFound(_) => Kind::Tampered,
+            StoreError::Denied(_) => Kind::Forbidden,
+            StoreError::Corrupt(_)
+            | StoreError::Unavailable(_)
+            | StoreError::Database(_)
+            | StoreError::Migrate(_)
+            | StoreError::Schema(_) => Kind::Unavailable,
+        };
+        ServiceError::new(kind, e.to_string())
+    }
+}
+
+impl From<jobtrail_core::SubmitError> for ServiceError {
+    fn from(e: jobtrail_core::SubmitError) -> Self {
+        StoreError::Submit(e).into()
+    }
+}

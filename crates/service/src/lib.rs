@@ -1,0 +1,652 @@
+//! # jobtrail-service
+//!
+//! The operations service every door uses: the CLI (with database credentials), the HTTP API and the
+//! MCP server (with bearer tokens). It holds the domain logic the doors share: who may do what
+//! ([`Principal`], [`Scope`]), submit with the contract's checks, reads limited to the caller's own
+//! operations, a bounded `wait` woken by PostgreSQL notifications, cancel requests, results served
+//! only as the evidence chain records them, the provider catalogue, and (separately, in
+//! [`operator`]) the decisions people make and the audit reads.
+//!
+//! [`Operations`] is the agent-facing surface as a trait, implemented here over the database
+//! ([`Bound`]: a service and the principal it acts for) and in [`client`] over the HTTP API, so the
+//! CLI and the MCP server work the same whether they hold a database URL or only a token.
+
+pub mod auth;
+pub mod client;
+pub mod error;
+pub mod model;
+pub mod operator;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobtrail_core::{OperationId, ProviderTerms, State, Submission, SubmitLimits, TraceId};
+use jobtrail_provider::Registry;
+use jobtrail_store::{ListFilter, OperationRecord, Store, StoreError};
+
+pub use auth::{Principal, Scope};
+pub use error::{Kind, ServiceError};
+pub use model::*;
+
+/// The longest a single wait may last (a proxy or an MCP client gives up on longer requests; wait
+/// again for longer).
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+/// The header that carries a served result's sha256 (as the evidence chain records it).
+pub const RESULT_SHA256_HEADER: &str = "jobtrail-result-sha256";
+/// Default and largest page sizes.
+pub const DEFAULT_PAGE: u32 = 50;
+pub const MAX_PAGE: u32 = 200;
+
+/// The operations service: a store, the provider contracts, and the state watcher.
+pub struct Service {
+    store: Store,
+    /// The store operator decisions and audit reads use (a `jobtrail_operator` login); `None`: those
+    /// routes are unavailable in this process.
+    operator_store: Option<Store>,
+    registry: Arc<Registry>,
+    terms: BTreeMap<String, ProviderTerms>,
+    /// Started by the first wait (a one-shot CLI command never opens the listening connection).
+    watcher: std::sync::OnceLock<watch::Watcher>,
+}
+
+impl Service {
+    /// A service over `store` with the contracts of `registry`.
+    pub fn new(store: Store, registry: Registry) -> Arc<Self> {
+        let terms = registry.terms();
+        Arc::new(Self {
+            watcher: std::sync::OnceLock::new(),
+            store,
+            operator_store: None,
+            registry: Arc::new(registry),
+            terms,
+        })
+    }
+
+    /// As [`Service::new`], with a store for operator decisions and audit reads.
+    pub fn with_operator(store: Store, operator: Store, registry: Registry) -> Arc<Self> {
+        let terms = registry.terms();
+        Arc::new(Self {
+            watcher: std::sync::OnceLock::new(),
+            store,
+            operator_store: Some(operator),
+            registry: Arc::new(registry),
+            terms,
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Act for `principal`.
+    pub fn bind(self: &Arc<Self>, principal: Principal) -> Bound {
+        Bound {
+            service: self.clone(),
+            principal,
+        }
+    }
+
+    /// The principal a bearer token stands for. Anything but a live token is `Unauthenticated`,
+    /// with the same message whatever was wrong (no oracle for guessing).
+    pub async fn authenticate(&self, bearer: &str) -> Result<Principal, ServiceError> {
+        let refused = || {
+            ServiceError::new(
+                Kind::Unauthenticated,
+                "a valid bearer token is needed (jobtrail-admin tokens create)",
+            )
+        };
+        if !auth::token_shaped(bearer) {
+            return Err(refused());
+        }
+        let t = self
+            .store
+            .live_token(&auth::token_digest(bearer))
+            .await?
+            .ok_or_else(refused)?;
+        let scopes = t
+            .scopes
+            .iter()
+            .filter_map(|s| s.parse::<Scope>().ok())
+            .collect::<Vec<_>>();
+        Ok(Principal::new(t.caller, scopes))
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // Agent operations
+    // ---------------------------------------------------------------------------------------------
+
+    pub async fn submit(
+        &self,
+        p: &Principal,
+        req: SubmitRequest,
+        trace: Option<TraceId>,
+    ) -> Result<SubmitResponse, ServiceError> {
+        p.require(Scope::Submit)?;
+        let provider = req.provider.trim();
+        let contract = self.registry.get(provider).map(|x| x.contract());
+        if let Some(c) = contract {
+            if c.requires_approval {
+                if !p.has(Scope::Decide) {
+                    return Err(ServiceError::forbidden(format!(
+                        "provider {provider} requires a person's approval: submit with a token that has the decide scope"
+                    )));
+                }
+                if req.approved_by.trim() != p.caller() {
+                    return Err(ServiceError::bad_input(format!(
+                        "provider {provider} requires approval by the submitting person: approved_by must be {:?}",
+                        p.caller()
+                    )));
+                }
+            }
+            if let Some(schema) = &c.create.request_schema {
+                check_request(&schema.validator, &c.redact, &req.request)?;
+            }
+        }
+        let time = |s: &Option<String>, what: &str| {
+            s.as_deref()
+                .map(|t| {
+                    jobtrail_core::when::parse_time(t)
+                        .map_err(|e| ServiceError::bad_input(format!("{what}: {e}")))
+                })
+                .transpose()
+        };
+        let id = |s: &Option<String>, what: &str| {
+            s.as_deref()
+                .map(|t| {
+                    t.parse::<OperationId>()
+                        .map_err(|e| ServiceError::bad_input(format!("{what}: {e}")))
+                })
+                .transpose()
+        };
+        let submission = Submission {
+            operation_id: id(&req.id, "id")?,
+            provider: req.provider.clone(),
+            target: req.target.clone(),
+            body: serde_json::to_vec(&req.request)
+                .map_err(|e| ServiceError::bad_input(format!("request: {e}")))?,
+            caller: p.caller().to_owned(),
+            approved_by: req.approved_by.clone(),
+            approval_ref: req.approval_ref.clone(),
+            create_deadline: time(&req.create_deadline, "create_deadline")?,
+            result_deadline: time(&req.result_deadline, "result_deadline")?,
+            cancel_window: req
+                .cancel_window
+                .as_deref()
+                .map(|d| {
+                    jobtrail_core::when::parse_duration_within(
+                        "cancel_window",
+                        d,
+                        Duration::from_secs(1),
+                        jobtrail_core::operation::MAX_CANCEL_WINDOW,
+                    )
+                    .map_err(ServiceError::bad_input)
+                })
+                .transpose()?,
+            supersedes: id(&req.supersedes, "supersedes")?,
+            trace_id: trace,
+        };
+        let s = self
+            .store
+            .submit_new(&submission, &self.terms, SubmitLimits::default())
+            .await?;
+        Ok(SubmitResponse {
+            created: s.created,
+            operation: OperationView::of(&s.operation),
+        })
+    }
+
+    /// The operation, if this principal may see it (another caller's is "not found": its existence
+    /// is not revealed).
+    async fn visible(&self, p: &Principal, id: &str) -> Result<OperationRecord, ServiceError> {
+        let id = parse_id(id)?;
+        let op = self.store.get(id).await?;
+        if !p.sees_all() && op.caller != p.caller() {
+            return Err(StoreError::NotFound(id).into());
+        }
+        Ok(op)
+    }
+
+    pub async fn get(
+        &self,
+        p: &Principal,
+        id: &str,
+        timeline: bool,
+    ) -> Result<OperationView, ServiceError> {
+        p.require(Scope::Read)?;
+        let op = self.visible(p, id).await?;
+        let view = OperationView::of(&op);
+        Ok(if timeline {
+            view.with_timeline(&self.store.history(op.id).await?)
+        } else {
+            view
+        })
+    }
+
+    /// The operation's record, history and provider calls (the CLI's `show`).
+    pub async fn evidence(
+        &self,
+        p: &Principal,
+        id: &str,
+    ) -> Result<
+        (
+            OperationRecord,
+            Vec<jobtrail_store::HistoryRecord>,
+            Vec<jobtrail_store::StoredCall>,
+        ),
+        ServiceError,
+    > {
+        p.require(Scope::Read)?;
+        let op = self.visible(p, id).await?;
+        let history = self.store.history(op.id).await?;
+        let calls = self.store.calls(op.id).await?;
+        Ok((op, history, calls))
+    }
+
+    pub async fn list(&self, p: &Principal, q: ListQuery) -> Result<OperationPage, ServiceError> {
+        p.require(Scope::Read)?;
+        let caller = match (&q.caller, p.sees_all()) {
+            (Some(c), false) if c != p.caller() => {
+                return Err(ServiceError::forbidden(
+                    "this token sees only its own caller's operations",
+                ));
+            }
+            (_, false) => Some(p.caller().to_owned()),
+            (c, true) => c.clone(),
+        };
+        let state = q
+            .state
+            .as_deref()
+            .map(|s| s.parse::<State>())
+            .transpose()
+            .map_err(|e| ServiceError::bad_input(format!("state: {e}")))?;
+        let before = q
+            .cursor
+            .as_deref()
+            .map(|c| {
+                c.parse::<OperationId>()
+                    .map_err(|_| ServiceError::bad_input("cursor: not a cursor this API gave out"))
+            })
+            .transpose()?;
+        let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(ServiceError::bad_input(format!(
+                "limit: 1 to {MAX_PAGE}, got {limit}"
+            )));
+        }
+        let filter = ListFilter {
+            state,
+            provider: q.provider.clone(),
+            caller,
+            created_from: q.created_from,
+            created_before: q.created_before,
+            before,
+        };
+        // One more than the page: whether there is a next page, without a count.
+        let mut ops = self.store.list_page(&filter, i64::from(limit) + 1).await?;
+        let next_cursor = if ops.len() > limit as usize {
+            ops.truncate(limit as usize);
+            ops.last().map(|o| o.id.to_string())
+        } else {
+            None
+        };
+        Ok(OperationPage {
+            operations: ops.iter().map(OperationView::of).collect(),
+            next_cursor,
+        })
+    }
+
+    /// Wait until the operation's state differs from `seen` (default: its state now) or it is
+    /// settled (finished or held for a person), at most `timeout` (capped at [`MAX_WAIT`]). Woken by
+    /// the state channel, never by polling the row in a loop.
+    pub async fn wait(
+        &self,
+        p: &Principal,
+        id: &str,
+        seen: Option<&str>,
+        timeout: Duration,
+    ) -> Result<WaitResponse, ServiceError> {
+        p.require(Scope::Read)?;
+        let seen = seen
+            .map(|s| {
+                let st = s.split_once('@').map_or(s, |(st, _)| st);
+                st.parse::<State>()
+                    .map_err(|e| ServiceError::bad_input(format!("seen: {e}")))
+            })
+            .transpose()?;
+        // Subscribe before the first read: a change between the two is not missed.
+        let mut wake = self
+            .watcher
+            .get_or_init(|| watch::Watcher::start(self.store.clone()))
+            .subscribe();
+        let op = self.visible(p, id).await?;
+        let seen = seen.unwrap_or(op.state);
+        let done = |op: &OperationRecord| {
+            op.state != seen || op.state.is_terminal() || op.state.needs_human()
+        };
+        if done(&op) {
+            return Ok(WaitResponse {
+                changed: op.state != seen,
+                timed_out: false,
+                operation: OperationView::of(&op),
+            });
+        }
+        let deadline = tokio::time::Instant::now() + timeout.min(MAX_WAIT);
+        loop {
+            match tokio::time::timeout_at(deadline, wake.changed(op.id)).await {
+                Err(_) => {
+                    let op = self.store.get(op.id).await?;
+                    return Ok(WaitResponse {
+                        changed: op.state != seen,
+                        timed_out: !done(&op),
+                        operation: OperationView::of(&op),
+                    });
+                }
+                Ok(()) => {
+                    let now = self.store.get(op.id).await?;
+                    if done(&now) {
+                        return Ok(WaitResponse {
+                            changed: now.state != seen,
+                            timed_out: false,
+                            operation: OperationView::of(&now),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    pub async fn cancel(
+        &self,
+        p: &Principal,
+        id: &str,
+        reason: &str,
+    ) -> Result<CancelResponse, ServiceError> {
+        p.require(Scope::Cancel)?;
+        let op = self.visible(p, id).await?;
+        let req = jobtrail_core::CancelRequest::new(p.caller(), reason)
+            .map_err(|e| ServiceError::bad_input(e.to_string()))?;
+        let applied = match self.store.request_cancel(op.id, req).await {
+            Ok(a) => a,
+            Err(StoreError::Illegal { source, .. }) => {
+                return Err(ServiceError::conflict(format!(
+                    "cannot cancel {}: it is {} ({source})",
+                    op.id, source.from
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let rec = &applied.record;
+        let note = match rec.state {
+            State::Withdrawn => "withdrawn: no create can have reached the provider",
+            State::CancelRequested => {
+                "cancel requested: the lease owner sends one cancel call; cancelled only when the provider confirms"
+            }
+            _ => "cancel noted: it is acted on as soon as the remote job id is known",
+        };
+        Ok(CancelResponse {
+            note: note.to_owned(),
+            operation: OperationView::of(rec),
+        })
+    }
+
+    /// The validated result, as the history chain records it: bytes or a row changed behind
+    /// jobtrail's back are refused, not served.
+    pub async fn result(&self, p: &Principal, id: &str) -> Result<ResultBytes, ServiceError> {
+        p.require(Scope::Read)?;
+        let op = self.visible(p, id).await?;
+        if op.state != State::Succeeded {
+            return Err(ServiceError::new(
+                Kind::NotSucceeded,
+                format!(
+                    "{} is {}: there is no validated result ({})",
+                    op.id,
+                    op.state,
+                    model::advice(op.state)
+                ),
+            ));
+        }
+        let (loc, sha) = self.store.chained_result(op.id).await?;
+        let bytes = jobtrail_worker::ResultStore::read_verified(&self.store, &loc, &sha)
+            .await
+            .map_err(|e| ServiceError::new(Kind::Tampered, e.to_string()))?;
+        Ok(ResultBytes {
+            bytes,
+            sha256: sha,
+            content_type: op.result_content_type.clone(),
+        })
+    }
+
+    /// What each provider does and what a request to it needs.
+    pub fn providers(&self, p: &Principal) -> ProviderList {
+        let providers = self
+            .registry
+            .names()
+            .filter_map(|n| self.registry.get(n))
+            .map(|prov| {
+                let c = prov.contract();
+                let t = c.terms();
+                ProviderView {
+                    name: c.name.clone(),
+                    description: c.description.clone(),
+                    request_shape: match t.body {
+                        jobtrail_core::operation::BodyShape::Object => "object".into(),
+                        jobtrail_core::operation::BodyShape::Any => "any".into(),
+                    },
+                    request_schema: c.create.request_schema.as_ref().map(|s| s.document.clone()),
+                    sensitive_fields: c.redact.clone(),
+                    secrets: t
+                        .secret_grants
+                        .iter()
+                        .filter(|(_, g)| g.allows(p.caller()))
+                        .map(|(n, _)| n.clone())
+                        .collect(),
+                    at_most_once: t.idempotency != jobtrail_core::IdempotencyMode::None,
+                    requires_approval: c.requires_approval,
+                    max_request_bytes: t.max_body_bytes,
+                    default_create_window_secs: t.default_create_window.as_secs(),
+                    default_result_window_secs: t.default_result_window.as_secs(),
+                    default_cancel_window_secs: t.default_cancel_window.as_secs(),
+                }
+            })
+            .collect();
+        ProviderList { providers }
+    }
+}
+
+fn parse_id(s: &str) -> Result<OperationId, ServiceError> {
+    s.trim()
+        .parse()
+        .map_err(|e: jobtrail_core::ids::BadId| ServiceError::bad_input(e.to_string()))
+}
+
+/// Check a request against the contract's request schema. A granted secret named at a sensitive
+/// field (`{"$secret": …}`) stands for a string the schema cannot see.
+fn check_request(
+    schema: &jsonschema::Validator,
+    sensitive: &[String],
+    request: &serde_json::Value,
+) -> Result<(), ServiceError> {
+    let mut seen = request.clone();
+    for ptr in sensitive {
+        if let Some(v) = seen.pointer_mut(ptr)
+            && v.get("$secret").is_some()
+        {
+            *v = serde_json::Value::String("(secret)".into());
+        }
+    }
+    let problems: Vec<String> = schema
+        .iter_errors(&seen)
+        .take(10)
+        .map(|e| format!("{} at {:?}", e, e.instance_path().to_string()))
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ServiceError::bad_input(format!(
+            "the request does not fit the provider's request schema: {}",
+            problems.join("; ")
+        ))
+        .with_detail(serde_json::json!({ "schema_errors": problems })))
+    }
+}
+
+/// A service acting for one principal: the [`Operations`] implementation over the database.
+#[derive(Clone)]
+pub struct Bound {
+    pub service: Arc<Service>,
+    pub principal: Principal,
+}
+
+/// The agent-facing operations, whether over the database or over the HTTP API.
+pub trait Operations: Send + Sync {
+    fn submit(
+        &self,
+        req: SubmitRequest,
+        trace: Option<TraceId>,
+    ) -> impl Future<Output = Result<SubmitResponse, ServiceError>> + Send;
+    fn get(
+        &self,
+        id: &str,
+        timeline: bool,
+    ) -> impl Future<Output = Result<OperationView, ServiceError>> + Send;
+    fn list(
+        &self,
+        q: ListQuery,
+    ) -> impl Future<Output = Result<OperationPage, ServiceError>> + Send;
+    fn wait(
+        &self,
+        id: &str,
+        seen: Option<&str>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<WaitResponse, ServiceError>> + Send;
+    fn cancel(
+        &self,
+        id: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<CancelResponse, ServiceError>> + Send;
+    fn result(&self, id: &str) -> impl Future<Output = Result<ResultBytes, ServiceError>> + Send;
+    fn providers(&self) -> impl Future<Output = Result<ProviderList, ServiceError>> + Send;
+}
+
+impl Operations for Bound {
+    async fn submit(
+        &self,
+        req: SubmitRequest,
+        trace: Option<TraceId>,
+    ) -> Result<SubmitResponse, ServiceError> {
+        self.service.submit(&self.principal, req, trace).await
+    }
+    async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {
+        self.service.get(&self.principal, id, timeline).await
+    }
+    async fn list(&self, q: ListQuery) -> Result<OperationPage, ServiceError> {
+        self.service.list(&self.principal, q).await
+    }
+    async fn wait(
+        &self,
+        id: &str,
+        seen: Option<&str>,
+        timeout: Duration,
+    ) -> Result<WaitResponse, ServiceError> {
+        self.service.wait(&self.principal, id, seen, timeout).await
+    }
+    async fn cancel(&self, id: &str, reason: &str) -> Result<CancelResponse, ServiceError> {
+        self.service.cancel(&self.principal, id, reason).await
+    }
+    async fn result(&self, id: &str) -> Result<ResultBytes, ServiceError> {
+        self.service.result(&self.principal, id).await
+    }
+    async fn providers(&self) -> Result<ProviderList, ServiceError> {
+        Ok(self.service.providers(&self.principal))
+    }
+}
+
+/// Either door: the database (with credentials, for a principal) or the HTTP API (with a token).
+/// The CLI and the MCP server hold one of these and do not care which.
+#[derive(Clone)]
+pub enum Door {
+    Local(Bound),
+    Remote(client::ApiClient),
+}
+
+impl Operations for Door {
+    async fn submit(
+        &self,
+        req: SubmitRequest,
+        trace: Option<TraceId>,
+    ) -> Result<SubmitResponse, ServiceError> {
+        match self {
+            Door::Local(b) => b.submit(req, trace).await,
+            Door::Remote(c) => c.submit(req, trace).await,
+        }
+    }
+    async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {
+        match self {
+            Door::Local(b) => b.get(id, timeline).await,
+            Door::Remote(c) => c.get(id, timeline).await,
+        }
+    }
+    async fn list(&self, q: ListQuery) -> Result<OperationPage, ServiceError> {
+        match self {
+            Door::Local(b) => b.list(q).await,
+            Door::Remote(c) => c.list(q).await,
+        }
+    }
+    async fn wait(
+        &self,
+        id: &str,
+        seen: Option<&str>,
+        timeout: Duration,
+    ) -> Result<WaitResponse, ServiceError> {
+        match self {
+            Door::Local(b) => b.wait(id, seen, timeout).await,
+            Door::Remote(c) => c.wait(id, seen, timeout).await,
+        }
+    }
+    async fn cancel(&self, id: &str, reason: &str) -> Result<CancelResponse, ServiceError> {
+        match self {
+            Door::Local(b) => b.cancel(id, reason).await,
+            Door::Remote(c) => c.cancel(id, reason).await,
+        }
+    }
+    async fn result(&self, id: &str) -> Result<ResultBytes, ServiceError> {
+        match self {
+            Door::Local(b) => b.result(id).await,
+            Door::Remote(c) => c.result(id).await,
+        }
+    }
+    async fn providers(&self) -> Result<ProviderList, ServiceError> {
+        match self {
+            Door::Local(b) => b.providers().await,
+            Door::Remote(c) => c.providers().await,
+        }
+    }
+}
+
+/// Wait until the operation is settled (finished or held for a person) or `timeout` passes,
+/// re-arming on each intermediate state change. Each step is one bounded, notification-woken wait.
+pub async fn wait_settled(
+    ops: &impl Operations,
+    id: &str,
+    timeout: Duration,
+) -> Result<WaitResponse, ServiceError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut seen: Option<String> = None;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let w = ops.wait(id, seen.as_deref(), left.min(MAX_WAIT)).await?;
+        if w.operation.settled || left.is_zero() {
+            return Ok(WaitResponse {
+                timed_out: !w.operation.settled,
+                ..w
+            });
+        }
+        seen = Some(w.operation.state.clone());
+    }
+}

@@ -1,0 +1,415 @@
+//! The typed requests and answers of the operations service. The same structs are the HTTP API's
+//! bodies (and its OpenAPI schemas, through `utoipa`), the MCP tools' input and output schemas
+//! (through `schemars`) and the CLI's `--json` output.
+
+use chrono::{DateTime, Utc};
+use jobtrail_core::{OperationId, State};
+use jobtrail_store::{HistoryRecord, OperationRecord};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Submit an operation. The caller is whoever the credentials say, never a field of the request.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// Your own operation id (`op_<ULID>` or a UUID). Submitting the same id with the same request
+    /// returns the existing operation; with a different request it is refused (409). Without one,
+    /// jobtrail picks an id: then a retried submit creates a second operation, so name one.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The provider's name (see `list_providers` / `GET /v1/providers`).
+    pub provider: String,
+    /// What the operation acts on (part of the fingerprint), e.g. an account or report name.
+    pub target: String,
+    /// The request sent to the provider (JSON, usually an object; see the provider's request shape).
+    #[schema(value_type = Object)]
+    pub request: serde_json::Value,
+    /// Who authorised the work (recorded as your claim; providers that require approval need a token
+    /// with the `decide` scope, whose caller is then the approver).
+    pub approved_by: String,
+    /// A reference to the approval (ticket, change request).
+    #[serde(default)]
+    pub approval_ref: Option<String>,
+    /// RFC 3339 time or relative (`+2m`). Default: the provider's create window.
+    #[serde(default)]
+    pub create_deadline: Option<String>,
+    /// RFC 3339 time or relative (`+1h`). Default: the provider's result window.
+    #[serde(default)]
+    pub result_deadline: Option<String>,
+    /// How long a cancel may take to be confirmed (`90s`, `5m`). Default: the provider's.
+    #[serde(default)]
+    pub cancel_window: Option<String>,
+    /// The finished operation this one retries.
+    #[serde(default)]
+    pub supersedes: Option<String>,
+}
+
+/// A submitted operation.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct SubmitResponse {
+    /// False when this id already held the same request: nothing new was written.
+    pub created: bool,
+    pub operation: OperationView,
+}
+
+/// What jobtrail knows about an operation, and what it does not.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct OperationView {
+    pub id: String,
+    /// jobtrail's state (one of the states in the README's state table).
+    pub state: String,
+    /// What the state means, in plain words.
+    pub meaning: String,
+    /// What to do now (for an agent): wait, fetch the result, do not resubmit, ask a person.
+    pub advice: String,
+    /// `STATE@SEQ`: the view token operator decisions repeat, and `wait`'s `seen`.
+    pub seen: String,
+    /// The operation will not move by itself any more (finished, or held for a person).
+    pub settled: bool,
+    /// Held for a person (see the escalation queue).
+    pub needs_human: bool,
+    pub provider: String,
+    pub target: String,
+    pub caller: String,
+    pub approved_by: String,
+    pub approval_ref: Option<String>,
+    /// The request's fingerprint (provider, target, canonical body).
+    pub fingerprint: String,
+    /// False when the provider takes no idempotency key: at-most-once creation cannot be guaranteed.
+    pub at_most_once: bool,
+    /// The W3C trace id every provider call of this operation carries.
+    pub trace_id: String,
+    pub created_at: DateTime<Utc>,
+    pub state_changed_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub create_deadline: DateTime<Utc>,
+    pub result_deadline: DateTime<Utc>,
+    /// The provider's job id, once known.
+    pub remote_job_id: Option<String>,
+    /// The provider's own state word, as last read.
+    pub remote_state: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub remote_progress: Option<serde_json::Value>,
+    pub observed_at: Option<DateTime<Utc>>,
+    /// Why it is held for a person.
+    pub escalation_reason: Option<String>,
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    pub cancel_requested_by: Option<String>,
+    /// The job ended on its own before a requested cancel took effect.
+    pub finished_before_cancel: bool,
+    /// The validated result, for a succeeded operation.
+    pub result: Option<ResultInfo>,
+    pub supersedes: Option<String>,
+    pub superseded_by: Option<String>,
+    /// The history, oldest first (only when asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<TimelineEntry>>,
+}
+
+/// The validated result of a succeeded operation (fetch the bytes with `result`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct ResultInfo {
+    pub sha256: Option<String>,
+    pub size: Option<i64>,
+    pub content_type: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub summary: Option<serde_json::Value>,
+}
+
+/// One link of an operation's history.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct TimelineEntry {
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    pub actor: String,
+    pub from_state: Option<String>,
+    pub to_state: String,
+    pub event: String,
+    pub cause: String,
+}
+
+/// Filters for listing operations; every one is optional.
+#[derive(
+    Debug, Clone, Default, Serialize, Deserialize, JsonSchema, ToSchema, utoipa::IntoParams,
+)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only operations in this state.
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// Only this caller's operations (tokens without `decide` or `audit` only ever see their own).
+    #[serde(default)]
+    pub caller: Option<String>,
+    /// Created at or after (RFC 3339).
+    #[serde(default)]
+    pub created_from: Option<DateTime<Utc>>,
+    /// Created before (RFC 3339).
+    #[serde(default)]
+    pub created_before: Option<DateTime<Utc>>,
+    /// The `next_cursor` of the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Page size, 1–200 (default 50).
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+/// A page of operations, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct OperationPage {
+    pub operations: Vec<OperationView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The answer to a bounded wait.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct WaitResponse {
+    /// The state changed from the one seen (or the operation was already settled).
+    pub changed: bool,
+    /// The timeout passed first; the operation is as `operation` says.
+    pub timed_out: bool,
+    pub operation: OperationView,
+}
+
+/// A cancel request.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why (recorded in history with your caller name).
+    pub reason: String,
+}
+
+/// What a cancel request did.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct CancelResponse {
+    /// What happens now: cancelled only when the provider confirms.
+    pub note: String,
+    pub operation: OperationView,
+}
+
+/// A result's bytes, as the history chain records them.
+#[derive(Debug, Clone)]
+pub struct ResultBytes {
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+    pub content_type: Option<String>,
+}
+
+/// What a provider does and what a request to it needs.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct ProviderView {
+    pub name: String,
+    pub description: Option<String>,
+    /// The request's JSON shape: "object" or "any".
+    pub request_shape: String,
+    /// The JSON Schema a request must satisfy, when the contract gives one.
+    #[schema(value_type = Option<Object>)]
+    pub request_schema: Option<serde_json::Value>,
+    /// Fields that hold secrets: name a granted secret there as `{"$secret": "name"}`.
+    pub sensitive_fields: Vec<String>,
+    /// Secrets you may name (granted to your caller).
+    pub secrets: Vec<String>,
+    /// False when the provider takes no idempotency key: at-most-once creation cannot be guaranteed.
+    pub at_most_once: bool,
+    /// Submissions need a token with the `decide` scope (a person's approval).
+    pub requires_approval: bool,
+    pub max_request_bytes: usize,
+    pub default_create_window_secs: u64,
+    pub default_result_window_secs: u64,
+    pub default_cancel_window_secs: u64,
+}
+
+/// The provider catalogue.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct ProviderList {
+    pub providers: Vec<ProviderView>,
+}
+
+/// A person's decision on an operation held for one (or a retry of a finished one).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecideRequest {
+    /// The view decided on, `STATE` or `STATE@SEQ` (an operation's `seen`): refused if it moved since.
+    pub seen: String,
+    /// Why (recorded in history with your caller name).
+    pub reason: String,
+    pub decision: Decision,
+}
+
+/// The decisions a person may record.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Decision {
+    /// The remote job exists with this id: observe it (create_unresolved → accepted).
+    Adopt { job_id: String },
+    /// The remote job was never created (→ not_created).
+    DeclareNotCreated,
+    /// The cancellation is confirmed by evidence you hold (→ cancelled).
+    ConfirmCancel { evidence: String },
+    /// One of the provider's two answers is ours (contract_violation → accepted).
+    ChooseJob { job_id: String },
+    /// Go on observing with a new deadline or window (the one the held state needs).
+    Resume {
+        #[serde(default)]
+        result_deadline: Option<String>,
+        #[serde(default)]
+        cancel_window: Option<String>,
+        #[serde(default)]
+        create_deadline: Option<String>,
+    },
+    /// Stop tracking; everything recorded is kept.
+    Abandon,
+    /// Retry a finished operation as a new, linked one (the same request unless `request` is given).
+    Retry {
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        request: Option<serde_json::Value>,
+        #[serde(default)]
+        result_deadline: Option<String>,
+    },
+}
+
+/// What a decision did.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct DecideResponse {
+    /// `from → to`.
+    pub moved: String,
+    pub operation: OperationView,
+    /// The new operation, for a retry.
+    pub retry: Option<OperationView>,
+}
+
+/// An operation held for a person, with the decisions that fit it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct Escalation {
+    pub operation: OperationView,
+    pub decisions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct EscalationList {
+    pub escalations: Vec<Escalation>,
+}
+
+/// What an agent should do, per state.
+pub fn advice(state: State) -> &'static str {
+    match state {
+        State::CreatePending => "recorded; the create has not been confirmed yet — wait",
+        State::CreateUnknown | State::Reconciliation => {
+            "we do not yet know whether the provider created the job; do not submit again — wait"
+        }
+        State::CreateUnresolved => {
+            "held for a person: nobody can tell whether the job was created; do not submit again — an operator decides"
+        }
+        State::Accepted | State::Observing => "the job is running at the provider — wait",
+        State::ResultCollecting => {
+            "the job succeeded; its result is being fetched and validated — wait"
+        }
+        State::CancelRequested | State::Cancelling => {
+            "cancel requested; cancelled only when the provider confirms — wait"
+        }
+        State::ContractViolation => {
+            "held for a person: the provider gave two job ids for one request — an operator chooses"
+        }
+        State::CancellationUnconfirmed => {
+            "held for a person: the provider never confirmed the cancel; the job may still run"
+        }
+        State::ResultTimedOut => {
+            "held for a person: the result deadline passed; the job may still run"
+        }
+        State::UrlRefused => {
+            "held for a person: the provider pointed outside its declared origins; nothing was sent there"
+        }
+        State::Succeeded => "done: fetch the validated result",
+        State::Failed => "done: the provider reported failure; there is no result",
+        State::Cancelled => "done: the provider confirmed the cancel",
+        State::ResultUnavailable => "done: the job succeeded but its result could not be fetched",
+        State::ResultValidationFailed => {
+            "done: the job succeeded but its result failed validation; nothing is served"
+        }
+        State::Withdrawn => {
+            "done: cancelled before anything was sent; nothing exists at the provider"
+        }
+        State::NotCreated => "done: the job was never created; a new operation may be submitted",
+        State::Abandoned => {
+            "done: an operator stopped tracking it; the remote job is not assumed stopped"
+        }
+    }
+}
+
+impl OperationView {
+    pub fn of(op: &OperationRecord) -> Self {
+        let result = (op.state == State::Succeeded).then(|| ResultInfo {
+            sha256: op.result_sha256.clone(),
+            size: op.result_size,
+            content_type: op.result_content_type.clone(),
+            summary: op.result_summary.clone(),
+        });
+        Self {
+            id: op.id.to_string(),
+            state: op.state.to_string(),
+            meaning: op.state.meaning().to_owned(),
+            advice: advice(op.state).to_owned(),
+            seen: format!("{}@{}", op.state, op.history_seq),
+            settled: op.state.is_terminal() || op.state.needs_human(),
+            needs_human: op.state.needs_human(),
+            provider: op.provider.clone(),
+            target: op.target.clone(),
+            caller: op.caller.clone(),
+            approved_by: op.approved_by.clone(),
+            approval_ref: op.approval_ref.clone(),
+            fingerprint: op.fingerprint.as_str().to_owned(),
+            at_most_once: op.at_most_once,
+            trace_id: op.trace_id.to_string(),
+            created_at: op.created_at,
+            state_changed_at: op.state_changed_at,
+            finished_at: op.finished_at,
+            create_deadline: op.create_deadline,
+            result_deadline: op.result_deadline,
+            remote_job_id: op.remote_job_id.clone(),
+            remote_state: op.remote_state.clone(),
+            remote_progress: op.remote_progress.clone(),
+            observed_at: op.observed_at,
+            escalation_reason: op.escalation_reason.clone(),
+            cancel_requested_at: op.cancel_requested_at,
+            cancel_requested_by: op.cancel_requested_by.clone(),
+            finished_before_cancel: op.finished_before_cancel(),
+            result,
+            supersedes: op.supersedes.map(|s| s.to_string()),
+            superseded_by: op.superseded_by.map(|s| s.to_string()),
+            timeline: None,
+        }
+    }
+
+    pub fn with_timeline(mut self, history: &[HistoryRecord]) -> Self {
+        self.timeline = Some(
+            history
+                .iter()
+                .map(|h| TimelineEntry {
+                    seq: h.seq,
+                    at: h.at,
+                    actor: h.actor.clone(),
+                    from_state: h.from_state.clone(),
+                    to_state: h.to_state.clone(),
+                    event: h.event.clone(),
+                    cause: h.cause.clone(),
+                })
+                .collect(),
+        );
+        self
+    }
+
+    /// The state, parsed back.
+    pub fn state(&self) -> Option<State> {
+        self.state.parse().ok()
+    }
+
+    pub fn operation_id(&self) -> Option<OperationId> {
+        self.id.parse().ok()
+    }
+}

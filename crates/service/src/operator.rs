@@ -1,0 +1,329 @@
+//! What people do: the escalation queue, recorded decisions, and audit reads. Each decision is one
+//! transition with its actor (the principal, never a field of the request) and reason, applied only
+//! if the operation is still as the person saw it (`STATE@SEQ`); the state machine refuses what it
+//! does not allow, and either way nothing is written.
+
+use chrono::Utc;
+use jobtrail_core::machine::allowed_events;
+use jobtrail_core::{EventKind, OperationId, State, Submission, SubmitLimits};
+use jobtrail_store::{Step, Store, StoreError, VerifyReport};
+
+use crate::error::ServiceError;
+use crate::model::{
+    DecideRequest, DecideResponse, Decision, Escalation, EscalationList, OperationView,
+};
+use crate::{Principal, Scope, Service, parse_id};
+
+/// The decisions that fit an operation in `state`, from the transition table (the names of
+/// [`Decision`]'s kinds; `cancel` is a cancel request).
+pub fn decisions_for(state: State) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for k in allowed_events(state) {
+        let d = match k {
+            EventKind::AdoptRemoteJob => "adopt",
+            EventKind::DeclareNotCreated => "declare_not_created",
+            EventKind::ConfirmCancellation => "confirm_cancel",
+            EventKind::ChooseRemoteJob => "choose_job",
+            EventKind::Resume => "resume",
+            EventKind::Abandon => "abandon",
+            EventKind::Superseded => "retry",
+            EventKind::CancelRequested if state == State::ResultTimedOut => "cancel",
+            _ => continue,
+        };
+        out.push(d);
+    }
+    out
+}
+
+/// `STATE` or `STATE@SEQ`.
+pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
+    let (state, seq) = match s.trim().split_once('@') {
+        Some((st, n)) => (
+            st,
+            Some(n.parse::<i64>().map_err(|_| {
+                ServiceError::bad_input(format!(
+                    "seen {s:?}: the part after @ must be a history number"
+                ))
+            })?),
+        ),
+        None => (s.trim(), None),
+    };
+    let state: State = state
+        .parse()
+        .map_err(|e| ServiceError::bad_input(format!("seen: {e}")))?;
+    Ok((state, seq))
+}
+
+fn in_future(s: &str, what: &str) -> Result<chrono::DateTime<Utc>, ServiceError> {
+    let t = jobtrail_core::when::parse_time(s)
+        .map_err(|e| ServiceError::bad_input(format!("{what}: {e}")))?;
+    if t <= Utc::now() {
+        return Err(ServiceError::bad_input(format!(
+            "{what}: {t} is not in the future"
+        )));
+    }
+    Ok(t)
+}
+
+fn refused(id: OperationId, e: StoreError) -> ServiceError {
+    match e {
+        StoreError::Illegal { source, .. } => ServiceError::conflict(format!(
+            "refused: {source}; see the operation's timeline for the decisions that fit ({id})"
+        )),
+        e => e.into(),
+    }
+}
+
+impl Service {
+    /// The store decisions and audit reads use.
+    fn operator(&self) -> &Store {
+        self.operator_store.as_ref().unwrap_or(&self.store)
+    }
+
+    /// Operations held for a person, oldest first, with the decisions that fit each.
+    pub async fn escalations(
+        &self,
+        p: &Principal,
+        state: Option<&str>,
+        provider: Option<&str>,
+    ) -> Result<EscalationList, ServiceError> {
+        p.require(Scope::Decide)?;
+        let state = state
+            .map(|s| {
+                let st: State = s
+                    .parse()
+                    .map_err(|e| ServiceError::bad_input(format!("state: {e}")))?;
+                if !st.needs_human() {
+                    return Err(ServiceError::bad_input(format!(
+                        "{st} is not a state held for a person"
+                    )));
+                }
+                Ok(st)
+            })
+            .transpose()?;
+        let ops = self.operator().escalations(state, provider).await?;
+        Ok(EscalationList {
+            escalations: ops
+                .iter()
+                .map(|op| Escalation {
+                    operation: OperationView::of(op),
+                    decisions: decisions_for(op.state)
+                        .into_iter()
+                        .map(str::to_owned)
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Record a person's decision. The actor is the principal.
+    pub async fn decide(
+        &self,
+        p: &Principal,
+        id: &str,
+        req: DecideRequest,
+    ) -> Result<DecideResponse, ServiceError> {
+        p.require(Scope::Decide)?;
+        let id = parse_id(id)?;
+        let (seen, seq) = parse_seen(&req.seen)?;
+        let decision = jobtrail_core::Decision::new(p.caller(), &req.reason)
+            .map_err(|e| ServiceError::bad_input(e.to_string()))?;
+        let store = self.operator();
+        let step = match req.decision {
+            Decision::Adopt { job_id } => {
+                let job = job_id.trim();
+                if job.is_empty() {
+                    return Err(ServiceError::bad_input("job_id must not be empty"));
+                }
+                Step::event(jobtrail_core::Event::AdoptRemoteJob {
+                    decision,
+                    remote_job_id: job.to_owned(),
+                })
+            }
+            Decision::DeclareNotCreated => {
+                Step::event(jobtrail_core::Event::DeclareNotCreated { decision })
+            }
+            Decision::ConfirmCancel { evidence } => {
+                if evidence.trim().is_empty() {
+                    return Err(ServiceError::bad_input(
+                        "evidence must say what the confirmation rests on",
+                    ));
+                }
+                Step::event(jobtrail_core::Event::ConfirmCancellation {
+                    decision,
+                    evidence: evidence.trim().to_owned(),
+                })
+            }
+            Decision::ChooseJob { job_id } => {
+                let op = store.get(id).await?;
+                let answers: Vec<&str> = [
+                    op.remote_job_id.as_deref(),
+                    op.conflicting_remote_job_id.as_deref(),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                if !answers.contains(&job_id.as_str()) {
+                    return Err(ServiceError::bad_input(format!(
+                        "job_id {job_id:?} is not one of the provider's answers for {id}: {}",
+                        answers.join(", ")
+                    )));
+                }
+                Step::event(jobtrail_core::Event::ChooseRemoteJob {
+                    decision,
+                    remote_job_id: job_id,
+                })
+            }
+            Decision::Resume {
+                result_deadline,
+                cancel_window,
+                create_deadline,
+            } => {
+                let mut step = Step::event(jobtrail_core::Event::Resume { decision });
+                match seen {
+                    State::ResultTimedOut => {
+                        let t = result_deadline.ok_or_else(|| ServiceError::bad_input("resuming result_timed_out needs a result deadline (else it times out again at once)"))?;
+                        step.set_result_deadline = Some(in_future(&t, "result_deadline")?);
+                    }
+                    State::CancellationUnconfirmed => {
+                        let w = cancel_window.ok_or_else(|| {
+                            ServiceError::bad_input(
+                                "resuming cancellation_unconfirmed needs a cancel window",
+                            )
+                        })?;
+                        let w = jobtrail_core::when::parse_duration_within(
+                            "cancel_window",
+                            &w,
+                            std::time::Duration::from_secs(1),
+                            jobtrail_core::operation::MAX_CANCEL_WINDOW,
+                        )
+                        .map_err(ServiceError::bad_input)?;
+                        step.set_cancel_deadline = Some(
+                            Utc::now() + chrono::Duration::from_std(w).expect("thirty days fit"),
+                        );
+                    }
+                    // The contract now declares the origin (or the provider moved on): a status
+                    // read tells.
+                    State::UrlRefused => {}
+                    State::CreateUnresolved => {
+                        let t = create_deadline.ok_or_else(|| {
+                            ServiceError::bad_input(
+                                "resuming create_unresolved needs a create deadline",
+                            )
+                        })?;
+                        let t = in_future(&t, "create_deadline")?;
+                        step.set_create_deadline = Some(t);
+                        let op = store.get(id).await?;
+                        if op.result_deadline < t {
+                            step.set_result_deadline = Some(t);
+                        }
+                    }
+                    other => {
+                        return Err(ServiceError::conflict(format!(
+                            "{other} cannot be resumed (resume applies to result_timed_out, cancellation_unconfirmed, create_unresolved, url_refused)"
+                        )));
+                    }
+                }
+                step
+            }
+            Decision::Abandon => Step::event(jobtrail_core::Event::Abandon { decision }),
+            Decision::Retry {
+                request,
+                result_deadline,
+            } => {
+                return self
+                    .retry(id, seen, seq, decision, request, result_deadline)
+                    .await;
+            }
+        };
+        let applied = store
+            .decide(id, seen, seq, step)
+            .await
+            .map_err(|e| refused(id, e))?;
+        Ok(DecideResponse {
+            moved: applied
+                .transition
+                .map(|t| format!("{} → {}", t.from, t.to))
+                .unwrap_or_default(),
+            operation: OperationView::of(&applied.record),
+            retry: None,
+        })
+    }
+
+    /// Retry a finished operation as a new one linked to it (a new token; the same request unless a
+    /// new one is given). The old operation must be terminal and still as the person saw it.
+    async fn retry(
+        &self,
+        id: OperationId,
+        seen: State,
+        seq: Option<i64>,
+        decision: jobtrail_core::Decision,
+        request: Option<serde_json::Value>,
+        result_deadline: Option<String>,
+    ) -> Result<DecideResponse, ServiceError> {
+        let store = self.operator();
+        let old = store.get(id).await?;
+        if !old.state.is_terminal() {
+            return Err(ServiceError::conflict(format!(
+                "{id} is {}, not terminal: decide its fate first (declare_not_created or abandon), then retry",
+                old.state
+            )));
+        }
+        let body = serde_json::to_vec(request.as_ref().unwrap_or(&old.request_body))
+            .map_err(|e| ServiceError::bad_input(format!("request: {e}")))?;
+        let submission = Submission {
+            operation_id: None,
+            provider: old.provider.clone(),
+            target: old.target.clone(),
+            body,
+            caller: decision.actor().to_owned(),
+            approved_by: old.approved_by.clone(),
+            approval_ref: old.approval_ref.clone(),
+            create_deadline: None,
+            result_deadline: result_deadline
+                .as_deref()
+                .map(|t| {
+                    jobtrail_core::when::parse_time(t)
+                        .map_err(|e| ServiceError::bad_input(format!("result_deadline: {e}")))
+                })
+                .transpose()?,
+            cancel_window: None,
+            supersedes: Some(id),
+            trace_id: None,
+        };
+        let terms = self.terms.get(&old.provider).ok_or_else(|| {
+            ServiceError::unavailable(format!(
+                "no contract for provider {} in the providers directory",
+                old.provider
+            ))
+        })?;
+        let entropy = jobtrail_store::draw_entropy()?;
+        let intent = submission
+            .validate(terms, SubmitLimits::default(), Utc::now(), entropy)
+            .map_err(ServiceError::from)?;
+        let s = store
+            .supersede(id, seen, seq, decision, &intent)
+            .await
+            .map_err(|e| refused(id, e))?;
+        let old = store.get(id).await?;
+        Ok(DecideResponse {
+            moved: format!("{} → {}", old.state, old.state),
+            operation: OperationView::of(&old),
+            retry: Some(OperationView::of(&s.operation)),
+        })
+    }
+
+    /// Verify the evidence of one operation or of all.
+    pub async fn verify(
+        &self,
+        p: &Principal,
+        id: Option<&str>,
+    ) -> Result<VerifyReport, ServiceError> {
+        p.require(Scope::Audit)?;
+        let store = self.operator();
+        Ok(match id {
+            Some(id) => store.verify_operation(parse_id(id)?).await?,
+            None => store.verify_everything(None).await?,
+        })
+    }
+}

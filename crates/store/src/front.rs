@@ -1,0 +1,244 @@
+//! What the front door (HTTP API, MCP server, webhook receiver) needs from the database: pages of
+//! operations, API tokens by digest, webhook deliveries recorded once, and the state channel waiters
+//! listen on.
+
+use chrono::{DateTime, Utc};
+use jobtrail_core::{OperationId, State};
+
+use crate::record::{OperationRecord, OperationRow};
+use crate::{Store, StoreError};
+
+/// The channel every state change is announced on (see `sql/notify_state.sql`).
+pub const STATE_CHANNEL: &str = "jobtrail_state";
+
+/// Filters for a page of operations; `None` is "any".
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<State>,
+    pub provider: Option<String>,
+    pub caller: Option<String>,
+    pub created_from: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only ids below this one (the previous page's last id).
+    pub before: Option<OperationId>,
+}
+
+/// An API token as stored (never the token itself: only its SHA-256 is kept).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct TokenRecord {
+    pub id: uuid::Uuid,
+    pub caller: String,
+    pub scopes: Vec<String>,
+    pub note: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub created_by: String,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub revoked_by: Option<String>,
+}
+
+/// A new token's row.
+#[derive(Debug, Clone)]
+pub struct NewToken<'a> {
+    pub caller: &'a str,
+    pub scopes: &'a [String],
+    pub sha256: [u8; 32],
+    pub note: Option<&'a str>,
+    pub created_by: &'a str,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// What a webhook delivery led to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryOutcome {
+    /// The operation was made due for a status read.
+    Scheduled,
+    /// No operation of this provider holds the job.
+    NoOperation,
+    /// The operation is not waiting for a status read (finished, held for a person, or its lease
+    /// owner is reading it right now).
+    NotObserving,
+}
+
+impl DeliveryOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::NoOperation => "no_operation",
+            Self::NotObserving => "not_observing",
+        }
+    }
+}
+
+/// A webhook delivery, recorded once per (provider, event id).
+#[derive(Debug, Clone)]
+pub enum Delivery {
+    /// First time this event id was seen.
+    New {
+        outcome: DeliveryOutcome,
+        operation_id: Option<OperationId>,
+    },
+    /// A duplicate or replay: nothing was done.
+    Duplicate,
+}
+
+/// Wake-ups for waiters: the ids of operations whose state changed.
+pub struct StateListener(sqlx::postgres::PgListener);
+
+impl StateListener {
+    /// The next operation whose state changed; `None` when anything may have changed (the connection
+    /// was lost and is re-established on the next call, or a payload was not an id). `Err` when
+    /// listening failed altogether.
+    pub async fn next(&mut self) -> Result<Option<OperationId>, StoreError> {
+        Ok(self
+            .0
+            .try_recv()
+            .await?
+            .and_then(|n| n.payload().parse().ok()))
+    }
+}
+
+impl Store {
+    /// One page of operations, newest first.
+    pub async fn list_page(
+        &self,
+        filter: &ListFilter,
+        limit: i64,
+    ) -> Result<Vec<OperationRecord>, StoreError> {
+        let rows: Vec<OperationRow> = sqlx::query_as(include_str!("sql/operation_list_page.sql"))
+            .bind(filter.before.map(|b| b.as_uuid()))
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(filter.provider.as_deref())
+            .bind(filter.caller.as_deref())
+            .bind(filter.created_from)
+            .bind(filter.created_before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(TryInto::try_into).collect()
+    }
+
+    /// A listener on the state channel.
+    pub async fn listen_states(&self) -> Result<StateListener, StoreError> {
+        let mut l = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        l.listen(STATE_CHANNEL).await?;
+        Ok(StateListener(l))
+    }
+
+    pub async fn insert_token(&self, t: &NewToken<'_>) -> Result<TokenRecord, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/token_insert.sql"))
+            .bind(uuid::Uuid::now_v7())
+            .bind(t.caller)
+            .bind(t.scopes)
+            .bind(t.sha256.as_slice())
+            .bind(t.note)
+            .bind(t.created_by)
+            .bind(t.expires_at)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// The live (not revoked, not expired) token with this digest.
+    pub async fn live_token(&self, sha256: &[u8; 32]) -> Result<Option<TokenRecord>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/token_find_live.sql"))
+            .bind(sha256.as_slice())
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/token_list.sql"))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Revoke a token (idempotent); `None` if there is no such token.
+    pub async fn revoke_token(
+        &self,
+        id: uuid::Uuid,
+        by: &str,
+    ) -> Result<Option<TokenRecord>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/token_revoke.sql"))
+            .bind(id)
+            .bind(by)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Record a verified webhook delivery and, the first time its event id is seen, make the
+    /// operation holding the job due for a status read. One transaction: a delivery is either
+    /// recorded with its effect or not at all (the provider retries it).
+    pub async fn webhook_delivered(
+        &self,
+        provider: &str,
+        event_id: &str,
+        remote_job_id: Option<&str>,
+        retention: std::time::Duration,
+    ) -> Result<Delivery, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let found: Option<(uuid::Uuid, String)> = match remote_job_id {
+            Some(job) => {
+                sqlx::query_as(include_str!("sql/operation_find_by_provider_job.sql"))
+                    .bind(provider)
+                    .bind(job)
+                    .fetch_optional(&mut *tx)
+                    .await?
+            }
+            None => None,
+        };
+        let (outcome, op) = match (&found, remote_job_id) {
+            (Some((id, _)), Some(job)) => {
+                let poked: Option<(uuid::Uuid,)> =
+                    sqlx::query_as(include_str!("sql/operation_poke_by_remote_job.sql"))
+                        .bind(provider)
+                        .bind(job)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let outcome = if poked.is_some() {
+                    DeliveryOutcome::Scheduled
+                } else {
+                    DeliveryOutcome::NotObserving
+                };
+                (outcome, Some(*id))
+            }
+            _ => (DeliveryOutcome::NoOperation, None),
+        };
+        let inserted: Option<(DateTime<Utc>,)> =
+            sqlx::query_as(include_str!("sql/webhook_delivery_insert.sql"))
+                .bind(provider)
+                .bind(event_id)
+                .bind(remote_job_id)
+                .bind(op)
+                .bind(outcome.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+        if inserted.is_none() {
+            // Seen before: undo the schedule (a replay must change nothing).
+            tx.rollback().await?;
+            return Ok(Delivery::Duplicate);
+        }
+        if outcome == DeliveryOutcome::Scheduled
+            && let Some(id) = op
+        {
+            sqlx::query(include_str!("sql/notify_work.sql"))
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        self.prune_deliveries(retention).await?;
+        Ok(Delivery::New {
+            outcome,
+            operation_id: op.map(OperationId::from_uuid),
+        })
+    }
+
+    async fn prune_deliveries(&self, retention: std::time::Duration) -> Result<(), StoreError> {
+        sqlx::query(include_str!("sql/webhook_delivery_prune.sql"))
+            .bind(retention.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,717 @@
+//! The agents' front door, over real HTTP: `jobtrail serve` against a real database, the simulated
+//! provider, an in-process worker. Tokens decide who the caller is; a caller sees and acts on only
+//! its own operations; errors are RFC 9457 problems with the CLI's meanings; waiting is a long poll;
+//! the CLI works through the API with no database URL and no contracts.
+
+mod support;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::Env;
+
+const PROBLEM: &str = "application/problem+json";
+
+fn body(script: Value) -> Value {
+    json!({"report": "usage", "sim": script})
+}
+
+async fn problem(r: reqwest::Response, status: StatusCode, kind: &str) -> Value {
+    assert_eq!(r.status(), status);
+    assert_eq!(
+        r.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap(),
+        PROBLEM
+    );
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["kind"], kind, "{p}");
+    assert_eq!(p["status"], status.as_u16());
+    assert_eq!(p["type"], format!("urn:jobtrail:problem:{kind}"));
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
+    let mut env = Env::new().await;
+    env.start_worker("w1", Duration::from_secs(5));
+    let server = env.serve("api");
+    let c = support::http();
+    let alice = env
+        .token("agent-alice", &["submit", "read", "cancel"])
+        .await;
+    let bob = env.token("agent-bob", &["read"]).await;
+
+    // Submit with a caller-chosen id and the agent's trace: 201, the intent durable, the caller the
+    // token's (a caller field in the request is refused, not obeyed).
+    let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let req = json!({
+        "id": id, "provider": "sim", "target": "reports", "approved_by": "alice",
+        "request": body(json!({"duration_ms": 300})),
+    });
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let s: Value = r.json().await.unwrap();
+    assert_eq!(s["created"], true);
+    assert_eq!(s["operation"]["caller"], "agent-alice");
+    assert_eq!(s["operation"]["trace_id"], trace);
+    let op_id = s["operation"]["id"].as_str().unwrap().to_owned();
+
+    // The same request again: 200, the same operation, nothing new.
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let again: Value = r.json().await.unwrap();
+    assert_eq!(again["created"], false);
+    assert_eq!(again["operation"]["id"], op_id.as_str());
+
+    // A different request under the same id: 409 naming both fingerprints.
+    let mut other = req.clone();
+    other["request"] = body(json!({"duration_ms": 999}));
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .json(&other)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, StatusCode::CONFLICT, "conflict").await;
+    assert_eq!(p["exit_code"], 4);
+    assert_eq!(
+        p["extra"]["stored_fingerprint"],
+        s["operation"]["fingerprint"]
+    );
+    assert_ne!(
+        p["extra"]["submitted_fingerprint"],
+        p["extra"]["stored_fingerprint"]
+    );
+
+    // Refusals: no token, a forged one, a revoked scope; a caller named in the body.
+    let r = c.get(server.url("/v1/operations")).send().await.unwrap();
+    assert!(r.headers().contains_key(reqwest::header::WWW_AUTHENTICATE));
+    problem(r, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    let forged = format!("jtk_{}", "0".repeat(64));
+    for bad in [forged.as_str(), "jtk_short", "", "Basic abc"] {
+        let r = c
+            .get(server.url("/v1/operations"))
+            .header("authorization", format!("Bearer {bad}"))
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    }
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&bob)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+    let mut impostor = req.clone();
+    impostor["caller"] = json!("agent-bob");
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .json(&impostor)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    assert!(p["detail"].as_str().unwrap().contains("caller"), "{p}");
+
+    // Another caller cannot see, wait on, fetch or cancel it: not found, not "forbidden".
+    for path in [
+        format!("/v1/operations/{op_id}"),
+        format!("/v1/operations/{op_id}/wait?timeout=1s"),
+        format!("/v1/operations/{op_id}/result"),
+    ] {
+        let r = c
+            .get(server.url(&path))
+            .bearer_auth(&bob)
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::NOT_FOUND, "not-found").await;
+    }
+    let page: Value = c
+        .get(server.url("/v1/operations"))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page["operations"].as_array().unwrap().len(), 0);
+    let r = c
+        .get(server.url("/v1/operations?caller=agent-alice"))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+
+    // Wait without polling: the long poll returns when it is settled.
+    let started = std::time::Instant::now();
+    let mut w: Value = Value::Null;
+    for _ in 0..10 {
+        w = c
+            .get(server.url(&format!("/v1/operations/{op_id}/wait?timeout=30s")))
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if w["operation"]["settled"] == true {
+            break;
+        }
+        assert_eq!(w["changed"], true, "a wait returned without a change: {w}");
+    }
+    assert_eq!(w["operation"]["state"], "succeeded", "{w}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    // The validated result, with the chained digest in a header.
+    let r = c
+        .get(server.url(&format!("/v1/operations/{op_id}/result")))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let sha = r.headers()["jobtrail-result-sha256"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        r.headers()["repr-digest"]
+            .to_str()
+            .unwrap()
+            .starts_with("sha-256=:")
+    );
+    let bytes = r.bytes().await.unwrap();
+    let op = env.store.get(op_id.parse().unwrap()).await.unwrap();
+    assert_eq!(op.result_sha256.as_deref(), Some(sha.as_str()));
+    assert_eq!(
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)),
+        sha
+    );
+    // The provider saw the agent's trace on every call of this operation.
+    let ledger = env.sim.ledger();
+    let job = &ledger.jobs[op.remote_job_id.as_deref().unwrap()];
+    assert_eq!(job.trace_ids.iter().collect::<Vec<_>>(), vec![trace]);
+
+    // A long poll on a settled operation answers at once; a bad timeout is a problem.
+    let r = c
+        .get(server.url(&format!("/v1/operations/{op_id}/wait?timeout=5m1s")))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+
+    // Cancel: accepted, recorded with the token's caller, cancelled only by the provider.
+    let r: Value = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .json(
+            &json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                      "request": body(json!({"never_finish": true}))}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let long = r["operation"]["id"].as_str().unwrap().to_owned();
+    env.wait_for(
+        long.parse().unwrap(),
+        "a job id",
+        Duration::from_secs(20),
+        |o| o.remote_job_id.is_some(),
+    )
+    .await;
+    let r = c
+        .post(server.url(&format!("/v1/operations/{long}/cancel")))
+        .bearer_auth(&bob)
+        .json(&json!({"reason": "not mine"}))
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+    let r = c
+        .post(server.url(&format!("/v1/operations/{long}/cancel")))
+        .bearer_auth(&alice)
+        .json(&json!({"reason": "over budget"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let w: Value = c
+        .get(server.url(&format!(
+            "/v1/operations/{long}/wait?timeout=30s&seen=cancel_requested"
+        )))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(w["operation"]["state"], "cancel_requested", "{w}");
+    let done = env
+        .wait_state(
+            long.parse().unwrap(),
+            jobtrail_core::State::Cancelled,
+            Duration::from_secs(20),
+        )
+        .await;
+    assert_eq!(done.cancel_requested_by.as_deref(), Some("agent-alice"));
+    let r = c
+        .get(server.url(&format!("/v1/operations/{long}/result")))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::CONFLICT, "not-succeeded").await;
+
+    // Pages: newest first, with a cursor.
+    let p1: Value = c
+        .get(server.url("/v1/operations?limit=1"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(p1["operations"][0]["id"], long.as_str());
+    let cursor = p1["next_cursor"].as_str().unwrap();
+    let p2: Value = c
+        .get(server.url(&format!("/v1/operations?limit=1&cursor={cursor}")))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(p2["operations"][0]["id"], op_id.as_str());
+    assert!(p2["next_cursor"].is_null());
+    for q in [
+        "limit=0",
+        "limit=201",
+        "cursor=nonsense",
+        "state=bogus",
+        "mystery=1",
+    ] {
+        let r = c
+            .get(server.url(&format!("/v1/operations?{q}")))
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    }
+
+    // Careless bodies: not JSON, duplicate keys, too large, the wrong media type.
+    for (ct, b) in [
+        ("application/json", "{not json".to_owned()),
+        (
+            "application/json",
+            r#"{"provider":"sim","provider":"sim-csv","target":"t","approved_by":"a","request":{}}"#
+                .to_owned(),
+        ),
+        ("text/plain", req.to_string()),
+    ] {
+        let r = c
+            .post(server.url("/v1/operations"))
+            .bearer_auth(&alice)
+            .header("content-type", ct)
+            .body(b)
+            .send()
+            .await
+            .unwrap();
+        problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    }
+    let huge = format!(
+        r#"{{"provider":"sim","target":"t","approved_by":"a","request":{{"x":"{}"}}}}"#,
+        "a".repeat(jobtrail_api::MAX_REQUEST_BYTES)
+    );
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::PAYLOAD_TOO_LARGE, "too-large").await;
+
+    // Every documented route answers (with 401 here: none is the fallback), and an undocumented one
+    // is the fallback's 404 problem.
+    let doc = serde_json::to_value(jobtrail_api::openapi()).unwrap();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, _) in item.as_object().unwrap() {
+            let url = server.url(&path.replace("{id}", &op_id).replace("{provider}", "nobody"));
+            let r = c
+                .request(method.to_uppercase().parse().unwrap(), url)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let p: Value = r.json().await.unwrap();
+            assert!(
+                !p["detail"].as_str().unwrap_or("").contains("no such route"),
+                "{method} {path} is documented but not served"
+            );
+            assert!(status.is_client_error(), "{method} {path}: {status}");
+        }
+    }
+    let r = c.get(server.url("/v1/nothing")).send().await.unwrap();
+    let p = problem(r, StatusCode::NOT_FOUND, "not-found").await;
+    assert!(p["detail"].as_str().unwrap().contains("no such route"));
+    let served: Value = c
+        .get(server.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(served, doc);
+
+    // Nothing secret in the server's log.
+    let log = server.log_text();
+    for secret in [alice.as_str(), bob.as_str(), support::TOKEN] {
+        assert!(!log.contains(secret), "a secret in the server log");
+    }
+    assert!(server.stop().is_some_and(|s| s.success()), "graceful stop");
+    env.stop_workers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_works_through_the_api_with_a_token_and_nothing_else() {
+    let mut env = Env::new().await;
+    env.start_worker("w1", Duration::from_secs(5));
+    let server = env.serve("api");
+    let token = env
+        .token("agent-remote", &["submit", "read", "cancel"])
+        .await;
+    let empty = env.dir.join("no-contracts-here");
+    let jobtrail = |args: &[&str], token: &str, stdin: Option<&str>| {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env("JOBTRAIL_PROVIDERS", &empty)
+            .env("JOBTRAIL_API", &server.base)
+            .env("JOBTRAIL_TOKEN", token)
+            .env("JOBTRAIL_CALLER", "someone-else")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            input.write_all(s.as_bytes()).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    };
+    let request = body(json!({"duration_ms": 200})).to_string();
+    let out = jobtrail(
+        &[
+            "submit",
+            "--provider",
+            "sim",
+            "--target",
+            "reports",
+            "--approved-by",
+            "alice",
+            "--traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ],
+        &token,
+        Some(&request),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let op = env.store.get(id.parse().unwrap()).await.unwrap();
+    assert_eq!(
+        op.caller, "agent-remote",
+        "the token names the caller, not JOBTRAIL_CALLER"
+    );
+    assert_eq!(op.trace_id.to_string(), "0af7651916cd43dd8448eb211c80319c");
+
+    let out = jobtrail(&["wait", &id, "--timeout", "60s"], &token, None);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = jobtrail(&["result", &id], &token, None);
+    assert!(out.status.success());
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&out.stdout));
+    assert_eq!(op_sha(&env, &id).await, sha);
+    let out = jobtrail(&["show", &id], &token, None);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("succeeded"));
+    let out = jobtrail(&["list", "--json"], &token, None);
+    let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(page["operations"][0]["id"], id.as_str());
+
+    // Refusals keep the CLI's exit codes: a bad token is 5, an unknown operation 3, bad input 2.
+    let out = jobtrail(&["show", &id], &format!("jtk_{}", "f".repeat(64)), None);
+    assert_eq!(out.status.code(), Some(5));
+    let other = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    assert_eq!(
+        jobtrail(&["show", &other], &token, None).status.code(),
+        Some(3)
+    );
+    let out = jobtrail(
+        &[
+            "submit",
+            "--provider",
+            "sim",
+            "--target",
+            "t",
+            "--approved-by",
+            "a",
+        ],
+        &token,
+        Some("[1,2"),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let out = jobtrail(&["show", &id], "", None);
+    assert_eq!(out.status.code(), Some(5));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("JOBTRAIL_TOKEN"));
+    // Nothing secret on any output.
+    let out = jobtrail(&["show", &id, "--json"], &token, None);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&token));
+    env.stop_workers().await;
+}
+
+async fn op_sha(env: &Env, id: &str) -> String {
+    env.store
+        .get(id.parse().unwrap())
+        .await
+        .unwrap()
+        .result_sha256
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
+    let mut env = Env::with_edited_contracts(&[(
+        "sim-legacy.toml",
+        "description = ",
+        "requires_approval = true\ndescription = ",
+    )])
+    .await;
+    env.start_worker("w1", Duration::from_secs(5));
+    let server = env.serve("api");
+    let c = support::http();
+    let agent = env.token("agent-7", &["submit", "read", "cancel"]).await;
+    let alice = env.token("alice", &["submit", "read", "decide"]).await;
+    let auditor = env.token("jane", &["audit"]).await;
+
+    // A provider that requires approval: an agent's token cannot submit; a person's can, as the
+    // approver.
+    let req = json!({"provider": "sim-legacy", "target": "reports", "approved_by": "alice",
+                     "request": body(json!({"duration_ms": 100}))});
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+    assert!(p["detail"].as_str().unwrap().contains("approval"), "{p}");
+    let mut claimed = req.clone();
+    claimed["approved_by"] = json!("the-ceo");
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .json(&claimed)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let providers: Value = c
+        .get(server.url("/v1/providers"))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let legacy = providers["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "sim-legacy")
+        .unwrap();
+    assert_eq!(legacy["requires_approval"], true);
+    assert_eq!(legacy["at_most_once"], false);
+
+    // An operation held for a person: the queue and a decision need the decide scope; a stale view
+    // is refused; the actor recorded is the token's caller.
+    let held: Value = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .json(&json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                      "request": body(json!({"never_finish": true})), "create_deadline": "+2s", "result_deadline": "+3s"}))
+        .send().await.unwrap().json().await.unwrap();
+    let held_id = held["operation"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{held}"))
+        .to_owned();
+    let op = env
+        .wait_state(
+            held_id.parse().unwrap(),
+            jobtrail_core::State::ResultTimedOut,
+            Duration::from_secs(30),
+        )
+        .await;
+    let r = c
+        .get(server.url("/v1/escalations"))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+    let q: Value = c
+        .get(server.url("/v1/escalations"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entry = q["escalations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["operation"]["id"] == held_id.as_str())
+        .unwrap();
+    assert!(
+        entry["decisions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("abandon"))
+    );
+    let seen = format!("result_timed_out@{}", op.history_seq);
+    let decide = |who: &str, seen: &str| {
+        c.post(server.url(&format!("/v1/operations/{held_id}/decisions")))
+            .bearer_auth(who)
+            .json(&json!({"seen": seen, "reason": "customer withdrew", "decision": {"kind": "abandon"}}))
+            .send()
+    };
+    problem(
+        decide(&agent, &seen).await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    let stale = format!("result_timed_out@{}", op.history_seq - 1);
+    let p = problem(
+        decide(&alice, &stale).await.unwrap(),
+        StatusCode::CONFLICT,
+        "conflict",
+    )
+    .await;
+    assert_eq!(p["extra"]["current"], seen.as_str());
+    let r = decide(&alice, &seen).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let d: Value = r.json().await.unwrap();
+    assert_eq!(d["operation"]["state"], "abandoned");
+    let h = env.store.history(held_id.parse().unwrap()).await.unwrap();
+    assert_eq!(h.last().unwrap().actor, "alice");
+    let r = c
+        .post(server.url(&format!("/v1/operations/{held_id}/decisions")))
+        .bearer_auth(&alice)
+        .json(&json!({"seen": "abandoned", "reason": "x", "decision": {"kind": "launch_missiles"}}))
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+
+    // The auditor verifies; nobody else may.
+    let r = c
+        .get(server.url("/v1/audit/verify"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+    let v: Value = c
+        .get(server.url("/v1/audit/verify"))
+        .bearer_auth(&auditor)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["breaks"].as_array().unwrap().len(), 0, "{v}");
+    assert!(v["operations"].as_u64().unwrap() >= 2);
+    // An auditor reads every operation, but cannot submit.
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&auditor)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+
+    // A revoked token stops at once.
+    let tokens = env.store.tokens().await.unwrap();
+    let agent_token = tokens.iter().find(|t| t.caller == "agent-7").unwrap();
+    env.store
+        .revoke_token(agent_token.id, "alice")
+        .await
+        .unwrap();
+    let r = c
+        .get(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    env.stop_workers().await;
+}

@@ -1,0 +1,423 @@
+//! An agent over MCP, with rmcp's own client, over both transports: Streamable HTTP (`/mcp` inside
+//! `jobtrail serve`, bearer token) and stdio (`jobtrail mcp`, which talks to the HTTP API with a
+//! token). Plain tool calls, then the same through MCP Tasks, with the MCP server restarted between
+//! `tools/call` and `tasks/get`: tasks are operations, kept in PostgreSQL.
+
+mod support;
+
+use rmcp::model::*;
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::{Env, Server};
+
+type Client = RunningService<RoleClient, ClientConfig>;
+
+fn config(tasks: bool) -> ClientConfig {
+    let caps = if tasks {
+        ClientCapabilities::builder().enable_tasks().build()
+    } else {
+        ClientCapabilities::default()
+    };
+    ClientConfig::new(caps, Implementation::new("jobtrail-test-agent", "0"))
+}
+
+async fn over_http(server: &Server, token: &str, tasks: bool) -> Client {
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(server.url("/mcp")).auth_header(token),
+    );
+    tokio::time::timeout(Duration::from_secs(20), config(tasks).serve(transport))
+        .await
+        .expect("initialize in time")
+        .expect("initialize")
+}
+
+async fn over_stdio(server: &Server, token: &str, tasks: bool) -> Client {
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_jobtrail")).configure(|c| {
+            c.arg("mcp")
+                .env_remove("DATABASE_URL")
+                .env("JOBTRAIL_API", &server.base)
+                .env("JOBTRAIL_TOKEN", token)
+                .env("JOBTRAIL_LOG", "warn");
+        }),
+    )
+    .expect("spawn jobtrail mcp");
+    tokio::time::timeout(Duration::from_secs(20), config(tasks).serve(transport))
+        .await
+        .expect("initialize in time")
+        .expect("initialize")
+}
+
+async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    let params = CallToolRequestParams::new(tool.to_owned())
+        .with_arguments(args.as_object().cloned().unwrap_or_default());
+    tokio::time::timeout(Duration::from_secs(90), client.call_tool(params))
+        .await
+        .expect("tool call in time")
+        .expect("tool call")
+}
+
+fn structured(r: &CallToolResult) -> Value {
+    r.structured_content.clone().expect("structured content")
+}
+
+fn request(script: Value) -> Value {
+    json!({"report": "usage", "sim": script})
+}
+
+/// initialize, tools/list, submit → wait → result, a cancel, and the refusals an agent meets.
+async fn plain_session(env: &Env, client: &Client, caller: &str) {
+    let info = client.peer_info().expect("initialized");
+    assert_eq!(info.server_info.as_ref().unwrap().name, "jobtrail");
+    let tools = client.list_all_tools().await.unwrap();
+    let names: std::collections::BTreeSet<String> =
+        tools.iter().map(|t| t.name.to_string()).collect();
+    let expected: std::collections::BTreeSet<String> = [
+        "submit_operation",
+        "get_operation",
+        "wait_operation",
+        "cancel_operation",
+        "get_result",
+        "list_operations",
+        "list_providers",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    assert_eq!(names, expected, "never the operator decisions");
+    for t in &tools {
+        assert!(
+            t.description.as_ref().is_some_and(|d| d.len() > 40),
+            "{}",
+            t.name
+        );
+        assert!(!t.input_schema.is_empty(), "{}", t.name);
+    }
+
+    let providers = structured(&call(client, "list_providers", json!({})).await);
+    assert!(
+        providers["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "sim")
+    );
+
+    let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    let r = call(
+        client,
+        "submit_operation",
+        json!({"id": id, "provider": "sim", "target": "reports", "approved_by": "alice",
+               "request": request(json!({"duration_ms": 300}))}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    let s = structured(&r);
+    assert_eq!(s["operation"]["caller"], caller);
+    let w = structured(
+        &call(
+            client,
+            "wait_operation",
+            json!({"operation_id": id, "timeout_secs": 60}),
+        )
+        .await,
+    );
+    assert_eq!(w["operation"]["state"], "succeeded", "{w}");
+    let res = structured(&call(client, "get_result", json!({"operation_id": id})).await);
+    let op = env.store.get(id.parse().unwrap()).await.unwrap();
+    assert_eq!(res["sha256"].as_str(), op.result_sha256.as_deref());
+    let text = res["text"].as_str().unwrap();
+    assert_eq!(
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes())),
+        res["sha256"].as_str().unwrap()
+    );
+
+    // Uncertainty is said plainly.
+    let g = structured(
+        &call(
+            client,
+            "get_operation",
+            json!({"operation_id": id, "timeline": true}),
+        )
+        .await,
+    );
+    assert!(g["timeline"].as_array().unwrap().len() >= 3);
+
+    // A cancel: recorded at once, cancelled when the provider confirms.
+    let long = structured(
+        &call(
+            client,
+            "submit_operation",
+            json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                   "request": request(json!({"never_finish": true}))}),
+        )
+        .await,
+    )["operation"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    env.wait_for(
+        long.parse().unwrap(),
+        "a job id",
+        Duration::from_secs(20),
+        |o| o.remote_job_id.is_some(),
+    )
+    .await;
+    let c = structured(
+        &call(
+            client,
+            "cancel_operation",
+            json!({"operation_id": long, "reason": "over budget"}),
+        )
+        .await,
+    );
+    assert!(
+        c["note"].as_str().unwrap().contains("provider confirms"),
+        "{c}"
+    );
+    let w = structured(
+        &call(
+            client,
+            "wait_operation",
+            json!({"operation_id": long, "timeout_secs": 60}),
+        )
+        .await,
+    );
+    assert_eq!(w["operation"]["state"], "cancelled", "{w}");
+
+    // Refusals are tool errors an agent can read, not protocol errors.
+    let r = call(client, "get_result", json!({"operation_id": long})).await;
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(structured(&r)["error"], "not-succeeded");
+    let r = call(
+        client,
+        "get_operation",
+        json!({"operation_id": "op_nonsense"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true));
+    let r = call(
+        client,
+        "submit_operation",
+        json!({"provider": "sim", "target": "reports", "approved_by": "a", "caller": "someone-else",
+               "request": {}}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "a caller field is refused: {r:?}");
+}
+
+/// submit_operation as a task; the MCP server restarted (`restart` gives a new session on a new
+/// instance); tasks/get, the result in the completed task, tasks/cancel, tasks/list.
+async fn tasks_session(env: &Env, first: &Client, restart: impl AsyncFnOnce() -> Client) {
+    let created = match first
+        .call_tool_once(
+            CallToolRequestParams::new("submit_operation").with_arguments(
+                json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                       "request": request(json!({"duration_ms": 1500}))})
+                .as_object()
+                .cloned()
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap()
+    {
+        CallToolResponse::Task(t) => t,
+        other => panic!("a tasks client gets a task: {other:?}"),
+    };
+    let task_id = created.task.task_id.clone();
+    assert!(
+        task_id.parse::<jobtrail_core::OperationId>().is_ok(),
+        "the task id is the operation id"
+    );
+    assert_eq!(created.task.status, TaskStatus::Working);
+    let long = match first
+        .call_tool_once(
+            CallToolRequestParams::new("submit_operation").with_arguments(
+                json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                       "request": request(json!({"never_finish": true}))})
+                .as_object()
+                .cloned()
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap()
+    {
+        CallToolResponse::Task(t) => t.task.task_id,
+        other => panic!("{other:?}"),
+    };
+
+    let client = restart().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let done = loop {
+        let t = client
+            .get_task(GetTaskParams::new(task_id.clone()))
+            .await
+            .unwrap();
+        if t.task.status().is_terminal() {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "task never completed: {t:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(
+            t.task.task.poll_interval_ms.unwrap_or(500).min(500),
+        ))
+        .await;
+    };
+    assert_eq!(done.task.status(), TaskStatus::Completed);
+    match &done.task.payload {
+        TaskPayload::Completed { result } => {
+            let r: CallToolResult = serde_json::from_value(Value::Object(result.clone())).unwrap();
+            let s = r.structured_content.unwrap();
+            assert_eq!(s["operation"]["state"], "succeeded");
+            let op = env.store.get(task_id.parse().unwrap()).await.unwrap();
+            assert_eq!(
+                s["operation"]["result"]["sha256"].as_str(),
+                op.result_sha256.as_deref()
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // tasks/cancel is a cancel request: acked at once, cancelled when the provider confirms.
+    env.wait_for(
+        long.parse().unwrap(),
+        "a job id",
+        Duration::from_secs(20),
+        |o| o.remote_job_id.is_some(),
+    )
+    .await;
+    client
+        .cancel_task(CancelTaskParams::new(long.clone()))
+        .await
+        .unwrap();
+    let op = env
+        .wait_state(
+            long.parse().unwrap(),
+            jobtrail_core::State::Cancelled,
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(
+        op.cancel_reason.as_deref(),
+        Some("tasks/cancel from the MCP client")
+    );
+    let t = client
+        .get_task(GetTaskParams::new(long.clone()))
+        .await
+        .unwrap();
+    assert_eq!(t.task.status(), TaskStatus::Cancelled);
+
+    // An unknown task is -32602; the list is the caller's.
+    let e = client
+        .get_task(GetTaskParams::new(
+            jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string(),
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{e:?}").contains("-32602") || format!("{e:?}").contains("Task not found"),
+        "{e:?}"
+    );
+    let listed = client
+        .send_request(ClientRequest::CustomRequest(CustomRequest::new(
+            "tasks/list",
+            Some(json!({})),
+        )))
+        .await
+        .unwrap();
+    let listed = serde_json::to_value(&listed).unwrap();
+    let ids: Vec<&str> = listed["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["taskId"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&task_id.as_str()) && ids.contains(&long.as_str()),
+        "{listed}"
+    );
+    let _ = client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_over_streamable_http_submits_waits_fetches_and_cancels_with_durable_tasks() {
+    let mut env = Env::new().await;
+    env.start_worker("w1", Duration::from_secs(5));
+    let server = env.serve("api-1");
+    let token = env.token("agent-http", &["submit", "read", "cancel"]).await;
+
+    // No token, or a bad one: the MCP endpoint refuses before any session.
+    let c = support::http();
+    let r = c
+        .post(server.url("/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::UNAUTHORIZED);
+
+    let client = over_http(&server, &token, false).await;
+    plain_session(&env, &client, "agent-http").await;
+    let _ = client.cancel().await;
+
+    let first = over_http(&server, &token, true).await;
+    // Another caller's tasks are not found.
+    let other = env.token("agent-other", &["read"]).await;
+    let second_server = env.serve("api-2");
+    tasks_session(&env, &first, async || {
+        // The first server stops; another instance serves the same tasks.
+        drop(server);
+        let c = over_http(&second_server, &token, true).await;
+        let stranger = over_http(&second_server, &other, true).await;
+        let mine = env.store.list_page(&Default::default(), 1).await.unwrap();
+        let e = stranger
+            .get_task(GetTaskParams::new(mine[0].id.to_string()))
+            .await;
+        assert!(e.is_err(), "another caller's task is not found");
+        let _ = stranger.cancel().await;
+        c
+    })
+    .await;
+    let _ = first.cancel().await;
+    env.stop_workers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_over_stdio_needs_only_the_api_and_a_token() {
+    let mut env = Env::new().await;
+    env.start_worker("w1", Duration::from_secs(5));
+    let server = env.serve("api");
+    let token = env
+        .token("agent-stdio", &["submit", "read", "cancel"])
+        .await;
+
+    let client = over_stdio(&server, &token, false).await;
+    plain_session(&env, &client, "agent-stdio").await;
+    let _ = client.cancel().await;
+
+    let first = over_stdio(&server, &token, true).await;
+    tasks_session(&env, &first, async || {
+        // The stdio server process ends; a new one serves the same tasks.
+        over_stdio(&server, &token, true).await
+    })
+    .await;
+    let _ = first.cancel().await;
+
+    // Without a token the stdio server refuses to start a useful session: every call says so.
+    let bad = over_stdio(&server, &format!("jtk_{}", "a".repeat(64)), false).await;
+    let r = call(&bad, "list_operations", json!({})).await;
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(structured(&r)["error"], "unauthenticated");
+    let _ = bad.cancel().await;
+    env.stop_workers().await;
+}

@@ -1,0 +1,272 @@
+//! Invariant 8, webhooks only hint: the simulated provider sends real webhooks to `jobtrail serve`
+//! (Standard Webhooks and a plain HMAC header). A verified delivery makes the operation due for a
+//! status read now; duplicates, replays, forgeries, stale timestamps and an early "succeeded" while
+//! the job still runs change nothing else. Success is declared only from a status read and a
+//! validated result.
+
+mod support;
+
+use jobtrail_core::State;
+use jobtrail_sim::webhook::{Signing, Target};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use support::Env;
+
+/// `sim.toml` with status reads far apart (20 s), so that only a webhook explains a quick finish.
+async fn slow_polling_env(scheme: &str) -> Env {
+    let mut edits = vec![
+        ("sim.toml", "initial_ms = 200", "initial_ms = 20000"),
+        ("sim.toml", "cap_ms = 2000", "cap_ms = 20000"),
+    ];
+    if scheme == "standard" {
+        edits.push((
+            "sim.toml",
+            "signature = \"hmac-sha256\"\nsignature_header = \"X-Sim-Signature\"",
+            "signature = \"standard-webhooks\"",
+        ));
+    }
+    Env::with_edited_contracts(&edits).await
+}
+
+async fn rows(env: &Env) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT event_id, outcome FROM webhook_deliveries ORDER BY received_at, event_id",
+    )
+    .fetch_all(&sqlx::PgPool::connect(&env.url).await.unwrap())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_webhook_twice_a_forgery_and_a_stale_one_change_nothing_but_one_status_read() {
+    let mut env = slow_polling_env("standard").await;
+    let server = env.serve("api");
+    env.sim.sim.set_webhook(Some(Target {
+        url: server.url("/v1/webhooks/sim"),
+        signing: Signing::Standard {
+            secret: support::WEBHOOK_SECRET.into(),
+        },
+    }));
+    env.start_worker("w1", Duration::from_secs(5));
+    let started = Instant::now();
+    let op = env
+        .submit(
+            "sim",
+            json!({"duration_ms": 1500, "webhooks": {"duplicates": 2, "forged": true, "stale": true}}),
+            |_| {},
+        )
+        .await;
+    let done = env
+        .wait_state(op.id, State::Succeeded, Duration::from_secs(15))
+        .await;
+    // Polling alone would have read the status 20 s after the first read: the webhook made it due.
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "finished after {:?}: the webhook did not schedule a status read",
+        started.elapsed()
+    );
+    assert!(done.result_sha256.is_some());
+
+    // Give the duplicates and the stale one time to arrive, then read what the provider saw.
+    let job = done.remote_job_id.clone().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sent = loop {
+        let l = env.sim.ledger();
+        let mine: Vec<_> = l
+            .webhooks
+            .iter()
+            .filter(|w| w.job_id == job)
+            .cloned()
+            .collect();
+        if mine.len() >= 5 || Instant::now() > deadline {
+            break mine;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let by_kind = |k: &str| -> Vec<Option<u16>> {
+        sent.iter()
+            .filter(|w| w.kind == k)
+            .map(|w| w.status)
+            .collect()
+    };
+    assert_eq!(by_kind("forged"), vec![Some(401)], "a forgery is refused");
+    assert_eq!(by_kind("finish"), vec![Some(200)]);
+    assert_eq!(
+        by_kind("duplicate"),
+        vec![Some(200), Some(200)],
+        "duplicates are acknowledged"
+    );
+    assert_eq!(
+        by_kind("stale"),
+        vec![Some(401)],
+        "a stale timestamp is refused"
+    );
+    // One row per event id ever accepted: the end announcement, once.
+    let recorded = rows(&env).await;
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].0, format!("evt_{job}_end"));
+    // The history shows status reads and the result, nothing moved by a webhook.
+    let h = env.store.history(op.id).await.unwrap();
+    assert!(h.iter().all(|l| l.actor != "webhook"));
+    assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
+    env.stop_workers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_succeeded_webhook_while_the_job_runs_declares_nothing() {
+    let mut env = slow_polling_env("hmac").await;
+    let server = env.serve("api");
+    env.sim.sim.set_webhook(Some(Target {
+        url: server.url("/v1/webhooks/sim"),
+        signing: Signing::Hmac {
+            secret: support::WEBHOOK_SECRET.into(),
+            header: "X-Sim-Signature".into(),
+        },
+    }));
+    env.start_worker("w1", Duration::from_secs(5));
+    let op = env
+        .submit(
+            "sim",
+            json!({"duration_ms": 4000, "webhooks": {"early": true, "on_finish": false}}),
+            |_| {},
+        )
+        .await;
+    // The early delivery arrives right after create and says "succeeded"; the status read it
+    // triggers says queued or running. The operation stays observing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let l = env.sim.ledger();
+        if l.webhooks
+            .iter()
+            .any(|w| w.kind == "early" && w.status.is_some())
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no early webhook was delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let now = env.store.get(op.id).await.unwrap();
+    assert!(
+        matches!(now.state, State::Accepted | State::Observing),
+        "an early webhook moved the state to {}",
+        now.state
+    );
+    let remote = now.remote_state.as_deref().unwrap_or("queued");
+    assert!(
+        matches!(remote, "queued" | "running"),
+        "remote state {remote}"
+    );
+    let early = env
+        .sim
+        .ledger()
+        .webhooks
+        .iter()
+        .find(|w| w.kind == "early")
+        .cloned()
+        .unwrap();
+    assert_eq!(early.status, Some(200));
+    let h = env.store.history(op.id).await.unwrap();
+    assert!(
+        !h.iter()
+            .any(|l| l.to_state == "succeeded" || l.to_state == "result_collecting")
+    );
+    env.stop_workers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
+    let env = slow_polling_env("hmac").await;
+    let server = env.serve("api");
+    let c = support::http();
+    let sign = |body: &str| {
+        use hmac::{KeyInit, Mac};
+        let mut m =
+            hmac::Hmac::<sha2::Sha256>::new_from_slice(support::WEBHOOK_SECRET.as_bytes()).unwrap();
+        m.update(body.as_bytes());
+        format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+    };
+    let post = |path: &str, body: String, sig: Option<String>| {
+        let mut r = c
+            .post(server.url(path))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(s) = sig {
+            r = r.header("X-Sim-Signature", s);
+        }
+        r.send()
+    };
+    let body =
+        json!({"event_id": "evt_1", "job_id": "job_unknown", "state": "succeeded"}).to_string();
+    // Unsigned, wrongly signed, signed for another body, an unknown provider.
+    assert_eq!(
+        post("/v1/webhooks/sim", body.clone(), None)
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        post("/v1/webhooks/sim", body.clone(), Some("sha256=00".into()))
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        post("/v1/webhooks/sim", body.clone(), Some("zz".into()))
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        post("/v1/webhooks/sim", body.clone(), Some(sign("{}")))
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        post("/v1/webhooks/nobody", body.clone(), Some(sign(&body)))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert!(
+        rows(&env).await.is_empty(),
+        "nothing recorded for a refused delivery"
+    );
+    // Signed but not a payload the contract describes: no event id, a huge id, not JSON.
+    for b in [
+        json!({"job_id": "j"}).to_string(),
+        json!({"event_id": "e".repeat(500), "job_id": "j"}).to_string(),
+        "not json".to_owned(),
+        r#"{"event_id":"a","event_id":"b","job_id":"j"}"#.to_owned(),
+    ] {
+        let r = post("/v1/webhooks/sim", b.clone(), Some(sign(&b)))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{b}");
+    }
+    assert!(rows(&env).await.is_empty());
+    // Signed and about no operation of ours: acknowledged, recorded once, nothing scheduled.
+    let r = post("/v1/webhooks/sim", body.clone(), Some(sign(&body)))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let ack: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(ack["outcome"], "no_operation");
+    let r = post("/v1/webhooks/sim", body.clone(), Some(sign(&body)))
+        .await
+        .unwrap();
+    let ack: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(ack["outcome"], "duplicate");
+    assert_eq!(
+        rows(&env).await,
+        vec![("evt_1".to_owned(), "no_operation".to_owned())]
+    );
+    // The secret never reaches the log.
+    assert!(!server.log_text().contains(support::WEBHOOK_SECRET));
+}
