@@ -369,3 +369,162 @@ async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
     .execute(&mut admin_conn)
     .await;
 }
+
+/// `jobtrail serve` runs as the `jobtrail_api` role, with an operator login only for decisions and
+/// audit: an agent submits, waits and fetches its result over HTTP, a verified webhook is recorded
+/// and schedules a read, a person decides; and neither role can mint or widen a token with SQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_runs_as_the_api_role_and_people_decide_through_an_operator_login() {
+    use jobtrail_sim::webhook::{Signing, Target};
+    use serde_json::json;
+    let mut env = Env::new().await;
+    let api = env.db().login("jobtrail_api").await;
+    let operator = env.db().login("jobtrail_operator").await;
+    let server = env.serve_as("api-role", &api, Some(&operator));
+    env.sim.sim.set_webhook(Some(Target {
+        url: server.url("/v1/webhooks/sim"),
+        signing: Signing::Hmac {
+            secret: support::WEBHOOK_SECRET.into(),
+            header: "X-Sim-Signature".into(),
+        },
+    }));
+    env.start_worker("w1", Duration::from_secs(5));
+    let agent = env.token("agent-7", &["submit", "read", "cancel"]).await;
+    let alice = env.token("alice", &["read", "decide"]).await;
+    let jane = env.token("jane", &["audit"]).await;
+    let c = support::http();
+
+    let submitted: serde_json::Value = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .json(
+            &json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                      "request": {"account": "acct_1", "sim": {"duration_ms": 300}}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = submitted["operation"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{submitted}: {}", server.log_text()))
+        .to_owned();
+    let waited: serde_json::Value = c
+        .get(server.url(&format!("/v1/operations/{id}/wait?timeout=30s")))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let op = env
+        .wait_state(
+            id.parse().unwrap(),
+            State::Succeeded,
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(waited["operation"]["state"].is_string(), "{waited}");
+    let r = c
+        .get(server.url(&format!("/v1/operations/{id}/result")))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", server.log_text());
+    let digest = r.headers()["jobtrail-result-sha256"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(Some(digest), op.result_sha256.clone());
+    assert_eq!(op.caller, "agent-7");
+
+    // The provider's end-of-job webhook was verified and recorded by the api role.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let sent = env.sim.ledger().webhooks.clone();
+        if let Some(w) = sent
+            .iter()
+            .find(|w| w.kind == "finish" && w.status.is_some())
+        {
+            assert_eq!(w.status, Some(200), "{}", server.log_text());
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no webhook delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A person abandons a held operation through the operator login; the actor is the token's.
+    let held: serde_json::Value = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .json(
+            &json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                      "create_deadline": "+2s", "result_deadline": "+3s",
+                      "request": {"account": "acct_1", "sim": {"never_finish": true}}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let held_id = held["operation"]["id"].as_str().unwrap().to_owned();
+    let h = env
+        .wait_state(
+            held_id.parse().unwrap(),
+            State::ResultTimedOut,
+            Duration::from_secs(30),
+        )
+        .await;
+    let r = c
+        .post(server.url(&format!("/v1/operations/{held_id}/decisions")))
+        .bearer_auth(&alice)
+        .json(
+            &json!({"seen": format!("result_timed_out@{}", h.history_seq),
+                      "reason": "not needed", "decision": {"kind": "abandon"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", server.log_text());
+    let history = env.store.history(held_id.parse().unwrap()).await.unwrap();
+    assert_eq!(history.last().unwrap().actor, "alice");
+    let v: serde_json::Value = c
+        .get(server.url("/v1/audit/verify"))
+        .bearer_auth(&jane)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["breaks"].as_array().map(Vec::len), Some(0), "{v}");
+    env.stop_workers().await;
+
+    // Tokens: the api role only looks them up; an operator creates and revokes, never widens.
+    let forge = "INSERT INTO api_tokens (id, caller, scopes, token_sha256, created_by) \
+                 VALUES (gen_random_uuid(), 'mallory', ARRAY['decide'], sha256('x'), 'mallory')";
+    assert!(sql_refused(&api, forge).await.contains("permission denied"));
+    for url in [&api, &operator] {
+        let e = sql_refused(
+            url,
+            "UPDATE api_tokens SET scopes = ARRAY['decide','audit']",
+        )
+        .await;
+        assert!(e.contains("permission denied"), "{e}");
+        let e = sql_refused(url, "UPDATE api_tokens SET caller = 'alice'").await;
+        assert!(e.contains("permission denied"), "{e}");
+    }
+    let e = sql_refused(&operator, "DELETE FROM webhook_deliveries").await;
+    assert!(e.contains("permission denied"), "{e}");
+    sql_allowed(
+        &operator,
+        "UPDATE api_tokens SET revoked_at = now(), revoked_by = 'alice'",
+    )
+    .await;
+    server.stop();
+}

@@ -395,10 +395,21 @@ impl Env {
     /// Start `jobtrail serve` on a free loopback port against this environment's database and
     /// contracts; returns once it listens (bounded).
     pub fn serve(&self, name: &str) -> Server {
+        self.serve_as(name, &self.url, None)
+    }
+
+    /// [`Env::serve`] with its own database logins: `url` for the agents' routes and, if given, an
+    /// operator login for decisions and audit.
+    pub fn serve_as(&self, name: &str, url: &str, operator_url: Option<&str>) -> Server {
         let log = self.dir.join(format!("{name}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
+        match operator_url {
+            Some(u) => cmd.env("JOBTRAIL_OPERATOR_DATABASE_URL", u),
+            None => cmd.env_remove("JOBTRAIL_OPERATOR_DATABASE_URL"),
+        };
+        let child = cmd
             .args(["serve", "--listen", "127.0.0.1:0", "--drain", "2s"])
-            .env("DATABASE_URL", &self.url)
+            .env("DATABASE_URL", url)
             .env("JOBTRAIL_PROVIDERS", &self.providers)
             .env("JOBTRAIL_SIM_TOKEN", TOKEN)
             .env("JOBTRAIL_SIM_WEBHOOK_SECRET", WEBHOOK_SECRET)
