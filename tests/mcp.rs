@@ -252,6 +252,24 @@ async fn tasks_session(env: &Env, first: &Client, restart: impl AsyncFnOnce() ->
         other => panic!("{other:?}"),
     };
 
+    let held = match first
+        .call_tool_once(
+            CallToolRequestParams::new("submit_operation").with_arguments(
+                json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                       "create_deadline": "+2s", "result_deadline": "+3s",
+                       "request": request(json!({"never_finish": true}))})
+                .as_object()
+                .cloned()
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap()
+    {
+        CallToolResponse::Task(t) => t.task.task_id,
+        other => panic!("{other:?}"),
+    };
+
     let client = restart().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let done = loop {
@@ -283,6 +301,28 @@ async fn tasks_session(env: &Env, first: &Client, restart: impl AsyncFnOnce() ->
                 op.result_sha256.as_deref()
             );
         }
+        other => panic!("{other:?}"),
+    }
+
+    // Held for a person: input_required, saying why, and nothing the client could send.
+    env.wait_state(
+        held.parse().unwrap(),
+        jobtrail_core::State::ResultTimedOut,
+        Duration::from_secs(30),
+    )
+    .await;
+    let t = client
+        .get_task(GetTaskParams::new(held.clone()))
+        .await
+        .unwrap();
+    assert_eq!(t.task.status(), TaskStatus::InputRequired);
+    let says = t.task.task.status_message.clone().unwrap_or_default();
+    assert!(
+        says.starts_with("held for a person: result_timed_out"),
+        "{says}"
+    );
+    match &t.task.payload {
+        TaskPayload::InputRequired { input_requests } => assert!(input_requests.is_empty()),
         other => panic!("{other:?}"),
     }
 
@@ -384,6 +424,19 @@ async fn an_agent_over_streamable_http_submits_waits_fetches_and_cancels_with_du
             .get_task(GetTaskParams::new(mine[0].id.to_string()))
             .await;
         assert!(e.is_err(), "another caller's task is not found");
+        let theirs = stranger
+            .send_request(ClientRequest::CustomRequest(CustomRequest::new(
+                "tasks/list",
+                Some(json!({})),
+            )))
+            .await
+            .unwrap();
+        let theirs = serde_json::to_value(&theirs).unwrap();
+        assert_eq!(
+            theirs["tasks"],
+            json!([]),
+            "another caller lists none of mine"
+        );
         let _ = stranger.cancel().await;
         c
     })

@@ -137,13 +137,17 @@ fn answer<T: serde::Serialize>(r: Result<T, ServiceError>) -> CallToolResult {
 /// | jobtrail | task |
 /// | --- | --- |
 /// | automated states (create_pending … cancelling) | `working`, the state and its advice as the message |
-/// | held for a person (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused) | `working`, "held for a person: …" with the reason (the extension's `input_required` asks *the client* for input through `tasks/update`; here an operator decides) |
+/// | held for a person (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused) | `input_required`, "held for a person: …" with the reason; no `inputRequests`: the input is a jobtrail operator's decision, which no MCP tool can make |
 /// | succeeded | `completed`, with the validated result's description (fetch the bytes with `get_result`) |
 /// | failed, result_unavailable, result_validation_failed, not_created | `failed`, a JSON-RPC error object whose `data` is the operation |
 /// | cancelled, withdrawn, abandoned | `cancelled` |
 pub fn task_of(op: &OperationView) -> DetailedTask {
     let state = op.state();
-    let mut message = format!("{}: {}", op.state, op.advice);
+    let mut message = if op.needs_human {
+        format!("held for a person: {}: {}", op.state, op.advice)
+    } else {
+        format!("{}: {}", op.state, op.advice)
+    };
     if let Some(r) = &op.escalation_reason {
         message = format!("{message} ({r})");
     }
@@ -173,6 +177,9 @@ pub fn task_of(op: &OperationView) -> DetailedTask {
                 "message": message,
                 "data": { "operation": op },
             })),
+        },
+        _ if op.needs_human => TaskPayload::InputRequired {
+            input_requests: Default::default(),
         },
         _ => TaskPayload::Working,
     };
