@@ -146,6 +146,64 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
             .unwrap();
         problem(r, StatusCode::NOT_FOUND, "not-found").await;
     }
+    // Nor learn of it through its id: submitting under it (the same request or another),
+    // superseding it or cancelling it answers "not found", with no fingerprint or state.
+    let mallory = env
+        .token("agent-mallory", &["submit", "read", "cancel"])
+        .await;
+    let mut supersede = req.clone();
+    supersede.as_object_mut().unwrap().remove("id");
+    supersede["supersedes"] = json!(op_id);
+    for attempt in [&req, &other, &supersede] {
+        let r = c
+            .post(server.url("/v1/operations"))
+            .bearer_auth(&mallory)
+            .json(attempt)
+            .send()
+            .await
+            .unwrap();
+        let p = problem(r, StatusCode::NOT_FOUND, "not-found").await;
+        assert!(p.get("extra").is_none_or(Value::is_null), "{p}");
+        assert!(!p.to_string().contains("sha256:"), "{p}");
+    }
+    let cancel_as = |token: &str| {
+        c.post(server.url(&format!("/v1/operations/{op_id}/cancel")))
+            .bearer_auth(token)
+            .json(&json!({"reason": "mine now"}))
+            .send()
+    };
+    problem(
+        cancel_as(&mallory).await.unwrap(),
+        StatusCode::NOT_FOUND,
+        "not-found",
+    )
+    .await;
+    // An auditor sees every operation; that is not a licence to act on them.
+    let snoop = env
+        .token("auditor-jane", &["audit", "read", "cancel"])
+        .await;
+    let r = c
+        .get(server.url(&format!("/v1/operations/{op_id}")))
+        .bearer_auth(&snoop)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    problem(
+        cancel_as(&snoop).await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    assert!(
+        env.store
+            .get(op_id.parse().unwrap())
+            .await
+            .unwrap()
+            .cancel_requested_at
+            .is_none()
+    );
+
     let page: Value = c
         .get(server.url("/v1/operations"))
         .bearer_auth(&bob)
@@ -184,6 +242,29 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     }
     assert_eq!(w["operation"]["state"], "succeeded", "{w}");
     assert!(started.elapsed() < Duration::from_secs(20));
+    // `seen` with a history position: a state left and come back to is a change; garbage is not
+    // a position.
+    let r = c
+        .get(server.url(&format!(
+            "/v1/operations/{op_id}/wait?timeout=1s&seen=succeeded@nonsense"
+        )))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    let w: Value = c
+        .get(server.url(&format!(
+            "/v1/operations/{op_id}/wait?timeout=5s&seen=succeeded@1"
+        )))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(w["changed"], true, "{w}");
 
     // The validated result, with the chained digest in a header.
     let r = c

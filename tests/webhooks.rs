@@ -234,6 +234,10 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
             .status(),
         404
     );
+    // A body far over the webhook limit is refused before it is buffered or verified.
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let r = post("/v1/webhooks/sim", huge, None).await.unwrap();
+    assert_eq!(r.status(), 413);
     assert!(
         rows(&env).await.is_empty(),
         "nothing recorded for a refused delivery"

@@ -345,6 +345,59 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
     assert_eq!(old.state, State::NotCreated, "terminal states never change");
     assert_eq!(last(store.clone(), b.id).await.event, "superseded");
 
+    // An edited request is the retrying person's: they are recorded as its approver, not the
+    // person who approved the original request.
+    let e = unresolved(&store, 9).await;
+    check(
+        &e,
+        &[
+            "declare-not-created",
+            &e.id.to_string(),
+            "--seen",
+            "create_unresolved",
+            "--actor",
+            "alice",
+            "--reason",
+            "no such request",
+        ],
+        State::NotCreated,
+    );
+    let mut edited_body = store.get(e.id).await.unwrap().request_body;
+    edited_body["note"] = serde_json::json!("corrected");
+    let edited_file = std::env::temp_dir().join(format!("jobtrail-retry-{}.json", e.id));
+    std::fs::write(&edited_file, edited_body.to_string()).unwrap();
+    let out = admin(
+        &db,
+        &[
+            "retry",
+            &e.id.to_string(),
+            "--body",
+            edited_file.to_str().unwrap(),
+            "--seen",
+            "not_created",
+            "--actor",
+            "carol",
+            "--reason",
+            "corrected the request",
+            "--json",
+        ],
+    );
+    let _ = std::fs::remove_file(&edited_file);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let edited: OperationId = json(&out)["operation_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (was, now) = (
+        store.get(e.id).await.unwrap(),
+        store.get(edited).await.unwrap(),
+    );
+    assert_ne!(was.fingerprint, now.fingerprint);
+    assert_ne!(was.approved_by, "carol");
+    assert_eq!(now.approved_by, "carol");
+    assert_eq!(now.approval_ref, None);
+
     let c = unconfirmed(&store, 3).await;
     check(
         &c,

@@ -52,7 +52,11 @@ impl Problem {
             type_: format!("urn:jobtrail:problem:{}", k.as_str()),
             title: k.title().to_owned(),
             status: k.http_status(),
-            detail: self.0.message.clone(),
+            detail: if self.0.internal {
+                "the service could not complete this request; try again later (the server's log has the cause)".to_owned()
+            } else {
+                self.0.message.clone()
+            },
             kind: k.as_str().to_owned(),
             exit_code: k.exit_code(),
             extra: self.0.detail.clone(),
@@ -65,7 +69,7 @@ impl IntoResponse for Problem {
         let doc = self.doc();
         let status = StatusCode::from_u16(doc.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if status.is_server_error() {
-            tracing::warn!(kind = %doc.kind, detail = %doc.detail, "request failed");
+            tracing::warn!(kind = %doc.kind, detail = %self.0.message, "request failed");
         }
         let body = serde_json::to_vec(&doc).unwrap_or_default();
         let mut r = (status, body).into_response();
@@ -78,5 +82,26 @@ impl IntoResponse for Problem {
             );
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_failure_is_logged_not_shown_to_the_caller() {
+        let inside = jobtrail_store::StoreError::Unavailable(
+            "connection to postgres://jobtrail_api_1@db-7.internal failed: role secret_role".into(),
+        );
+        let doc = Problem::from(ServiceError::from(inside)).doc();
+        assert_eq!(doc.kind, "unavailable");
+        assert_eq!(doc.status, 503);
+        assert!(!doc.detail.contains("db-7"), "{}", doc.detail);
+        assert!(!doc.detail.contains("role"), "{}", doc.detail);
+        // What the caller should know still reaches them.
+        let conflict = jobtrail_store::StoreError::Conflict("op_1 was already retried".into());
+        let doc = Problem::from(ServiceError::from(conflict)).doc();
+        assert_eq!(doc.detail, "op_1 was already retried");
     }
 }

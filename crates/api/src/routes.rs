@@ -28,7 +28,15 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(escalations))
         .routes(routes!(decide))
         .routes(routes!(verify))
-        .routes(routes!(crate::webhook::receive))
+        .merge(
+            // A webhook is unauthenticated until verified: its body limit is its own, far below
+            // the API's, so an anonymous sender cannot make the server buffer megabytes.
+            OpenApiRouter::new()
+                .routes(routes!(crate::webhook::receive))
+                .layer(axum::extract::DefaultBodyLimit::max(
+                    crate::webhook::MAX_PAYLOAD,
+                )),
+        )
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             REQUEST_TIMEOUT,

@@ -178,12 +178,21 @@ pub(crate) async fn receive(
                 format!("no provider {provider:?} takes webhooks here"),
             )
         })?;
-    let payload = body.map_err(|e| Problem::new(Kind::BadInput, e.body_text()))?;
-    if payload.len() > MAX_PAYLOAD {
-        return Err(Problem::new(
+    let too_large = || {
+        Problem::new(
             Kind::TooLarge,
             format!("a webhook payload may be at most {MAX_PAYLOAD} bytes"),
-        ));
+        )
+    };
+    let payload = body.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            too_large()
+        } else {
+            Problem::new(Kind::BadInput, e.body_text())
+        }
+    })?;
+    if payload.len() > MAX_PAYLOAD {
+        return Err(too_large());
     }
     let secret = jobtrail_provider::wire::resolve_secret(&spec.secret)
         .await

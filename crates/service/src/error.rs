@@ -109,6 +109,9 @@ pub struct ServiceError {
     pub message: String,
     /// Machine-readable details (both fingerprints of a conflict, the current state of a stale view).
     pub detail: Option<serde_json::Value>,
+    /// The message describes our insides (a database error, a role, a path): a network door logs it
+    /// and tells the caller only what kind of failure it was.
+    pub internal: bool,
 }
 
 impl ServiceError {
@@ -117,6 +120,7 @@ impl ServiceError {
             kind,
             message: message.into(),
             detail: None,
+            internal: false,
         }
     }
     pub fn with_detail(mut self, detail: serde_json::Value) -> Self {
@@ -172,7 +176,11 @@ impl From<StoreError> for ServiceError {
             | StoreError::Unavailable(_)
             | StoreError::Database(_)
             | StoreError::Migrate(_)
-            | StoreError::Schema(_) => Kind::Unavailable,
+            | StoreError::Schema(_) => {
+                let mut err = ServiceError::new(Kind::Unavailable, e.to_string());
+                err.internal = true;
+                return err;
+            }
         };
         ServiceError::new(kind, e.to_string())
     }

@@ -191,10 +191,31 @@ impl Service {
             supersedes: id(&req.supersedes, "supersedes")?,
             trace_id: trace,
         };
-        let s = self
+        // An id or a predecessor of another caller's is "not found", whatever else the request
+        // says: neither its existence, its state nor its fingerprint is revealed.
+        if let Some(id) = submission.operation_id {
+            self.not_foreign(p, id).await?;
+        }
+        if let Some(old) = submission.supersedes {
+            self.own(p, &old.to_string()).await?;
+        }
+        let s = match self
             .store
             .submit_new(&submission, &self.terms, SubmitLimits::default())
-            .await?;
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                // A race with another caller taking the same id between the check and the insert.
+                if let Some(id) = submission.operation_id {
+                    self.not_foreign(p, id).await?;
+                }
+                return Err(e.into());
+            }
+        };
+        if s.operation.caller != p.caller() {
+            return Err(StoreError::NotFound(s.operation.id).into());
+        }
         Ok(SubmitResponse {
             created: s.created,
             operation: OperationView::of(&s.operation),
@@ -208,6 +229,28 @@ impl Service {
         let op = self.store.get(id).await?;
         if !p.sees_all() && op.caller != p.caller() {
             return Err(StoreError::NotFound(id).into());
+        }
+        Ok(op)
+    }
+
+    /// Refused as "not found" if `id` exists and belongs to another caller.
+    async fn not_foreign(&self, p: &Principal, id: OperationId) -> Result<(), ServiceError> {
+        match self.store.get(id).await {
+            Ok(op) if op.caller != p.caller() => Err(StoreError::NotFound(id).into()),
+            Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The operation, if this principal may act on it (cancel it, retry it): its own caller's, or
+    /// any with the decide scope. Seeing every operation (audit) is not acting on it.
+    async fn own(&self, p: &Principal, id: &str) -> Result<OperationRecord, ServiceError> {
+        let op = self.visible(p, id).await?;
+        if op.caller != p.caller() && !p.has(Scope::Decide) {
+            return Err(ServiceError::forbidden(format!(
+                "{} is another caller's operation: only its caller or a token with the decide scope may act on it",
+                op.id
+            )));
         }
         Ok(op)
     }
@@ -312,26 +355,24 @@ impl Service {
         timeout: Duration,
     ) -> Result<WaitResponse, ServiceError> {
         p.require(Scope::Read)?;
-        let seen = seen
-            .map(|s| {
-                let st = s.split_once('@').map_or(s, |(st, _)| st);
-                st.parse::<State>()
-                    .map_err(|e| ServiceError::bad_input(format!("seen: {e}")))
-            })
-            .transpose()?;
+        let seen = seen.map(operator::parse_seen).transpose()?;
         // Subscribe before the first read: a change between the two is not missed.
         let mut wake = self
             .watcher
             .get_or_init(|| watch::Watcher::start(self.store.clone()))
             .subscribe();
         let op = self.visible(p, id).await?;
-        let seen = seen.unwrap_or(op.state);
-        let done = |op: &OperationRecord| {
-            op.state != seen || op.state.is_terminal() || op.state.needs_human()
+        // What the caller saw: a state, and with `@SEQ` the history position (so a state left and
+        // come back to — observing, held, resumed, observing — counts as a change).
+        let (seen, seen_seq) = seen.unwrap_or((op.state, None));
+        let moved = |op: &OperationRecord| {
+            op.state != seen || seen_seq.is_some_and(|q| op.history_seq != q)
         };
+        let done =
+            |op: &OperationRecord| moved(op) || op.state.is_terminal() || op.state.needs_human();
         if done(&op) {
             return Ok(WaitResponse {
-                changed: op.state != seen,
+                changed: moved(&op),
                 timed_out: false,
                 operation: OperationView::of(&op),
             });
@@ -342,7 +383,7 @@ impl Service {
                 Err(_) => {
                     let op = self.store.get(op.id).await?;
                     return Ok(WaitResponse {
-                        changed: op.state != seen,
+                        changed: moved(&op),
                         timed_out: !done(&op),
                         operation: OperationView::of(&op),
                     });
@@ -351,7 +392,7 @@ impl Service {
                     let now = self.store.get(op.id).await?;
                     if done(&now) {
                         return Ok(WaitResponse {
-                            changed: now.state != seen,
+                            changed: moved(&now),
                             timed_out: false,
                             operation: OperationView::of(&now),
                         });
@@ -368,7 +409,7 @@ impl Service {
         reason: &str,
     ) -> Result<CancelResponse, ServiceError> {
         p.require(Scope::Cancel)?;
-        let op = self.visible(p, id).await?;
+        let op = self.own(p, id).await?;
         let req = jobtrail_core::CancelRequest::new(p.caller(), reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
         let applied = match self.store.request_cancel(op.id, req).await {

@@ -269,6 +269,21 @@ impl Service {
                 old.state
             )));
         }
+        // A new request is this person's, not the original approver's: the approval recorded is
+        // theirs, and the request is checked against the contract's schema like any submission.
+        let edited = request.as_ref().is_some_and(|r| r != &old.request_body);
+        if let (Some(r), Some(c)) = (
+            request.as_ref().filter(|_| edited),
+            self.registry.get(&old.provider).map(|x| x.contract()),
+        ) && let Some(schema) = &c.create.request_schema
+        {
+            crate::check_request(&schema.validator, &c.redact, r)?;
+        }
+        let (approved_by, approval_ref) = if edited {
+            (decision.actor().to_owned(), None)
+        } else {
+            (old.approved_by.clone(), old.approval_ref.clone())
+        };
         let body = serde_json::to_vec(request.as_ref().unwrap_or(&old.request_body))
             .map_err(|e| ServiceError::bad_input(format!("request: {e}")))?;
         let submission = Submission {
@@ -277,8 +292,8 @@ impl Service {
             target: old.target.clone(),
             body,
             caller: decision.actor().to_owned(),
-            approved_by: old.approved_by.clone(),
-            approval_ref: old.approval_ref.clone(),
+            approved_by,
+            approval_ref,
             create_deadline: None,
             result_deadline: result_deadline
                 .as_deref()
