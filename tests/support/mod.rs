@@ -341,6 +341,17 @@ impl Drop for Env {
         for (s, _) in &self.workers {
             s.cancel();
         }
+        // A passing test leaves nothing behind; a failing one keeps its logs to read.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            let edited = std::path::Path::new(&self.providers);
+            if edited
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("jobtrail-providers-"))
+            {
+                let _ = std::fs::remove_dir_all(edited);
+            }
+        }
     }
 }
 
