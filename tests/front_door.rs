@@ -796,3 +796,162 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
     problem(r, StatusCode::UNAUTHORIZED, "unauthenticated").await;
     env.stop_workers().await;
 }
+
+/// `jobtrail-admin tokens`: a token is printed once and works at once; the list never shows a token;
+/// careless input writes nothing; a revoked token stops on the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let c = support::http();
+    let admin =
+        std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")).with_file_name("jobtrail-admin");
+    assert!(
+        admin.exists(),
+        "build the workspace first: {}",
+        admin.display()
+    );
+    let run = |args: &[&str]| support::run_bin(&admin, &env.url, &env.providers, args, None);
+
+    // Careless input: nothing written.
+    for (args, says) in [
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "agent-7",
+                "--scopes",
+                "submit,root",
+                "--created-by",
+                "alice",
+            ],
+            "--scopes",
+        ),
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "agent-7",
+                "--scopes",
+                "",
+                "--created-by",
+                "alice",
+            ],
+            "--scopes",
+        ),
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "",
+                "--scopes",
+                "read",
+                "--created-by",
+                "alice",
+            ],
+            "--caller",
+        ),
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "a\u{1b}[2J",
+                "--scopes",
+                "read",
+                "--created-by",
+                "alice",
+            ],
+            "--caller",
+        ),
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "agent-7",
+                "--scopes",
+                "read",
+                "--created-by",
+                "alice",
+                "--expires",
+                "2020-01-01T00:00:00Z",
+            ],
+            "--expires",
+        ),
+        (
+            vec!["tokens", "revoke", "not-a-uuid", "--actor", "alice"],
+            "invalid",
+        ),
+    ] {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert!(env.store.tokens().await.unwrap().is_empty());
+
+    // Created: printed once on stdout, usable at once.
+    let out = run(&[
+        "tokens",
+        "create",
+        "--caller",
+        "agent-7",
+        "--scopes",
+        "submit,read",
+        "--created-by",
+        "alice",
+        "--note",
+        "CI agent",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(jobtrail_service::auth::token_shaped(&token), "{token}");
+    let r = c
+        .get(server.url("/v1/operations"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+
+    // Listed without the token itself; revoked by id; refused from then on.
+    let out = run(&["tokens", "list", "--json"]);
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        !listed.contains(&token) && !listed.contains(&token[4..]),
+        "a token in the list"
+    );
+    let list: Value = serde_json::from_str(&listed).unwrap();
+    let id = list[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(list[0]["caller"], "agent-7");
+    let out = run(&["tokens", "revoke", &id, "--actor", "alice"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = c
+        .get(server.url("/v1/operations"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    let unknown = uuid::Uuid::now_v7().to_string();
+    assert_eq!(
+        run(&["tokens", "revoke", &unknown, "--actor", "alice"])
+            .status
+            .code(),
+        Some(3)
+    );
+}

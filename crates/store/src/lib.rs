@@ -498,6 +498,8 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let results = write_batch_in(&mut tx, writes).await?;
         tx.commit().await?;
+        self.announce(write::moved(results.iter().filter_map(|r| r.as_ref().ok())))
+            .await;
         // The calls of refused writes, each after the batch (never holding the batch's locks while
         // waiting for another worker's row).
         for ((lease, step), result) in writes.iter().zip(&results) {
@@ -515,6 +517,7 @@ impl Store {
         let locked = lock_if_leased(&mut tx, lease).await?;
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
         tx.commit().await?;
+        self.announce(write::moved([&applied])).await;
         Ok(applied)
     }
 
@@ -559,6 +562,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        self.announce(write::moved([&applied])).await;
         Ok(applied)
     }
 
@@ -628,6 +632,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        self.announce(write::moved([&applied])).await;
         Ok(applied)
     }
 }

@@ -276,27 +276,16 @@ pub(crate) async fn execute(
         insert_history(tx, entry, p.call.map(|(c, _)| c.id), prev, hash).await?;
     }
     insert_results(tx, std::slice::from_ref(p)).await?;
-    update_row(tx, rec, p.epoch).await?;
-    notify_states(tx, std::slice::from_ref(p)).await
+    update_row(tx, rec, p.epoch).await
 }
 
-/// Announce the operations these writes move to another state (delivered at commit, if it commits).
-async fn notify_states(
-    tx: &mut Transaction<'_, Postgres>,
-    planned: &[Planned<'_>],
-) -> Result<(), StoreError> {
-    let moved: Vec<String> = planned
-        .iter()
-        .filter(|p| p.applied.transition.is_some_and(|t| t.from != t.to))
-        .map(|p| p.applied.record.id.to_string())
-        .collect();
-    if !moved.is_empty() {
-        sqlx::query(include_str!("sql/notify_state.sql"))
-            .bind(moved)
-            .execute(&mut **tx)
-            .await?;
-    }
-    Ok(())
+/// The operations these committed writes moved to another state, for [`crate::Store::announce`].
+pub(crate) fn moved<'a>(applied: impl IntoIterator<Item = &'a Applied>) -> Vec<String> {
+    applied
+        .into_iter()
+        .filter(|a| a.transition.is_some_and(|t| t.from != t.to))
+        .map(|a| a.record.id.to_string())
+        .collect()
 }
 
 /// Keep the result bytes the planned steps carry (one statement per bounded chunk: a batch of big
@@ -851,5 +840,5 @@ pub(crate) async fn execute_many(
             done.rows_affected()
         )));
     }
-    notify_states(tx, planned).await
+    Ok(())
 }
