@@ -376,3 +376,19 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
         "nothing written"
     );
 }
+
+#[test]
+fn api_on_a_command_that_works_on_the_database_is_refused_not_ignored() {
+    for cmd in [&["worker"][..], &["migrate"], &["serve"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(cmd)
+            .args(["--api", "http://127.0.0.1:9"])
+            .env_remove("JOBTRAIL_API")
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:9/none")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(err.contains("--api applies to"), "{cmd:?}: {err}");
+    }
+}

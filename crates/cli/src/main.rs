@@ -184,6 +184,26 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> CmdResult {
     let json = cli.common.json;
+    // `--api` is for the agents' commands; a worker, a server, a migration or a benchmark works on
+    // the database itself. A flag that would be ignored is refused (JOBTRAIL_API in the
+    // environment, meant for the agents' commands, is left alone).
+    let through_api = matches!(
+        cli.command,
+        Command::Submit(_)
+            | Command::Show { .. }
+            | Command::List { .. }
+            | Command::Providers
+            | Command::Cancel { .. }
+            | Command::Result { .. }
+            | Command::Wait { .. }
+            | Command::Mcp
+    );
+    if !through_api && cli.door.api.is_some() && std::env::var_os("JOBTRAIL_API").is_none() {
+        return Err(common::fail(
+            exit::BAD_INPUT,
+            "--api applies to submit, show, list, providers, cancel, result, wait and mcp; this command works on the database (DATABASE_URL)",
+        ));
+    }
     match cli.command {
         Command::Demo(args) => demo::run(args, json).await,
         Command::Bench(args) => bench::run(args).await,
