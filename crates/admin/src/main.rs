@@ -233,11 +233,11 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> CmdResult {
     let json = cli.common.json;
     if let Command::Migrate = cli.command {
-        shell::store_migrated(&cli.common.database_url).await?;
+        shell::store_migrated(&cli.common).await?;
         println!("migrations applied");
         return Ok(ExitCode::SUCCESS);
     }
-    let store = shell::store(&cli.common.database_url).await?;
+    let store = shell::store(&cli.common).await?;
     match cli.command {
         Command::Migrate => unreachable!("handled above"),
         Command::Escalations { state, provider } => {

@@ -1297,3 +1297,18 @@ async fn careless_decisions_are_refused_and_write_nothing() {
         .unwrap_err();
     assert!(err.to_string().contains("already retried"), "{err}");
 }
+
+#[test]
+fn without_database_url_it_refuses_and_starts_no_database_of_its_own() {
+    let data = std::env::temp_dir().join(format!("jobtrail-admin-no-db-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+        .arg("escalations")
+        .env_remove("DATABASE_URL")
+        .env("XDG_DATA_HOME", &data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 5, "{err}");
+    assert!(err.contains("DATABASE_URL is not set"), "{err}");
+    assert!(!data.exists(), "a private cluster was started");
+}

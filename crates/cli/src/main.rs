@@ -6,6 +6,7 @@ mod demo;
 mod fleet;
 mod ops;
 mod serve;
+mod work;
 
 use clap::{Parser, Subcommand};
 use common::{CmdResult, exit};
@@ -117,51 +118,19 @@ enum Command {
         after_help = "MCP client configuration:\n  {\"command\": \"jobtrail\", \"args\": [\"mcp\"],\n   \"env\": {\"JOBTRAIL_API\": \"http://127.0.0.1:8080\", \"JOBTRAIL_TOKEN\": \"jtk_...\"}}"
     )]
     Mcp,
-    /// Run a worker until SIGTERM/SIGINT.
-    #[command(after_help = "Example:\n  jobtrail worker --concurrency 64 --lease 30s")]
-    Worker {
-        /// Lease owner name (default HOSTNAME-PID).
-        #[arg(long)]
-        id: Option<String>,
-        /// Most operations claimed by one claim transaction.
-        #[arg(long, default_value_t = 32)]
-        batch: i64,
-        /// Operations driven at once (each under its own lease); more in flight makes bigger group
-        /// commits.
-        #[arg(long, default_value_t = 64)]
-        concurrency: usize,
-        /// Lease time-to-live: a dead worker's operations are taken over after this.
-        #[arg(long, default_value = "30s")]
-        lease: String,
-        /// Longest pause between scans without notifications.
-        #[arg(long, default_value = "250ms")]
-        idle: String,
-        /// Keep result bytes as files in this local directory instead of in the database (the
-        /// default). Only this host can then read them back (`jobtrail result`).
-        #[arg(long, env = "JOBTRAIL_RESULT_DIR")]
-        result_dir: Option<PathBuf>,
-        /// Most steps written per transaction (group commit); 1 writes each step on its own.
-        #[arg(long, default_value_t = 64)]
-        write_batch: usize,
-    },
+    /// Run a worker until SIGTERM/SIGINT (every flag also reads its JOBTRAIL_* variable).
+    #[command(
+        after_help = "Example:\n  DATABASE_URL=postgres://jobtrail_worker_1@db/jobtrail jobtrail worker --concurrency 64 --ops-listen 0.0.0.0:9090\n\n/livez, /readyz and /metrics (Prometheus) are served on --ops-listen."
+    )]
+    Worker(work::WorkerArgs),
+    /// Start (or reuse) a private PostgreSQL on this machine for trying jobtrail, migrate it and
+    /// print its URL: `export DATABASE_URL=$(jobtrail dev-db)`. Not for production: one machine,
+    /// data under $XDG_DATA_HOME/jobtrail/postgres.
+    DevDb,
     /// Apply database migrations and exit: the only command that changes the schema. Run it as the
     /// owner role, once per release (a Kubernetes Job); every other command checks the schema
     /// version at start and refuses (exit 5) when it is behind or ahead.
     Migrate,
-}
-
-fn init_logs(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("JOBTRAIL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let json = std::env::var("JOBTRAIL_LOG_FORMAT").is_ok_and(|f| f == "json");
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        let _ = b.json().try_init();
-    } else {
-        let _ = b.try_init();
-    }
 }
 
 // Workers allocate and free many small buffers per step (requests, rows, JSON); glibc's allocator
@@ -173,8 +142,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
-    init_logs(match cli.command {
-        Command::Worker { .. } | Command::Serve(_) => "info",
+    jobtrail_telemetry::logs::init(match cli.command {
+        Command::Worker(_) | Command::Serve(_) => "info",
         // The benchmark's synthetic bulk statements are slow on purpose.
         Command::Bench(_) => "error",
         _ => "warn",
@@ -208,7 +177,7 @@ async fn run(cli: Cli) -> CmdResult {
         Command::Demo(args) => demo::run(args, json).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate => {
-            common::store_migrated(&cli.common.database_url).await?;
+            common::store_migrated(&cli.common).await?;
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
@@ -268,78 +237,15 @@ async fn run(cli: Cli) -> CmdResult {
         }
         Command::Serve(args) => serve::serve(&cli.common, args).await,
         Command::Mcp => serve::mcp(&cli.door).await,
-        Command::Worker {
-            id,
-            batch,
-            concurrency,
-            lease,
-            idle,
-            result_dir,
-            write_batch,
-        } => {
-            let mut config = jobtrail_worker::WorkerConfig::named_default();
-            if let Some(id) = id {
-                config.id = id;
-            }
-            if batch < 1 || concurrency < 1 {
-                return Err(common::fail(
-                    exit::BAD_INPUT,
-                    "--batch and --concurrency must be at least 1",
-                ));
-            }
-            config.batch = batch;
-            config.concurrency = concurrency;
-            config.write_batch = write_batch.max(1);
-            config.lease = common::parse_duration_within(
-                "--lease",
-                &lease,
-                Duration::from_secs(1),
-                Duration::from_secs(3600),
-            )?;
-            config.idle = common::parse_duration_within(
-                "--idle",
-                &idle,
-                Duration::from_millis(1),
-                Duration::from_secs(3600),
-            )?;
-            let registry = common::registry(&cli.common.providers)?;
-            let results = match result_dir.filter(|d| !d.as_os_str().is_empty()) {
-                Some(d) => jobtrail_worker::ResultStore::directory(d),
-                None => jobtrail_worker::ResultStore::Database,
-            };
-            if matches!(results, jobtrail_worker::ResultStore::Database) {
-                // Refuse at start what would fail at every collect.
-                let limit = jobtrail_worker::results::MAX_DATABASE_RESULT as u64;
-                for name in registry.names() {
-                    let allowed = registry
-                        .get(name)
-                        .and_then(|p| p.contract().result.as_ref().map(|r| r.max_bytes))
-                        .unwrap_or(0);
-                    if allowed > limit {
-                        return Err(common::fail(
-                            exit::BAD_INPUT,
-                            format!(
-                                "provider {name} allows results of {allowed} bytes; results kept in the database may be at most {limit}: lower its result.max_bytes or run with --result-dir"
-                            ),
-                        ));
-                    }
-                }
-            }
-            let store = common::store(&cli.common.database_url).await?;
-            let worker = jobtrail_worker::Worker::new(store, registry, results, config);
-            let shutdown = tokio_util::sync::CancellationToken::new();
-            let stop = shutdown.clone();
-            tokio::spawn(async move {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("signal handler");
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-                stop.cancel();
-            });
-            worker.run(shutdown).await;
+        Command::Worker(args) => work::run(&cli.common, args).await,
+        Command::DevDb => {
+            let url = jobtrail_store::cluster::private_database_url()
+                .await
+                .map_err(|e| common::fail(exit::UNAVAILABLE, e))?;
+            let mut local = cli.common.clone();
+            local.database_url = Some(url.clone());
+            common::store_migrated(&local).await?;
+            println!("{url}");
             Ok(ExitCode::SUCCESS)
         }
     }

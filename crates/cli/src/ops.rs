@@ -43,7 +43,7 @@ pub async fn door(
     } else {
         jobtrail_provider::Registry::default()
     };
-    let store = shell::store(&common.database_url).await?;
+    let store = shell::store(common).await?;
     let caller = match caller.map(str::trim) {
         Some(c) if !c.is_empty() => c.to_owned(),
         Some(_) => {

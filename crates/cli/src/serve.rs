@@ -8,7 +8,7 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on (`127.0.0.1:0` picks a free port; the address is printed).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "JOBTRAIL_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
     /// A `jobtrail_operator` login for the operator and audit routes (decisions, escalations,
     /// verify). Without it they use DATABASE_URL, whose role decides what succeeds.
@@ -16,11 +16,19 @@ pub struct ServeArgs {
     pub operator_database_url: Option<String>,
     /// A Host name the MCP endpoint accepts besides loopback (DNS-rebinding protection); repeat
     /// for several (`jobtrail.example`, `jobtrail.example:8443`).
-    #[arg(long = "mcp-allowed-host")]
+    #[arg(
+        long = "mcp-allowed-host",
+        env = "JOBTRAIL_MCP_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
     pub mcp_allowed_hosts: Vec<String>,
     /// How long requests in flight may finish after SIGTERM.
-    #[arg(long, default_value = "10s")]
+    #[arg(long, env = "JOBTRAIL_DRAIN", default_value = "10s")]
     pub drain: String,
+    /// Serve /livez, /readyz and /metrics (Prometheus) on this address, apart from the API (keep it
+    /// off the Ingress). Unset: no listener.
+    #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
+    pub ops_listen: Option<std::net::SocketAddr>,
 }
 
 fn on_signal(token: tokio_util::sync::CancellationToken) {
@@ -46,16 +54,30 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         Duration::from_secs(600),
     )?;
     let registry = shell::registry(&common.providers)?;
-    let store = shell::store(&common.database_url).await?;
+    let store = shell::store(common).await?;
+    let contracts = registry.names().count();
+    let probe_store = store.clone();
     let service = match a.operator_database_url.filter(|u| !u.trim().is_empty()) {
         Some(u) => {
-            let operator = shell::store(&Some(u)).await?;
+            let operator = shell::store_at(Some(&u), common.db_pool).await?;
             jobtrail_service::Service::with_operator(store, operator, registry)
         }
         None => jobtrail_service::Service::new(store, registry),
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     on_signal(shutdown.clone());
+    if let Some(addr) = a.ops_listen {
+        let probe = jobtrail_telemetry::Probe {
+            store: probe_store,
+            contracts,
+            needs_contracts: false,
+        };
+        let bound =
+            jobtrail_telemetry::serve(addr, jobtrail_telemetry::router(probe), shutdown.clone())
+                .await
+                .map_err(|e| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}")))?;
+        eprintln!("jobtrail API: /livez, /readyz and /metrics on http://{bound}");
+    }
     let mcp = axum::Router::new()
         .nest_service(
             "/mcp",

@@ -10,9 +10,13 @@ use std::process::ExitCode;
 /// The options every jobtrail command line shares.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
-    /// PostgreSQL URL. Unset: jobtrail's private cluster, started on demand from the machine's PostgreSQL binaries.
+    /// PostgreSQL URL (required by every command but demo, bench and dev-db). TLS: add
+    /// `sslmode=require`, or `sslmode=verify-full&sslrootcert=/path/ca.pem`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
+    /// Most database connections this process opens.
+    #[arg(long, env = "JOBTRAIL_DB_POOL", global = true, default_value_t = 16)]
+    pub db_pool: u32,
     /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.
     #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true)]
     pub providers: Option<PathBuf>,
@@ -93,29 +97,24 @@ pub fn exit_with(result: CmdResult) -> ExitCode {
 
 /// Connect for any command but `migrate`: DATABASE_URL's database must already hold this binary's
 /// schema (checked with one read; `jobtrail migrate` is the only command that changes it, so no role
-/// but the owner needs DDL rights). jobtrail's private cluster (DATABASE_URL unset: demos and a
-/// single machine) is migrated on the spot, since whoever runs it owns it.
-pub async fn store(database_url: &Option<String>) -> Result<Store, Failure> {
-    let (store, private) = connect(database_url).await?;
-    let ready = if private {
-        store.migrate().await
-    } else {
-        store.check_schema().await
-    };
-    ready.map_err(|e| Failure {
+/// but the owner needs DDL rights).
+pub async fn store(common: &Common) -> Result<Store, Failure> {
+    store_at(common.database_url.as_deref(), common.db_pool).await
+}
+
+/// [`store`] for a URL other than DATABASE_URL (the API's operator login).
+pub async fn store_at(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
+    let store = connect(url, pool).await?;
+    store.check_schema().await.map_err(|e| Failure {
         code: exit::UNAVAILABLE,
-        error: anyhow::Error::new(e).context(if private {
-            "applying migrations"
-        } else {
-            "checking the database schema"
-        }),
+        error: anyhow::Error::new(e).context("checking the database schema"),
     })?;
     Ok(store)
 }
 
 /// Connect and apply every pending migration (`jobtrail migrate`, as the owner role).
-pub async fn store_migrated(database_url: &Option<String>) -> Result<Store, Failure> {
-    let (store, _) = connect(database_url).await?;
+pub async fn store_migrated(common: &Common) -> Result<Store, Failure> {
+    let store = connect(common.database_url.as_deref(), common.db_pool).await?;
     store
         .migrate()
         .await
@@ -127,25 +126,33 @@ pub async fn store_migrated(database_url: &Option<String>) -> Result<Store, Fail
     Ok(store)
 }
 
-async fn connect(database_url: &Option<String>) -> Result<(Store, bool), Failure> {
-    let (url, private) = match database_url {
-        Some(u) => (u.clone(), false),
-        None => (
-            jobtrail_store::cluster::database_url()
-                .await
-                .map_err(|e| fail(exit::UNAVAILABLE, e))?,
-            true,
-        ),
-    };
-    let store = Store::connect(&url)
+/// What a command that needs the database says when DATABASE_URL is missing. The private cluster
+/// is for trying jobtrail on one machine (`jobtrail dev-db`, `demo`, `bench`); a worker or a server
+/// that silently started its own database would split a fleet across databases.
+pub const NO_DATABASE: &str = "DATABASE_URL is not set: point it at the PostgreSQL jobtrail runs on (postgres://user@host/db?sslmode=verify-full&sslrootcert=ca.pem). To try jobtrail on this machine: export DATABASE_URL=$(jobtrail dev-db)";
+
+async fn connect(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
+    let url = url
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| fail(exit::UNAVAILABLE, NO_DATABASE))?;
+    if !(1..=MAX_DB_POOL).contains(&pool) {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!("--db-pool must be between 1 and {MAX_DB_POOL}, not {pool}"),
+        ));
+    }
+    Store::connect_with(url, pool)
         .await
         .context("connecting to the database")
         .map_err(|e| Failure {
             code: exit::UNAVAILABLE,
             error: e,
-        })?;
-    Ok((store, private))
+        })
 }
+
+/// The most database connections one process may open (PostgreSQL's own default limit is 100).
+pub const MAX_DB_POOL: u32 = 1000;
 
 /// The providers directory: `--providers`, `$JOBTRAIL_PROVIDERS`, `./providers`, `/etc/jobtrail/providers`.
 pub fn providers_dir(flag: &Option<PathBuf>) -> PathBuf {

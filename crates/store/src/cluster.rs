@@ -1,5 +1,6 @@
-//! PostgreSQL for everyone: when `DATABASE_URL` is not set, run a private cluster from the machine's
-//! own PostgreSQL server binaries.
+//! PostgreSQL for trying jobtrail on one machine (`jobtrail dev-db`, `demo`, `bench`) and for the
+//! tests: a private cluster run from the machine's own PostgreSQL server binaries. Every other
+//! command requires `DATABASE_URL`.
 //!
 //! * Binaries are found on `PATH` or where Debian/Ubuntu, Fedora/PGDG and Homebrew install them
 //!   (`JOBTRAIL_PG_BIN` overrides). None found: a clear error naming the package to install.
@@ -428,12 +429,9 @@ impl Drop for FileLock {
     }
 }
 
-/// The database URL the binaries use: `DATABASE_URL` if set, else the persistent private cluster's
-/// `jobtrail` database (created on first use).
-pub async fn database_url() -> Result<String, ClusterError> {
-    if let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
-        return Ok(url);
-    }
+/// The persistent private cluster's `jobtrail` database (cluster started and database created on
+/// first use), whatever `DATABASE_URL` says.
+pub async fn private_database_url() -> Result<String, ClusterError> {
     let cluster = tokio::task::spawn_blocking(Cluster::persistent)
         .await
         .map_err(|e| ClusterError::Command {

@@ -46,7 +46,7 @@ pub use queue::LeaseHolder;
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
 pub use write::{Applied, Counters, FailureCount, Observation, ResultBytes, SendMark, Step};
 
-use record::{HistoryRow, LockedRow, OperationRow};
+use record::{ClaimedRow, HistoryRow, LockedRow, OperationRow};
 
 /// The migrations, embedded in every binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
@@ -76,6 +76,10 @@ pub struct Claimed {
     pub lease: Lease,
     pub operation: OperationRecord,
     pub db_now: DateTime<Utc>,
+    /// How long after it came due the claim took it (notification and scan lag, or a full fleet).
+    pub late: Duration,
+    /// The row still named another owner whose lease had run out: a takeover.
+    pub taken_over: bool,
 }
 
 /// What submit did.
@@ -334,6 +338,15 @@ impl Store {
     }
 
     /// How many operations a worker still has to act on.
+    /// Escalations open (held for a person) and when the oldest was raised.
+    pub async fn escalations_open(&self) -> Result<(i64, Option<DateTime<Utc>>), StoreError> {
+        Ok(
+            sqlx::query_as(include_str!("sql/operation_escalations_open.sql"))
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
     pub async fn count_unsettled(&self) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(include_str!("sql/operation_count_unsettled.sql"))
             .fetch_one(&self.pool)
@@ -815,7 +828,7 @@ pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
     ttl: Duration,
     providers: Option<&[String]>,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let rows: Vec<LockedRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
+    let rows: Vec<ClaimedRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
         .bind(owner)
         .bind(limit)
         .bind(ttl.as_secs_f64())
@@ -824,9 +837,11 @@ pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
         .await?;
     rows.into_iter()
         .map(|r| {
-            let db_now = r.db_now;
-            let op: OperationRecord = r.row.try_into()?;
+            let db_now = r.locked.db_now;
+            let op: OperationRecord = r.locked.row.try_into()?;
             Ok(Claimed {
+                late: (db_now - r.was_due).to_std().unwrap_or_default(),
+                taken_over: r.taken_over,
                 lease: Lease {
                     operation_id: op.id,
                     owner: owner.to_owned(),

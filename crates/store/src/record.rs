@@ -84,6 +84,15 @@ pub(crate) struct LockedRow {
     pub row: OperationRow,
 }
 
+/// A claimed row: the locked row, when it was due, and whether its lease was taken over.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ClaimedRow {
+    pub was_due: DateTime<Utc>,
+    pub taken_over: bool,
+    #[sqlx(flatten)]
+    pub locked: LockedRow,
+}
+
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{what}: {e}"))
 }

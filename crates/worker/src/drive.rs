@@ -11,6 +11,7 @@
 //! evidence bundle, and retrying a write while the database is away.
 
 use crate::fault;
+use crate::metrics;
 use crate::results::{ReadError, ResultStore};
 use chrono::{DateTime, Utc};
 use jobtrail_core::decide::{
@@ -151,6 +152,7 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
         let plan = match plan(&mut ctx, &op).await {
             Ok(p) => p,
             Err(Stop::LeaseLost) => {
+                metrics::lease_lost();
                 out.lease_lost = true;
                 return out;
             }
@@ -163,11 +165,24 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
         steps.extend(plan.first);
         steps.push(plan.step);
         for step in steps {
-            if step.call.is_some() {
+            if let Some(call) = &step.call {
                 out.calls += 1;
+                metrics::call(&op.provider, call);
             }
             let kind = step.event.as_ref().map(|e| e.kind());
-            match ctx.write(step).await {
+            let written = ctx.write(step).await;
+            metrics::step(
+                kind,
+                match &written {
+                    Ok(_) => "written",
+                    Err(Stop::LeaseLost) => "lease_lost",
+                    Err(Stop::Other(StoreError::Illegal { .. } | StoreError::Moved { .. })) => {
+                        "dropped"
+                    }
+                    Err(Stop::Other(_)) => "failed",
+                },
+            );
+            match written {
                 Ok(applied) => {
                     if kind.is_some() {
                         out.events += 1;
@@ -179,6 +194,7 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
                 }
                 Err(Stop::LeaseLost) => {
                     tracing::info!(operation = %op.id, "lease lost; the write was refused and this worker stops acting on it");
+                    metrics::lease_lost();
                     out.lease_lost = true;
                     return out;
                 }

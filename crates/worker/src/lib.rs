@@ -14,6 +14,7 @@
 
 mod drive;
 pub mod fault;
+mod metrics;
 pub mod results;
 mod writer;
 
@@ -125,6 +126,7 @@ impl Worker {
     ) -> Self {
         // One writer lane: while a batch is being written the next one queues up, so batches form by
         // themselves; up to `write_batch` steps per transaction (see writer.rs).
+        metrics::describe();
         let writer = writer::Writer::start(store.clone(), 1, config.write_batch.max(1));
         let providers = Arc::new(registry.names().map(str::to_owned).collect());
         Self {
@@ -166,6 +168,12 @@ impl Worker {
                 .await;
             return Driven::default();
         };
+        let span = tracing::info_span!(
+            "operation",
+            operation = %c.operation.id,
+            trace_id = %c.operation.trace_id,
+            provider = %c.operation.provider,
+        );
         let ctx = drive::Ctx {
             store: &self.store,
             writer: &self.writer,
@@ -181,7 +189,7 @@ impl Worker {
             },
             shutdown,
         };
-        drive::drive(ctx, c.operation).await
+        tracing::Instrument::instrument(drive::drive(ctx, c.operation), span).await
     }
 
     /// Claim up to `limit` due operations of the providers this worker has contracts for.
@@ -191,7 +199,9 @@ impl Worker {
             .store
             .claim_due_for(&self.config.id, limit, self.config.lease, &self.providers)
             .await?;
-        Ok((claimed, (sent, Instant::now())))
+        let answered = Instant::now();
+        metrics::claimed(answered - sent, &claimed);
+        Ok((claimed, (sent, answered)))
     }
 
     /// Claim one batch and drive every claimed operation to its next wait. Returns what was done.
@@ -268,17 +278,22 @@ impl Worker {
                                 .acquire_owned()
                                 .await
                                 .expect("semaphore open");
-                            self.active
-                                .lock()
-                                .expect("lock")
-                                .insert(c.lease.operation_id, c.lease.clone());
+                            {
+                                let mut active = self.active.lock().expect("lock");
+                                active.insert(c.lease.operation_id, c.lease.clone());
+                                metrics::in_flight(active.len());
+                            }
                             let me = self.clone();
                             let stop = shutdown.clone();
                             tasks.spawn(async move {
                                 let id = c.lease.operation_id;
                                 let d = me.drive_one(c, times, stop).await;
                                 me.stats.add(d);
-                                me.active.lock().expect("lock").remove(&id);
+                                {
+                                    let mut active = me.active.lock().expect("lock");
+                                    active.remove(&id);
+                                    metrics::in_flight(active.len());
+                                }
                                 drop(permit);
                             });
                         }

@@ -55,7 +55,9 @@ impl Writer {
                     counts
                         .steps
                         .fetch_add(writes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    let (steps, began) = (writes.len(), std::time::Instant::now());
                     let results = store.apply_many(writes).await;
+                    crate::metrics::written(steps, began.elapsed());
                     for (reply, result) in replies.into_iter().zip(results) {
                         let _ = reply.send(result);
                     }

@@ -7,9 +7,11 @@
 -- A claimed create_pending row is marked "a create may leave under this epoch" in this same commit,
 -- before the worker sends anything (create_sent_epoch; see migration 0005). A mark left by an earlier
 -- epoch is kept: that send's outcome was never recorded, and the new owner must treat it as unknown.
--- Returns the database clock, from which the worker carries its one decision clock.
+-- Returns the database clock, from which the worker carries its one decision clock, and for the
+-- metrics: when each row was due (claim lag) and whether it still named another owner (a takeover:
+-- that owner's lease ran out; a released lease names none).
 WITH due AS (
-    SELECT id
+    SELECT id, next_action_at AS was_due, lease_owner IS NOT NULL AS taken_over
     FROM operations
     WHERE next_action_at <= now()
       AND state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
@@ -29,4 +31,4 @@ SET lease_owner       = $1,
                              THEN coalesce(o.create_sent_epoch, o.lease_epoch + 1) END
 FROM due
 WHERE o.id = due.id
-RETURNING now() AS db_now, o.*
+RETURNING now() AS db_now, due.was_due, due.taken_over, o.*

@@ -1,0 +1,139 @@
+//! `jobtrail worker`: the service loop, its flags (each with a `JOBTRAIL_*` variable, for a
+//! Deployment's env), and its operations listener (`/livez`, `/readyz`, `/metrics`).
+
+use jobtrail_console::shell::{self, CmdResult, exit, fail};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    /// Lease owner name (default HOSTNAME-PID: the pod name on Kubernetes).
+    #[arg(long, env = "JOBTRAIL_WORKER_ID")]
+    id: Option<String>,
+    /// Most operations claimed by one claim transaction.
+    #[arg(long, env = "JOBTRAIL_BATCH", default_value_t = 32)]
+    batch: i64,
+    /// Operations driven at once (each under its own lease); more in flight makes bigger group
+    /// commits.
+    #[arg(long, env = "JOBTRAIL_CONCURRENCY", default_value_t = 64)]
+    concurrency: usize,
+    /// Lease time-to-live: a dead worker's operations are taken over after this.
+    #[arg(long, env = "JOBTRAIL_LEASE", default_value = "30s")]
+    lease: String,
+    /// Longest pause between scans without notifications.
+    #[arg(long, env = "JOBTRAIL_IDLE", default_value = "250ms")]
+    idle: String,
+    /// Keep result bytes as files in this local directory instead of in the database (the
+    /// default). Only this host can then read them back (`jobtrail result`).
+    #[arg(long, env = "JOBTRAIL_RESULT_DIR")]
+    result_dir: Option<PathBuf>,
+    /// Most steps written per transaction (group commit); 1 writes each step on its own.
+    #[arg(long, env = "JOBTRAIL_WRITE_BATCH", default_value_t = 64)]
+    write_batch: usize,
+    /// How long steps in flight may finish after SIGTERM before they are abandoned (nothing is
+    /// half-written either way); keep the pod's terminationGracePeriodSeconds above it.
+    #[arg(long, env = "JOBTRAIL_SHUTDOWN_GRACE", default_value = "20s")]
+    shutdown_grace: String,
+    /// Serve /livez, /readyz and /metrics (Prometheus) on this address (e.g. 0.0.0.0:9090).
+    /// Unset: no listener.
+    #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
+    ops_listen: Option<std::net::SocketAddr>,
+}
+
+pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
+    let mut config = jobtrail_worker::WorkerConfig::named_default();
+    if let Some(id) = a.id.filter(|i| !i.trim().is_empty()) {
+        config.id = id;
+    }
+    if a.batch < 1 || a.concurrency < 1 || a.write_batch < 1 {
+        return Err(fail(
+            exit::BAD_INPUT,
+            "--batch, --concurrency and --write-batch must be at least 1",
+        ));
+    }
+    if a.batch > 10_000 || a.concurrency > 100_000 || a.write_batch > 10_000 {
+        return Err(fail(
+            exit::BAD_INPUT,
+            "--batch and --write-batch may be at most 10000, --concurrency at most 100000",
+        ));
+    }
+    config.batch = a.batch;
+    config.concurrency = a.concurrency;
+    config.write_batch = a.write_batch;
+    config.lease = shell::parse_duration_within(
+        "--lease",
+        &a.lease,
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    )?;
+    config.idle = shell::parse_duration_within(
+        "--idle",
+        &a.idle,
+        Duration::from_millis(1),
+        Duration::from_secs(3600),
+    )?;
+    config.shutdown_grace = shell::parse_duration_within(
+        "--shutdown-grace",
+        &a.shutdown_grace,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    )?;
+    let registry = shell::registry(&common.providers)?;
+    let results = match a.result_dir.filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => jobtrail_worker::ResultStore::directory(d),
+        None => jobtrail_worker::ResultStore::Database,
+    };
+    if matches!(results, jobtrail_worker::ResultStore::Database) {
+        // Refuse at start what would fail at every collect.
+        let limit = jobtrail_worker::results::MAX_DATABASE_RESULT as u64;
+        for name in registry.names() {
+            let allowed = registry
+                .get(name)
+                .and_then(|p| p.contract().result.as_ref().map(|r| r.max_bytes))
+                .unwrap_or(0);
+            if allowed > limit {
+                return Err(fail(
+                    exit::BAD_INPUT,
+                    format!(
+                        "provider {name} allows results of {allowed} bytes; results kept in the database may be at most {limit}: lower its result.max_bytes or run with --result-dir"
+                    ),
+                ));
+            }
+        }
+    }
+    let store = shell::store(common).await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    if let Some(addr) = a.ops_listen {
+        let probe = jobtrail_telemetry::Probe {
+            store: store.clone(),
+            contracts: registry.names().count(),
+            needs_contracts: true,
+        };
+        let bound =
+            jobtrail_telemetry::serve(addr, jobtrail_telemetry::router(probe), shutdown.clone())
+                .await
+                .map_err(|e| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}")))?;
+        eprintln!("jobtrail worker: /livez, /readyz and /metrics on http://{bound}");
+    }
+    let worker = jobtrail_worker::Worker::new(store, registry, results, config);
+    let stop = shutdown.clone();
+    let loop_stop = tokio_util::sync::CancellationToken::new();
+    let loop_token = loop_stop.clone();
+    tokio::spawn(async move {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        loop_token.cancel();
+    });
+    worker.run(loop_stop).await;
+    // The probes answer until the worker has given its leases back.
+    stop.cancel();
+    Ok(ExitCode::SUCCESS)
+}

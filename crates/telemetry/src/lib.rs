@@ -1,0 +1,201 @@
+//! # jobtrail-telemetry
+//!
+//! What an operator's cluster looks at: Prometheus metrics (`/metrics`), health probes (`/livez`,
+//! `/readyz`) on a small HTTP listener of their own, and structured logs. The engine's crates record
+//! metrics through the `metrics` facade (a no-op until a binary installs the recorder here), so the
+//! worker and the API stay free of any exporter.
+
+pub mod logs;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use jobtrail_store::Store;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// Latency buckets (seconds) for every `*_seconds` histogram: provider calls run from milliseconds
+/// to their timeout (tens of seconds), claims from sub-millisecond to a stalled database.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Buckets for counts per transaction (the writer's group commits, claim batches).
+const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// How often a scrape may refresh the fleet-wide gauges from the database: every worker pod is
+/// scraped, and each refresh counts the operations table by state (index-only, but still a scan).
+const FLEET_REFRESH: Duration = Duration::from_secs(15);
+/// A probe or a refresh never waits longer than this on the database.
+const DB_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The process's Prometheus recorder, installed on first use (once per process).
+pub fn metrics() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS))
+            .expect("non-empty bucket lists");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Another recorder already installed (a test harness): keep ours for rendering anyway.
+        let _ = metrics::set_global_recorder(recorder);
+        describe();
+        handle
+    })
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        "jobtrail_operations",
+        "Operations by state and provider (the whole table, refreshed at most every 15 s)"
+    );
+    describe_gauge!(
+        "jobtrail_escalations_open",
+        "Operations held for a person (jobtrail-admin escalations)"
+    );
+    describe_gauge!(
+        "jobtrail_escalation_oldest_age_seconds",
+        "Age of the oldest open escalation (0 when none)"
+    );
+    describe_counter!(
+        "jobtrail_metrics_refresh_failures_total",
+        "Scrapes whose database gauges could not be refreshed (the previous values were kept)"
+    );
+}
+
+/// What the readiness probe checks: the database answers, its schema is the one this binary was
+/// built for, and the provider contracts this process needs are loaded.
+#[derive(Clone)]
+pub struct Probe {
+    pub store: Store,
+    /// Provider contracts loaded at start (a worker with none can drive nothing).
+    pub contracts: usize,
+    /// Whether this process needs contracts to be ready (a worker does; the API can answer reads
+    /// without them).
+    pub needs_contracts: bool,
+}
+
+struct OpsState {
+    probe: Probe,
+    fleet_refreshed: Mutex<Option<Instant>>,
+}
+
+/// `/livez`, `/readyz` and `/metrics`.
+pub fn router(probe: Probe) -> Router {
+    metrics();
+    let state = Arc::new(OpsState {
+        probe,
+        fleet_refreshed: Mutex::new(None),
+    });
+    Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(scrape))
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
+    let p = &s.probe;
+    let problem = if p.needs_contracts && p.contracts == 0 {
+        Some("no provider contracts loaded".to_owned())
+    } else {
+        match tokio::time::timeout(DB_PROBE_TIMEOUT, p.store.check_schema()).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("database: {e}")),
+            Err(_) => Some(format!(
+                "database: no answer within {} s",
+                DB_PROBE_TIMEOUT.as_secs()
+            )),
+        }
+    };
+    let body = serde_json::json!({
+        "ready": problem.is_none(),
+        "contracts": p.contracts,
+        "problem": problem,
+    });
+    let status = if problem.is_none() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn scrape(State(s): State<Arc<OpsState>>) -> Response {
+    refresh_fleet(&s).await;
+    let handle = metrics();
+    handle.run_upkeep();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        handle.render(),
+    )
+        .into_response()
+}
+
+/// Refresh the gauges only the database knows, at most once per [`FLEET_REFRESH`] (concurrent
+/// scrapes wait for one refresh, they do not each run one).
+async fn refresh_fleet(s: &OpsState) {
+    let mut last = s.fleet_refreshed.lock().await;
+    if last.is_some_and(|t| t.elapsed() < FLEET_REFRESH) {
+        return;
+    }
+    *last = Some(Instant::now());
+    let store = &s.probe.store;
+    let read = async {
+        let by_state = store.count_by_state().await?;
+        let escalations = store.escalations_open().await?;
+        Ok::<_, jobtrail_store::StoreError>((by_state, escalations))
+    };
+    match tokio::time::timeout(DB_PROBE_TIMEOUT, read).await {
+        Ok(Ok((by_state, (open, oldest)))) => {
+            for (state, provider, n) in by_state {
+                metrics::gauge!("jobtrail_operations", "state" => state, "provider" => provider)
+                    .set(n as f64);
+            }
+            metrics::gauge!("jobtrail_escalations_open").set(open as f64);
+            let age = oldest
+                .map(|t| (chrono::Utc::now() - t).num_milliseconds().max(0) as f64 / 1000.0)
+                .unwrap_or(0.0);
+            metrics::gauge!("jobtrail_escalation_oldest_age_seconds").set(age);
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "metrics: could not read operation counts");
+            metrics::counter!("jobtrail_metrics_refresh_failures_total").increment(1);
+        }
+        Err(_) => {
+            tracing::warn!("metrics: operation counts took too long; keeping the previous values");
+            metrics::counter!("jobtrail_metrics_refresh_failures_total").increment(1);
+        }
+    }
+}
+
+/// Bind the operations listener and serve `router` until `shutdown`. Returns the bound address
+/// (port 0 picks a free one).
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the metrics and health listener stopped");
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,267 @@
+//! Running it where it lives: a worker process's /livez, /readyz and /metrics (scraped during a real
+//! run against the simulated provider), its JSON logs, its flags given as environment variables, and
+//! the refusal to run without DATABASE_URL.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::Env;
+
+/// The address a process printed for its operations listener (bounded wait on its log).
+fn ops_address(log: &std::path::Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(rest) = text.split("/metrics on ").nth(1) {
+            return rest.split_whitespace().next().unwrap().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no operations listener announced:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let r = support::http().get(url).send().await.expect("GET");
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The value of the first sample of `series` whose labels include every one of `labels`.
+fn sample(metrics: &str, series: &str, labels: &[&str]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(series) && l[series.len()..].starts_with(['{', ' ']))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_operation() {
+    let env = Env::new().await;
+    // Every setting through its environment form, as a Deployment gives them.
+    let mut worker = env.spawn_worker(
+        "ops-1",
+        "10s",
+        &[
+            ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
+            ("JOBTRAIL_CONCURRENCY", "8"),
+            ("JOBTRAIL_BATCH", "4"),
+            ("JOBTRAIL_DB_POOL", "4"),
+            ("JOBTRAIL_LOG_FORMAT", "json"),
+        ],
+    );
+    let base = ops_address(&worker.log);
+
+    let (status, body) = get(&format!("{base}/livez")).await;
+    assert_eq!((status, body.trim()), (200, "ok"));
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!(status, 200, "{body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ready["ready"], true);
+    assert!(ready["contracts"].as_u64().unwrap() >= 1, "{ready}");
+
+    let mut ops = Vec::new();
+    for _ in 0..6 {
+        ops.push(
+            env.submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+                .await,
+        );
+    }
+    // Scraped while the run is going: the endpoint answers under load.
+    let (status, during) = get(&format!("{base}/metrics")).await;
+    assert_eq!(status, 200);
+    assert!(
+        during.contains("# TYPE jobtrail_claims_total counter"),
+        "{during}"
+    );
+    for op in &ops {
+        let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
+        assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    }
+
+    let (status, metrics) = get(&format!("{base}/metrics")).await;
+    assert_eq!(status, 200);
+    let claimed = sample(&metrics, "jobtrail_claimed_total", &[]).unwrap_or(0.0);
+    assert!(claimed >= 6.0, "claimed {claimed}\n{metrics}");
+    let creates = sample(
+        &metrics,
+        "jobtrail_provider_call_seconds_count",
+        &["provider=\"sim\"", "call=\"create\"", "status=\"2xx\""],
+    )
+    .unwrap_or(0.0);
+    assert_eq!(creates, 6.0, "one create per operation\n{metrics}");
+    assert!(
+        sample(
+            &metrics,
+            "jobtrail_provider_call_seconds_bucket",
+            &["call=\"status\"", "le=\"+Inf\""]
+        )
+        .unwrap_or(0.0)
+            >= 6.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "jobtrail_steps_total",
+            &["kind=\"create_accepted\"", "outcome=\"written\""]
+        ),
+        Some(6.0),
+        "{metrics}"
+    );
+    // The database's gauges are refreshed at most every 15 s (every pod is scraped): they may
+    // show the first scrape's states, but every operation is counted in exactly one of them.
+    let by_state: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("jobtrail_operations{") && l.contains("provider=\"sim\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(by_state, 6.0, "{metrics}");
+    assert_eq!(
+        sample(&metrics, "jobtrail_escalations_open", &[]),
+        Some(0.0)
+    );
+    assert!(sample(&metrics, "jobtrail_write_batch_size_count", &[]).unwrap_or(0.0) >= 1.0);
+    assert!(sample(&metrics, "jobtrail_claim_lag_seconds_count", &[]).unwrap_or(0.0) >= 6.0);
+    // Label values come from closed sets: no provider text, no operation ids.
+    assert!(!metrics.contains("op_"), "{metrics}");
+
+    // A database whose schema this binary does not know is not ready; the worker stays alive.
+    let admin = sqlx::PgPool::connect(&env.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99991231000000, 'from the future', true, '\\x00', 0)",
+    )
+    .execute(&admin)
+    .await
+    .unwrap();
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("newer than this jobtrail"), "{body}");
+    assert_eq!(get(&format!("{base}/livez")).await.0, 200);
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 99991231000000")
+        .execute(&admin)
+        .await
+        .unwrap();
+    assert_eq!(get(&format!("{base}/readyz")).await.0, 200);
+    admin.close().await;
+
+    worker.signal(libc::SIGTERM);
+    let exit = worker.wait_exit(Duration::from_secs(30)).expect("stopped");
+    assert!(exit.success());
+
+    // JSON logs: every line of an operation's steps names the operation and its trace.
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    let op = &ops[0];
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("every JSON log line parses"))
+        .collect();
+    assert!(!lines.is_empty(), "{log}");
+    let about_op: Vec<_> = lines
+        .iter()
+        .filter(|l| l["span"]["operation"] == op.id.to_string())
+        .collect();
+    assert!(
+        !about_op.is_empty(),
+        "no log line inside {}'s steps\n{log}",
+        op.id
+    );
+    for l in about_op {
+        assert_eq!(l["span"]["trace_id"], op.trace_id.to_string(), "{l}");
+    }
+    assert!(!log.contains(support::TOKEN), "a secret reached the logs");
+}
+
+fn bare(bin: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("JOBTRAIL_API")
+        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
+        // Where a private cluster would be created if anything tried: it must stay empty.
+        .env(
+            "XDG_DATA_HOME",
+            std::env::temp_dir().join("jobtrail-no-cluster-here"),
+        )
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn commands_on_the_database_require_database_url_and_start_no_database_of_their_own() {
+    let jobtrail = env!("CARGO_BIN_EXE_jobtrail");
+    let home = std::env::temp_dir().join("jobtrail-no-cluster-here");
+    for (bin, args) in [
+        (jobtrail, vec!["worker"]),
+        (jobtrail, vec!["serve", "--listen", "127.0.0.1:0"]),
+        (jobtrail, vec!["migrate"]),
+        (jobtrail, vec!["list"]),
+    ] {
+        let out = bare(bin, &args, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{args:?}: {err}");
+        assert!(
+            err.contains("DATABASE_URL is not set") && err.contains("jobtrail dev-db"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(
+        !home.join("jobtrail").exists(),
+        "a private cluster was started"
+    );
+
+    // Careless settings are refused before anything connects.
+    for (args, envs, says) in [
+        (vec!["worker"], vec![("JOBTRAIL_DB_POOL", "0")], "--db-pool"),
+        (
+            vec!["worker"],
+            vec![("JOBTRAIL_CONCURRENCY", "0")],
+            "--concurrency",
+        ),
+        (
+            vec!["worker"],
+            vec![("JOBTRAIL_LEASE", "100000000d")],
+            "--lease",
+        ),
+        (
+            vec!["worker"],
+            vec![("JOBTRAIL_SHUTDOWN_GRACE", "2h")],
+            "--shutdown-grace",
+        ),
+        (
+            vec!["worker"],
+            vec![("JOBTRAIL_OPS_LISTEN", "everywhere")],
+            "ops-listen",
+        ),
+    ] {
+        let mut envs = envs.clone();
+        envs.push(("DATABASE_URL", "postgres://nobody@127.0.0.1:9/none"));
+        let out = bare(jobtrail, &args, &envs);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{envs:?}: {err}");
+        assert!(err.contains(says), "{envs:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ops_listener_on_a_taken_port_is_refused_at_start() {
+    let env = Env::new().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut worker = env.spawn_worker("ops-taken", "10s", &[("JOBTRAIL_OPS_LISTEN", &addr)]);
+    let exit = worker.wait_exit(Duration::from_secs(30)).expect("exits");
+    assert_eq!(exit.code(), Some(5));
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert!(log.contains(&format!("--ops-listen {addr}")), "{log}");
+}
