@@ -265,3 +265,109 @@ async fn an_ops_listener_on_a_taken_port_is_refused_at_start() {
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(log.contains(&format!("--ops-listen {addr}")), "{log}");
 }
+
+/// A certificate authority and a server certificate for `localhost` signed by it (PEM).
+fn authority_and_server() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    (ca_cert.pem(), server.pem(), server_key.serialize_pem())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_require_and_verify_full_work_and_a_wrong_authority_is_refused() {
+    jobtrail_provider::install_crypto();
+    let cluster = tokio::task::spawn_blocking(|| {
+        jobtrail_store::cluster::Cluster::throwaway(std::process::id())
+    })
+    .await
+    .unwrap()
+    .expect("a private cluster");
+    let (ca, cert, key) = authority_and_server();
+    let port = free_port();
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.serve_tls_on_loopback(port, &cert, &key))
+        .await
+        .unwrap()
+        .expect("TLS on loopback");
+    let dir = std::env::temp_dir().join(format!("jobtrail-tls-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let (other_ca, _, _) = authority_and_server();
+    let other_file = dir.join("other-ca.pem");
+    std::fs::write(&other_file, &other_ca).unwrap();
+
+    let base = format!("postgres://postgres@localhost:{port}/postgres");
+    let run = |url: String, args: &[&str]| {
+        bare(
+            env!("CARGO_BIN_EXE_jobtrail"),
+            args,
+            &[("DATABASE_URL", &url)],
+        )
+    };
+    // verify-full: the server's certificate chains to the given authority and names the host.
+    let verified = format!(
+        "{base}?sslmode=verify-full&sslrootcert={}",
+        ca_file.display()
+    );
+    let out = run(verified.clone(), &["migrate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(verified.clone(), &["list", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // require: encrypted, the certificate not checked.
+    let out = run(format!("{base}?sslmode=require"), &["list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The sessions really are encrypted (the server refuses TCP without TLS, and says so).
+    let pool = sqlx::PgPool::connect(&verified).await.unwrap();
+    let (ssl,): (bool,) =
+        sqlx::query_as("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(ssl);
+    pool.close().await;
+    let out = run(format!("{base}?sslmode=disable"), &["list"]);
+    assert_eq!(out.status.code(), Some(5));
+    // verify-full against another authority: refused, nothing connects.
+    let out = run(
+        format!(
+            "{base}?sslmode=verify-full&sslrootcert={}",
+            other_file.display()
+        ),
+        &["list"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -345,6 +345,55 @@ impl Cluster {
         self.run("pg_ctl start", c)
     }
 
+    /// Serve TLS on a loopback TCP port as well as the private socket, with this certificate and
+    /// key (PEM), refusing TCP connections without TLS; restarts the server. For trying and
+    /// testing `sslmode=require` / `verify-full` on one machine.
+    pub fn serve_tls_on_loopback(
+        &self,
+        port: u16,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> Result<(), ClusterError> {
+        let cert = self.data_dir.join("server.crt");
+        let key = self.data_dir.join("server.key");
+        for (path, text) in [(&cert, cert_pem), (&key, key_pem)] {
+            fs::write(path, text).map_err(io_err(path))?;
+            // PostgreSQL refuses a key others can read.
+            fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(io_err(path))?;
+            if let Some(u) = &self.run_as {
+                chown(path, u)?;
+            }
+        }
+        let append = |name: &str, text: String| -> Result<(), ClusterError> {
+            let path = self.data_dir.join(name);
+            let mut f = fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            f.write_all(text.as_bytes()).map_err(io_err(&path))
+        };
+        append(
+            "postgresql.conf",
+            format!(
+                "\n# TLS on loopback\nlisten_addresses = '127.0.0.1'\nport = {port}\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                cert.display(),
+                key.display()
+            ),
+        )?;
+        // pg_hba.conf is read top down: these lines come before initdb's `host ... trust`.
+        let hba = self.data_dir.join("pg_hba.conf");
+        let old = fs::read_to_string(&hba).map_err(io_err(&hba))?;
+        fs::write(
+            &hba,
+            format!(
+                "hostnossl all all 127.0.0.1/32 reject\nhostssl all all 127.0.0.1/32 trust\n{old}"
+            ),
+        )
+        .map_err(io_err(&hba))?;
+        self.stop()?;
+        self.start()
+    }
+
     /// Stop the server (fast shutdown).
     pub fn stop(&self) -> Result<(), ClusterError> {
         let mut c = self.command("pg_ctl");
