@@ -43,7 +43,18 @@ async fn main() -> std::process::ExitCode {
         }
     };
     println!("jobtrail-sim listening on {}", running.base_url());
-    let _ = tokio::signal::ctrl_c().await;
+    // Ctrl-C in a terminal, SIGTERM from a container runtime.
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
     running.stop().await;
     std::process::ExitCode::SUCCESS
 }

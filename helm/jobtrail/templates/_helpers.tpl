@@ -1,0 +1,103 @@
+{{- define "jobtrail.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "jobtrail.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "jobtrail.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "jobtrail.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "jobtrail.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ default (include "jobtrail.fullname" .) .Values.serviceAccount.name }}
+{{- else -}}
+{{ default "default" .Values.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
+{{- define "jobtrail.contractsConfigMap" -}}
+{{ default (printf "%s-contracts" (include "jobtrail.fullname" .)) .Values.contracts.existingConfigMap }}
+{{- end -}}
+
+{{/* A database URL from the Secret: key, env name. */}}
+{{- define "jobtrail.dbEnv" -}}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .root.Values.database.secretName }}
+      key: {{ .key }}
+{{- end -}}
+
+{{/* Environment every jobtrail container shares. */}}
+{{- define "jobtrail.commonEnv" -}}
+- name: JOBTRAIL_LOG_FORMAT
+  value: json
+- name: JOBTRAIL_PROVIDERS
+  value: /etc/jobtrail/providers
+- name: JOBTRAIL_DB_POOL
+  value: {{ .Values.database.pool | quote }}
+{{- if .Values.otel.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .Values.otel.endpoint | quote }}
+- name: OTEL_SERVICE_NAME
+  value: jobtrail
+{{- end }}
+{{- range .Values.providerSecrets }}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .key }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "jobtrail.volumes" -}}
+- name: contracts
+  configMap:
+    name: {{ include "jobtrail.contractsConfigMap" . }}
+- name: tmp
+  emptyDir: {}
+{{- if .Values.database.caSecret }}
+- name: db-ca
+  secret:
+    secretName: {{ .Values.database.caSecret }}
+{{- end }}
+{{- end -}}
+
+{{- define "jobtrail.volumeMounts" -}}
+- name: contracts
+  mountPath: /etc/jobtrail/providers
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.database.caSecret }}
+- name: db-ca
+  mountPath: /etc/jobtrail/db-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The operations a worker could claim now: KEDA's measure of the work. */}}
+{{- define "jobtrail.dueQuery" -}}
+SELECT count(*) FROM operations WHERE next_action_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at <= now()) AND state IN ('create_pending','create_unknown','reconciliation','accepted','observing','result_collecting','cancel_requested','cancelling')
+{{- end -}}

