@@ -371,3 +371,127 @@ async fn postgres_over_tls_require_and_verify_full_work_and_a_wrong_authority_is
     let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An OTLP/HTTP receiver on loopback: every trace export request it was sent, decoded.
+async fn otlp_receiver() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::trace::v1::Span>>>,
+) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let got = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let got = got.clone();
+            async move {
+                let req = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+                for rs in req.resource_spans {
+                    let service = rs
+                        .resource
+                        .iter()
+                        .flat_map(|r| &r.attributes)
+                        .find(|a| a.key == "service.name")
+                        .and_then(|a| a.value.as_ref())
+                        .map(|v| format!("{:?}", v.value));
+                    assert!(service.unwrap_or_default().contains("jobtrail"));
+                    for ss in rs.scope_spans {
+                        got.lock().unwrap().extend(ss.spans);
+                    }
+                }
+                (
+                    [("content-type", "application/x-protobuf")],
+                    Vec::<u8>::new(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), spans)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_providers_received() {
+    let env = Env::new().await;
+    let (endpoint, spans) = otlp_receiver().await;
+    let mut worker = env.spawn_worker(
+        "otel-1",
+        "10s",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
+        .await;
+    let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
+    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    worker.signal(libc::SIGTERM);
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("stopped")
+            .success()
+    );
+
+    let trace = hex::decode(op.trace_id.to_string()).unwrap();
+    let spans = spans.lock().unwrap().clone();
+    let ours: Vec<_> = spans.iter().filter(|s| s.trace_id == trace).collect();
+    let hexid = |b: &[u8]| hex::encode(b);
+    let names: Vec<&str> = ours.iter().map(|s| s.name.as_str()).collect();
+    // The root: the operation, ended where it ended, with no parent.
+    let roots: Vec<_> = ours
+        .iter()
+        .filter(|s| s.name.starts_with("operation "))
+        .collect();
+    assert_eq!(roots.len(), 1, "{names:?}");
+    let root = roots[0];
+    assert!(root.parent_span_id.is_empty(), "{names:?}");
+    // Steps under the root; provider calls under steps.
+    let steps: Vec<_> = ours
+        .iter()
+        .filter(|s| s.name.starts_with("step "))
+        .collect();
+    assert!(steps.len() >= 2, "{names:?}");
+    for s in &steps {
+        assert_eq!(s.parent_span_id, root.span_id, "{}", s.name);
+    }
+    let calls: Vec<_> = ours
+        .iter()
+        .filter(|s| s.name.starts_with("provider "))
+        .collect();
+    assert!(names.contains(&"provider create"), "{names:?}");
+    assert!(names.contains(&"provider status"), "{names:?}");
+    assert!(names.contains(&"provider result"), "{names:?}");
+    let step_ids: Vec<_> = steps.iter().map(|s| s.span_id.clone()).collect();
+    for c in &calls {
+        assert!(
+            step_ids.contains(&c.parent_span_id),
+            "{} has no step parent",
+            c.name
+        );
+    }
+    // Each call's span is the one its traceparent named: what the provider received, and what
+    // the call log recorded.
+    let received = env.sim.ledger().traceparents;
+    let recorded = env.store.calls(op.id).await.unwrap();
+    assert_eq!(calls.len(), recorded.len(), "{names:?}");
+    for c in &calls {
+        let sent = format!("00-{}-{}-01", op.trace_id, hexid(&c.span_id));
+        assert!(
+            received.contains(&sent),
+            "the provider never received {sent}: {received:?}"
+        );
+        assert!(
+            recorded.iter().any(|r| r.span_id == hexid(&c.span_id)),
+            "{} is not in the call log",
+            c.name
+        );
+    }
+}

@@ -148,7 +148,27 @@ async fn main() -> ExitCode {
         Command::Bench(_) => "error",
         _ => "warn",
     });
-    common::exit_with(run(cli).await)
+    // Traces leave only from the processes that call providers or take submissions.
+    let traces = if matches!(cli.command, Command::Worker(_) | Command::Serve(_)) {
+        match tokio::task::spawn_blocking(jobtrail_telemetry::traces::init).await {
+            Ok(Ok(t)) => Some(t),
+            Ok(Err(e)) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(exit::BAD_INPUT);
+            }
+            Err(e) => {
+                eprintln!("error: starting the trace exporter: {e}");
+                return ExitCode::from(exit::UNAVAILABLE);
+            }
+        }
+    } else {
+        None
+    };
+    let result = run(cli).await;
+    if let Some(t) = traces {
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
+    common::exit_with(result)
 }
 
 async fn run(cli: Cli) -> CmdResult {

@@ -7,13 +7,15 @@
 //! [`HttpProvider`] is the implementation driven by a TOML [`Contract`], so an operator adds a provider
 //! by writing a file, not Rust; a provider can also be written in code against the same trait.
 //!
-//! Every request carries the operation's W3C `traceparent` (its trace id, a new span id per call).
+//! Every request carries the operation's W3C `traceparent` (its trace id, a new span id per call),
+//! and that span is exported when an OTLP endpoint is configured ([`spans`]).
 //! Credentials are resolved from secret references at send time and exist only in the outgoing
 //! request: never in the record, the call log, or a log line.
 
 pub mod contract;
 pub mod http;
 pub mod outcome;
+pub mod spans;
 pub mod validate;
 pub mod wire;
 

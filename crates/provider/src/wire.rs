@@ -316,6 +316,33 @@ pub fn extract_trace(headers: &http::HeaderMap) -> Option<TraceId> {
         .then(|| TraceId::from_random(sc.trace_id().to_bytes()))
 }
 
+/// The span of one provider call, exported under the operation's trace: its id is the one the
+/// `traceparent` header carries, its parent the worker's step (or, outside a step, none).
+fn call_span(
+    kind: CallKind,
+    method: &http::Method,
+    url: &url::Url,
+    attempt: i32,
+    trace: TraceId,
+    span: SpanId,
+) -> opentelemetry::global::BoxedSpan {
+    use opentelemetry::trace::{SpanKind, Tracer as _};
+    let tracer = crate::spans::tracer();
+    let parent = opentelemetry::Context::current();
+    let orphan = !parent.span().span_context().is_valid();
+    crate::spans::with_ids(orphan.then_some(trace), span, || {
+        tracer
+            .span_builder(format!("provider {}", kind.as_str()))
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                opentelemetry::KeyValue::new("http.request.method", method.to_string()),
+                opentelemetry::KeyValue::new("url.full", sanitize_url(url)),
+                opentelemetry::KeyValue::new("jobtrail.attempt", i64::from(attempt)),
+            ])
+            .start_with_context(&tracer, &parent)
+    })
+}
+
 /// A finished exchange: what came back (if anything) and the record to log.
 #[derive(Debug)]
 pub struct Exchange {
@@ -413,6 +440,14 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
     }
     let started_at = Utc::now();
     let t0 = Instant::now();
+    let mut call_span = call_span(
+        out.kind,
+        &out.method,
+        &out.url,
+        out.attempt,
+        out.trace,
+        span,
+    );
     let mut req = client
         .request(out.method.clone(), out.url.clone())
         .headers(headers);
@@ -451,6 +486,22 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
                 }
             }
         }
+    }
+    {
+        use opentelemetry::trace::{Span as _, Status};
+        if let Some(s) = status {
+            call_span.set_attribute(opentelemetry::KeyValue::new(
+                "http.response.status_code",
+                i64::from(s),
+            ));
+        }
+        if let Some(e) = error {
+            call_span.set_attribute(opentelemetry::KeyValue::new("error.type", e.class()));
+            call_span.set_status(Status::error(e.class()));
+        } else if status.is_some_and(|s| s >= 500) {
+            call_span.set_status(Status::error("server error"));
+        }
+        call_span.end();
     }
     let record = CallRecord {
         id: uuid::Uuid::now_v7(),

@@ -75,6 +75,8 @@ pub struct Ledger {
     pub create_requests: BTreeMap<String, u32>,
     pub requests: u64,
     pub requests_without_traceparent: u64,
+    /// The `traceparent` headers received, in order (the first 10 000).
+    pub traceparents: Vec<String>,
     pub unauthorized: u64,
     /// Every webhook delivery the simulator made, in order.
     pub webhooks: Vec<webhook::Sent>,
@@ -337,6 +339,11 @@ fn count_request(sim: &Sim, headers: &HeaderMap) {
     g.ledger.requests += 1;
     if trace_of(headers).is_none() {
         g.ledger.requests_without_traceparent += 1;
+    }
+    if g.ledger.traceparents.len() < 10_000
+        && let Some(v) = headers.get("traceparent").and_then(|v| v.to_str().ok())
+    {
+        g.ledger.traceparents.push(v.to_owned());
     }
 }
 

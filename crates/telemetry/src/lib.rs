@@ -6,6 +6,7 @@
 //! worker and the API stay free of any exporter.
 
 pub mod logs;
+pub mod traces;
 
 use axum::Router;
 use axum::extract::State;

@@ -20,6 +20,7 @@ use jobtrail_core::decide::{
 use jobtrail_core::{EventKind, SendMark};
 use jobtrail_provider::*;
 use jobtrail_store::{Lease, OperationRecord, Step, Store, StoreError};
+use opentelemetry::trace::TraceContextExt as _;
 use std::time::{Duration, Instant};
 
 /// How a drive ended.
@@ -149,7 +150,13 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
                 .await;
             return out;
         }
-        let plan = match plan(&mut ctx, &op).await {
+        // The step's span, under the operation's trace; provider calls made while planning are
+        // its children (their span ids are the `traceparent` the provider receives).
+        let step_cx = step_context(&op);
+        let planned =
+            opentelemetry::context::FutureExt::with_context(plan(&mut ctx, &op), step_cx.clone())
+                .await;
+        let plan = match planned {
             Ok(p) => p,
             Err(Stop::LeaseLost) => {
                 metrics::lease_lost();
@@ -184,8 +191,22 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
             );
             match written {
                 Ok(applied) => {
-                    if kind.is_some() {
+                    if let Some(k) = kind {
                         out.events += 1;
+                        step_cx.span().set_attribute(opentelemetry::KeyValue::new(
+                            "jobtrail.event",
+                            k.as_str(),
+                        ));
+                    }
+                    let ended = applied.record.state;
+                    if ended != op.state && (ended.is_terminal() || ended.needs_human()) {
+                        jobtrail_provider::spans::record_operation(
+                            op.id,
+                            op.trace_id,
+                            op.created_at.into(),
+                            ended.as_str(),
+                            &op.provider,
+                        );
                     }
                     if kind == Some(EventKind::CreateAccepted) {
                         fault::point("after_create_accepted");
@@ -215,6 +236,22 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
     // Too many immediate steps in a row: give the lease back, due at once.
     let _ = ctx.store.release(&ctx.lease, Utc::now(), "continue").await;
     out
+}
+
+/// A span for one step of `op`, child of the operation's root span.
+fn step_context(op: &OperationRecord) -> opentelemetry::Context {
+    use opentelemetry::trace::{TraceContextExt as _, Tracer as _};
+    let tracer = jobtrail_provider::spans::tracer();
+    let parent = jobtrail_provider::spans::operation_context(op.id, op.trace_id);
+    let span = tracer
+        .span_builder(format!("step {}", op.state.as_str()))
+        .with_attributes([
+            opentelemetry::KeyValue::new("jobtrail.operation.id", op.id.to_string()),
+            opentelemetry::KeyValue::new("jobtrail.provider", op.provider.clone()),
+            opentelemetry::KeyValue::new("jobtrail.state", op.state.as_str()),
+        ])
+        .start_with_context(&tracer, &parent);
+    parent.with_span(span)
 }
 
 /// Ask the core what to do, do the I/O it names, and ask the core what the answer means.

@@ -1,0 +1,112 @@
+//! One trace per operation, with ids jobtrail chooses: the trace id is the operation's (stored at
+//! submit, or the caller's `traceparent`), the operation's root span id is derived from its id, and
+//! a provider call's span id is the one its `traceparent` header carries, so the span a tracing
+//! backend shows for a call is the parent of whatever the provider records.
+//!
+//! The OpenTelemetry SDK draws span ids from its id generator and ignores ids on a span builder, so
+//! the process's tracer provider uses [`ChosenIds`]: it hands out an id set with [`with_ids`] for
+//! the span built inside that closure, and random ids otherwise. Without an installed tracer
+//! provider (no OTLP endpoint configured) every span here is a no-op.
+
+use jobtrail_core::{OperationId, TraceId};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceState, Tracer};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use std::cell::Cell;
+
+/// The instrumentation scope every jobtrail span is recorded under.
+pub const SCOPE: &str = "jobtrail";
+
+thread_local! {
+    static NEXT: Cell<(Option<opentelemetry::trace::TraceId>, Option<SpanId>)> =
+        const { Cell::new((None, None)) };
+}
+
+/// An id generator that yields the ids set by [`with_ids`] once, random ids otherwise.
+#[derive(Debug, Default)]
+pub struct ChosenIds(RandomIdGenerator);
+
+impl IdGenerator for ChosenIds {
+    fn new_trace_id(&self) -> opentelemetry::trace::TraceId {
+        let (trace, span) = NEXT.get();
+        match trace {
+            Some(t) => {
+                NEXT.set((None, span));
+                t
+            }
+            None => self.0.new_trace_id(),
+        }
+    }
+    fn new_span_id(&self) -> SpanId {
+        let (trace, span) = NEXT.get();
+        match span {
+            Some(s) => {
+                NEXT.set((trace, None));
+                s
+            }
+            None => self.0.new_span_id(),
+        }
+    }
+}
+
+/// Build a span inside `f` with these ids (the trace id applies only to a span without a parent).
+/// Synchronous on purpose: the ids live in a thread-local for exactly the duration of the build.
+pub fn with_ids<T>(trace: Option<TraceId>, span: SpanId, f: impl FnOnce() -> T) -> T {
+    NEXT.set((trace.map(otel_trace), Some(span)));
+    let out = f();
+    NEXT.set((None, None));
+    out
+}
+
+pub fn otel_trace(t: TraceId) -> opentelemetry::trace::TraceId {
+    opentelemetry::trace::TraceId::from_bytes(t.to_bytes())
+}
+
+/// The operation's root span id: the random tail of its id (never zero).
+pub fn root_span_id(op: OperationId) -> SpanId {
+    let b = op.as_uuid().into_bytes();
+    let mut id: [u8; 8] = b[8..16].try_into().expect("8 bytes");
+    if id == [0; 8] {
+        id[7] = 1;
+    }
+    SpanId::from_bytes(id)
+}
+
+/// A context whose parent is the operation's root span (exported once, when the operation ends).
+pub fn operation_context(op: OperationId, trace: TraceId) -> Context {
+    Context::new().with_remote_span_context(SpanContext::new(
+        otel_trace(trace),
+        root_span_id(op),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::default(),
+    ))
+}
+
+pub fn tracer() -> opentelemetry::global::BoxedTracer {
+    opentelemetry::global::tracer(SCOPE)
+}
+
+/// Export the operation's root span: from its submission to now, named after where it ended.
+pub fn record_operation(
+    op: OperationId,
+    trace: TraceId,
+    submitted: std::time::SystemTime,
+    state: &str,
+    provider: &str,
+) {
+    use opentelemetry::trace::Span as _;
+    let tracer = tracer();
+    let mut span = with_ids(Some(trace), root_span_id(op), || {
+        tracer
+            .span_builder(format!("operation {provider}"))
+            .with_start_time(submitted)
+            .with_attributes([
+                KeyValue::new("jobtrail.operation.id", op.to_string()),
+                KeyValue::new("jobtrail.provider", provider.to_owned()),
+                KeyValue::new("jobtrail.state", state.to_owned()),
+            ])
+            .start_with_context(&tracer, &Context::new())
+    });
+    span.end();
+}
