@@ -193,6 +193,12 @@ impl Cluster {
             Some(d) => PathBuf::from(d),
             None => default_data_root()?,
         };
+        Self::persistent_at(&root)
+    }
+
+    /// The persistent cluster kept under `root`, started if it is not running.
+    pub fn persistent_at(root: &Path) -> Result<Self, ClusterError> {
+        let root = root.to_path_buf();
         let bins = Binaries::find()?;
         let run_as = run_as()?;
         fs::create_dir_all(&root).map_err(io_err(&root))?;

@@ -1,0 +1,94 @@
+//! README.md's "Using it" block, run as written on this machine: the one change is that the
+//! binaries come from this build instead of `cargo install` (the first line), and the simulator
+//! listens on a free port instead of 8700 (the contract's base URL is pointed at it through its
+//! documented override), so the test cannot collide with anything already running.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn using_it_block() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("## Using it\n")
+        .nth(1)
+        .expect("a 'Using it' section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("a sh block in 'Using it'");
+    block.to_owned()
+}
+
+#[test]
+fn the_readme_using_it_section_runs_as_written() {
+    let block = using_it_block();
+    let first = block.lines().next().unwrap();
+    assert!(first.starts_with("cargo install"), "{first}");
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    for b in ["jobtrail", "jobtrail-sim", "jobtrail-admin"] {
+        assert!(
+            bin_dir.join(b).exists(),
+            "{b} is not built in {}: build the workspace (cargo test --workspace)",
+            bin_dir.display()
+        );
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = block
+        .replacen(first, "", 1)
+        .replace("127.0.0.1:8700", &format!("127.0.0.1:{port}"));
+    assert!(script.contains("jobtrail dev-db"));
+
+    let work = std::env::temp_dir().join(format!("jobtrail-readme-{}", std::process::id()));
+    let pgdata = work.join("pg");
+    std::fs::create_dir_all(&work).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("timeout")
+        .args(["300", "bash", "-euo", "pipefail", "-c", &script])
+        .current_dir(&work)
+        .env("PATH", path)
+        .env("JOBTRAIL_PGDATA", &pgdata)
+        .env(
+            "JOBTRAIL_PROVIDERS",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers"),
+        )
+        .env(
+            "JOBTRAIL_PROVIDER_SIM_BASE_URL",
+            format!("http://127.0.0.1:{port}"),
+        )
+        .env_remove("DATABASE_URL")
+        .env_remove("JOBTRAIL_API")
+        .env_remove("JOBTRAIL_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // Stop the private cluster the block started, whatever happened.
+    let stopped = jobtrail_store::cluster::Cluster::persistent_at(&pgdata).and_then(|c| c.stop());
+    assert!(
+        out.status.success(),
+        "the block failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    stopped.expect("the private cluster stops");
+    // What the block promises: an id printed, the operation shown, a validated result on disk.
+    assert!(stdout.lines().any(|l| l.starts_with("op_")), "{stdout}");
+    assert!(stdout.contains("succeeded"), "{stdout}");
+    let report = std::fs::read(work.join("report.json")).expect("report.json written");
+    assert!(!report.is_empty());
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::remove_dir_all(&work).unwrap();
+}
