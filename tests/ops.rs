@@ -495,3 +495,83 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
         );
     }
 }
+
+/// The query the chart's KEDA trigger runs (helm/jobtrail/templates/_helpers.tpl, "dueQuery").
+fn chart_due_query() -> String {
+    let helpers = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../helm/jobtrail/templates/_helpers.tpl"
+    ))
+    .unwrap();
+    let body = helpers
+        .split(r#"{{- define "jobtrail.dueQuery" -}}"#)
+        .nth(1)
+        .and_then(|b| b.split("{{- end -}}").next())
+        .expect("the chart defines jobtrail.dueQuery");
+    body.trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_autoscaling_query_counts_exactly_what_a_worker_could_claim_as_the_worker_login()
+{
+    let env = Env::new().await;
+    let query = chart_due_query();
+    for _ in 0..5 {
+        env.submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+            .await;
+    }
+    let login = env.db().login("jobtrail_worker").await;
+    let pool = sqlx::PgPool::connect(&login).await.unwrap();
+    let count = |pool: sqlx::PgPool| {
+        let q = query.clone();
+        async move {
+            let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(q))
+                .fetch_one(&pool)
+                .await
+                .expect("the worker login runs the chart's query");
+            n
+        }
+    };
+    assert_eq!(count(pool.clone()).await, 5);
+    // Two claimed (leased): no longer work for a new pod.
+    let claimed = env
+        .store
+        .claim_due("scaler-test", 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(count(pool.clone()).await, 3);
+    // One not due for an hour: not work yet.
+    sqlx::query("UPDATE operations SET next_action_at = now() + interval '1 hour' WHERE id = (SELECT id FROM operations WHERE lease_owner IS NULL LIMIT 1)")
+        .execute(&sqlx::PgPool::connect(&env.url).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(count(pool.clone()).await, 2);
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_serves_its_probes_and_metrics_apart_from_the_api() {
+    let env = Env::new().await;
+    let server = env.serve_with("api-ops", &[("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0")]);
+    let base = ops_address(&server.log);
+    assert_eq!(get(&format!("{base}/livez")).await.0, 200);
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!(status, 200, "{body}");
+    env.submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+        .await;
+    let (status, metrics) = get(&format!("{base}/metrics")).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        sample(
+            &metrics,
+            "jobtrail_operations",
+            &["state=\"create_pending\""]
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    // The probes are not on the API's port, and the API's port serves no metrics.
+    assert_eq!(get(&server.url("/metrics")).await.0, 404);
+    assert!(server.stop().is_some_and(|s| s.success()));
+}

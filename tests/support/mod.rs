@@ -412,8 +412,26 @@ impl Env {
     /// [`Env::serve`] with its own database logins: `url` for the agents' routes and, if given, an
     /// operator login for decisions and audit.
     pub fn serve_as(&self, name: &str, url: &str, operator_url: Option<&str>) -> Server {
+        self.serve_full(name, url, operator_url, &[])
+    }
+
+    /// [`Env::serve`] with extra environment.
+    pub fn serve_with(&self, name: &str, extra_env: &[(&str, &str)]) -> Server {
+        self.serve_full(name, &self.url, None, extra_env)
+    }
+
+    fn serve_full(
+        &self,
+        name: &str,
+        url: &str,
+        operator_url: Option<&str>,
+        extra_env: &[(&str, &str)],
+    ) -> Server {
         let log = self.dir.join(format!("{name}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
         match operator_url {
             Some(u) => cmd.env("JOBTRAIL_OPERATOR_DATABASE_URL", u),
             None => cmd.env_remove("JOBTRAIL_OPERATOR_DATABASE_URL"),
