@@ -244,6 +244,15 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
             vec![("JOBTRAIL_OPS_LISTEN", "everywhere")],
             "ops-listen",
         ),
+        (vec!["worker"], vec![("JOBTRAIL_DB_POOL", "many")], "--db-pool"),
+        (
+            vec!["worker"],
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ],
+            "http/protobuf",
+        ),
     ] {
         let mut envs = envs.clone();
         envs.push(("DATABASE_URL", "postgres://nobody@127.0.0.1:9/none"));
