@@ -84,18 +84,24 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
         let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
         assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
     }
+    // One more, submitted once the worker has a database clock to measure notification lag by.
+    let last = env
+        .submit("sim", serde_json::json!({"duration_ms": 50}), |_| {})
+        .await;
+    let done = env.wait_settled(last.id, Duration::from_secs(60)).await;
+    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
 
     let (status, metrics) = get(&format!("{base}/metrics")).await;
     assert_eq!(status, 200);
     let claimed = sample(&metrics, "jobtrail_claimed_total", &[]).unwrap_or(0.0);
-    assert!(claimed >= 6.0, "claimed {claimed}\n{metrics}");
+    assert!(claimed >= 7.0, "claimed {claimed}\n{metrics}");
     let creates = sample(
         &metrics,
         "jobtrail_provider_call_seconds_count",
         &["provider=\"sim\"", "call=\"create\"", "status=\"2xx\""],
     )
     .unwrap_or(0.0);
-    assert_eq!(creates, 6.0, "one create per operation\n{metrics}");
+    assert_eq!(creates, 7.0, "one create per operation\n{metrics}");
     assert!(
         sample(
             &metrics,
@@ -112,7 +118,7 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
             "jobtrail_steps_total",
             &["kind=\"create_accepted\"", "outcome=\"written\""]
         ),
-        Some(6.0),
+        Some(7.0),
         "{metrics}"
     );
     // The database's gauges are refreshed at most every 15 s (every pod is scraped): they may
@@ -122,13 +128,16 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
         .filter(|l| l.starts_with("jobtrail_operations{") && l.contains("provider=\"sim\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(by_state, 6.0, "{metrics}");
+    // (6 when the gauges are the first scrape's, 7 when they were refreshed since.)
+    assert!(by_state == 6.0 || by_state == 7.0, "{metrics}");
     assert_eq!(
         sample(&metrics, "jobtrail_escalations_open", &[]),
         Some(0.0)
     );
     assert!(sample(&metrics, "jobtrail_write_batch_size_count", &[]).unwrap_or(0.0) >= 1.0);
-    assert!(sample(&metrics, "jobtrail_claim_lag_seconds_count", &[]).unwrap_or(0.0) >= 6.0);
+    assert!(sample(&metrics, "jobtrail_claim_lag_seconds_count", &[]).unwrap_or(0.0) >= 7.0);
+    let notified = sample(&metrics, "jobtrail_notification_lag_seconds_count", &[]).unwrap_or(0.0);
+    assert!(notified >= 1.0, "{metrics}");
     // Label values come from closed sets: no provider text, no operation ids.
     assert!(!metrics.contains("op_"), "{metrics}");
 
@@ -244,7 +253,11 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
             vec![("JOBTRAIL_OPS_LISTEN", "everywhere")],
             "ops-listen",
         ),
-        (vec!["worker"], vec![("JOBTRAIL_DB_POOL", "many")], "--db-pool"),
+        (
+            vec!["worker"],
+            vec![("JOBTRAIL_DB_POOL", "many")],
+            "--db-pool",
+        ),
         (
             vec!["worker"],
             vec![

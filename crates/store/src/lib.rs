@@ -55,9 +55,18 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 pub struct WorkListener(sqlx::postgres::PgListener);
 
 impl WorkListener {
-    /// Wait for the next notification. False when the connection broke (listen again later).
-    pub async fn wait(&mut self) -> bool {
-        matches!(self.0.try_recv().await, Ok(Some(_)))
+    /// Wait for the next notification. `None` when the connection broke (listen again later);
+    /// otherwise when it was sent by the database's clock, if the payload says.
+    pub async fn wait(&mut self) -> Option<Option<DateTime<Utc>>> {
+        match self.0.try_recv().await {
+            Ok(Some(n)) => Some(
+                n.payload()
+                    .rsplit_once('@')
+                    .and_then(|(_, ms)| ms.parse::<i64>().ok())
+                    .and_then(DateTime::from_timestamp_millis),
+            ),
+            _ => None,
+        }
     }
 }
 

@@ -29,6 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// A reading of the database clock and when (by this host's monotonic clock) it arrived.
+type DbReading = (chrono::DateTime<chrono::Utc>, Instant);
+
 /// Worker settings (validated by the binary).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -115,6 +118,9 @@ pub struct Worker {
     writer: writer::Writer,
     /// The providers this worker has contracts for: the only ones it claims.
     providers: Arc<Vec<String>>,
+    /// The database clock at the last claim that returned rows, and when its answer arrived: the
+    /// reference for notification lag (never compared with this host's wall clock).
+    db_clock: Arc<Mutex<Option<DbReading>>>,
 }
 
 impl Worker {
@@ -138,6 +144,7 @@ impl Worker {
             config,
             stats: Arc::default(),
             active: Arc::default(),
+            db_clock: Arc::default(),
         }
     }
 
@@ -201,6 +208,9 @@ impl Worker {
             .await?;
         let answered = Instant::now();
         metrics::claimed(answered - sent, &claimed);
+        if let Some(c) = claimed.first() {
+            *self.db_clock.lock().expect("lock") = Some((c.db_now, answered));
+        }
         Ok((claimed, (sent, answered)))
     }
 
@@ -317,8 +327,14 @@ impl Worker {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(self.config.idle) => {}
                 woke = async { match &mut listener { Some(l) => l.wait().await, None => std::future::pending().await } } => {
-                    if !woke {
-                        listener = None;
+                    match woke {
+                        None => listener = None,
+                        Some(sent) => {
+                            if let (Some(sent), Some((db, at))) = (sent, *self.db_clock.lock().expect("lock")) {
+                                let now = db + chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
+                                metrics::notified((now - sent).to_std().unwrap_or_default());
+                            }
+                        }
                     }
                 }
                 _ = tasks.join_next(), if !tasks.is_empty() && permits.available_permits() == 0 => {}

@@ -46,6 +46,10 @@ pub(crate) fn describe() {
             "Steps per write transaction (group commit)"
         );
         describe_histogram!("jobtrail_write_seconds", "Write transaction latency");
+        describe_histogram!(
+            "jobtrail_notification_lag_seconds",
+            "From a work notification's sending (database clock) to its receipt by this worker"
+        );
         describe_gauge!(
             "jobtrail_steps_in_flight",
             "Operations this worker is driving now"
@@ -104,4 +108,8 @@ pub(crate) fn written(steps: usize, took: Duration) {
 
 pub(crate) fn in_flight(n: usize) {
     gauge!("jobtrail_steps_in_flight").set(n as f64);
+}
+
+pub(crate) fn notified(lag: Duration) {
+    histogram!("jobtrail_notification_lag_seconds").record(lag.as_secs_f64());
 }
