@@ -31,7 +31,8 @@ pub struct ServeArgs {
     pub ops_listen: Option<std::net::SocketAddr>,
 }
 
-fn on_signal(token: tokio_util::sync::CancellationToken) {
+/// Cancel `token` on SIGTERM or Ctrl-C.
+pub(crate) fn on_signal(token: tokio_util::sync::CancellationToken) {
     tokio::spawn(async move {
         let Ok(mut term) =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -72,11 +73,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             contracts,
             needs_contracts: false,
         };
-        let bound =
-            jobtrail_telemetry::serve(addr, jobtrail_telemetry::router(probe), shutdown.clone())
-                .await
-                .map_err(|e| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}")))?;
-        eprintln!("jobtrail API: /livez, /readyz and /metrics on http://{bound}");
+        ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;
     }
     let mcp = axum::Router::new()
         .nest_service(
@@ -99,6 +96,20 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Start the `--ops-listen` listener (probes and metrics) until `shutdown`; says where it listens.
+pub(crate) async fn ops_listener(
+    who: &str,
+    addr: std::net::SocketAddr,
+    probe: jobtrail_telemetry::Probe,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), shell::Failure> {
+    let bound = jobtrail_telemetry::serve(addr, jobtrail_telemetry::router(probe), shutdown)
+        .await
+        .map_err(|e| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}")))?;
+    eprintln!("{who}: /livez, /readyz and /metrics on http://{bound}");
+    Ok(())
 }
 
 pub async fn mcp(d: &crate::ops::DoorArgs) -> CmdResult {

@@ -110,28 +110,12 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
             contracts: registry.names().count(),
             needs_contracts: true,
         };
-        let bound =
-            jobtrail_telemetry::serve(addr, jobtrail_telemetry::router(probe), shutdown.clone())
-                .await
-                .map_err(|e| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}")))?;
-        eprintln!("jobtrail worker: /livez, /readyz and /metrics on http://{bound}");
+        crate::serve::ops_listener("jobtrail worker", addr, probe, shutdown.clone()).await?;
     }
     let worker = jobtrail_worker::Worker::new(store, registry, results, config);
     let stop = shutdown.clone();
     let loop_stop = tokio_util::sync::CancellationToken::new();
-    let loop_token = loop_stop.clone();
-    tokio::spawn(async move {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        loop_token.cancel();
-    });
+    crate::serve::on_signal(loop_stop.clone());
     worker.run(loop_stop).await;
     // The probes answer until the worker has given its leases back.
     stop.cancel();
