@@ -12,6 +12,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
 COPY migrations ./migrations
+# The demo's contracts are compiled into the binary (crates/cli/src/fleet.rs).
+COPY providers ./providers
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin jobtrail --bin jobtrail-admin --bin jobtrail-sim \

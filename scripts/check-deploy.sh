@@ -52,12 +52,18 @@ echo "== helm template + Kubernetes schemas (defaults; every option on)"
 "$helm" template jt helm/jobtrail >"$out/default.yaml"
 "$helm" template jt helm/jobtrail \
   --set-file 'contracts.files.sim\.toml=providers/sim.toml' \
+  --set-file 'contracts.schemas.sim-result\.json=providers/schemas/sim-result.json' \
+  --set database.maxConnections=400 \
   --set database.caSecret=db-ca \
   --set otel.endpoint=http://otel-collector:4318 \
   --set 'api.mcpAllowedHosts={jobtrail.example}' \
   --set 'providerSecrets[0].name=JOBTRAIL_SIM_TOKEN,providerSecrets[0].secretName=sim,providerSecrets[0].key=token' \
   --set autoscaling.keda.enabled=true --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
-"$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true >"$out/hpa.yaml"
+"$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true --set database.maxConnections=200 \
+  --set autoscaling.keda.authenticationRef=unused >"$out/hpa.yaml"
+"$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set database.maxConnections=400 \
+  --set autoscaling.keda.authenticationRef=jobtrail-keda-pg >"$out/keda-auth.yaml"
+grep -q 'name: jobtrail-keda-pg' "$out/keda-auth.yaml" && ! grep -q connectionFromEnv "$out/keda-auth.yaml"
 python3 -m kubernetes_validate --strict --quiet "$out/default.yaml" "$out/hpa.yaml"
 # ScaledObject and ServiceMonitor are custom resources the Kubernetes schemas do not know: only
 # warnings for those two kinds are accepted.
@@ -76,7 +82,15 @@ if "$helm" template jt helm/jobtrail --set worker.terminationGracePeriodSeconds=
   echo "a grace period shorter than shutdownGrace + longest call rendered" >&2
   exit 1
 fi
-if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set autoscaling.hpa.enabled=true >/dev/null 2>&1; then
+if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set autoscaling.hpa.enabled=true --set database.maxConnections=1000 >/dev/null 2>&1; then
+  echo "KEDA and an HPA at once rendered" >&2
+  exit 1
+fi
+if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true >/dev/null 2>&1; then
+  echo "20 workers' connections rendered against the default maxConnections" >&2
+  exit 1
+fi
+if false; then
   echo "KEDA and an HPA at once rendered" >&2
   exit 1
 fi
@@ -93,7 +107,13 @@ echo "== Dockerfile"
 runtime_user="$(awk '/^FROM /{stage++} stage==2 && /^USER /{print $2}' Dockerfile)"
 [ -n "$runtime_user" ] && [ "${runtime_user%%:*}" != "0" ] && [ "${runtime_user%%:*}" != "root" ] \
   || { echo "the runtime stage must run as a non-root USER" >&2; exit 1; }
+bins="$(awk '/^\[\[bin\]\]/{b=1; next} b && /^name *=/{gsub(/[" ]/,""); sub(/name=/,""); print; b=0}' crates/*/Cargo.toml)"
 for bin in $(grep -o -- '--bin [a-z-]*' Dockerfile | awk '{print $2}'); do
-  grep -rq "^name = \"$bin\"" crates/*/Cargo.toml || { echo "Dockerfile builds unknown binary $bin" >&2; exit 1; }
+  echo "$bins" | grep -qx "$bin" || { echo "Dockerfile builds $bin, which no crate declares as a [[bin]]" >&2; exit 1; }
+done
+# What the build compiles in from outside crates/ must be copied into the build stage.
+for dir in $(grep -rhoE 'include_(str|bytes)!\("(\.\./)+[a-z_-]+' crates | sed -E 's/.*\("(\.\.\/)+//' | sort -u); do
+  awk '/^FROM /{stage++} stage==1' Dockerfile | grep -qE "^COPY $dir " \
+    || { echo "the build reads $dir/ but the Dockerfile's build stage does not copy it" >&2; exit 1; }
 done
 echo "deployment checks passed"

@@ -25,6 +25,9 @@ fn ops_address(log: &std::path::Path) -> String {
     }
 }
 
+/// Longer than the readiness answer is cached.
+const READY_CACHE: Duration = Duration::from_millis(1100);
+
 async fn get(url: &str) -> (u16, String) {
     let r = support::http().get(url).send().await.expect("GET");
     (r.status().as_u16(), r.text().await.unwrap())
@@ -54,6 +57,7 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
             ("JOBTRAIL_BATCH", "4"),
             ("JOBTRAIL_DB_POOL", "4"),
             ("JOBTRAIL_LOG_FORMAT", "json"),
+            ("JOBTRAIL_METRICS_REFRESH", "1"),
         ],
     );
     let base = ops_address(&worker.log);
@@ -121,15 +125,13 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
         Some(7.0),
         "{metrics}"
     );
-    // The database's gauges are refreshed at most every 15 s (every pod is scraped): they may
-    // show the first scrape's states, but every operation is counted in exactly one of them.
-    let by_state: f64 = metrics
+    // The database's gauges count open operations; the first scrape saw all six open.
+    let open_during: f64 = during
         .lines()
         .filter(|l| l.starts_with("jobtrail_operations{") && l.contains("provider=\"sim\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    // (6 when the gauges are the first scrape's, 7 when they were refreshed since.)
-    assert!(by_state == 6.0 || by_state == 7.0, "{metrics}");
+    assert!((1.0..=6.0).contains(&open_during), "{during}");
     assert_eq!(
         sample(&metrics, "jobtrail_escalations_open", &[]),
         Some(0.0)
@@ -138,10 +140,21 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
     assert!(sample(&metrics, "jobtrail_claim_lag_seconds_count", &[]).unwrap_or(0.0) >= 7.0);
     let notified = sample(&metrics, "jobtrail_notification_lag_seconds_count", &[]).unwrap_or(0.0);
     assert!(notified >= 1.0, "{metrics}");
+    // Refreshed (every second here): every operation has ended, so every series seen open is 0,
+    // not left at its last value.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, later) = get(&format!("{base}/metrics")).await;
+    let series: Vec<&str> = later
+        .lines()
+        .filter(|l| l.starts_with("jobtrail_operations{") && l.contains("provider=\"sim\""))
+        .collect();
+    assert!(!series.is_empty(), "{later}");
+    assert!(series.iter().all(|l| l.ends_with(" 0")), "{series:?}");
     // Label values come from closed sets: no provider text, no operation ids.
     assert!(!metrics.contains("op_"), "{metrics}");
 
-    // A database whose schema this binary does not know is not ready; the worker stays alive.
+    // A newer release migrated the database (a rolling upgrade): still ready, with a note, so
+    // old pods do not all leave their Service at once.
     let admin = sqlx::PgPool::connect(&env.url).await.unwrap();
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
@@ -150,14 +163,42 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
     .execute(&admin)
     .await
     .unwrap();
+    tokio::time::sleep(READY_CACHE).await;
     let (status, body) = get(&format!("{base}/readyz")).await;
-    assert_eq!(status, 503, "{body}");
+    assert_eq!(status, 200, "{body}");
     assert!(body.contains("newer than this jobtrail"), "{body}");
-    assert_eq!(get(&format!("{base}/livez")).await.0, 200);
     sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 99991231000000")
         .execute(&admin)
         .await
         .unwrap();
+    // A schema behind this binary (a migration missing) is not ready; the worker stays alive.
+    let (newest,): (i64,) = sqlx::query_as("SELECT max(version) FROM _sqlx_migrations")
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    let (desc, checksum): (String, Vec<u8>) = sqlx::query_as(
+        "DELETE FROM _sqlx_migrations WHERE version = $1 RETURNING description, checksum",
+    )
+    .bind(newest)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    tokio::time::sleep(READY_CACHE).await;
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("behind this binary"), "{body}");
+    assert_eq!(get(&format!("{base}/livez")).await.0, 200);
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ($1, $2, true, $3, 0)",
+    )
+    .bind(newest)
+    .bind(desc)
+    .bind(checksum)
+    .execute(&admin)
+    .await
+    .unwrap();
+    tokio::time::sleep(READY_CACHE).await;
     assert_eq!(get(&format!("{base}/readyz")).await.0, 200);
     admin.close().await;
 
@@ -379,6 +420,20 @@ async fn postgres_over_tls_require_and_verify_full_work_and_a_wrong_authority_is
     pool.close().await;
     let out = run(format!("{base}?sslmode=disable"), &["list"]);
     assert_eq!(out.status.code(), Some(5));
+    // verify-full to a host the certificate does not name (it names localhost): refused.
+    let out = run(
+        format!(
+            "postgres://postgres@127.0.0.1:{port}/postgres?sslmode=verify-full&sslrootcert={}",
+            ca_file.display()
+        ),
+        &["list"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // verify-full against another authority: refused, nothing connects.
     let out = run(
         format!(

@@ -87,6 +87,14 @@ fn the_readme_using_it_section_runs_as_written() {
     // What the block promises: an id printed, the operation shown, a validated result on disk.
     assert!(stdout.lines().any(|l| l.starts_with("op_")), "{stdout}");
     assert!(stdout.contains("succeeded"), "{stdout}");
+    // The second operation ended cancelled (the provider confirmed), and wait said so with exit 1.
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("op_") && l.contains(" cancelled")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("wait: exit 1"), "{stdout}");
     let report = std::fs::read(work.join("report.json")).expect("report.json written");
     assert!(!report.is_empty());
     std::thread::sleep(Duration::from_millis(100));

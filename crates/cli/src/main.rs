@@ -148,8 +148,8 @@ async fn main() -> ExitCode {
         Command::Bench(_) => "error",
         _ => "warn",
     });
-    // Traces leave only from the processes that call providers or take submissions.
-    let traces = if matches!(cli.command, Command::Worker(_) | Command::Serve(_)) {
+    // Traces leave only from the processes that call providers.
+    let traces = if matches!(cli.command, Command::Worker(_)) {
         match tokio::task::spawn_blocking(jobtrail_telemetry::traces::init).await {
             Ok(Ok(t)) => Some(t),
             Ok(Err(e)) => {

@@ -57,7 +57,6 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     let registry = shell::registry(&common.providers)?;
     let store = shell::store(common).await?;
     let contracts = registry.names().count();
-    let probe_store = store.clone();
     let service = match a.operator_database_url.filter(|u| !u.trim().is_empty()) {
         Some(u) => {
             let operator = shell::store_at(Some(&u), common.db_pool).await?;
@@ -69,7 +68,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     on_signal(shutdown.clone());
     if let Some(addr) = a.ops_listen {
         let probe = jobtrail_telemetry::Probe {
-            store: probe_store,
+            store: shell::store_at(common.database_url.as_deref(), crate::work::PROBE_POOL).await?,
             contracts,
             needs_contracts: false,
         };

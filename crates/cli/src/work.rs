@@ -41,6 +41,9 @@ pub struct WorkerArgs {
     ops_listen: Option<std::net::SocketAddr>,
 }
 
+/// Connections of the probes' own pool.
+pub(crate) const PROBE_POOL: u32 = 2;
+
 pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     let mut config = jobtrail_worker::WorkerConfig::named_default();
     if let Some(id) = a.id.filter(|i| !i.trim().is_empty()) {
@@ -106,7 +109,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     let shutdown = tokio_util::sync::CancellationToken::new();
     if let Some(addr) = a.ops_listen {
         let probe = jobtrail_telemetry::Probe {
-            store: store.clone(),
+            store: shell::store_at(common.database_url.as_deref(), PROBE_POOL).await?,
             contracts: registry.names().count(),
             needs_contracts: true,
         };

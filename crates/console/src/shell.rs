@@ -14,7 +14,8 @@ pub struct Common {
     /// `sslmode=require`, or `sslmode=verify-full&sslrootcert=/path/ca.pem`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
-    /// Most database connections this process opens.
+    /// Most database connections per pool (a process opens one pool per login, plus one connection
+    /// for notifications and, with --ops-listen, two for its probes).
     #[arg(long, env = "JOBTRAIL_DB_POOL", global = true, default_value_t = 16)]
     pub db_pool: u32,
     /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.

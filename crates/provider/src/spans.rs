@@ -52,10 +52,16 @@ impl IdGenerator for ChosenIds {
 /// Build a span inside `f` with these ids (the trace id applies only to a span without a parent).
 /// Synchronous on purpose: the ids live in a thread-local for exactly the duration of the build.
 pub fn with_ids<T>(trace: Option<TraceId>, span: SpanId, f: impl FnOnce() -> T) -> T {
+    /// Clears the chosen ids however `f` ends (a panic must not leave them for the next span).
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            NEXT.set((None, None));
+        }
+    }
+    let _clear = Clear;
     NEXT.set((trace.map(otel_trace), Some(span)));
-    let out = f();
-    NEXT.set((None, None));
-    out
+    f()
 }
 
 pub fn otel_trace(t: TraceId) -> opentelemetry::trace::TraceId {
@@ -72,7 +78,8 @@ pub fn root_span_id(op: OperationId) -> SpanId {
     SpanId::from_bytes(id)
 }
 
-/// A context whose parent is the operation's root span (exported once, when the operation ends).
+/// A context whose parent is the operation's root span (exported once, by the worker that writes
+/// the operation's terminal step; an operation a person ends has no exported root).
 pub fn operation_context(op: OperationId, trace: TraceId) -> Context {
     Context::new().with_remote_span_context(SpanContext::new(
         otel_trace(trace),

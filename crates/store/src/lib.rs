@@ -91,6 +91,18 @@ pub struct Claimed {
     pub taken_over: bool,
 }
 
+/// How a database's schema compares with the one this binary was built for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaState {
+    Current,
+    /// Migrations this binary carries are missing: run `jobtrail migrate`.
+    Behind(String),
+    /// The database has migrations this binary does not know (a newer release migrated it).
+    Ahead(String),
+    /// A migration was changed after it was applied.
+    Edited(String),
+}
+
 /// What submit did.
 #[derive(Debug, Clone)]
 pub struct Submitted {
@@ -178,6 +190,16 @@ impl Store {
     /// command but `migrate` runs this instead of migrating: behind means "run `jobtrail migrate`",
     /// ahead means "this binary is older than the database", either way it refuses to run.
     pub async fn check_schema(&self) -> Result<(), StoreError> {
+        match self.schema_state().await? {
+            SchemaState::Current => Ok(()),
+            SchemaState::Behind(m) | SchemaState::Ahead(m) | SchemaState::Edited(m) => {
+                Err(StoreError::Schema(m))
+            }
+        }
+    }
+
+    /// How the database's schema compares with this binary's (one read).
+    pub async fn schema_state(&self) -> Result<SchemaState, StoreError> {
         let applied: Vec<(i64, Vec<u8>)> =
             match sqlx::query_as(include_str!("sql/schema_versions.sql"))
                 .fetch_all(&self.pool)
@@ -201,7 +223,7 @@ impl Store {
             .iter()
             .find(|(v, _)| !known.iter().any(|(k, _)| k == v))
         {
-            return Err(StoreError::Schema(format!(
+            return Ok(SchemaState::Ahead(format!(
                 "the database has migration {v}, which this binary does not know (it knows up to {newest_known}): the database is newer than this jobtrail; upgrade the binary"
             )));
         }
@@ -209,7 +231,7 @@ impl Store {
             .iter()
             .find(|(v, sum)| known.iter().any(|(k, ks)| k == v && *ks != sum.as_slice()))
         {
-            return Err(StoreError::Schema(format!(
+            return Ok(SchemaState::Edited(format!(
                 "migration {v} in the database differs from the one this binary carries (edited after it was applied)"
             )));
         }
@@ -217,11 +239,11 @@ impl Store {
             .iter()
             .find(|(k, _)| !applied.iter().any(|(v, _)| v == k))
         {
-            return Err(StoreError::Schema(format!(
+            return Ok(SchemaState::Behind(format!(
                 "the database schema is behind this binary (applied up to {newest_applied}, missing {v}): run `jobtrail migrate` as the database owner"
             )));
         }
-        Ok(())
+        Ok(SchemaState::Current)
     }
 
     pub async fn close(&self) {
@@ -347,6 +369,22 @@ impl Store {
     }
 
     /// How many operations a worker still has to act on.
+    /// Operations not yet in a terminal state, per state and provider (the metrics' gauge: terminal
+    /// rows only grow, and counting them would scan the whole table; these use the state index).
+    pub async fn count_open_by_state(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
+        let open: Vec<&str> = jobtrail_core::State::ALL
+            .iter()
+            .filter(|s| !s.is_terminal())
+            .map(|s| s.as_str())
+            .collect();
+        Ok(
+            sqlx::query_as(include_str!("sql/operation_count_open_by_state.sql"))
+                .bind(open)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
     /// Escalations open (held for a person) and when the oldest was raised.
     pub async fn escalations_open(&self) -> Result<(i64, Option<DateTime<Utc>>), StoreError> {
         Ok(

@@ -13,8 +13,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use jobtrail_store::Store;
+use jobtrail_store::{SchemaState, Store};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -29,9 +30,18 @@ const SECONDS_BUCKETS: &[f64] = &[
 /// Buckets for counts per transaction (the writer's group commits, claim batches).
 const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
-/// How often a scrape may refresh the fleet-wide gauges from the database: every worker pod is
-/// scraped, and each refresh counts the operations table by state (index-only, but still a scan).
+/// How often a scrape may refresh the database gauges by default: every pod is scraped, and each
+/// refresh counts the open operations by state. `JOBTRAIL_METRICS_REFRESH` (whole seconds, 1-3600)
+/// changes it.
 const FLEET_REFRESH: Duration = Duration::from_secs(15);
+
+fn fleet_refresh() -> Duration {
+    std::env::var("JOBTRAIL_METRICS_REFRESH")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+        .map_or(FLEET_REFRESH, Duration::from_secs)
+}
 /// A probe or a refresh never waits longer than this on the database.
 const DB_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -56,7 +66,7 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         "jobtrail_operations",
-        "Operations by state and provider (the whole table, refreshed at most every 15 s)"
+        "Operations not yet terminal, by state and provider (the database's count, refreshed at most every 15 s; the same on every pod: aggregate with max, not sum)"
     );
     describe_gauge!(
         "jobtrail_escalations_open",
@@ -76,6 +86,8 @@ fn describe() {
 /// built for, and the provider contracts this process needs are loaded.
 #[derive(Clone)]
 pub struct Probe {
+    /// A small pool of its own (the work's pool may be busy; a probe must not wait behind it, nor
+    /// take a connection the work needs).
     pub store: Store,
     /// Provider contracts loaded at start (a worker with none can drive nothing).
     pub contracts: usize,
@@ -86,15 +98,28 @@ pub struct Probe {
 
 struct OpsState {
     probe: Probe,
-    fleet_refreshed: Mutex<Option<Instant>>,
+    refresh: Duration,
+    /// When the database gauges were last refreshed, and every (state, provider) series set so far
+    /// (a series whose count dropped to nothing is set to 0, not left at its last value).
+    fleet: Mutex<(Option<Instant>, HashSet<Series>)>,
+    /// The last readiness answer, reused for [`READY_CACHE`]: probes from several kubelets and
+    /// anyone else who reaches the port cost at most one database read per interval.
+    ready: Mutex<Option<(Instant, StatusCode, serde_json::Value)>>,
 }
+
+/// A `jobtrail_operations` series: (state, provider).
+type Series = (String, String);
+
+const READY_CACHE: Duration = Duration::from_secs(1);
 
 /// `/livez`, `/readyz` and `/metrics`.
 pub fn router(probe: Probe) -> Router {
     metrics();
     let state = Arc::new(OpsState {
         probe,
-        fleet_refreshed: Mutex::new(None),
+        refresh: fleet_refresh(),
+        fleet: Mutex::new((None, HashSet::new())),
+        ready: Mutex::new(None),
     });
     Router::new()
         .route("/livez", get(|| async { "ok\n" }))
@@ -104,12 +129,34 @@ pub fn router(probe: Probe) -> Router {
 }
 
 async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
-    let p = &s.probe;
+    let mut cached = s.ready.lock().await;
+    if let Some((at, status, body)) = &*cached
+        && at.elapsed() < READY_CACHE
+    {
+        return (*status, axum::Json(body.clone())).into_response();
+    }
+    let (status, body) = readiness(&s.probe).await;
+    *cached = Some((Instant::now(), status, body.clone()));
+    (status, axum::Json(body)).into_response()
+}
+
+async fn readiness(p: &Probe) -> (StatusCode, serde_json::Value) {
+    let mut note = None;
     let problem = if p.needs_contracts && p.contracts == 0 {
         Some("no provider contracts loaded".to_owned())
     } else {
-        match tokio::time::timeout(DB_PROBE_TIMEOUT, p.store.check_schema()).await {
-            Ok(Ok(())) => None,
+        match tokio::time::timeout(DB_PROBE_TIMEOUT, p.store.schema_state()).await {
+            Ok(Ok(SchemaState::Current)) => None,
+            // A newer release has migrated the database during a rolling upgrade: this process
+            // started against its own schema and keeps serving until it is replaced (were it
+            // unready, every old pod would leave its Service at once).
+            Ok(Ok(SchemaState::Ahead(m))) => {
+                note = Some(m);
+                None
+            }
+            Ok(Ok(SchemaState::Behind(m) | SchemaState::Edited(m))) => {
+                Some(format!("database: {m}"))
+            }
             Ok(Err(e)) => Some(format!("database: {e}")),
             Err(_) => Some(format!(
                 "database: no answer within {} s",
@@ -121,13 +168,14 @@ async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
         "ready": problem.is_none(),
         "contracts": p.contracts,
         "problem": problem,
+        "note": note,
     });
     let status = if problem.is_none() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(body)).into_response()
+    (status, body)
 }
 
 async fn scrape(State(s): State<Arc<OpsState>>) -> Response {
@@ -144,26 +192,34 @@ async fn scrape(State(s): State<Arc<OpsState>>) -> Response {
         .into_response()
 }
 
-/// Refresh the gauges only the database knows, at most once per [`FLEET_REFRESH`] (concurrent
+/// Refresh the gauges only the database knows, at most once per refresh interval (concurrent
 /// scrapes wait for one refresh, they do not each run one).
 async fn refresh_fleet(s: &OpsState) {
-    let mut last = s.fleet_refreshed.lock().await;
-    if last.is_some_and(|t| t.elapsed() < FLEET_REFRESH) {
+    let mut fleet = s.fleet.lock().await;
+    let (last, seen) = &mut *fleet;
+    if last.is_some_and(|t| t.elapsed() < s.refresh) {
         return;
     }
     *last = Some(Instant::now());
     let store = &s.probe.store;
     let read = async {
-        let by_state = store.count_by_state().await?;
+        let by_state = store.count_open_by_state().await?;
         let escalations = store.escalations_open().await?;
         Ok::<_, jobtrail_store::StoreError>((by_state, escalations))
     };
     match tokio::time::timeout(DB_PROBE_TIMEOUT, read).await {
         Ok(Ok((by_state, (open, oldest)))) => {
+            let mut now_seen = HashSet::new();
             for (state, provider, n) in by_state {
-                metrics::gauge!("jobtrail_operations", "state" => state, "provider" => provider)
+                metrics::gauge!("jobtrail_operations", "state" => state.clone(), "provider" => provider.clone())
                     .set(n as f64);
+                now_seen.insert((state, provider));
             }
+            for (state, provider) in seen.difference(&now_seen) {
+                metrics::gauge!("jobtrail_operations", "state" => state.clone(), "provider" => provider.clone())
+                    .set(0.0);
+            }
+            seen.extend(now_seen);
             metrics::gauge!("jobtrail_escalations_open").set(open as f64);
             let age = oldest
                 .map(|t| (chrono::Utc::now() - t).num_milliseconds().max(0) as f64 / 1000.0)

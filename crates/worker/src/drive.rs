@@ -199,7 +199,8 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
                         ));
                     }
                     let ended = applied.record.state;
-                    if ended != op.state && (ended.is_terminal() || ended.needs_human()) {
+                    // Terminal states are final: the root span is exported once.
+                    if ended != op.state && ended.is_terminal() {
                         jobtrail_provider::spans::record_operation(
                             op.id,
                             op.trace_id,

@@ -73,8 +73,19 @@ app.kubernetes.io/component: {{ .component }}
 
 {{- define "jobtrail.volumes" -}}
 - name: contracts
-  configMap:
-    name: {{ include "jobtrail.contractsConfigMap" . }}
+  projected:
+    sources:
+      - configMap:
+          name: {{ include "jobtrail.contractsConfigMap" . }}
+      {{- if .Values.contracts.schemas }}
+      - configMap:
+          name: {{ include "jobtrail.fullname" . }}-schemas
+          items:
+            {{- range $name, $_ := .Values.contracts.schemas }}
+            - key: {{ $name }}
+              path: schemas/{{ $name }}
+            {{- end }}
+      {{- end }}
 - name: tmp
   emptyDir: {}
 {{- if .Values.database.caSecret }}
