@@ -71,6 +71,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             store: shell::store_at(common.database_url.as_deref(), crate::work::PROBE_POOL).await?,
             contracts,
             needs_contracts: false,
+            liveness: None,
         };
         ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;
     }

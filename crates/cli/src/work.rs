@@ -4,6 +4,7 @@
 use jobtrail_console::shell::{self, CmdResult, exit, fail};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -106,16 +107,19 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         }
     }
     let store = shell::store(common).await?;
+    let contracts_loaded = registry.names().count();
     let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = jobtrail_worker::Worker::new(store, registry, results, config);
     if let Some(addr) = a.ops_listen {
+        let (heartbeat, limit) = worker.heartbeat();
         let probe = jobtrail_telemetry::Probe {
             store: shell::store_at(common.database_url.as_deref(), PROBE_POOL).await?,
-            contracts: registry.names().count(),
+            contracts: contracts_loaded,
             needs_contracts: true,
+            liveness: Some((Arc::new(move || heartbeat.silence()), limit)),
         };
         crate::serve::ops_listener("jobtrail worker", addr, probe, shutdown.clone()).await?;
     }
-    let worker = jobtrail_worker::Worker::new(store, registry, results, config);
     let stop = shutdown.clone();
     let loop_stop = tokio_util::sync::CancellationToken::new();
     crate::serve::on_signal(loop_stop.clone());

@@ -94,7 +94,14 @@ pub struct Probe {
     /// Whether this process needs contracts to be ready (a worker does; the API can answer reads
     /// without them).
     pub needs_contracts: bool,
+    /// For a process with a loop of its own: how long since it last went round, and the longest a
+    /// live loop stays silent. Past that `/livez` fails, so the orchestrator restarts a stuck loop
+    /// (a database that is away does not count: the loop keeps going round, retrying).
+    pub liveness: Option<(Liveness, Duration)>,
 }
+
+/// How long since a process's loop last went round.
+pub type Liveness = Arc<dyn Fn() -> Duration + Send + Sync>;
 
 struct OpsState {
     probe: Probe,
@@ -122,10 +129,28 @@ pub fn router(probe: Probe) -> Router {
         ready: Mutex::new(None),
     });
     Router::new()
-        .route("/livez", get(|| async { "ok\n" }))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(scrape))
         .with_state(state)
+}
+
+async fn livez(State(s): State<Arc<OpsState>>) -> Response {
+    if let Some((silence, limit)) = &s.probe.liveness {
+        let silent = silence();
+        if silent > *limit {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "stuck: the loop has not gone round for {} s (limit {} s)\n",
+                    silent.as_secs(),
+                    limit.as_secs()
+                ),
+            )
+                .into_response();
+        }
+    }
+    "ok\n".into_response()
 }
 
 async fn readyz(State(s): State<Arc<OpsState>>) -> Response {

@@ -121,6 +121,36 @@ pub struct Worker {
     /// The database clock at the last claim that returned rows, and when its answer arrived: the
     /// reference for notification lag (never compared with this host's wall clock).
     db_clock: Arc<Mutex<Option<DbReading>>>,
+    /// When the service loop last went round (for the liveness probe).
+    heartbeat: Arc<Heartbeat>,
+}
+
+/// When a loop last went round, by the monotonic clock.
+#[derive(Debug)]
+pub struct Heartbeat {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Heartbeat {
+    fn beat(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+    /// How long since the last beat.
+    pub fn silence(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
 }
 
 impl Worker {
@@ -145,6 +175,7 @@ impl Worker {
             stats: Arc::default(),
             active: Arc::default(),
             db_clock: Arc::default(),
+            heartbeat: Arc::default(),
         }
     }
 
@@ -154,6 +185,16 @@ impl Worker {
 
     pub fn id(&self) -> &str {
         &self.config.id
+    }
+
+    /// The service loop's heartbeat, and the longest silence a live loop can have: an idle wait,
+    /// a step's whole lease, and a minute of margin (claims retried while the database is away
+    /// back off for at most 5 s and still beat).
+    pub fn heartbeat(&self) -> (Arc<Heartbeat>, Duration) {
+        (
+            self.heartbeat.clone(),
+            self.config.idle + self.config.lease + Duration::from_secs(60),
+        )
     }
 
     /// Drive one claimed operation (all its immediate steps). `sent`: when the claim was sent (the
@@ -249,6 +290,7 @@ impl Worker {
         let mut backoff = Duration::from_millis(100);
         tracing::info!(worker = %self.config.id, "worker started");
         loop {
+            self.heartbeat.beat();
             if shutdown.is_cancelled() {
                 break;
             }
