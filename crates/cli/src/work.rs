@@ -22,8 +22,9 @@ pub struct WorkerArgs {
     /// Lease time-to-live: a dead worker's operations are taken over after this.
     #[arg(long, env = "JOBTRAIL_LEASE", default_value = "30s")]
     lease: String,
-    /// Longest pause between scans without notifications.
-    #[arg(long, env = "JOBTRAIL_IDLE", default_value = "250ms")]
+    /// The backstop: longest sleep without looking for work. An idle worker otherwise sleeps until
+    /// the earliest due time of work it could claim, or a notification.
+    #[arg(long, env = "JOBTRAIL_IDLE", default_value = "30s")]
     idle: String,
     /// Keep result bytes as files in this local directory instead of in the database (the
     /// default). Only this host can then read them back (`jobtrail result`).

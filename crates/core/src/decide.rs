@@ -99,6 +99,20 @@ impl Plan {
     }
 }
 
+/// The provider's fleet-wide call rate has no room for `call` for `wait`: nothing is sent; the
+/// operation is due again then, and gives its slot back meanwhile. A create's "may have been sent"
+/// mark, which the claim set for this epoch, is cleared: provably nothing left.
+pub fn deferred(call: &Call, wait: Duration) -> Plan {
+    Plan::write(Step {
+        next_in: Some((wait, "provider call rate")),
+        send_mark: match call {
+            Call::Create { .. } => SendMark::Clear,
+            _ => SendMark::Keep,
+        },
+        ..Step::default()
+    })
+}
+
 /// What to do with the operation now.
 #[derive(Debug, Clone)]
 pub enum Action {

@@ -134,6 +134,22 @@ struct Raw {
     redact: Vec<String>,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+/// `[limits]`: how much of the fleet one provider may use (see docs/provider-contracts.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    #[serde(default)]
+    max_in_flight: Option<u32>,
+    #[serde(default)]
+    fleet_max_in_flight: Option<u32>,
+    #[serde(default)]
+    rate_per_sec: Option<f64>,
+    #[serde(default)]
+    burst: Option<u32>,
 }
 
 /// `[secrets.NAME]`: a secret callers may name at a sensitive field (operator configuration).
@@ -623,6 +639,25 @@ pub enum WebhookScheme {
     },
 }
 
+/// How much of the fleet one provider may use.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Limits {
+    /// Steps in flight for this provider on one worker (`None`: its fair share while other
+    /// providers have due work, every slot otherwise).
+    pub max_in_flight: Option<u32>,
+    /// Steps in flight for this provider across every worker sharing the database.
+    pub fleet_max_in_flight: Option<u32>,
+    /// Calls per second across the fleet, and how many may go at once after a quiet spell.
+    pub rate: Option<Rate>,
+}
+
+/// A fleet-wide token bucket: `per_sec` tokens a second, at most `burst` saved up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub per_sec: f64,
+    pub burst: u32,
+}
+
 /// A validated provider contract.
 #[derive(Debug, Clone)]
 pub struct Contract {
@@ -657,6 +692,7 @@ pub struct Contract {
     pub redact: Vec<String>,
     /// Secrets callers may name, by grant name.
     pub secrets: BTreeMap<String, GrantedSecret>,
+    pub limits: Limits,
 }
 
 impl Contract {
@@ -1422,6 +1458,7 @@ impl Validator<'_> {
                 },
             );
         }
+        let limits = self.limits(&r.limits)?;
 
         let c = Contract {
             file: path.to_path_buf(),
@@ -1451,6 +1488,7 @@ impl Validator<'_> {
             webhook,
             redact: r.redact,
             secrets,
+            limits,
         };
         // A template that names a whole URL must stay within the declared origins too.
         let mut templates = vec![
@@ -1474,6 +1512,49 @@ impl Validator<'_> {
             }
         }
         Ok(c)
+    }
+
+    fn limits(&self, r: &RawLimits) -> Result<Limits, ContractError> {
+        const MOST: u32 = 100_000;
+        let count = |key: &str, v: Option<u32>| match v {
+            Some(n) if n == 0 || n > MOST => Err(self.err(key, format!("1 to {MOST}, got {n}"))),
+            other => Ok(other),
+        };
+        let max_in_flight = count("limits.max_in_flight", r.max_in_flight)?;
+        let fleet_max_in_flight = count("limits.fleet_max_in_flight", r.fleet_max_in_flight)?;
+        if let (Some(w), Some(f)) = (max_in_flight, fleet_max_in_flight)
+            && w > f
+        {
+            return Err(self.err(
+                "limits.max_in_flight",
+                format!("at most limits.fleet_max_in_flight ({f}), got {w}"),
+            ));
+        }
+        let burst = count("limits.burst", r.burst)?;
+        let rate = match (r.rate_per_sec, burst) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(self.err("limits.burst", "limits.rate_per_sec beside it"));
+            }
+            (Some(per_sec), burst) => {
+                // Below one call an hour is a typo; above 100 000 a second no provider publishes.
+                if !(per_sec.is_finite() && (1.0 / 3600.0..=100_000.0).contains(&per_sec)) {
+                    return Err(self.err(
+                        "limits.rate_per_sec",
+                        format!("calls per second from 1/3600 to 100000, got {per_sec}"),
+                    ));
+                }
+                Some(Rate {
+                    per_sec,
+                    burst: burst.unwrap_or_else(|| (per_sec.ceil() as u32).max(1)),
+                })
+            }
+        };
+        Ok(Limits {
+            max_in_flight,
+            fleet_max_in_flight,
+            rate,
+        })
     }
 
     fn result(&self, r: RawResult, status_gives_url: bool) -> Result<ResultSpec, ContractError> {

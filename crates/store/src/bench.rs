@@ -26,12 +26,19 @@ impl Store {
     /// Returns the transitions written.
     pub async fn bench_ceiling_jobtrail(&self, owner: &str, batch: i64) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let claimed = crate::claim_due_with(
+        // The worker's own claim query, for the one provider the seeded rows belong to.
+        let share = crate::ClaimShare {
+            provider: "bench".into(),
+            fair: batch as i32,
+            cap: batch as i32,
+            fleet_cap: None,
+        };
+        let claimed = crate::claim_shares_with(
             &mut *tx,
             owner,
             batch,
             std::time::Duration::from_secs(60),
-            None,
+            std::slice::from_ref(&share),
         )
         .await?;
         let writes: Vec<(crate::Lease, crate::Step)> = claimed

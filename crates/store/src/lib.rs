@@ -91,6 +91,20 @@ pub struct Claimed {
     pub taken_over: bool,
 }
 
+/// One provider's part of a worker's claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimShare {
+    pub provider: String,
+    /// Rows of this provider that come before any provider's extra rows (its fair share, less what
+    /// this worker already drives for it).
+    pub fair: i32,
+    /// The most rows of this provider this claim may take.
+    pub cap: i32,
+    /// The most steps of this provider in flight across the fleet (contract
+    /// `limits.fleet_max_in_flight`), counted against leases held right now.
+    pub fleet_cap: Option<i32>,
+}
+
 /// How a database's schema compares with the one this binary was built for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SchemaState {
@@ -443,19 +457,99 @@ impl Store {
         limit: i64,
         ttl: Duration,
     ) -> Result<Vec<Claimed>, StoreError> {
-        claim_due_with(&self.pool, owner, limit, ttl, None).await
+        claim_due_with(&self.pool, owner, limit, ttl).await
     }
 
-    /// Claim up to `limit` due operations of the named providers only (those a worker has contracts
-    /// for): a worker never holds work it cannot do.
-    pub async fn claim_due_for(
+    /// The worker's claim: up to `limit` due operations of the providers in `shares` only (a worker
+    /// never holds work it cannot do), each provider within its caps, its fair rows first, none of a
+    /// provider the fleet was told to wait for. One short transaction; with a fleet-wide cap, the
+    /// capped providers' claims are serialised across the fleet by an advisory lock held only for
+    /// that transaction (two claimers counting the same leases would both take the last slots).
+    pub async fn claim_shares(
         &self,
         owner: &str,
         limit: i64,
         ttl: Duration,
-        providers: &[String],
+        shares: &[ClaimShare],
     ) -> Result<Vec<Claimed>, StoreError> {
-        claim_due_with(&self.pool, owner, limit, ttl, Some(providers)).await
+        let mut capped: Vec<&str> = shares
+            .iter()
+            .filter(|s| s.fleet_cap.is_some() && s.cap > 0)
+            .map(|s| s.provider.as_str())
+            .collect();
+        if capped.is_empty() {
+            return claim_shares_with(&self.pool, owner, limit, ttl, shares).await;
+        }
+        capped.sort_unstable(); // one order for every claimer: no deadlock between them
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(include_str!("sql/provider_fleet_lock.sql"))
+            .bind(&capped)
+            .execute(&mut *tx)
+            .await?;
+        let claimed = claim_shares_with(&mut *tx, owner, limit, ttl, shares).await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    /// How long until one of `providers`' operations could be claimed (`None`: none is open). An
+    /// idle worker sleeps that long instead of scanning.
+    pub async fn next_due(&self, providers: &[String]) -> Result<Option<Duration>, StoreError> {
+        let (secs,): (Option<f64>,) = sqlx::query_as(include_str!("sql/operation_next_due.sql"))
+            .bind(providers)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(secs.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))))
+    }
+
+    /// Make sure a provider's fleet-wide token bucket exists (full when new).
+    pub async fn seed_throttle(&self, provider: &str, burst: u32) -> Result<(), StoreError> {
+        sqlx::query(include_str!("sql/provider_throttle_seed.sql"))
+            .bind(provider)
+            .bind(f64::from(burst))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Take `calls` calls from a provider's fleet-wide bucket: `None` if they may go now, otherwise
+    /// how long until they may.
+    pub async fn take_calls(
+        &self,
+        provider: &str,
+        per_sec: f64,
+        burst: u32,
+        calls: u32,
+    ) -> Result<Option<Duration>, StoreError> {
+        let calls = calls.clamp(1, burst.max(1));
+        let row: Option<(bool, f64)> =
+            sqlx::query_as(include_str!("sql/provider_throttle_take.sql"))
+                .bind(provider)
+                .bind(per_sec)
+                .bind(f64::from(burst))
+                .bind(f64::from(calls))
+                .fetch_optional(&self.pool)
+                .await?;
+        match row {
+            Some((true, _)) => Ok(None),
+            Some((false, wait)) => Ok(Some(Duration::from_secs_f64(wait.clamp(0.001, 86_400.0)))),
+            // The bucket is missing (created after this worker started, or removed): make it, and
+            // let the caller ask again.
+            None => {
+                self.seed_throttle(provider, burst).await?;
+                Ok(Some(Duration::from_millis(1)))
+            }
+        }
+    }
+
+    /// A provider asked the fleet to wait (`429` with `Retry-After`): no worker claims its
+    /// operations, and its bucket grants nothing, for `wait`.
+    pub async fn pause_provider(&self, provider: &str, wait: Duration) -> Result<(), StoreError> {
+        sqlx::query(include_str!("sql/provider_throttle_pause.sql"))
+            .bind(provider)
+            .bind(wait.as_secs_f64().min(86_400.0))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Extend a live lease. Returns the new expiry, or `LeaseLost`.
@@ -866,39 +960,64 @@ pub(crate) async fn write_batch_in(
     Ok(results)
 }
 
-/// Claim up to `limit` due operations for `owner` (the claim query; its own transaction unless
-/// `db` is one).
+/// Claim up to `limit` due operations of any provider for `owner` (tests, benchmarks and the
+/// operator's tools; workers claim by provider share). Its own transaction unless `db` is one.
 pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
     db: E,
     owner: &str,
     limit: i64,
     ttl: Duration,
-    providers: Option<&[String]>,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let rows: Vec<ClaimedRow> = sqlx::query_as(include_str!("sql/operation_claim_due.sql"))
+    let rows: Vec<ClaimedRow> = sqlx::query_as(include_str!("sql/operation_claim_due_any.sql"))
         .bind(owner)
         .bind(limit)
         .bind(ttl.as_secs_f64())
-        .bind(providers)
         .fetch_all(db)
         .await?;
-    rows.into_iter()
-        .map(|r| {
-            let db_now = r.locked.db_now;
-            let op: OperationRecord = r.locked.row.try_into()?;
-            Ok(Claimed {
-                late: (db_now - r.was_due).to_std().unwrap_or_default(),
-                taken_over: r.taken_over,
-                lease: Lease {
-                    operation_id: op.id,
-                    owner: owner.to_owned(),
-                    epoch: op.lease_epoch,
-                },
-                operation: op,
-                db_now,
-            })
+    rows.into_iter().map(|r| r.claimed(owner)).collect()
+}
+
+/// The worker's claim query (see [`Store::claim_shares`]), in `db`'s transaction or its own.
+pub(crate) async fn claim_shares_with<'c, E: sqlx::PgExecutor<'c>>(
+    db: E,
+    owner: &str,
+    limit: i64,
+    ttl: Duration,
+    shares: &[ClaimShare],
+) -> Result<Vec<Claimed>, StoreError> {
+    let names: Vec<&str> = shares.iter().map(|s| s.provider.as_str()).collect();
+    let fair: Vec<i32> = shares.iter().map(|s| s.fair).collect();
+    let cap: Vec<i32> = shares.iter().map(|s| s.cap).collect();
+    let fleet: Vec<Option<i32>> = shares.iter().map(|s| s.fleet_cap).collect();
+    let rows: Vec<ClaimedRow> = sqlx::query_as(include_str!("sql/operation_claim_shares.sql"))
+        .bind(owner)
+        .bind(limit)
+        .bind(ttl.as_secs_f64())
+        .bind(&names)
+        .bind(&fair)
+        .bind(&cap)
+        .bind(&fleet)
+        .fetch_all(db)
+        .await?;
+    rows.into_iter().map(|r| r.claimed(owner)).collect()
+}
+
+impl ClaimedRow {
+    fn claimed(self, owner: &str) -> Result<Claimed, StoreError> {
+        let db_now = self.locked.db_now;
+        let op: OperationRecord = self.locked.row.try_into()?;
+        Ok(Claimed {
+            late: (db_now - self.was_due).to_std().unwrap_or_default(),
+            taken_over: self.taken_over,
+            lease: Lease {
+                operation_id: op.id,
+                owner: owner.to_owned(),
+                epoch: op.lease_epoch,
+            },
+            operation: op,
+            db_now,
         })
-        .collect()
+    }
 }
 
 /// An error that refuses one step and leaves its call to be logged (the call happened).

@@ -23,6 +23,10 @@ use jobtrail_store::{Lease, OperationRecord, Step, Store, StoreError};
 use opentelemetry::trace::TraceContextExt as _;
 use std::time::{Duration, Instant};
 
+/// The longest a step waits in its slot for the provider's call rate; longer, it gives the slot
+/// back and comes due again when the rate allows.
+const ADMIT_IN_PLACE: Duration = Duration::from_millis(250);
+
 /// How a drive ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Driven {
@@ -31,6 +35,9 @@ pub struct Driven {
     /// Provider calls made.
     pub calls: u32,
     pub lease_lost: bool,
+    /// When the operation comes due again, if this worker left it waiting (its worker loop then
+    /// knows when to look again without asking the database).
+    pub due_in: Option<Duration>,
 }
 
 /// The database's clock, carried forward by this process's monotonic clock from the moment the
@@ -89,6 +96,49 @@ impl Ctx<'_> {
             }
             Err(StoreError::LeaseLost { .. }) => Err(Stop::LeaseLost),
             Err(e) => Err(Stop::Other(e)),
+        }
+    }
+
+    /// Take `calls` from the provider's fleet-wide call rate (contract `limits.rate_per_sec`).
+    /// Waits a little in place when the bucket refills soon; otherwise returns how long until it
+    /// does, and the operation gives its slot back for that long. Bounded: a few tries.
+    async fn admit(&mut self, calls: u32) -> Result<Option<Duration>, Stop> {
+        let Some(rate) = self.provider.contract().limits.rate else {
+            return Ok(None);
+        };
+        let name = &self.provider.contract().name;
+        for _ in 0..4 {
+            let wait = match self
+                .store
+                .take_calls(name, rate.per_sec, rate.burst, calls)
+                .await
+            {
+                Ok(None) => return Ok(None),
+                Ok(Some(wait)) => wait,
+                Err(e) => return Err(Stop::Other(e)),
+            };
+            metrics::throttled(name, "rate");
+            if wait > ADMIT_IN_PLACE || self.shutdown.is_cancelled() {
+                // Spread the fleet's retries over a fifth of the wait.
+                return Ok(Some(wait.mul_f64(1.0 + 0.2 * draw())));
+            }
+            tokio::time::sleep(wait).await;
+        }
+        Ok(Some(ADMIT_IN_PLACE))
+    }
+
+    /// The provider answered `429` with `Retry-After`: the whole fleet waits, not only this
+    /// operation (every worker's claim skips the provider until then). Best effort: the operation's
+    /// own schedule honours the wait either way.
+    async fn throttled(&self, call: &jobtrail_core::CallRecord, delay: Option<Duration>) {
+        if call.http_status != Some(429) {
+            return;
+        }
+        let Some(wait) = delay else { return };
+        let name = &self.provider.contract().name;
+        metrics::throttled(name, "429");
+        if let Err(e) = self.store.pause_provider(name, wait).await {
+            tracing::warn!(provider = %name, error = %e, "could not pause the provider fleet-wide");
         }
     }
 
@@ -231,11 +281,19 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
             }
         }
         if !plan.go_on || !op.state.is_automated() || op.lease_owner.is_none() {
+            if op.state.is_automated() && op.lease_owner.is_none() {
+                out.due_in = Some(
+                    (op.next_action_at - ctx.clock.now())
+                        .to_std()
+                        .unwrap_or_default(),
+                );
+            }
             return out;
         }
     }
     // Too many immediate steps in a row: give the lease back, due at once.
     let _ = ctx.store.release(&ctx.lease, Utc::now(), "continue").await;
+    out.due_in = Some(Duration::ZERO);
     out
 }
 
@@ -266,12 +324,18 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
         }
         Action::Call(call) => call,
     };
-    let budget = match call {
-        // A cross-checked resend is two calls under one lease.
-        Call::Lookup { .. } => ctx.call_budget() * 2,
-        _ => ctx.call_budget(),
+    // A cross-checked resend is two calls under one lease.
+    let calls = match call {
+        Call::Lookup { .. } => 2,
+        Call::SyncResult { .. } => 0,
+        _ => 1,
     };
-    ctx.ensure_lease(budget).await?;
+    if calls > 0
+        && let Some(wait) = ctx.admit(calls).await?
+    {
+        return Ok(decide::deferred(&call, wait));
+    }
+    ctx.ensure_lease(ctx.call_budget() * calls.max(1)).await?;
     let policy = ctx.policy.clone();
     let provider = ctx.provider;
     Ok(match call {
@@ -287,6 +351,9 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
             }
             fault::point("after_create_marked");
             let called = provider.create(op, ctx.at(attempt)).await;
+            if let CreateOutcome::RetryLater { delay, .. } = &called.outcome {
+                ctx.throttled(&called.call, *delay).await;
+            }
             let kept = match &called.outcome {
                 CreateOutcome::Completed { result, .. } => {
                     let valid = matches!(provider.check_result(op, result), Checked::Valid { .. });
@@ -323,10 +390,16 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
         }
         Call::Status { attempt } => {
             let called = provider.status(op, ctx.at(attempt)).await;
+            if let StatusOutcome::RetryLater { delay, .. } = &called.outcome {
+                ctx.throttled(&called.call, *delay).await;
+            }
             decide::after_status(op, &policy, called, ctx.clock.now(), draw())
         }
         Call::Cancel { attempt } => {
             let called = provider.cancel(op, ctx.at(attempt)).await;
+            if let CancelOutcome::RetryLater { delay, .. } = &called.outcome {
+                ctx.throttled(&called.call, *delay).await;
+            }
             decide::after_cancel(op, &policy, called, ctx.clock.now(), draw())
         }
         Call::FinalGet { attempt } => {

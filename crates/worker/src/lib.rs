@@ -7,22 +7,26 @@
 //! counts and the deadlines live in the row, so any worker can take over any operation whose lease
 //! expired.
 //!
-//! Wake-ups come from LISTEN on the database's work channel (new submissions, cancel requests,
-//! decisions) and from a short idle scan; lost notifications cost latency, never work. On shutdown a
-//! worker stops claiming, lets the steps in flight finish (each writes all of itself or nothing), and
-//! gives back its leases.
+//! A worker claims whenever a slot is free and work is due; a hanging call holds one slot, and each
+//! provider gets its share of the slots (share.rs). With nothing to claim it sleeps until the
+//! earliest moment something it could claim comes due, a notification on the database's work channel
+//! (new submissions, cancel requests, decisions), or a slow backstop (`idle`); lost notifications
+//! cost latency, never work. On shutdown a worker stops claiming, lets the steps in flight finish
+//! (each writes all of itself or nothing), and gives back its leases.
 
 mod drive;
 pub mod fault;
 mod metrics;
 pub mod results;
+mod share;
 mod writer;
 
 pub use drive::Driven;
 pub use results::ResultStore;
 
 use jobtrail_provider::Registry;
-use jobtrail_store::{Claimed, Lease, Store, StoreError};
+use jobtrail_provider::contract::Limits;
+use jobtrail_store::{ClaimShare, Claimed, Lease, Store, StoreError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +35,10 @@ use tokio_util::sync::CancellationToken;
 
 /// A reading of the database clock and when (by this host's monotonic clock) it arrived.
 type DbReading = (chrono::DateTime<chrono::Utc>, Instant);
+
+/// The shortest sleep when something is due but this worker could not claim it (another claimer
+/// holds the row, or the provider's fleet-wide cap is reached).
+const NOT_CLAIMABLE_FLOOR: Duration = Duration::from_millis(50);
 
 /// Worker settings (validated by the binary).
 #[derive(Debug, Clone)]
@@ -43,7 +51,8 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Lease time-to-live. A dead worker's operations are taken over after this.
     pub lease: Duration,
-    /// Longest wait between scans when no notification arrives.
+    /// Longest sleep without a claim attempt (the backstop: due times and notifications wake a
+    /// worker sooner).
     pub idle: Duration,
     /// How long shutdown waits for steps in flight before abandoning them.
     pub shutdown_grace: Duration,
@@ -63,7 +72,7 @@ impl WorkerConfig {
             batch: 32,
             concurrency: 64,
             lease: Duration::from_secs(30),
-            idle: Duration::from_millis(250),
+            idle: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(20),
             write_batch: 64,
         }
@@ -116,8 +125,14 @@ pub struct Worker {
     stats: Arc<Stats>,
     active: Arc<Mutex<HashMap<jobtrail_core::OperationId, Lease>>>,
     writer: writer::Writer,
-    /// The providers this worker has contracts for: the only ones it claims.
-    providers: Arc<Vec<String>>,
+    /// The providers this worker has contracts for (the only ones it claims), with their limits.
+    providers: Arc<Vec<(String, Limits)>>,
+    /// Steps in flight on this worker, by provider.
+    in_flight: Arc<Mutex<HashMap<String, usize>>>,
+    /// The earliest moment an operation this worker just left waiting comes due again, and a
+    /// wake-up for the service loop when it is set (so an idle loop need not ask the database).
+    own_due: Arc<Mutex<Option<Instant>>>,
+    step_done: Arc<tokio::sync::Notify>,
     /// The database clock at the last claim that returned rows, and when its answer arrived: the
     /// reference for notification lag (never compared with this host's wall clock).
     db_clock: Arc<Mutex<Option<DbReading>>>,
@@ -164,10 +179,18 @@ impl Worker {
         // themselves; up to `write_batch` steps per transaction (see writer.rs).
         metrics::describe();
         let writer = writer::Writer::start(store.clone(), 1, config.write_batch.max(1));
-        let providers = Arc::new(registry.names().map(str::to_owned).collect());
+        let providers = Arc::new(
+            registry
+                .names()
+                .filter_map(|n| Some((n.to_owned(), registry.get(n)?.contract().limits)))
+                .collect(),
+        );
         Self {
             writer,
             providers,
+            in_flight: Arc::default(),
+            own_due: Arc::default(),
+            step_done: Arc::default(),
             store,
             registry: Arc::new(registry),
             results: Arc::new(results),
@@ -240,12 +263,17 @@ impl Worker {
         tracing::Instrument::instrument(drive::drive(ctx, c.operation), span).await
     }
 
-    /// Claim up to `limit` due operations of the providers this worker has contracts for.
-    async fn claim(&self, limit: i64) -> Result<(Vec<Claimed>, (Instant, Instant)), StoreError> {
+    /// Claim up to `limit` due operations of the providers this worker has contracts for, each
+    /// within its share of `free` slots.
+    async fn claim(
+        &self,
+        limit: i64,
+        shares: &[ClaimShare],
+    ) -> Result<(Vec<Claimed>, (Instant, Instant)), StoreError> {
         let sent = Instant::now();
         let claimed = self
             .store
-            .claim_due_for(&self.config.id, limit, self.config.lease, &self.providers)
+            .claim_shares(&self.config.id, limit, self.config.lease, shares)
             .await?;
         let answered = Instant::now();
         metrics::claimed(answered - sent, &claimed);
@@ -255,11 +283,29 @@ impl Worker {
         Ok((claimed, (sent, answered)))
     }
 
+    /// This claim's shares of `free` slots.
+    fn shares(&self, free: usize) -> Vec<ClaimShare> {
+        let in_flight = self.in_flight.lock().expect("lock");
+        share::shares(self.config.concurrency, free, &in_flight, &self.providers)
+    }
+
+    /// Fleet-wide token buckets for the providers with a call rate (full when new).
+    async fn seed_throttles(&self) -> Result<(), StoreError> {
+        for (name, limits) in self.providers.iter() {
+            if let Some(rate) = limits.rate {
+                self.store.seed_throttle(name, rate.burst).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Claim one batch and drive every claimed operation to its next wait. Returns what was done.
     /// (Tests and benchmarks call this; [`Worker::run`] is the service loop.)
     pub async fn run_once(&self) -> Result<StatsSnapshot, StoreError> {
         let before = self.stats.snapshot();
-        let (claimed, times) = self.claim(self.config.batch).await?;
+        self.seed_throttles().await?;
+        let shares = self.shares(self.config.batch as usize);
+        let (claimed, times) = self.claim(self.config.batch, &shares).await?;
         self.stats
             .claimed
             .fetch_add(claimed.len() as u64, Ordering::Relaxed);
@@ -282,12 +328,64 @@ impl Worker {
         })
     }
 
+    /// Drive one claimed operation in a task of its own, holding one slot.
+    async fn spawn(
+        &self,
+        tasks: &mut tokio::task::JoinSet<()>,
+        permits: &Arc<tokio::sync::Semaphore>,
+        c: Claimed,
+        times: (Instant, Instant),
+        stop: CancellationToken,
+    ) {
+        let permit = permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore open");
+        let provider = c.operation.provider.clone();
+        {
+            let mut active = self.active.lock().expect("lock");
+            active.insert(c.lease.operation_id, c.lease.clone());
+            metrics::in_flight(active.len());
+        }
+        *self
+            .in_flight
+            .lock()
+            .expect("lock")
+            .entry(provider.clone())
+            .or_default() += 1;
+        let me = self.clone();
+        tasks.spawn(async move {
+            let id = c.lease.operation_id;
+            let d = me.drive_one(c, times, stop).await;
+            me.stats.add(d);
+            if let Some(due) = d.due_in {
+                let at = Instant::now() + due;
+                let mut own = me.own_due.lock().expect("lock");
+                *own = Some(own.map_or(at, |o| o.min(at)));
+                me.step_done.notify_one();
+            }
+            {
+                let mut active = me.active.lock().expect("lock");
+                active.remove(&id);
+                metrics::in_flight(active.len());
+            }
+            if let Some(n) = me.in_flight.lock().expect("lock").get_mut(&provider) {
+                *n = n.saturating_sub(1);
+            }
+            drop(permit);
+        });
+    }
+
     /// The service loop, until `shutdown` is cancelled. Survives the database going away.
     pub async fn run(&self, shutdown: CancellationToken) -> StatsSnapshot {
         let permits = Arc::new(tokio::sync::Semaphore::new(self.config.concurrency.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
         let mut listener: Option<jobtrail_store::WorkListener> = None;
         let mut backoff = Duration::from_millis(100);
+        let mut seeded = false;
+        // The last claim took all it asked for: the queue is deep.
+        let mut deep = false;
         tracing::info!(worker = %self.config.id, "worker started");
         loop {
             self.heartbeat.beat();
@@ -304,82 +402,114 @@ impl Worker {
             if listener.is_none() {
                 listener = self.store.listen().await.ok();
             }
-            let free = permits.available_permits() as i64;
-            let want = free.min(self.config.batch);
-            // While steps are running and only a few slots are free, let more finish first: one claim
-            // for many operations costs one commit, a claim per freed slot costs one each.
-            let enough = (self.config.batch.min(self.config.concurrency as i64) / 2).max(1);
-            if want < enough && !tasks.is_empty() {
+            if permits.available_permits() == 0 {
+                // Every slot is busy: the next claim waits for one to free up.
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tasks.join_next() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(5)) => {}
                 }
                 continue;
             }
-            let mut got = 0;
-            if want > 0 {
-                match self.claim(want).await {
-                    Ok((claimed, times)) => {
-                        backoff = Duration::from_millis(100);
-                        got = claimed.len() as i64;
-                        self.stats.claimed.fetch_add(got as u64, Ordering::Relaxed);
-                        for c in claimed {
-                            let permit = permits
-                                .clone()
-                                .acquire_owned()
-                                .await
-                                .expect("semaphore open");
-                            {
-                                let mut active = self.active.lock().expect("lock");
-                                active.insert(c.lease.operation_id, c.lease.clone());
-                                metrics::in_flight(active.len());
-                            }
-                            let me = self.clone();
-                            let stop = shutdown.clone();
-                            tasks.spawn(async move {
-                                let id = c.lease.operation_id;
-                                let d = me.drive_one(c, times, stop).await;
-                                me.stats.add(d);
-                                {
-                                    let mut active = me.active.lock().expect("lock");
-                                    active.remove(&id);
-                                    metrics::in_flight(active.len());
-                                }
-                                drop(permit);
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; the database may be away");
-                        listener = None;
-                        tokio::select! {
-                            _ = shutdown.cancelled() => break,
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                        continue;
-                    }
+            if deep && (permits.available_permits() as i64) < self.config.batch.min(8) {
+                // A deep queue and a slot or two free: give steps finishing right now two
+                // milliseconds to join this claim (one commit for several slots, not one each).
+                // Never longer: a free slot with due work does not wait for anything else.
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(2)) => {}
                 }
             }
-            if got == want && want > 0 {
+            let claimed = async {
+                if !seeded {
+                    self.seed_throttles().await?;
+                }
+                let free = permits.available_permits();
+                let want = (free as i64).min(self.config.batch);
+                let shares = self.shares(free);
+                self.claim(want, &shares)
+                    .await
+                    .map(|(c, times)| (c, times, want, shares))
+            }
+            .await;
+            let (claimed, times, want, shares) = match claimed {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; the database may be away");
+                    listener = None;
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            seeded = true;
+            backoff = Duration::from_millis(100);
+            let got = claimed.len() as i64;
+            self.stats.claimed.fetch_add(got as u64, Ordering::Relaxed);
+            let mut took: HashMap<String, i32> = HashMap::new();
+            for c in claimed {
+                *took.entry(c.operation.provider.clone()).or_default() += 1;
+                self.spawn(&mut tasks, &permits, c, times, shutdown.clone())
+                    .await;
+            }
+            deep = got == want && want > 0;
+            if deep {
                 continue; // more may be due right now
             }
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(self.config.idle) => {}
-                woke = async { match &mut listener { Some(l) => l.wait().await, None => std::future::pending().await } } => {
-                    match woke {
-                        None => listener = None,
-                        Some(sent) => {
-                            if let (Some(sent), Some((db, at))) = (sent, *self.db_clock.lock().expect("lock")) {
-                                let now = db + chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
-                                metrics::notified((now - sent).to_std().unwrap_or_default());
+            // Nothing more this worker may take is due now. Sleep until the earliest moment something
+            // it could claim comes due (or a paused provider may go again), a notification, a freed
+            // slot of a provider held at its cap, or the backstop.
+            let at_cap = shares
+                .iter()
+                .any(|s| s.cap == 0 || took.get(&s.provider) == Some(&s.cap));
+            let open: Vec<String> = shares
+                .iter()
+                .filter(|s| s.cap > 0)
+                .map(|s| s.provider.clone())
+                .collect();
+            let backstop = if listener.is_some() {
+                self.config.idle
+            } else {
+                self.config.idle.min(Duration::from_secs(1))
+            };
+            let sleep = if open.is_empty() {
+                backstop
+            } else {
+                match self.store.next_due(&open).await {
+                    // Due now yet not claimed: another claimer holds it, or the fleet cap; look again
+                    // soon, not at once.
+                    Ok(Some(d)) => d.max(NOT_CLAIMABLE_FLOOR).min(backstop),
+                    Ok(None) => backstop,
+                    Err(_) => backstop.min(Duration::from_secs(1)),
+                }
+            };
+            let mut until = Instant::now() + sleep;
+            loop {
+                // An operation this worker just left waiting may come due before anything the
+                // database said: wake for it, without asking again.
+                if let Some(at) = self.own_due.lock().expect("lock").take() {
+                    until = until.min(at);
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep_until(until.into()) => break,
+                    _ = self.step_done.notified() => continue,
+                    woke = async { match &mut listener { Some(l) => l.wait().await, None => std::future::pending().await } } => {
+                        match woke {
+                            None => listener = None,
+                            Some(sent) => {
+                                if let (Some(sent), Some((db, at))) = (sent, *self.db_clock.lock().expect("lock")) {
+                                    let now = db + chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
+                                    metrics::notified((now - sent).to_std().unwrap_or_default());
+                                }
                             }
                         }
+                        break;
                     }
+                    _ = tasks.join_next(), if at_cap && !tasks.is_empty() => break,
                 }
-                _ = tasks.join_next(), if !tasks.is_empty() && permits.available_permits() == 0 => {}
             }
         }
         tracing::info!(worker = %self.config.id, in_flight = tasks.len(), "stopping: no new claims; finishing steps in flight");

@@ -50,6 +50,10 @@ pub(crate) fn describe() {
             "jobtrail_notification_lag_seconds",
             "From a work notification's sending (database clock) to its receipt by this worker"
         );
+        describe_counter!(
+            "jobtrail_provider_throttled_total",
+            "Calls held back by a provider's fleet-wide limits: by the call rate ('rate') or a 429 with Retry-After that paused the fleet ('429')"
+        );
         describe_gauge!(
             "jobtrail_steps_in_flight",
             "Operations this worker is driving now"
@@ -112,4 +116,10 @@ pub(crate) fn in_flight(n: usize) {
 
 pub(crate) fn notified(lag: Duration) {
     histogram!("jobtrail_notification_lag_seconds").record(lag.as_secs_f64());
+}
+
+/// A call held back by the provider's fleet-wide limits (`why`: "rate" or "429").
+pub(crate) fn throttled(provider: &str, why: &'static str) {
+    counter!("jobtrail_provider_throttled_total", "provider" => provider.to_owned(), "why" => why)
+        .increment(1);
 }

@@ -1,4 +1,4 @@
--- Claim due, automated operations of the providers this worker can drive ($4; NULL: any): lock a
+-- Claim due, automated operations of any provider (tests, benchmarks, tools): lock a
 -- batch with SKIP LOCKED (the LIMIT inside the CTE, so concurrent claimers take disjoint rows), then
 -- set owner, expiry and a new fencing epoch. The claim also moves next_action_at to the lease expiry:
 -- the row leaves the head of the due index at once, and if the owner dies the row comes due again
@@ -17,7 +17,6 @@ WITH due AS (
       AND state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
                     'result_collecting', 'cancel_requested', 'cancelling')
       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-      AND ($4::text[] IS NULL OR provider = ANY ($4::text[]))
     ORDER BY next_action_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -1,0 +1,57 @@
+-- The worker's claim: due, automated operations of the providers this worker drives, each provider
+-- up to its own cap ($6, after the fleet-wide cap $7 is counted against leases held right now) and
+-- not while the provider has told the fleet to wait (a 429 with Retry-After, provider_throttles).
+-- Within the batch ($2) each provider's first `fair` ($5) rows come before anyone's extra rows, so a
+-- provider with a deep queue cannot push out another with due work. Rows are locked with SKIP LOCKED
+-- inside each provider's scan (concurrent claimers take disjoint rows); rows locked but not chosen
+-- are released at commit.
+--
+-- What a claim sets, and why, as in operation_claim_due_any.sql: owner, expiry, a new fencing epoch,
+-- next_action_at moved to the expiry (a dead owner's rows come due exactly when its lease ends), and
+-- the create_pending row's "a create may leave under this epoch" mark in this same commit.
+WITH shares AS (
+    SELECT p.name, p.fair,
+           CASE WHEN p.fleet IS NULL THEN p.cap
+                ELSE least(p.cap, p.fleet - (
+                    SELECT count(*) FROM operations x
+                    WHERE x.provider = p.name AND x.lease_expires_at > now()
+                      AND x.state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted',
+                                      'observing', 'result_collecting', 'cancel_requested', 'cancelling')))
+           END AS cap
+    FROM unnest($4::text[], $5::int4[], $6::int4[], $7::int4[]) AS p(name, fair, cap, fleet)
+    WHERE NOT EXISTS (SELECT 1 FROM provider_throttles t
+                      WHERE t.provider = p.name AND t.paused_until > now())
+),
+candidates AS (
+    SELECT s.name, s.fair, d.id, d.was_due, d.taken_over
+    FROM shares s
+    CROSS JOIN LATERAL (
+        SELECT id, next_action_at AS was_due, lease_owner IS NOT NULL AS taken_over
+        FROM operations
+        WHERE next_action_at <= now()
+          AND state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
+                        'result_collecting', 'cancel_requested', 'cancelling')
+          AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+          AND provider = s.name
+        ORDER BY next_action_at
+        LIMIT greatest(s.cap, 0)
+        FOR UPDATE SKIP LOCKED
+    ) d
+),
+due AS (
+    SELECT id, was_due, taken_over
+    FROM (SELECT c.*, row_number() OVER (PARTITION BY c.name ORDER BY c.was_due) AS rank
+          FROM candidates c) ranked
+    ORDER BY rank > fair, was_due
+    LIMIT $2
+)
+UPDATE operations o
+SET lease_owner       = $1,
+    lease_expires_at  = now() + make_interval(secs => $3),
+    lease_epoch       = o.lease_epoch + 1,
+    next_action_at    = now() + make_interval(secs => $3),
+    create_sent_epoch = CASE WHEN o.state = 'create_pending'
+                             THEN coalesce(o.create_sent_epoch, o.lease_epoch + 1) END
+FROM due
+WHERE o.id = due.id
+RETURNING now() AS db_now, due.was_due, due.taken_over, o.*
