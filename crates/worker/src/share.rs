@@ -79,16 +79,19 @@ mod tests {
             .collect()
     }
 
+    /// (concurrency, free, in flight, providers with their max_in_flight) → (fair, cap) each.
+    type Case<'a> = (
+        usize,
+        usize,
+        &'a [(&'a str, usize)],
+        &'a [(&'a str, Option<u32>)],
+        &'a [(i32, i32)],
+    );
+
     #[test]
     fn the_table() {
         // (concurrency, free, in flight, providers) → (fair, cap) per provider.
-        let cases: &[(
-            usize,
-            usize,
-            &[(&str, usize)],
-            &[(&str, Option<u32>)],
-            &[(i32, i32)],
-        )] = &[
+        let cases: &[Case] = &[
             // One provider: every free slot is its share.
             (64, 64, &[], &[("a", None)], &[(64, 64)]),
             (64, 10, &[("a", 54)], &[("a", None)], &[(10, 10)]),
