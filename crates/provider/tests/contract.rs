@@ -256,3 +256,42 @@ fn the_base_url_can_be_overridden_per_environment() {
     let c = parse(&text).unwrap();
     assert_eq!(c.base_url.as_str(), "http://127.0.0.1:1234/");
 }
+
+/// `[limits]`: caps and rates a careless operator could mistype are refused with their key; what is
+/// left out has a sane default (a burst of one second's calls).
+#[test]
+fn limits_are_checked_and_defaulted() {
+    let with = |limits: &str| parse(&format!("{}\n[limits]\n{limits}\n", sim_text()));
+    let c = with("max_in_flight = 4\nfleet_max_in_flight = 20\nrate_per_sec = 2.5").unwrap();
+    assert_eq!(c.limits.max_in_flight, Some(4));
+    assert_eq!(c.limits.fleet_max_in_flight, Some(20));
+    let rate = c.limits.rate.unwrap();
+    assert_eq!((rate.per_sec, rate.burst), (2.5, 3));
+    assert_eq!(
+        parse(&sim_text()).unwrap().limits,
+        jobtrail_provider::contract::Limits::default()
+    );
+    for (text, key) in [
+        ("max_in_flight = 0", "limits.max_in_flight"),
+        ("max_in_flight = 1000000", "limits.max_in_flight"),
+        ("max_in_flight = -1", "max_in_flight"),
+        ("fleet_max_in_flight = 0", "limits.fleet_max_in_flight"),
+        (
+            "max_in_flight = 10\nfleet_max_in_flight = 5",
+            "limits.max_in_flight",
+        ),
+        ("rate_per_sec = 0", "limits.rate_per_sec"),
+        ("rate_per_sec = -3", "limits.rate_per_sec"),
+        ("rate_per_sec = nan", "limits.rate_per_sec"),
+        ("rate_per_sec = inf", "limits.rate_per_sec"),
+        ("rate_per_sec = 1e9", "limits.rate_per_sec"),
+        ("burst = 5", "limits.burst"),
+        ("rate_per_sec = 10\nburst = 0", "limits.burst"),
+        ("rate_per_sec = \"10/s\"", "rate_per_sec"),
+        ("max_per_second = 3", "max_per_second"),
+    ] {
+        let err = with(text).expect_err(text);
+        assert!(err.contains(key), "{text}: {err}");
+        assert!(err.contains("test.toml"), "{text}: {err}");
+    }
+}

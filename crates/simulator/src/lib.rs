@@ -78,6 +78,11 @@ pub struct Ledger {
     /// The `traceparent` headers received, in order (the first 10 000).
     pub traceparents: Vec<String>,
     pub unauthorized: u64,
+    /// When each request arrived, in milliseconds since the simulator started (the first 100 000):
+    /// a provider's view of the call rate.
+    pub arrivals_ms: Vec<u64>,
+    /// When each `429` with `Retry-After` was answered (same clock).
+    pub throttled_ms: Vec<u64>,
     /// Every webhook delivery the simulator made, in order.
     pub webhooks: Vec<webhook::Sent>,
 }
@@ -143,6 +148,8 @@ struct Inner {
     jobs: HashMap<String, Job>,
     tokens: HashMap<String, TokenEntry>,
     ledger: Ledger,
+    /// The clock of `Ledger::arrivals_ms`.
+    started: Instant,
 }
 
 /// The simulator's shared state.
@@ -182,6 +189,7 @@ impl Sim {
                 jobs: HashMap::new(),
                 tokens: HashMap::new(),
                 ledger: Ledger::default(),
+                started: Instant::now(),
             })),
             config: Arc::new(config),
         }
@@ -337,6 +345,10 @@ fn drop_connection() -> ! {
 fn count_request(sim: &Sim, headers: &HeaderMap) {
     let mut g = sim.inner.lock().expect("sim lock");
     g.ledger.requests += 1;
+    if g.ledger.arrivals_ms.len() < 100_000 {
+        let at = g.started.elapsed().as_millis() as u64;
+        g.ledger.arrivals_ms.push(at);
+    }
     if trace_of(headers).is_none() {
         g.ledger.requests_without_traceparent += 1;
     }
@@ -683,6 +695,8 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             job.not_before = Some(now + Duration::from_secs(1));
+            let at = g.started.elapsed().as_millis() as u64;
+            g.ledger.throttled_ms.push(at);
             return r;
         }
         Some(StatusFault::TooManyRequestsBare) => {

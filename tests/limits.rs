@@ -1,0 +1,220 @@
+//! Fair shares and fleet-wide limits, against the simulated provider over real HTTP and a real
+//! PostgreSQL: a provider whose calls hang does not hold up another on the same worker, three worker
+//! processes keep a provider within its contract's call rate, and a `429` with `Retry-After` pauses
+//! every worker's calls to that provider, not only the one operation's.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use jobtrail_core::State;
+use std::time::{Duration, Instant};
+use support::Env;
+
+/// A worker of 16 slots drives a provider whose creates hang (to a 20 s timeout) beside one that
+/// answers at once. The hanging provider may borrow slots while the other has nothing due, but
+/// never its reserve: the fast provider's operations keep flowing while every hanging call is still
+/// hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_provider_does_not_hold_up_a_fast_one() {
+    let env = Env::with_contracts(|c| {
+        if c.name == "sim" {
+            c.request_timeout = Duration::from_secs(20);
+            c.create_window = Duration::from_secs(120);
+        }
+    })
+    .await;
+    let mut hanging = Vec::new();
+    for _ in 0..30 {
+        hanging.push(
+            env.submit(
+                "sim",
+                serde_json::json!({"create": ["slow_accept"], "create_delay_ms": 60000}),
+                |_| {},
+            )
+            .await
+            .id,
+        );
+    }
+    let mut config = jobtrail_worker::WorkerConfig::named_default();
+    config.id = "fair-worker".into();
+    config.concurrency = 16;
+    config.batch = 16;
+    config.lease = Duration::from_secs(30);
+    config.shutdown_grace = Duration::from_millis(200);
+    let worker = jobtrail_worker::Worker::new(
+        env.store.clone(),
+        env.registry.clone(),
+        env.results.clone(),
+        config,
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = {
+        let (w, s) = (worker.clone(), stop.clone());
+        tokio::spawn(async move { w.run(s).await })
+    };
+    // The hanging provider borrows every slot it may while nothing else is due: 16 less a reserve.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let borrowed = loop {
+        let n: u32 = env.sim.ledger().create_requests.values().sum();
+        if n >= 14 || Instant::now() > deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let borrowed_later: u32 = env.sim.ledger().create_requests.values().sum();
+    assert_eq!(
+        (borrowed, borrowed_later),
+        (14, 14),
+        "the hanging provider takes 16 slots less the other providers' reserve"
+    );
+
+    let started = Instant::now();
+    let mut fast = Vec::new();
+    for _ in 0..12 {
+        fast.push(
+            env.submit("sim-legacy", serde_json::json!({"duration_ms": 0}), |_| {})
+                .await
+                .id,
+        );
+    }
+    for id in &fast {
+        let op = env.wait_settled(*id, Duration::from_secs(15)).await;
+        assert_eq!(op.state, State::Succeeded, "{}", op.id);
+    }
+    let took = started.elapsed();
+    // Every hanging call is still hanging: the fast ones did not wait for any of them.
+    for id in &hanging {
+        let op = env.store.get(*id).await.unwrap();
+        assert_eq!(op.state, State::CreatePending, "{} moved", op.id);
+    }
+    assert!(
+        took < Duration::from_secs(15),
+        "fast operations took {took:?}"
+    );
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+}
+
+/// Three worker processes share the provider's contract rate (10 calls a second, a burst of 5),
+/// enforced through the database: seen from the provider, no window holds more calls than the
+/// burst plus the rate over the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_keep_a_provider_within_its_call_rate() {
+    let env = Env::with_edited_contracts(&[(
+        "sim.toml",
+        "[timeouts]",
+        "[limits]\nrate_per_sec = 10\nburst = 5\n\n[timeouts]",
+    )])
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..24 {
+        ids.push(
+            env.submit("sim", serde_json::json!({"duration_ms": 0}), |_| {})
+                .await
+                .id,
+        );
+    }
+    let workers: Vec<_> = (0..3)
+        .map(|i| env.spawn_worker(&format!("rate-{i}"), "30s", &[]))
+        .collect();
+    for id in &ids {
+        let op = env.wait_settled(*id, Duration::from_secs(60)).await;
+        assert_eq!(op.state, State::Succeeded, "{}\n{}", op.id, env.logs());
+    }
+    drop(workers);
+    let arrivals = env.sim.ledger().arrivals_ms;
+    assert!(arrivals.len() >= 24 * 3, "{} calls", arrivals.len());
+    let (rate, burst) = (10.0, 5.0);
+    // Arrival times are the provider's clock and the bucket runs on the database's: one call of
+    // slack for the network between them.
+    let slack = 1.0;
+    let mut worst = (0usize, 0u64, 0u64);
+    for (i, &from) in arrivals.iter().enumerate() {
+        for window in [200u64, 500, 1000, 2000, 4000] {
+            let n = arrivals[i..]
+                .iter()
+                .take_while(|&&a| a < from + window)
+                .count();
+            let allowed = burst + rate * window as f64 / 1000.0 + slack;
+            if n as f64 > allowed {
+                worst = (n, from, window);
+            }
+        }
+    }
+    assert_eq!(
+        worst,
+        (0, 0, 0),
+        "(calls, at ms, window ms) above the rate; arrivals {arrivals:?}"
+    );
+    let span = arrivals.last().unwrap() - arrivals.first().unwrap();
+    let floor = ((arrivals.len() as f64 - burst) / rate * 1000.0 * 0.9) as u64;
+    assert!(
+        span >= floor,
+        "{} calls in {span} ms: the rate was not applied",
+        arrivals.len()
+    );
+}
+
+/// One job's status read is answered `429` with `Retry-After: 1`: for that second no worker calls
+/// the provider for any operation (the claim skips a paused provider), then polling resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_pauses_the_whole_fleet() {
+    let mut env = Env::with_contracts(|c| {
+        c.polling.backoff = jobtrail_core::schedule::Backoff {
+            initial: Duration::from_millis(100),
+            factor: 1.0,
+            cap: Duration::from_millis(100),
+            jitter: 0.0,
+        };
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(
+            env.submit("sim", serde_json::json!({"duration_ms": 4000}), |_| {})
+                .await
+                .id,
+        );
+    }
+    env.start_worker("pause-a", Duration::from_secs(10));
+    env.start_worker("pause-b", Duration::from_secs(10));
+    // Let polling settle into its rhythm, then one job says "slow down".
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    ids.push(
+        env.submit(
+            "sim",
+            serde_json::json!({"duration_ms": 2000, "status_faults": {"1": "too_many_requests"}}),
+            |_| {},
+        )
+        .await
+        .id,
+    );
+    for id in &ids {
+        let op = env.wait_settled(*id, Duration::from_secs(30)).await;
+        assert_eq!(op.state, State::Succeeded, "{}", op.id);
+    }
+    env.stop_workers().await;
+    let ledger = env.sim.ledger();
+    let at = *ledger.throttled_ms.first().expect("a 429 was answered");
+    // Calls already under way when the 429 arrived may still land just after it.
+    let during: Vec<u64> = ledger
+        .arrivals_ms
+        .iter()
+        .copied()
+        .filter(|&a| a > at + 150 && a < at + 900)
+        .collect();
+    let before: usize = ledger
+        .arrivals_ms
+        .iter()
+        .filter(|&&a| a + 750 > at && a < at)
+        .count();
+    assert!(
+        before >= 3,
+        "the other jobs were polled often before the 429 ({before} calls)"
+    );
+    assert!(
+        during.is_empty(),
+        "calls reached the provider while it had asked the fleet to wait: {during:?} (429 at {at})"
+    );
+}
