@@ -43,6 +43,13 @@ pub struct BenchArgs {
     /// Operations in the realistic run.
     #[arg(long, default_value_t = 200)]
     realistic_operations: usize,
+    /// Fast operations per run of the head-of-line phase (each run also has a third as many on a
+    /// second provider; the run with slow calls adds a thirtieth as many creates that hang).
+    #[arg(long, default_value_t = 300)]
+    hol_operations: usize,
+    /// How long the idle phase watches an idle worker.
+    #[arg(long, default_value_t = 60)]
+    idle_secs: u64,
     /// Operations in the table for the large claim-latency measurement.
     #[arg(long, default_value_t = 1_000_000)]
     large_table: i64,
@@ -55,7 +62,7 @@ pub struct BenchArgs {
     /// Small numbers everywhere (a smoke run of every phase in about a minute).
     #[arg(long)]
     quick: bool,
-    /// Phases to run (claim, ceiling, e2e, realistic, takeover, rss, large); default all.
+    /// Phases to run (claim, ceiling, e2e, realistic, hol, idle, takeover, rss, large); default all.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// Keep the benchmark's database (on the private cluster) and its work directory afterwards; by
@@ -82,6 +89,16 @@ async fn submit_many(
     script: serde_json::Value,
     tag: &str,
 ) -> Result<Vec<jobtrail_core::OperationId>, crate::common::Failure> {
+    submit_many_to(fleet, "sim", n, script, tag).await
+}
+
+async fn submit_many_to(
+    fleet: &Fleet,
+    provider: &str,
+    n: usize,
+    script: serde_json::Value,
+    tag: &str,
+) -> Result<Vec<jobtrail_core::OperationId>, crate::common::Failure> {
     let terms = Arc::new(fleet.registry.terms());
     // A pool of its own, closed at the end: its backends exit and flush their statistics, so commit
     // counts taken afterwards include every submission.
@@ -90,13 +107,14 @@ async fn submit_many(
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {
-        let (store, terms, ids, next, script, tag) = (
+        let (store, terms, ids, next, script, tag, provider) = (
             pool.clone(),
             terms.clone(),
             ids.clone(),
             next.clone(),
             script.clone(),
             tag.to_owned(),
+            provider.to_owned(),
         );
         tasks.push(tokio::spawn(async move {
             loop {
@@ -111,7 +129,7 @@ async fn submit_many(
                 let s = Submission {
                     create_deadline: Some(now + chrono::Duration::minutes(10)),
                     result_deadline: Some(now + chrono::Duration::minutes(15)),
-                    provider: "sim".into(),
+                    provider: provider.clone(),
                     target: "bench".into(),
                     body: serde_json::to_vec(&body).expect("json"),
                     caller: "jobtrail-bench".into(),
@@ -224,6 +242,8 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         a.workers = vec![1, 2];
         a.e2e_operations = 300;
         a.realistic_operations = 40;
+        a.hol_operations = 60;
+        a.idle_secs = 20;
         a.large_table = 50_000;
         a.rss_in_flight = vec![100, 1000];
     }
@@ -237,6 +257,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     let (mut small_p50, mut small_n, mut small_p95) = (f64::NAN, 0, f64::NAN);
     let (mut best_batched, mut best_lean, mut best_e2e, mut commits_per_op, mut p50, mut max_take) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+    let (mut hol_ratio, mut hol_other_ratio, mut idle_per_min) = (f64::NAN, f64::NAN, f64::NAN);
     let lease = Duration::from_secs(5);
     let idle = Duration::from_millis(100);
 
@@ -425,6 +446,120 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         store.bench_retire_since(phase).await?;
     }
 
+    if on("hol") {
+        // (7) Head of line: 2 s jobs on one provider, a third as many on a second provider, one
+        // worker of 16 slots; then the same with a thirtieth as many creates on the first provider,
+        // at the head of its queue, that hang to the contract's request timeout (twice each).
+        // Completion times of the fast jobs, from the worker's start.
+        let mut runs = Vec::new();
+        let mut p50s = [[f64::NAN; 2]; 2];
+        for (i, slow) in [false, true].into_iter().enumerate() {
+            let phase = chrono::Utc::now();
+            let job = serde_json::json!({"duration_ms": 2000});
+            let n_slow = if slow {
+                (a.hol_operations / 30).max(2)
+            } else {
+                0
+            };
+            let hang = serde_json::json!({"create": ["slow_accept", "slow_accept"], "create_delay_ms": 60000});
+            // The hanging creates first: they are the head of the line.
+            submit_many(&fleet, n_slow, hang, "hol-slow").await?;
+            let fast = submit_many(&fleet, a.hol_operations, job, "hol").await?;
+            let csv = serde_json::json!({"duration_ms": 2000, "format": "csv"});
+            let other =
+                submit_many_to(&fleet, "sim-csv", a.hol_operations / 3, csv, "hol-other").await?;
+            let t0 = chrono::Utc::now();
+            fleet.spawn_worker(&format!("bench-hol-{i}"), &["--concurrency", "16"])?;
+            let fast_ids: std::collections::HashSet<_> =
+                fast.iter().map(|id| id.as_uuid()).collect();
+            let other_ids: std::collections::HashSet<_> =
+                other.iter().map(|id| id.as_uuid()).collect();
+            let deadline = Instant::now() + Duration::from_secs(300);
+            let (mut lat, mut lat_other, mut states) = (Vec::new(), Vec::new(), BTreeMap::new());
+            loop {
+                let run = store.bench_run(phase).await?;
+                let finished = |ids: &std::collections::HashSet<uuid::Uuid>| {
+                    run.iter()
+                        .filter(|(id, _, f)| ids.contains(id) && f.is_some())
+                        .count()
+                };
+                if (finished(&fast_ids) == fast_ids.len()
+                    && finished(&other_ids) == other_ids.len())
+                    || Instant::now() > deadline
+                {
+                    for (id, state, f) in run {
+                        let secs = f.map(|f| (f - t0).num_milliseconds() as f64 / 1000.0);
+                        if fast_ids.contains(&id) {
+                            *states.entry(state).or_insert(0u64) += 1;
+                            lat.extend(secs);
+                        } else if other_ids.contains(&id) {
+                            *states.entry(state).or_insert(0u64) += 1;
+                            lat_other.extend(secs);
+                        }
+                    }
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            fleet.stop_workers();
+            let (f50, f95, o50, o95) = (
+                pct(lat.clone(), 0.5),
+                pct(lat, 0.95),
+                pct(lat_other.clone(), 0.5),
+                pct(lat_other, 0.95),
+            );
+            p50s[i] = [f50, o50];
+            println!(
+                "head of line, {}: {} fast jobs done p50 {f50:.2} s p95 {f95:.2} s; second provider ({}) p50 {o50:.2} s p95 {o95:.2} s; states {states:?}",
+                if slow {
+                    format!("with {n_slow} creates that hang")
+                } else {
+                    "no slow calls".to_string()
+                },
+                a.hol_operations,
+                a.hol_operations / 3,
+            );
+            runs.push(serde_json::json!({"slow_creates": n_slow, "fast_p50_secs": f50, "fast_p95_secs": f95, "other_provider_p50_secs": o50, "other_provider_p95_secs": o95, "states": states}));
+            store.bench_retire_since(phase).await?;
+        }
+        hol_ratio = p50s[1][0] / p50s[0][0];
+        hol_other_ratio = p50s[1][1] / p50s[0][1];
+        out.insert("head_of_line".into(), runs.into());
+    }
+
+    if on("idle") {
+        // (8) The cost of an idle worker: the statements (each its own transaction, so at most that
+        // many commits) it sends while it has nothing to do, from its own statement log between its
+        // first claim (after the once-per-process LISTEN set-up) and "stopping". Counted at the worker: pg_stat_database's figure is
+        // drowned by autovacuum's visits on an otherwise quiet server.
+        let secs = a.idle_secs.max(5);
+        fleet.spawn_worker_with(
+            "bench-idle",
+            &[],
+            &[(
+                "JOBTRAIL_LOG",
+                "warn,jobtrail_worker=info,sqlx::query=debug",
+            )],
+        )?;
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        fleet.stop_workers();
+        let log = std::fs::read_to_string(fleet.worker_log("bench-idle")).unwrap_or_default();
+        let statements = log
+            .lines()
+            .skip_while(|l| !l.contains("The worker's claim"))
+            .take_while(|l| !l.contains("stopping"))
+            .filter(|l| l.contains("sqlx::query"))
+            .count();
+        idle_per_min = statements as f64 / secs as f64 * 60.0;
+        println!(
+            "idle worker: {statements} statements in {secs} s: {idle_per_min:.1} commits per idle worker-minute at most (with --ops-listen, add the metrics' database gauges: one read per JOBTRAIL_METRICS_REFRESH, 15 s by default)"
+        );
+        out.insert(
+            "idle".into(),
+            serde_json::json!({"secs": secs, "statements": statements, "commits_per_idle_minute": idle_per_min}),
+        );
+    }
+
     if on("takeover") {
         // (6) Takeover after kill -9.
         let phase = chrono::Utc::now();
@@ -577,6 +712,9 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         "p50_remote_end_to_local_success_secs": {"value": p50, "target": "<= 1.5 (remote duration + 1.5 s)"},
         "takeover_secs": {"value": max_take, "target": format!("<= {:.2} (lease + one claim interval)", lease.as_secs_f64() + idle.as_secs_f64())},
         "claim_latency_large_vs_small": {"value": large_p50 / small_p50.max(0.001), "target": "<= 2"},
+        "head_of_line_fast_p50_slow_vs_none": {"value": hol_ratio, "target": "<= 1.2"},
+        "head_of_line_other_provider_p50_ratio": {"value": hol_other_ratio, "target": "<= 1.2 (unaffected)"},
+        "commits_per_idle_worker_minute": {"value": idle_per_min, "target": "<= 6"},
     });
     println!("\ntargets (printed, not asserted):");
     for (k, v) in targets.as_object().expect("object") {

@@ -135,6 +135,21 @@ impl Fleet {
     /// Start a `jobtrail worker` process (its sessions are named [`WORKER_APP_NAME`]); returns its
     /// pid.
     pub fn spawn_worker(&mut self, id: &str, args: &[&str]) -> Result<u32, Failure> {
+        self.spawn_worker_with(id, args, &[])
+    }
+
+    /// Where the worker named `id` writes its log.
+    pub fn worker_log(&self, id: &str) -> PathBuf {
+        self.work.join(format!("{id}.log"))
+    }
+
+    /// A worker with extra environment variables.
+    pub fn spawn_worker_with(
+        &mut self,
+        id: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<u32, Failure> {
         let exe = std::env::current_exe().map_err(|e| fail(exit::UNAVAILABLE, e))?;
         let base = self.sim.base_url();
         let log = std::fs::File::create(self.work.join(format!("{id}.log")))
@@ -155,6 +170,7 @@ impl Fleet {
                 "JOBTRAIL_LOG",
                 std::env::var("JOBTRAIL_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
