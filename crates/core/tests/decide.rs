@@ -1122,3 +1122,31 @@ fn every_decision_is_allowed_by_the_table() {
     }
     assert!(decided > 100, "{decided} decisions swept");
 }
+
+/// A call held back by the provider's fleet-wide rate: nothing is sent, no event, the operation is
+/// due again after the wait, and only a create clears the "may have been sent" mark the claim set
+/// (provably nothing left); every other call keeps the mark as it is.
+#[test]
+fn a_deferred_call_sends_nothing_and_comes_back_after_the_wait() {
+    let wait = Duration::from_millis(700);
+    for (call, mark) in [
+        (
+            Call::Create {
+                attempt: 1,
+                mark: false,
+            },
+            SendMark::Clear,
+        ),
+        (Call::Status { attempt: 1 }, SendMark::Keep),
+        (Call::Cancel { attempt: 1 }, SendMark::Keep),
+        (Call::Lookup { attempt: 1 }, SendMark::Keep),
+        (Call::FetchResult { attempt: 1 }, SendMark::Keep),
+    ] {
+        let plan = deferred(&call, wait);
+        assert!(plan.step.event.is_none(), "{call:?}");
+        assert!(plan.step.call.is_none(), "{call:?}");
+        assert!(!plan.go_on && !plan.step.keep_lease, "{call:?}");
+        assert_eq!(plan.step.next_in.map(|n| n.0), Some(wait), "{call:?}");
+        assert_eq!(plan.step.send_mark, mark, "{call:?}");
+    }
+}
