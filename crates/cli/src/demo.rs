@@ -327,6 +327,18 @@ pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
             let id = s.operation.id;
             cancels.push(tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
+                // A scenario about cancelling a running job waits (bounded) until the job is known
+                // to run: on a loaded machine its create may not have left yet, and a cancel then
+                // rightly ends `withdrawn`, which is another scenario ("cancel at once").
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while ms > 0 && std::time::Instant::now() < deadline {
+                    match store.get(id).await {
+                        Ok(op) if op.remote_job_id.is_none() && !op.state.is_terminal() => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        _ => break,
+                    }
+                }
                 let req = CancelRequest::new("demo-operator", "changed my mind").expect("evidence");
                 let _ = store.request_cancel(id, req).await;
             }));

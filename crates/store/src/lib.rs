@@ -482,6 +482,9 @@ impl Store {
         }
         capped.sort_unstable(); // one order for every claimer: no deadlock between them
         let mut tx = self.pool.begin().await?;
+        sqlx::query(include_str!("sql/session_lock_timeout.sql"))
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(include_str!("sql/provider_fleet_lock.sql"))
             .bind(&capped)
             .execute(&mut *tx)

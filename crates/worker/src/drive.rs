@@ -115,7 +115,12 @@ impl Ctx<'_> {
             {
                 Ok(None) => return Ok(None),
                 Ok(Some(wait)) => wait,
-                Err(e) => return Err(Stop::Other(e)),
+                // The database is away: send nothing, give the slot back, look again soon (the
+                // deferral clears a create's "may have been sent" mark; it stays unsent).
+                Err(e) => {
+                    tracing::warn!(provider = %name, error = %e, "could not take from the provider's call rate; deferring the call");
+                    return Ok(Some(ADMIT_IN_PLACE * 4));
+                }
             };
             metrics::throttled(name, "rate");
             if wait > ADMIT_IN_PLACE || self.shutdown.is_cancelled() {
@@ -134,7 +139,11 @@ impl Ctx<'_> {
         if call.http_status != Some(429) {
             return;
         }
-        let Some(wait) = delay else { return };
+        // The contract's bounds on Retry-After hold for the fleet too: a hostile or broken provider
+        // cannot stop every worker for a day.
+        let Some(wait) = delay.map(|d| self.policy.retry_after.clamp(d)) else {
+            return;
+        };
         let name = &self.provider.contract().name;
         metrics::throttled(name, "429");
         if let Err(e) = self.store.pause_provider(name, wait).await {

@@ -140,6 +140,30 @@ pub struct Worker {
     heartbeat: Arc<Heartbeat>,
 }
 
+/// One step's hold on a worker slot and its provider's count: given back when dropped, also when
+/// the step panics or is aborted. (Its lease leaves `active` only when the step ends normally: an
+/// aborted step's lease is given back by the shutdown.)
+struct Slot {
+    worker: Worker,
+    provider: String,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(n) = self
+            .worker
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&self.provider)
+        {
+            *n = n.saturating_sub(1);
+        }
+        drop(self.permit.take());
+    }
+}
+
 /// When a loop last went round, by the monotonic clock.
 #[derive(Debug)]
 pub struct Heartbeat {
@@ -356,24 +380,27 @@ impl Worker {
             .or_default() += 1;
         let me = self.clone();
         tasks.spawn(async move {
+            // Whatever happens to the step (a panic included), its slot and its counts go back.
+            let slot = Slot {
+                worker: me.clone(),
+                provider,
+                permit: Some(permit),
+            };
             let id = c.lease.operation_id;
             let d = me.drive_one(c, times, stop).await;
             me.stats.add(d);
+            {
+                let mut active = me.active.lock().expect("lock");
+                active.remove(&id);
+                metrics::in_flight(active.len());
+            }
+            drop(slot);
             if let Some(due) = d.due_in {
                 let at = Instant::now() + due;
                 let mut own = me.own_due.lock().expect("lock");
                 *own = Some(own.map_or(at, |o| o.min(at)));
                 me.step_done.notify_one();
             }
-            {
-                let mut active = me.active.lock().expect("lock");
-                active.remove(&id);
-                metrics::in_flight(active.len());
-            }
-            if let Some(n) = me.in_flight.lock().expect("lock").get_mut(&provider) {
-                *n = n.saturating_sub(1);
-            }
-            drop(permit);
         });
     }
 
@@ -479,8 +506,15 @@ impl Worker {
             } else {
                 match self.store.next_due(&open).await {
                     // Due now yet not claimed: another claimer holds it, or the fleet cap; look again
-                    // soon, not at once.
-                    Ok(Some(d)) => d.max(NOT_CLAIMABLE_FLOOR).min(backstop),
+                    // soon, not at once (later while a fleet-wide cap may be what holds it).
+                    Ok(Some(d)) => {
+                        let floor = if shares.iter().any(|s| s.fleet_cap.is_some()) {
+                            NOT_CLAIMABLE_FLOOR * 5
+                        } else {
+                            NOT_CLAIMABLE_FLOOR
+                        };
+                        d.max(floor).min(backstop)
+                    }
                     Ok(None) => backstop,
                     Err(_) => backstop.min(Duration::from_secs(1)),
                 }

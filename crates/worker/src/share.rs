@@ -7,8 +7,8 @@
 //!   its share first, and only then anyone's extra rows (by due time), so while others have due
 //!   work no provider gets more than its share of what is free;
 //! * **borrowing**: a provider may take slots beyond its share while others have nothing due, but
-//!   never the last quarter-share of each other provider (a reserve: the next due work of a fast
-//!   provider finds a slot even when a hanging one borrowed everything else);
+//!   never the last eighth of a share (at least one slot) of each other provider (a reserve: the next
+//!   due work of a fast provider finds a slot even when a hanging one borrowed everything else);
 //! * **`limits.max_in_flight`**: the contract's own cap per worker replaces the above cap;
 //! * **`limits.fleet_max_in_flight`**: counted by the claim query against leases held across the
 //!   fleet.
@@ -29,7 +29,11 @@ pub(crate) fn shares(
 ) -> Vec<ClaimShare> {
     let k = providers.len().max(1);
     let share = concurrency.div_ceil(k);
-    let reserve = if k > 1 { share / 4 } else { 0 };
+    let reserve = if k > 1 && share >= 2 {
+        (share / 8).max(1)
+    } else {
+        0
+    };
     let borrow_cap = concurrency.saturating_sub((k - 1) * reserve).max(1);
     providers
         .iter()
@@ -95,21 +99,21 @@ mod tests {
             // One provider: every free slot is its share.
             (64, 64, &[], &[("a", None)], &[(64, 64)]),
             (64, 10, &[("a", 54)], &[("a", None)], &[(10, 10)]),
-            // Two providers, nothing running: 32 each first; each may borrow up to 64 - 8.
+            // Two providers, nothing running: 32 each first; each may borrow up to 64 - 4.
             (
                 64,
                 64,
                 &[],
                 &[("a", None), ("b", None)],
-                &[(32, 56), (32, 56)],
+                &[(32, 60), (32, 60)],
             ),
-            // A hangs in 56 slots: it may take nothing more; B gets all 8 that are free, all fair.
+            // A hangs in 60 slots: it may take nothing more; B gets all 4 that are free, all fair.
             (
                 64,
-                8,
-                &[("a", 56)],
+                4,
+                &[("a", 60)],
                 &[("a", None), ("b", None)],
-                &[(0, 0), (8, 8)],
+                &[(0, 0), (4, 4)],
             ),
             // A holds its share: more of A only after B's due rows.
             (
@@ -117,7 +121,7 @@ mod tests {
                 32,
                 &[("a", 32)],
                 &[("a", None), ("b", None)],
-                &[(0, 24), (32, 32)],
+                &[(0, 28), (32, 32)],
             ),
             // The contract's cap replaces the borrowing cap, and is never above the slots.
             (
@@ -125,7 +129,7 @@ mod tests {
                 64,
                 &[("a", 3)],
                 &[("a", Some(4)), ("b", None)],
-                &[(1, 1), (32, 56)],
+                &[(1, 1), (32, 60)],
             ),
             (8, 8, &[], &[("a", Some(100))], &[(8, 8)]),
             // Tiny workers: a slot each at least.
@@ -137,6 +141,14 @@ mod tests {
                 &[(1, 1), (1, 1), (1, 1)],
             ),
             (2, 0, &[], &[("a", None), ("b", None)], &[(0, 0), (0, 0)]),
+            // Small workers keep a reserve of one slot per other provider.
+            (
+                4,
+                4,
+                &[("a", 3)],
+                &[("a", None), ("b", None)],
+                &[(0, 0), (2, 3)],
+            ),
         ];
         for (i, (c, free, running, providers, want)) in cases.iter().enumerate() {
             assert_eq!(
