@@ -955,3 +955,186 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
         Some(3)
     );
 }
+
+/// An agent fanning out submits many operations in one request, all or none: every item is durable
+/// and runs; a retried batch returns the same operations; one bad item (named by its index), an id of
+/// another caller's, an empty or oversized batch or a token without the submit scope writes nothing.
+/// The CLI sends JSON lines the same way, and refuses a bad line before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_submits_all_or_nothing() {
+    let mut env = Env::new().await;
+    env.start_worker("w1", Duration::from_secs(5));
+    let server = env.serve("api");
+    let c = support::http();
+    let alice = env.token("agent-alice", &["submit", "read"]).await;
+    let reader = env.token("agent-reader", &["read"]).await;
+    let mallory = env.token("agent-mallory", &["submit", "read"]).await;
+    let new_id = || jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    let item = |id: &str, provider: &str| {
+        json!({"id": id, "provider": provider, "target": "reports", "approved_by": "alice",
+               "request": body(json!({"duration_ms": 100}))})
+    };
+    let ids: Vec<String> = (0..3).map(|_| new_id()).collect();
+    let batch = json!({"operations": ids.iter().map(|i| item(i, "sim")).collect::<Vec<_>>()});
+    let post = |token: &str, b: &Value| {
+        c.post(server.url("/v1/operations:batch"))
+            .bearer_auth(token)
+            .json(b)
+            .send()
+    };
+    let r = post(&alice, &batch).await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let s: Value = r.json().await.unwrap();
+    let got: Vec<&str> = s["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["operation"]["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, ids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        s["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["created"] == true && o["operation"]["caller"] == "agent-alice")
+    );
+    // Retried: the same operations, nothing new.
+    let s: Value = post(&alice, &batch).await.unwrap().json().await.unwrap();
+    assert!(
+        s["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["created"] == false),
+        "{s}"
+    );
+    for id in &ids {
+        let op = env
+            .wait_settled(id.parse().unwrap(), Duration::from_secs(30))
+            .await;
+        assert_eq!(op.state, jobtrail_core::State::Succeeded);
+    }
+
+    let before = env.store.totals().await.unwrap().0;
+    let fresh: Vec<String> = (0..3).map(|_| new_id()).collect();
+    // Item 2 names a provider nobody has: the batch is refused, its first two items not written.
+    let bad = json!({"operations": [item(&fresh[0], "sim"), item(&fresh[1], "sim"), item(&fresh[2], "nope")]});
+    let p = problem(
+        post(&alice, &bad).await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad-input",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().starts_with("item 2:"), "{p}");
+    assert_eq!(p["extra"]["item"], 2, "{p}");
+    // Item 1 reuses an id of alice's: "not found" for mallory, nothing of the batch written.
+    let foreign = json!({"operations": [item(&fresh[0], "sim"), item(&ids[0], "sim")]});
+    let p = problem(
+        post(&mallory, &foreign).await.unwrap(),
+        StatusCode::NOT_FOUND,
+        "not-found",
+    )
+    .await;
+    assert_eq!(p["extra"]["item"], 1, "{p}");
+    // Item 1 reuses an id with another request: a conflict.
+    let mut changed = item(&ids[1], "sim");
+    changed["target"] = json!("other");
+    let conflict = json!({"operations": [item(&fresh[0], "sim"), changed]});
+    problem(
+        post(&alice, &conflict).await.unwrap(),
+        StatusCode::CONFLICT,
+        "conflict",
+    )
+    .await;
+    problem(
+        post(&alice, &json!({"operations": []})).await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad-input",
+    )
+    .await;
+    let many = json!({"operations": (0..1001).map(|_| json!({"provider": "sim", "target": "t", "approved_by": "a", "request": {}})).collect::<Vec<_>>()});
+    problem(
+        post(&alice, &many).await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad-input",
+    )
+    .await;
+    problem(
+        post(&reader, &batch).await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    problem(
+        post(
+            &alice,
+            &json!({"operations": [item(&fresh[0], "sim")], "caller": "root"}),
+        )
+        .await
+        .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad-input",
+    )
+    .await;
+    assert_eq!(
+        env.store.totals().await.unwrap().0,
+        before,
+        "a refused batch wrote something"
+    );
+
+    // The CLI, through the database: JSON lines; a bad line refuses the whole input up front.
+    let run = |input: String| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(["submit-batch", "--caller", "agent-cli"])
+            .env("DATABASE_URL", &env.url)
+            .env("JOBTRAIL_PROVIDERS", &env.providers)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let lines = format!("{}\n\n{}\n", item(&fresh[0], "sim"), item(&fresh[1], "sim"));
+    let out = run(format!("{lines}{{\"provider\": \"sim\",\n"));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 4"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.store.totals().await.unwrap().0, before);
+    let out = run(lines);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(printed, fresh[..2].to_vec());
+    assert_eq!(
+        env.store
+            .get(fresh[0].parse().unwrap())
+            .await
+            .unwrap()
+            .caller,
+        "agent-cli"
+    );
+}

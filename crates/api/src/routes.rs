@@ -21,6 +21,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
     // Every route but wait is bounded by REQUEST_TIMEOUT; a wait by its own timeout.
     let bounded = OpenApiRouter::new()
         .routes(routes!(submit, list))
+        .routes(routes!(submit_batch))
         .routes(routes!(get_operation))
         .routes(routes!(cancel))
         .routes(routes!(result))
@@ -132,6 +133,37 @@ async fn submit(
         StatusCode::OK
     };
     Ok((status, Json(r)))
+}
+
+#[utoipa::path(
+    post, path = "/v1/operations:batch", tag = "operations",
+    request_body(content = BatchSubmitRequest, content_type = "application/json"),
+    params(("traceparent" = Option<String>, Header, description = "W3C trace context: every operation of the batch joins this trace")),
+    responses(
+        (status = 201, description = "Every operation is durable (each says whether it was new); nothing may have been sent yet", body = BatchSubmitResponse),
+        (status = 400, description = "An item (named in the message and `extra.item`) is bad input, or the batch is empty or over 1000: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "No valid token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the submit scope, or an item's provider needs approval", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "An item names another caller's id: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "An item's id holds a different request: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 413, description = "Body too large (the whole batch counts)", body = ProblemDoc, content_type = PROBLEM_JSON),
+    ),
+    security(("bearer" = []))
+)]
+async fn submit_batch(
+    State(s): State<AppState>,
+    Caller(p): Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<BatchSubmitResponse>), Problem> {
+    p.require(Scope::Submit)?;
+    let req: BatchSubmitRequest = strict_json(&headers, body)?;
+    let trace = jobtrail_provider::wire::extract_trace(&headers);
+    let operations = s.service.submit_batch(&p, req.operations, trace).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(BatchSubmitResponse { operations }),
+    ))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -64,6 +64,12 @@ enum Command {
         after_help = "Examples:\n  echo '{\"account\":\"acct_218\",\"format\":\"csv\"}' | jobtrail submit --provider sim --target reports \\\n      --caller agent-7 --approved-by alice --approval-ref CHG-42\n  jobtrail submit --provider sim --target reports --body req.json --id op_01J... --result-deadline +2h"
     )]
     Submit(ops::SubmitArgs),
+    /// Submit many operations in one transaction, all or none: JSON lines, one submission per line
+    /// (the API's submit body: id, provider, target, request, approved_by, …); prints the ids in order.
+    #[command(
+        after_help = "Example:\n  printf '%s\\n' '{\"id\":\"op_01J...\",\"provider\":\"sim\",\"target\":\"r1\",\"request\":{},\"approved_by\":\"alice\"}' \\\n    | jobtrail submit-batch --caller agent-7"
+    )]
+    SubmitBatch(ops::BatchArgs),
     /// Show an operation: state, remote facts, and its whole timeline.
     Show { operation: String },
     /// List operations, newest first (with --api: the token's own).
@@ -179,6 +185,7 @@ async fn run(cli: Cli) -> CmdResult {
     let through_api = matches!(
         cli.command,
         Command::Submit(_)
+            | Command::SubmitBatch(_)
             | Command::Show { .. }
             | Command::List { .. }
             | Command::Providers
@@ -205,6 +212,11 @@ async fn run(cli: Cli) -> CmdResult {
             let caller = args.caller.clone().unwrap_or_default();
             let door = ops::door(&cli.common, &cli.door, Some(&caller), true).await?;
             ops::submit(&door, args, json).await
+        }
+        Command::SubmitBatch(args) => {
+            let caller = args.caller.clone().unwrap_or_default();
+            let door = ops::door(&cli.common, &cli.door, Some(&caller), true).await?;
+            ops::submit_batch(&door, args, json).await
         }
         Command::Show { operation } => {
             let door = ops::door(&cli.common, &cli.door, None, false).await?;

@@ -125,6 +125,64 @@ fn read_body(path: &Option<std::path::PathBuf>) -> Result<Vec<u8>, Failure> {
     Ok(body)
 }
 
+#[derive(clap::Args)]
+pub struct BatchArgs {
+    /// JSON lines file, one submission per line; `-` or absent: stdin. Blank lines are skipped.
+    #[arg(long)]
+    pub file: Option<std::path::PathBuf>,
+    /// Who asks. With --api the token decides.
+    #[arg(long, env = "JOBTRAIL_CALLER")]
+    pub caller: Option<String>,
+}
+
+/// `jobtrail submit-batch`: every line parsed strictly before anything is sent; one transaction.
+pub async fn submit_batch(door: &Door, a: BatchArgs, json: bool) -> CmdResult {
+    let limit = (jobtrail_core::operation::MAX_BODY_BYTES * 16) as u64;
+    let mut text = Vec::new();
+    match &a.file {
+        Some(p) if p.as_os_str() != "-" => std::fs::File::open(p)
+            .and_then(|f| f.take(limit + 1).read_to_end(&mut text))
+            .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?,
+        _ => std::io::stdin()
+            .take(limit + 1)
+            .read_to_end(&mut text)
+            .map_err(|e| fail(exit::BAD_INPUT, format!("reading stdin: {e}")))?,
+    };
+    if text.len() as u64 > limit {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!("the batch is over {limit} bytes: split it"),
+        ));
+    }
+    let mut reqs = Vec::new();
+    for (n, line) in text.split(|b| *b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let v = jobtrail_core::json::parse_strict(line).map_err(|e| {
+            fail(
+                exit::BAD_INPUT,
+                format!("line {}: not valid JSON: {e}", n + 1),
+            )
+        })?;
+        let req: SubmitRequest = serde_json::from_value(v)
+            .map_err(|e| fail(exit::BAD_INPUT, format!("line {}: {e}", n + 1)))?;
+        reqs.push(req);
+    }
+    if reqs.is_empty() {
+        return Err(fail(exit::BAD_INPUT, "no submissions: the input is empty"));
+    }
+    let done = door.submit_batch(reqs, None).await.map_err(failure)?;
+    if json {
+        print_json(&done);
+    } else {
+        for s in &done {
+            println!("{}", s.operation.id);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn submit(door: &Door, a: SubmitArgs, json: bool) -> CmdResult {
     let body = read_body(&a.body)?;
     if body.len() > jobtrail_core::operation::MAX_BODY_BYTES {

@@ -219,6 +219,24 @@ impl Operations for ApiClient {
         .await
     }
 
+    async fn submit_batch(
+        &self,
+        reqs: Vec<SubmitRequest>,
+        trace: Option<TraceId>,
+    ) -> Result<Vec<SubmitResponse>, ServiceError> {
+        let r: BatchSubmitResponse = self
+            .json(
+                Method::POST,
+                "v1/operations:batch",
+                &[],
+                Some(&BatchSubmitRequest { operations: reqs }),
+                REQUEST_TIMEOUT,
+                trace,
+            )
+            .await?;
+        Ok(r.operations)
+    }
+
     async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {
         let q = if timeline {
             vec![("timeline", "true".to_owned())]

@@ -121,13 +121,14 @@ impl Service {
     // Agent operations
     // ---------------------------------------------------------------------------------------------
 
-    pub async fn submit(
+    /// A request checked for this principal (approval, request schema, times, ids, and that no id
+    /// it names is another caller's), as a submission.
+    async fn submission(
         &self,
         p: &Principal,
         req: SubmitRequest,
         trace: Option<TraceId>,
-    ) -> Result<SubmitResponse, ServiceError> {
-        p.require(Scope::Submit)?;
+    ) -> Result<Submission, ServiceError> {
         let provider = req.provider.trim();
         let contract = self.registry.get(provider).map(|x| x.contract());
         if let Some(c) = contract {
@@ -199,6 +200,17 @@ impl Service {
         if let Some(old) = submission.supersedes {
             self.own(p, &old.to_string()).await?;
         }
+        Ok(submission)
+    }
+
+    pub async fn submit(
+        &self,
+        p: &Principal,
+        req: SubmitRequest,
+        trace: Option<TraceId>,
+    ) -> Result<SubmitResponse, ServiceError> {
+        p.require(Scope::Submit)?;
+        let submission = self.submission(p, req, trace).await?;
         let s = match self
             .store
             .submit_new(&submission, &self.terms, SubmitLimits::default())
@@ -220,6 +232,48 @@ impl Service {
             created: s.created,
             operation: OperationView::of(&s.operation),
         })
+    }
+
+    /// Submit many operations at once, all or none (one transaction). A refused item refuses the
+    /// batch, and the error names it (`item N: …`, `detail.item`); nothing is written then.
+    pub async fn submit_batch(
+        &self,
+        p: &Principal,
+        reqs: Vec<SubmitRequest>,
+        trace: Option<TraceId>,
+    ) -> Result<Vec<SubmitResponse>, ServiceError> {
+        p.require(Scope::Submit)?;
+        if reqs.is_empty() || reqs.len() > MAX_BATCH {
+            return Err(ServiceError::bad_input(format!(
+                "a batch holds 1 to {MAX_BATCH} operations, got {}",
+                reqs.len()
+            )));
+        }
+        let item = |i: usize, e: ServiceError| ServiceError {
+            message: format!("item {i}: {}", e.message),
+            detail: Some(serde_json::json!({ "item": i, "detail": e.detail })),
+            ..e
+        };
+        let mut submissions = Vec::with_capacity(reqs.len());
+        for (i, req) in reqs.into_iter().enumerate() {
+            submissions.push(
+                self.submission(p, req, trace)
+                    .await
+                    .map_err(|e| item(i, e))?,
+            );
+        }
+        let written = self
+            .store
+            .submit_new_batch(&submissions, &self.terms, SubmitLimits::default())
+            .await
+            .map_err(|(i, e)| item(i, e.into()))?;
+        Ok(written
+            .into_iter()
+            .map(|s| SubmitResponse {
+                created: s.created,
+                operation: OperationView::of(&s.operation),
+            })
+            .collect())
     }
 
     /// The operation, if this principal may see it (another caller's is "not found": its existence
@@ -537,6 +591,9 @@ fn check_request(
     }
 }
 
+/// The most operations one batch submit may hold.
+pub const MAX_BATCH: usize = 1000;
+
 /// A service acting for one principal: the [`Operations`] implementation over the database.
 #[derive(Clone)]
 pub struct Bound {
@@ -551,6 +608,12 @@ pub trait Operations: Send + Sync {
         req: SubmitRequest,
         trace: Option<TraceId>,
     ) -> impl Future<Output = Result<SubmitResponse, ServiceError>> + Send;
+    /// Many submissions at once, all or none.
+    fn submit_batch(
+        &self,
+        reqs: Vec<SubmitRequest>,
+        trace: Option<TraceId>,
+    ) -> impl Future<Output = Result<Vec<SubmitResponse>, ServiceError>> + Send;
     fn get(
         &self,
         id: &str,
@@ -582,6 +645,15 @@ impl Operations for Bound {
         trace: Option<TraceId>,
     ) -> Result<SubmitResponse, ServiceError> {
         self.service.submit(&self.principal, req, trace).await
+    }
+    async fn submit_batch(
+        &self,
+        reqs: Vec<SubmitRequest>,
+        trace: Option<TraceId>,
+    ) -> Result<Vec<SubmitResponse>, ServiceError> {
+        self.service
+            .submit_batch(&self.principal, reqs, trace)
+            .await
     }
     async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {
         self.service.get(&self.principal, id, timeline).await
@@ -625,6 +697,16 @@ impl Operations for Door {
         match self {
             Door::Local(b) => b.submit(req, trace).await,
             Door::Remote(c) => c.submit(req, trace).await,
+        }
+    }
+    async fn submit_batch(
+        &self,
+        reqs: Vec<SubmitRequest>,
+        trace: Option<TraceId>,
+    ) -> Result<Vec<SubmitResponse>, ServiceError> {
+        match self {
+            Door::Local(b) => b.submit_batch(reqs, trace).await,
+            Door::Remote(c) => c.submit_batch(reqs, trace).await,
         }
     }
     async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {

@@ -45,6 +45,21 @@ pub struct SubmitRequest {
     pub supersedes: Option<String>,
 }
 
+/// Many operations submitted at once, all or none.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSubmitRequest {
+    /// 1 to 1000 submissions, each as for a single submit. Name each one's `id`, so a retried
+    /// batch returns the same operations instead of creating new ones.
+    pub operations: Vec<SubmitRequest>,
+}
+
+/// The operations of a batch, in the order submitted.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
+pub struct BatchSubmitResponse {
+    pub operations: Vec<SubmitResponse>,
+}
+
 /// A submitted operation.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
 pub struct SubmitResponse {

@@ -303,6 +303,78 @@ impl Store {
         self.submit_in(tx, &intent).await
     }
 
+    /// Submit many operations in one transaction (an agent fanning out): all are written, or none.
+    /// Each is validated as [`Store::submit_new`] validates one; an item whose id already holds the
+    /// same request is returned as it is (`created: false`), one whose id holds another request
+    /// refuses the whole batch. One notification wakes the workers. `Err((index, error))` names the
+    /// item that refused it.
+    pub async fn submit_new_batch(
+        &self,
+        submissions: &[Submission],
+        providers: &BTreeMap<String, ProviderTerms>,
+        limits: SubmitLimits,
+    ) -> Result<Vec<Submitted>, (usize, StoreError)> {
+        let whole = |e: StoreError| (0, e);
+        let mut tx = self.pool.begin().await.map_err(|e| whole(e.into()))?;
+        let (now,): (DateTime<Utc>,) = sqlx::query_as(include_str!("sql/db_now.sql"))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| whole(e.into()))?;
+        let mut written = Vec::with_capacity(submissions.len());
+        for (i, submission) in submissions.iter().enumerate() {
+            let at = |e: StoreError| (i, e);
+            let terms = providers.get(submission.provider.trim()).ok_or_else(|| {
+                at(SubmitError::UnknownProvider {
+                    name: submission.provider.clone(),
+                    known: providers.keys().cloned().collect::<Vec<_>>().join(", "),
+                }
+                .into())
+            })?;
+            let intent = submission
+                .validate(terms, limits, now, draw_entropy().map_err(at)?)
+                .map_err(|e| at(e.into()))?;
+            if let Some(old) = intent.supersedes {
+                may_supersede(&mut tx, old).await.map_err(at)?;
+            }
+            let created = insert_intent(&mut tx, &intent).await.map_err(at)?;
+            if !created {
+                let existing: OperationRecord = lock(&mut tx, intent.operation_id)
+                    .await
+                    .map_err(at)?
+                    .row
+                    .try_into()
+                    .map_err(at)?;
+                // Another caller's id is "not found", and refuses the batch like any bad item.
+                if existing.caller != submission.caller {
+                    return Err(at(StoreError::NotFound(intent.operation_id)));
+                }
+                if existing.fingerprint != intent.fingerprint {
+                    return Err(at(SubmitError::FingerprintConflict {
+                        operation_id: intent.operation_id,
+                        stored: existing.fingerprint,
+                        submitted: intent.fingerprint.clone(),
+                    }
+                    .into()));
+                }
+            }
+            written.push((intent.operation_id, created));
+        }
+        sqlx::query(include_str!("sql/notify_work.sql"))
+            .bind("batch")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| whole(e.into()))?;
+        tx.commit().await.map_err(|e| whole(e.into()))?;
+        let mut out = Vec::with_capacity(written.len());
+        for (id, created) in written {
+            out.push(Submitted {
+                operation: self.get(id).await.map_err(whole)?,
+                created,
+            });
+        }
+        Ok(out)
+    }
+
     /// Write an intent and its first history link in one transaction, or return the existing record
     /// if the same id was submitted with the same fingerprint. A different fingerprint under the same
     /// id is refused and nothing is written.
