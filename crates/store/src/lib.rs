@@ -295,7 +295,7 @@ impl Store {
             }
         })?;
         // Deadlines come from the database's clock, the one every later decision uses.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let (now,): (DateTime<Utc>,) = sqlx::query_as(include_str!("sql/db_now.sql"))
             .fetch_one(&mut *tx)
             .await?;
@@ -315,7 +315,7 @@ impl Store {
         limits: SubmitLimits,
     ) -> Result<Vec<Submitted>, (usize, StoreError)> {
         let whole = |e: StoreError| (0, e);
-        let mut tx = self.pool.begin().await.map_err(|e| whole(e.into()))?;
+        let mut tx = self.begin_write().await.map_err(whole)?;
         let (now,): (DateTime<Utc>,) = sqlx::query_as(include_str!("sql/db_now.sql"))
             .fetch_one(&mut *tx)
             .await
@@ -379,7 +379,7 @@ impl Store {
     /// if the same id was submitted with the same fingerprint. A different fingerprint under the same
     /// id is refused and nothing is written.
     pub async fn submit(&self, intent: &Intent) -> Result<Submitted, StoreError> {
-        let tx = self.pool.begin().await?;
+        let tx = self.begin_write().await?;
         self.submit_in(tx, intent).await
     }
 
@@ -532,6 +532,18 @@ impl Store {
         claim_due_with(&self.pool, owner, limit, ttl).await
     }
 
+    /// A transaction that writes evidence. Its statements, and the foreign-key checks they fire, are
+    /// planned for the tables as they are now: a plan cached by a long-lived session while a table
+    /// was empty (freshly migrated, or analysed empty) would read it sequentially on every insert
+    /// for as long as the session lives, however large the table has grown since.
+    async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(include_str!("sql/session_custom_plans.sql"))
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
+    }
+
     /// The worker's claim: up to `limit` due operations of the providers in `shares` only (a worker
     /// never holds work it cannot do), each provider within its caps, its fair rows first, none of a
     /// provider the fleet was told to wait for. One short transaction; with a fleet-wide cap, the
@@ -681,7 +693,7 @@ impl Store {
     /// Log the call of a refused write as the next link of its operation's call chain, in a
     /// transaction of its own: the call happened, whoever owns the operation now.
     async fn log_refused_call(&self, lease: &Lease, call: &CallRecord) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let locked = lock(&mut tx, lease.operation_id).await?;
         let rec: OperationRecord = locked.row.try_into()?;
         let link = write::next_call_link(&rec, lease.epoch, &lease.owner, call)?;
@@ -724,7 +736,7 @@ impl Store {
         &self,
         writes: &[(Lease, Step)],
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let results = write_batch_in(&mut tx, writes).await?;
         tx.commit().await?;
         self.announce(write::moved(results.iter().filter_map(|r| r.as_ref().ok())))
@@ -742,7 +754,7 @@ impl Store {
     }
 
     async fn apply_fenced(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let locked = lock_if_leased(&mut tx, lease).await?;
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
         tx.commit().await?;
@@ -763,7 +775,7 @@ impl Store {
         id: OperationId,
         request: CancelRequest,
     ) -> Result<Applied, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let locked = lock(&mut tx, id).await?;
         let state: State = locked
             .row_state()
@@ -807,7 +819,7 @@ impl Store {
         decision: jobtrail_core::Decision,
         intent: &Intent,
     ) -> Result<Submitted, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let locked = lock_as_seen(&mut tx, old, seen_state, seen_seq).await?;
         if let Some(by) = locked.row_superseded_by() {
             return Err(StoreError::Conflict(format!(
@@ -850,7 +862,7 @@ impl Store {
             Some(ev) => decision_actor(ev).unwrap_or("admin").to_owned(),
             None => "admin".to_owned(),
         };
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let locked = lock_as_seen(&mut tx, id, seen_state, seen_seq).await?;
         if let Some(Event::AdoptRemoteJob { remote_job_id, .. }) = &step.event {
             job_not_owned_elsewhere(&mut tx, id, locked.row_provider(), remote_job_id).await?;

@@ -852,3 +852,93 @@ async fn result_bytes_are_written_with_their_step_or_not_at_all_and_never_change
     }
     assert_eq!(count(&db, "operation_results").await, 2);
 }
+
+/// The evidence inserts' foreign-key checks stay index lookups however the tables' statistics
+/// looked when a session first planned them: here every table is analysed while empty, then one
+/// long-lived connection writes 400 steps that each log a call. A check planned for the empty
+/// `provider_calls` and kept for the session would read the whole table on every insert (about
+/// 80 000 tuples here; tens of millions in a long run).
+#[tokio::test]
+async fn foreign_key_checks_do_not_scan_tables_analysed_while_empty() {
+    let db = TestDb::new().await;
+    exec(
+        &db,
+        "ANALYZE operations; ANALYZE operation_history; ANALYZE provider_calls",
+    )
+    .await
+    .unwrap();
+    let store = Store::connect_with(&db.url, 1).await.unwrap();
+    let call = || CallRecord {
+        id: uuid::Uuid::now_v7(),
+        kind: CallKind::Create,
+        attempt: 1,
+        started_at: chrono::Utc::now(),
+        duration_ms: 1.0,
+        method: "POST".into(),
+        url: "http://127.0.0.1:1/v1/jobs".into(),
+        http_status: Some(202),
+        response_headers: serde_json::json!({}),
+        provider_request_id: None,
+        error_class: None,
+        outcome: "accepted".into(),
+        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+        span_id: "00f067aa0ba902b7".into(),
+        response_sha256: None,
+    };
+    for round in 0..8 {
+        for i in 0..50 {
+            store
+                .submit_new(
+                    &submission(&format!(r#"{{"fk":{round},"i":{i}}}"#)),
+                    &providers(),
+                    SubmitLimits::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let claimed = store
+            .claim_due("w", 50, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 50);
+        let writes = claimed
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut step = Step::event(Event::CreateAccepted {
+                    remote_job_id: format!("job_{round}_{i}"),
+                    remote_state: None,
+                })
+                .with_call(call());
+                // Not due again during the test: the next round claims only new operations.
+                step.next_in = Some((Duration::from_secs(3600), "test"));
+                (c.lease.clone(), step)
+            })
+            .collect();
+        for r in store.apply_many(writes).await {
+            r.unwrap();
+        }
+    }
+    // A backend reports its table statistics when it exits: close the connection and wait for it.
+    store.close().await;
+    use sqlx::Connection;
+    let mut reader = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let read = loop {
+        let (seq, idx): (i64, i64) = sqlx::query_as(
+            "SELECT coalesce(seq_tup_read, 0), coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'provider_calls'",
+        )
+        .fetch_one(&mut reader)
+        .await
+        .unwrap();
+        if idx + seq > 0 || std::time::Instant::now() > deadline {
+            break seq;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(count(&db, "provider_calls").await, 400);
+    assert!(
+        read < 20_000,
+        "{read} tuples of provider_calls read sequentially by 400 inserts"
+    );
+}
