@@ -674,6 +674,27 @@ async fn submit_and_claim(store: &Store, n: usize, key: &str) -> Vec<Claimed> {
     claimed
 }
 
+/// The call log's record of a create the provider accepted (202).
+fn accepted_create(url: &str) -> CallRecord {
+    CallRecord {
+        id: uuid::Uuid::now_v7(),
+        kind: CallKind::Create,
+        attempt: 1,
+        started_at: chrono::Utc::now(),
+        duration_ms: 1.0,
+        method: "POST".into(),
+        url: url.into(),
+        http_status: Some(202),
+        response_headers: serde_json::json!({}),
+        provider_request_id: None,
+        error_class: None,
+        outcome: "accepted".into(),
+        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+        span_id: "00f067aa0ba902b7".into(),
+        response_sha256: None,
+    }
+}
+
 /// Make `lease` stale, as if it had expired and been taken over.
 async fn take_over(db: &TestDb, lease: &Lease) {
     exec(
@@ -707,23 +728,7 @@ async fn group_committed_writes_fence_each_operation_on_its_own() {
         )
         .await
         .unwrap();
-    let call = |n: u8| CallRecord {
-        id: uuid::Uuid::now_v7(),
-        kind: CallKind::Create,
-        attempt: 1,
-        started_at: chrono::Utc::now(),
-        duration_ms: 1.0,
-        method: "POST".into(),
-        url: format!("http://127.0.0.1:1/v1/jobs?n={n}"),
-        http_status: Some(202),
-        response_headers: serde_json::json!({}),
-        provider_request_id: None,
-        error_class: None,
-        outcome: "accepted".into(),
-        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
-        span_id: "00f067aa0ba902b7".into(),
-        response_sha256: None,
-    };
+    let call = |n: u8| accepted_create(&format!("http://127.0.0.1:1/v1/jobs?n={n}"));
     let accept = |job: &str, n: u8| {
         Step::event(Event::CreateAccepted {
             remote_job_id: job.into(),
@@ -868,23 +873,7 @@ async fn foreign_key_checks_do_not_scan_tables_analysed_while_empty() {
     .await
     .unwrap();
     let store = Store::connect_with(&db.url, 1).await.unwrap();
-    let call = || CallRecord {
-        id: uuid::Uuid::now_v7(),
-        kind: CallKind::Create,
-        attempt: 1,
-        started_at: chrono::Utc::now(),
-        duration_ms: 1.0,
-        method: "POST".into(),
-        url: "http://127.0.0.1:1/v1/jobs".into(),
-        http_status: Some(202),
-        response_headers: serde_json::json!({}),
-        provider_request_id: None,
-        error_class: None,
-        outcome: "accepted".into(),
-        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
-        span_id: "00f067aa0ba902b7".into(),
-        response_sha256: None,
-    };
+    let call = || accepted_create("http://127.0.0.1:1/v1/jobs");
     for round in 0..8 {
         for i in 0..50 {
             store
