@@ -218,3 +218,37 @@ async fn a_429_with_retry_after_pauses_the_whole_fleet() {
         "calls reached the provider while it had asked the fleet to wait: {during:?} (429 at {at})"
     );
 }
+
+/// A provider asks for a wait far beyond anything sane (`Retry-After: 9000000000000`, about 285 000
+/// years): the fleet-wide pause and the operation's own wait are clamped to the contract's
+/// `retry_after_max_ms` (1 s here), so the create is sent again about a second later and the
+/// operation finishes; nothing overflows, nothing stops for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_retry_after_pauses_only_as_long_as_the_contract_allows() {
+    let mut env = Env::with_contracts(|c| {
+        c.polling.retry_after = jobtrail_core::schedule::RetryAfterBounds {
+            min: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+    })
+    .await;
+    let id = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": ["retry_after_seconds"], "retry_after_secs": 9_000_000_000_000u64, "duration_ms": 0}),
+            |_| {},
+        )
+        .await
+        .id;
+    env.start_worker("huge-wait", Duration::from_secs(10));
+    let op = env.wait_settled(id, Duration::from_secs(20)).await;
+    env.stop_workers().await;
+    assert_eq!(op.state, State::Succeeded);
+    let arrivals = env.sim.ledger().arrivals_ms;
+    assert!(arrivals.len() >= 2, "{arrivals:?}");
+    let gap = arrivals[1] - arrivals[0];
+    assert!(
+        (900..3000).contains(&gap),
+        "the create was sent again {gap} ms after the 429 (the contract allows at most 1 s)"
+    );
+}

@@ -227,6 +227,12 @@ async fn each_role_runs_its_commands_and_nothing_else() {
             format!("UPDATE operations SET approved_by = 'mallory' WHERE id = {some}"),
             format!("UPDATE operations SET request_body = '{{}}' WHERE id = {some}"),
             "CREATE TABLE mischief (x int)".to_owned(),
+            // The schedule is kept by the owner's triggers only (migration 0012).
+            "DELETE FROM operation_schedule".to_owned(),
+            "UPDATE operation_schedule SET next_action_at = now() + interval '1 day'".to_owned(),
+            format!(
+                "INSERT INTO operation_schedule SELECT id, 'sim', now() FROM operations WHERE id = {some}"
+            ),
             "LOCK TABLE jobtrail_migration_lock".to_owned(),
         ] {
             sql_refused(url, &sql).await;
@@ -264,6 +270,22 @@ async fn each_role_runs_its_commands_and_nothing_else() {
         "INSERT INTO provider_calls (id) VALUES (gen_random_uuid())",
     )
     .await;
+    // The schedule's trigger runs with the owner's rights: a temporary table of the same name (with
+    // a trigger of its own, which would run as the owner) must not be what it writes to.
+    for url in [&worker, &operator, &api] {
+        sql_allowed(
+            url,
+            &format!(
+                "CREATE FUNCTION pg_temp.hijack() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN RAISE EXCEPTION 'the owner wrote to a temporary table'; END $$; \
+                 CREATE TEMP TABLE operation_schedule (operation_id uuid PRIMARY KEY, provider text, next_action_at timestamptz); \
+                 CREATE TRIGGER hijack BEFORE INSERT OR UPDATE OR DELETE ON pg_temp.operation_schedule \
+                 FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.hijack(); \
+                 UPDATE operations SET next_action_reason = next_action_reason WHERE id = {some}"
+            ),
+        )
+        .await;
+    }
 
     // The auditor reads the views and changes nothing, not even a notification.
     sql_allowed(&auditor, "SELECT count(*) FROM audit_operations").await;

@@ -766,7 +766,7 @@ async fn a_whole_operation_deleted_after_an_anchor_is_found_through_the_anchor()
     // is gone, so only the anchor can tell.
     let gone = ops[1].id;
     exec(&db, &format!(
-        "SET session_replication_role = replica; DELETE FROM operation_history WHERE operation_id = '{0}'; DELETE FROM provider_calls WHERE operation_id = '{0}'; DELETE FROM operations WHERE id = '{0}'",
+        "SET session_replication_role = replica; DELETE FROM operation_history WHERE operation_id = '{0}'; DELETE FROM provider_calls WHERE operation_id = '{0}'; DELETE FROM operation_schedule WHERE operation_id = '{0}'; DELETE FROM operations WHERE id = '{0}'",
         gone.as_uuid()
     ))
     .await;

@@ -181,6 +181,11 @@ impl Fleet {
         Ok(pid)
     }
 
+    /// The process ids of the running workers.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.children.iter().map(|(_, c)| c.id()).collect()
+    }
+
     /// Send `signal` to the worker named `id` (and forget it if the signal kills it).
     pub fn signal(&mut self, id: &str, signal: i32) {
         if let Some(pos) = self.children.iter().position(|(n, _)| n == id) {

@@ -4,6 +4,10 @@
 use crate::{Store, StoreError};
 use chrono::{DateTime, Utc};
 
+/// A table's update counters (`pg_stat_user_tables`): name, updates, HOT updates, dead tuples, and
+/// its size with indexes in bytes.
+pub type TableUpdates = (String, i64, i64, i64, i64);
+
 impl Store {
     /// Insert `n` synthetic operations in `state` (`observing`: due now; `succeeded`: ballast).
     pub async fn bench_seed(&self, n: i64, state: &str) -> Result<u64, StoreError> {
@@ -112,6 +116,14 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
         Ok(n)
+    }
+
+    /// `(table, updates, HOT updates, dead tuples, bytes with indexes)` for `operations` and
+    /// `operation_schedule` (bench_table_updates.sql).
+    pub async fn bench_table_updates(&self) -> Result<Vec<TableUpdates>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/bench_table_updates.sql"))
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     pub async fn bench_make_due(&self) -> Result<u64, StoreError> {

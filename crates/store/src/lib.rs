@@ -17,6 +17,7 @@
 
 mod audit;
 mod bench;
+pub use bench::TableUpdates;
 pub mod cluster;
 pub mod error;
 mod front;

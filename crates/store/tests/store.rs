@@ -931,3 +931,162 @@ async fn foreign_key_checks_do_not_scan_tables_analysed_while_empty() {
         "{read} tuples of provider_calls read sequentially by 400 inserts"
     );
 }
+
+/// The schedule (migration 0012) holds exactly the operations a worker still has to act on, each at
+/// its record's next_action_at.
+async fn schedule_mismatches(db: &TestDb) -> i64 {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM operations o FULL JOIN operation_schedule q ON q.operation_id = o.id \
+         WHERE (o.state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing', \
+                            'result_collecting', 'cancel_requested', 'cancelling')) \
+               IS DISTINCT FROM (q.operation_id IS NOT NULL) \
+            OR q.next_action_at IS DISTINCT FROM CASE WHEN q.operation_id IS NOT NULL THEN o.next_action_at END \
+            OR q.provider IS DISTINCT FROM CASE WHEN q.operation_id IS NOT NULL THEN o.provider END",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    n
+}
+
+#[tokio::test]
+async fn claims_and_progress_steps_are_hot_updates_and_the_schedule_follows_every_state() {
+    let db = TestDb::new().await;
+    let store = Store::connect_with(&db.url, 1).await.unwrap();
+    let n = 40;
+    let mut leases: Vec<Lease> = Vec::new();
+    for i in 0..n {
+        store
+            .submit_new(
+                &submission(&format!(r#"{{"hot":{i}}}"#)),
+                &providers(),
+                SubmitLimits::default(),
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(schedule_mismatches(&db).await, 0, "after submit");
+    let claim = |store: &Store| {
+        let store = store.clone();
+        async move {
+            let c = store
+                .claim_due("w", 100, Duration::from_secs(60))
+                .await
+                .unwrap();
+            assert_eq!(c.len(), n, "every operation is due again");
+            c
+        }
+    };
+    let due_now = |step: Step| Step {
+        next_in: Some((Duration::ZERO, "test")),
+        ..step
+    };
+    // Accept every create (the step that learns the job id, indexed: not HOT), then six rounds of
+    // claim and progress (every row due again at once): the updates a long-running job makes.
+    let writes = claim(&store)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let step = Step::event(Event::CreateAccepted {
+                remote_job_id: format!("job_{i}"),
+                remote_state: None,
+            })
+            .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"));
+            (c.lease, due_now(step))
+        })
+        .collect();
+    for r in store.apply_many(writes).await {
+        r.unwrap();
+    }
+    for _ in 0..6 {
+        let writes = claim(&store)
+            .await
+            .into_iter()
+            .map(|c| {
+                let step = Step::event(Event::RemoteProgress {
+                    remote_state: "running".into(),
+                    known: true,
+                });
+                (c.lease, due_now(step))
+            })
+            .collect();
+        for r in store.apply_many(writes).await {
+            r.unwrap();
+        }
+        assert_eq!(schedule_mismatches(&db).await, 0, "after a round of steps");
+    }
+    // Leases given back for later, one operation held for a person and then abandoned, one failed:
+    // the schedule follows each.
+    leases.extend(claim(&store).await.into_iter().map(|c| c.lease));
+    for l in &leases[2..] {
+        store
+            .release(l, chrono::Utc::now() + chrono::Duration::hours(1), "test")
+            .await
+            .unwrap();
+    }
+    let failed = Step::event(Event::RemoteFailed {
+        remote_state: "failed".into(),
+        reason: None,
+    });
+    for r in store
+        .apply_many(vec![
+            (leases[0].clone(), Step::event(Event::ResultDeadlinePassed)),
+            (leases[1].clone(), failed),
+        ])
+        .await
+    {
+        r.unwrap();
+    }
+    assert_eq!(
+        schedule_mismatches(&db).await,
+        0,
+        "after a hold and a failure"
+    );
+    assert_eq!(count(&db, "operation_schedule").await, n as i64 - 2);
+    store
+        .decide(
+            leases[0].operation_id,
+            State::ResultTimedOut,
+            None,
+            Step::event(Event::Abandon {
+                decision: Decision::new("bob", "no").unwrap(),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        schedule_mismatches(&db).await,
+        0,
+        "after release and decisions"
+    );
+
+    // A backend reports its table statistics when it exits: close the connection and wait for it.
+    store.close().await;
+    use sqlx::Connection;
+    let mut reader = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (updates, hot) = loop {
+        let (upd, hot): (i64, i64) = sqlx::query_as(
+            "SELECT coalesce(n_tup_upd, 0), coalesce(n_tup_hot_upd, 0) FROM pg_stat_user_tables WHERE relname = 'operations'",
+        )
+        .fetch_one(&mut reader)
+        .await
+        .unwrap();
+        if upd >= (n * 14) as i64 || std::time::Instant::now() > deadline {
+            break (upd, hot);
+        }
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut reader)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(updates >= (n * 14) as i64, "{updates} updates counted");
+    assert!(
+        hot * 10 >= updates * 7,
+        "{hot} of {updates} updates of operations were HOT"
+    );
+}

@@ -110,5 +110,5 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The operations a worker could claim now: KEDA's measure of the work. */}}
 {{- define "jobtrail.dueQuery" -}}
-SELECT count(*) FROM operations WHERE next_action_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at <= now()) AND state IN ('create_pending','create_unknown','reconciliation','accepted','observing','result_collecting','cancel_requested','cancelling')
+SELECT count(*) FROM operation_schedule q JOIN operations o ON o.id = q.operation_id WHERE q.next_action_at <= now() AND o.next_action_at <= now() AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
 {{- end -}}

@@ -2,13 +2,16 @@
 -- SKIP LOCKED and append one history link each, chained from the row's head. Statement 2
 -- (bench_ceiling_advance.sql) moves each head to its new link, as the chain triggers require.
 WITH due AS (
-    SELECT id, history_seq, history_head FROM operations
-    WHERE next_action_at <= now()
-      AND state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
-                    'result_collecting', 'cancel_requested', 'cancelling')
-    ORDER BY next_action_at
+    SELECT o.id, o.history_seq, o.history_head
+    FROM operation_schedule q
+    JOIN operations o ON o.id = q.operation_id
+    WHERE q.provider = 'bench' AND q.next_action_at <= now()
+      AND o.next_action_at <= now()
+      AND o.state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
+                      'result_collecting', 'cancel_requested', 'cancelling')
+    ORDER BY q.next_action_at
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 )
 INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, detail,
                                prev_hash, hash)

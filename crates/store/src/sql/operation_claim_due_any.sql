@@ -1,4 +1,5 @@
--- Claim due, automated operations of any provider (tests, benchmarks, tools): lock a
+-- Claim due, automated operations of any provider (tests and tools; the worker claims per provider,
+-- operation_claim_shares.sql, whose index this query cannot use in order: fine for small queues): lock a
 -- batch with SKIP LOCKED (the LIMIT inside the CTE, so concurrent claimers take disjoint rows), then
 -- set owner, expiry and a new fencing epoch. The claim also moves next_action_at to the lease expiry:
 -- the row leaves the head of the due index at once, and if the owner dies the row comes due again
@@ -11,15 +12,17 @@
 -- metrics: when each row was due (claim lag) and whether it still named another owner (a takeover:
 -- that owner's lease ran out; a released lease names none).
 WITH due AS (
-    SELECT id, next_action_at AS was_due, lease_owner IS NOT NULL AS taken_over
-    FROM operations
-    WHERE next_action_at <= now()
-      AND state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
-                    'result_collecting', 'cancel_requested', 'cancelling')
-      AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-    ORDER BY next_action_at
+    SELECT o.id, o.next_action_at AS was_due, o.lease_owner IS NOT NULL AS taken_over
+    FROM operation_schedule q
+    JOIN operations o ON o.id = q.operation_id
+    WHERE q.next_action_at <= now()
+      AND o.next_action_at <= now()
+      AND o.state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
+                      'result_collecting', 'cancel_requested', 'cancelling')
+      AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+    ORDER BY q.next_action_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE operations o
 SET lease_owner       = $1,

@@ -6,6 +6,11 @@
 -- inside each provider's scan (concurrent claimers take disjoint rows); rows locked but not chosen
 -- are released at commit.
 --
+-- Due rows are found through operation_schedule (migration 0012: the due index on a narrow table, so
+-- updates of the wide row stay HOT); every condition is checked again on the operations row itself,
+-- which is what is locked: a schedule row read before another claim committed cannot claim a row
+-- that is no longer due.
+--
 -- What a claim sets, and why, as in operation_claim_due_any.sql: owner, expiry, a new fencing epoch,
 -- next_action_at moved to the expiry (a dead owner's rows come due exactly when its lease ends), and
 -- the create_pending row's "a create may leave under this epoch" mark in this same commit.
@@ -13,8 +18,9 @@ WITH shares AS (
     SELECT p.name, p.fair,
            CASE WHEN p.fleet IS NULL THEN p.cap
                 ELSE least(p.cap, p.fleet - (
-                    SELECT count(*) FROM operations x
-                    WHERE x.provider = p.name AND x.lease_expires_at > now()
+                    SELECT count(*) FROM operation_schedule q
+                    JOIN operations x ON x.id = q.operation_id
+                    WHERE q.provider = p.name AND x.lease_expires_at > now()
                       AND x.state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted',
                                       'observing', 'result_collecting', 'cancel_requested', 'cancelling')))
            END AS cap
@@ -26,16 +32,17 @@ candidates AS (
     SELECT s.name, s.fair, d.id, d.was_due, d.taken_over
     FROM shares s
     CROSS JOIN LATERAL (
-        SELECT id, next_action_at AS was_due, lease_owner IS NOT NULL AS taken_over
-        FROM operations
-        WHERE next_action_at <= now()
-          AND state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
-                        'result_collecting', 'cancel_requested', 'cancelling')
-          AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-          AND provider = s.name
-        ORDER BY next_action_at
+        SELECT o.id, o.next_action_at AS was_due, o.lease_owner IS NOT NULL AS taken_over
+        FROM operation_schedule q
+        JOIN operations o ON o.id = q.operation_id
+        WHERE q.provider = s.name AND q.next_action_at <= now()
+          AND o.next_action_at <= now() AND o.provider = s.name
+          AND o.state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
+                          'result_collecting', 'cancel_requested', 'cancelling')
+          AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+        ORDER BY q.next_action_at
         LIMIT greatest(s.cap, 0)
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF o SKIP LOCKED
     ) d
 ),
 due AS (

@@ -1,4 +1,3 @@
--- Operations a worker still has to act on (neither terminal nor held for a person).
-SELECT count(*) FROM operations
-WHERE state IN ('create_pending', 'create_unknown', 'reconciliation', 'accepted', 'observing',
-                'result_collecting', 'cancel_requested', 'cancelling')
+-- Operations a worker still has to act on (neither terminal nor held for a person): exactly the rows
+-- of the schedule (migration 0012 keeps it so).
+SELECT count(*) FROM operation_schedule
