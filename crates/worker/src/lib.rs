@@ -40,6 +40,11 @@ type DbReading = (chrono::DateTime<chrono::Utc>, Instant);
 /// holds the row, or the provider's fleet-wide cap is reached).
 const NOT_CLAIMABLE_FLOOR: Duration = Duration::from_millis(50);
 
+/// While the queue is deep, how long a claim may wait for more slots to free up so that one claim
+/// (one transaction) fills several. A bound, not a threshold: slots held by slow calls delay a claim
+/// by at most this, never stop it.
+const CLAIM_GATHER: Duration = Duration::from_millis(20);
+
 /// Worker settings (validated by the binary).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -411,8 +416,11 @@ impl Worker {
         let mut listener: Option<jobtrail_store::WorkListener> = None;
         let mut backoff = Duration::from_millis(100);
         let mut seeded = false;
-        // The last claim took all it asked for: the queue is deep.
+        // The last claim took all it asked for, or all a provider's share allowed and a step of it
+        // has since finished: the queue is deep, and the next claim gathers freed slots first.
         let mut deep = false;
+        // Steps finished (slots freed) since the last claim.
+        let mut freed = 0usize;
         tracing::info!(worker = %self.config.id, "worker started");
         loop {
             self.heartbeat.beat();
@@ -420,6 +428,7 @@ impl Worker {
                 break;
             }
             while let Some(done) = tasks.try_join_next() {
+                freed += 1;
                 if let Err(e) = done
                     && e.is_panic()
                 {
@@ -433,17 +442,36 @@ impl Worker {
                 // Every slot is busy: the next claim waits for one to free up.
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = tasks.join_next() => {}
+                    _ = tasks.join_next() => freed += 1,
                 }
                 continue;
             }
-            if deep && (permits.available_permits() as i64) < self.config.batch.min(8) {
-                // A deep queue and a slot or two free: give steps finishing right now two
-                // milliseconds to join this claim (one commit for several slots, not one each).
-                // Never longer: a free slot with due work does not wait for anything else.
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            if deep {
+                // A deep queue: let a quarter of a claim's worth of steps finish (under load they
+                // end every moment) before claiming, for at most CLAIM_GATHER. One claim then fills
+                // many slots instead of one transaction per freed slot (claims of one row each
+                // halved end-to-end throughput); a slot held by a slow call delays the next claim
+                // by at most the bound. Counted as steps finished, not slots free: slots kept in
+                // reserve for providers with nothing due are always free.
+                let enough =
+                    (self.config.batch.min(self.config.concurrency as i64) / 4).max(1) as usize;
+                let until = tokio::time::Instant::now() + CLAIM_GATHER;
+                while freed < enough && !tasks.is_empty() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        done = tasks.join_next() => {
+                            freed += 1;
+                            if let Some(Err(e)) = done
+                                && e.is_panic()
+                            {
+                                tracing::error!("a step panicked: {e}");
+                            }
+                        }
+                        _ = tokio::time::sleep_until(until) => break,
+                    }
+                }
+                if shutdown.is_cancelled() {
+                    break;
                 }
             }
             let claimed = async {
@@ -473,6 +501,7 @@ impl Worker {
             };
             seeded = true;
             backoff = Duration::from_millis(100);
+            freed = 0;
             let got = claimed.len() as i64;
             self.stats.claimed.fetch_add(got as u64, Ordering::Relaxed);
             let mut took: HashMap<String, i32> = HashMap::new();
@@ -542,7 +571,13 @@ impl Worker {
                         }
                         break;
                     }
-                    _ = tasks.join_next(), if at_cap && !tasks.is_empty() => break,
+                    // A provider held at its share or cap got a slot back: claim again, and since
+                    // its queue may be deep, gather first.
+                    _ = tasks.join_next(), if at_cap && !tasks.is_empty() => {
+                        freed += 1;
+                        deep = true;
+                        break;
+                    }
                 }
             }
         }
