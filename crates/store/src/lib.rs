@@ -682,18 +682,27 @@ impl Store {
     /// reports did happen, so it is still appended to the call log (with the stale epoch).
     pub async fn apply(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
         let call = step.call.clone();
+        let retry_after = step.retry_after;
         let result = self.apply_fenced(lease, step).await;
         if let (Err(e), Some(call)) = (&result, call)
             && refuses_only_the_step(e)
         {
-            self.log_refused_call(lease, &call).await?;
+            self.log_refused_call(lease, &call, retry_after).await?;
         }
         result
     }
 
     /// Log the call of a refused write as the next link of its operation's call chain, in a
-    /// transaction of its own: the call happened, whoever owns the operation now.
-    async fn log_refused_call(&self, lease: &Lease, call: &CallRecord) -> Result<(), StoreError> {
+    /// transaction of its own: the call happened, whoever owns the operation now. The provider's
+    /// `Retry-After` in its answer is kept too (it only delays status reads, so it needs no lease):
+    /// a worker that lost its lease while the call was out must not leave the next owner free to
+    /// read again at once.
+    async fn log_refused_call(
+        &self,
+        lease: &Lease,
+        call: &CallRecord,
+        retry_after: Option<std::time::Duration>,
+    ) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         let locked = lock(&mut tx, lease.operation_id).await?;
         let rec: OperationRecord = locked.row.try_into()?;
@@ -703,6 +712,7 @@ impl Store {
             .bind(rec.id.as_uuid())
             .bind(link.seq)
             .bind(link.hash.as_slice())
+            .bind(retry_after.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)))
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -748,7 +758,7 @@ impl Store {
             if let (Err(e), Some(call)) = (result, &step.call)
                 && refuses_only_the_step(e)
             {
-                self.log_refused_call(lease, call).await?;
+                self.log_refused_call(lease, call, step.retry_after).await?;
             }
         }
         Ok(results)

@@ -352,6 +352,78 @@ async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched(
 }
 
 #[tokio::test]
+async fn a_retry_after_answered_to_a_worker_that_lost_its_lease_still_binds_the_next_owner() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut claimed = submit_and_claim(&store, 3, "ra").await;
+    let (a, b, live) = (claimed.remove(0), claimed.remove(0), claimed.remove(0));
+    for c in [&a, &b, &live] {
+        let accept = Step {
+            keep_lease: true,
+            ..Step::event(Event::CreateAccepted {
+                remote_job_id: format!("job_{}", c.lease.operation_id),
+                remote_state: None,
+            })
+        };
+        store.apply(&c.lease, accept).await.unwrap();
+    }
+    // Worker "w" read the status of both jobs; the provider said "not before N s"; meanwhile "w"
+    // lost both leases (paused past them, say).
+    take_over(&db, &a.lease).await;
+    take_over(&db, &b.lease).await;
+    let read = |secs: u64| Step {
+        observation: Some(Observation {
+            remote_state: Some("running".into()),
+            ..Default::default()
+        }),
+        retry_after: Some(Duration::from_secs(secs)),
+        call: Some(CallRecord {
+            kind: CallKind::Status,
+            method: "GET".into(),
+            http_status: Some(200),
+            outcome: "running".into(),
+            ..accepted_create("http://127.0.0.1:1/v1/jobs/x")
+        }),
+        ..Default::default()
+    };
+    let not_before = |id| {
+        let store = store.clone();
+        async move {
+            let r = store.get(id).await.unwrap();
+            (r.poll_not_before.expect("kept") - chrono::Utc::now()).num_milliseconds()
+        }
+    };
+    let r = store.apply(&a.lease, read(30)).await;
+    assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
+    let left = not_before(a.lease.operation_id).await;
+    assert!((25_000..=30_000).contains(&left), "{left} ms");
+    assert_eq!(
+        store.get(a.lease.operation_id).await.unwrap().state,
+        State::Accepted
+    );
+    // A shorter one later never brings it forward.
+    let r = store.apply(&a.lease, read(1)).await;
+    assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
+    assert!(not_before(a.lease.operation_id).await > 25_000);
+    // The group-commit path keeps it too, beside a live write.
+    let results = store
+        .apply_many(vec![
+            (b.lease.clone(), read(20)),
+            (live.lease.clone(), read(2)),
+        ])
+        .await;
+    assert!(
+        matches!(results[0], Err(StoreError::LeaseLost { .. })),
+        "{:?}",
+        results[0]
+    );
+    results[1].as_ref().unwrap();
+    let left = not_before(b.lease.operation_id).await;
+    assert!((15_000..=20_000).contains(&left), "{left} ms");
+    assert!(store.verify_all().await.unwrap().is_clean());
+}
+
+#[tokio::test]
 async fn a_live_lease_is_not_claimable_and_extension_keeps_it() {
     let db = TestDb::new().await;
     let store = db.store().await;
