@@ -54,6 +54,9 @@ pub struct Policy {
     pub cancel_idempotent: bool,
     /// Read the created resource once after remote success.
     pub final_get: bool,
+    /// The contract says the job has no result (a DELETE, a POST answered without a body): the
+    /// provider's success is the outcome, and nothing is fetched.
+    pub no_result: bool,
 }
 
 impl Default for Policy {
@@ -67,6 +70,7 @@ impl Default for Policy {
             reconcile_interval: Duration::from_secs(2),
             cancel_idempotent: false,
             final_get: false,
+            no_result: false,
         }
     }
 }
@@ -152,6 +156,9 @@ pub enum Call {
     FetchResult {
         attempt: i32,
     },
+    /// Nothing to fetch by contract: record the empty result as the contract's rules judge it (no
+    /// call is made); then [`after_collect`].
+    NoResult,
     /// Read back and validate the result kept when create answered synchronously; then
     /// [`after_collect`].
     SyncResult {
@@ -325,6 +332,9 @@ pub fn next(op: &OperationRecord, policy: &Policy, own_epoch: i64, now: DateTime
                 return Action::Call(Call::FinalGet {
                     attempt: op.poll_count + 1,
                 });
+            }
+            if policy.no_result {
+                return Action::Call(Call::NoResult);
             }
             Action::Call(Call::FetchResult {
                 attempt: op.result_attempts + 1,

@@ -85,6 +85,9 @@ pub enum ResultFormat {
     Json,
     Csv,
     Bytes,
+    /// The job has no result (a DELETE, a POST answered without a body): the provider's success
+    /// is the outcome, recorded as an empty result, and nothing is fetched.
+    None,
 }
 
 // ---- raw TOML shape (strict) -------------------------------------------------------------------
@@ -750,6 +753,10 @@ impl Contract {
             reconcile_interval: self.reconcile.interval,
             cancel_idempotent: self.cancel.as_ref().is_some_and(|c| c.idempotent),
             final_get: self.status.final_get,
+            no_result: self
+                .result
+                .as_ref()
+                .is_some_and(|r| r.format == ResultFormat::None),
         }
     }
 
@@ -1327,6 +1334,16 @@ impl Validator<'_> {
             Some(rr) => Some(self.result(rr, status.result_url.is_some())?),
             None => None,
         };
+        if result
+            .as_ref()
+            .is_some_and(|r| r.format == ResultFormat::None)
+            && create.sync_result.is_some()
+        {
+            return Err(self.err(
+                "create.sync_result",
+                "no synchronous result when result.format = \"none\" (the job has no result)",
+            ));
+        }
 
         let rc = &r.reconcile;
         let reconcile = ReconcileSpec {
@@ -1557,7 +1574,51 @@ impl Validator<'_> {
         })
     }
 
+    /// `format = "none"`: nothing to fetch and nothing to check, so every key that would say where
+    /// a result is or what it must look like is a mistake, refused by name.
+    fn no_result(&self, r: RawResult, status_gives_url: bool) -> Result<ResultSpec, ContractError> {
+        let set = [
+            ("result.url", r.url.is_some()),
+            ("result.content_type", r.content_type.is_some()),
+            ("result.checksum_header", r.checksum_header.is_some()),
+            ("result.schema", r.schema.is_some()),
+            ("result.schema_file", r.schema_file.is_some()),
+            ("result.items", r.items.is_some()),
+            ("result.item_error", r.item_error.is_some()),
+            ("result.item_ref", r.item_ref.is_some()),
+            ("result.csv_status_column", r.csv_status_column.is_some()),
+            ("result.csv_error_values", !r.csv_error_values.is_empty()),
+            ("result.expected_count", r.expected_count.is_some()),
+            ("result.max_failed_items", r.max_failed_items.is_some()),
+            ("status.result_url", status_gives_url),
+        ];
+        if let Some((key, _)) = set.iter().find(|(_, is_set)| *is_set) {
+            return Err(self.err(
+                key,
+                "nothing: result.format = \"none\" says the job has no result",
+            ));
+        }
+        Ok(ResultSpec {
+            url: None,
+            content_type: None,
+            max_bytes: r.max_bytes,
+            format: ResultFormat::None,
+            checksum_header: None,
+            schema: None,
+            items: None,
+            item_error: None,
+            item_ref: None,
+            csv_status_column: None,
+            csv_error_values: Vec::new(),
+            expected_count: None,
+            max_failed_items: None,
+        })
+    }
+
     fn result(&self, r: RawResult, status_gives_url: bool) -> Result<ResultSpec, ContractError> {
+        if r.format == ResultFormat::None {
+            return self.no_result(r, status_gives_url);
+        }
         let url = r
             .url
             .as_deref()

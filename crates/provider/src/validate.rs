@@ -7,6 +7,9 @@ use sha2::{Digest, Sha256};
 
 /// Check `fetched` against `spec`, with the facts the status read gave (`hints`).
 pub fn check(spec: &ResultSpec, fetched: &FetchedResult, hints: &ResultHints) -> Checked {
+    if spec.format == ResultFormat::None {
+        return no_result(fetched);
+    }
     let mut checks = Vec::new();
     let mut violations = Vec::new();
 
@@ -67,13 +70,34 @@ pub fn check(spec: &ResultSpec, fetched: &FetchedResult, hints: &ResultHints) ->
             &mut violations,
             &mut summary,
         ),
-        ResultFormat::Bytes => {}
+        ResultFormat::Bytes | ResultFormat::None => {}
     }
 
     if violations.is_empty() {
         Checked::Valid { checks, summary }
     } else {
         Checked::Invalid { violations }
+    }
+}
+
+/// A contract whose jobs have no result: the provider's success is the outcome, recorded as an
+/// empty result that says so. Bytes where none may be are not quietly dropped.
+fn no_result(fetched: &FetchedResult) -> Checked {
+    if !fetched.bytes.is_empty() {
+        return Checked::Invalid {
+            violations: vec![format!(
+                "{} bytes where the contract says the job has no result",
+                fetched.bytes.len()
+            )],
+        };
+    }
+    Checked::Valid {
+        checks: vec!["no result by contract (result.format = \"none\")".into()],
+        summary: serde_json::json!({
+            "bytes": 0,
+            "sha256": hex::encode(Sha256::digest(b"")),
+            "result": "none by contract",
+        }),
     }
 }
 

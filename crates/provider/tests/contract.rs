@@ -295,3 +295,62 @@ fn limits_are_checked_and_defaulted() {
         assert!(err.contains("test.toml"), "{text}: {err}");
     }
 }
+
+/// `sim.toml` turned into a contract whose jobs have no result.
+fn no_result_text() -> String {
+    let base = sim_text();
+    let start = base.find("[result]\n").unwrap();
+    let end = base.find("[reconcile]").unwrap();
+    format!(
+        "{}[result]\nformat = \"none\"\n\n{}",
+        &base[..start],
+        &base[end..]
+    )
+    .replace("result_url = \"/result_url\"\n", "")
+    .replace("sync_result = \"body:/result\"\n", "")
+}
+
+#[test]
+fn a_job_without_a_result_is_said_so_and_every_result_key_beside_it_is_refused() {
+    let c = parse(&no_result_text()).unwrap();
+    assert!(c.policy().no_result);
+    assert!(!parse(&sim_text()).unwrap().policy().no_result);
+    let cases = [
+        (
+            "format = \"none\"",
+            "format = \"none\"\nurl = \"/r/{job_id}\"",
+            "result.url",
+        ),
+        (
+            "format = \"none\"",
+            "format = \"none\"\ncontent_type = \"application/json\"",
+            "result.content_type",
+        ),
+        (
+            "format = \"none\"",
+            "format = \"none\"\nitems = \"/items\"",
+            "result.items",
+        ),
+        (
+            "format = \"none\"",
+            "format = \"none\"\nschema_file = \"schemas/sim-result.json\"",
+            "result.schema_file",
+        ),
+        (
+            "state = \"/state\"",
+            "state = \"/state\"\nresult_url = \"/result_url\"",
+            "status.result_url",
+        ),
+        (
+            "job_id = \"body:/job_id\"",
+            "job_id = \"body:/job_id\"\nsync_result = \"body:/result\"",
+            "create.sync_result",
+        ),
+    ];
+    for (from, to, key) in cases {
+        let text = no_result_text().replacen(from, to, 1);
+        assert_ne!(text, no_result_text(), "{from}");
+        let e = parse(&text).unwrap_err();
+        assert!(e.contains(key) && e.contains("none"), "{key}: {e}");
+    }
+}

@@ -336,7 +336,7 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
     // A cross-checked resend is two calls under one lease.
     let calls = match call {
         Call::Lookup { .. } => 2,
-        Call::SyncResult { .. } => 0,
+        Call::SyncResult { .. } | Call::NoResult => 0,
         _ => 1,
     };
     if calls > 0
@@ -431,6 +431,15 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
                 Some((called.call, called.context)),
                 draw(),
             )
+        }
+        Call::NoResult => {
+            let nothing = FetchedResult {
+                bytes: bytes::Bytes::new(),
+                content_type: None,
+                checksum: None,
+            };
+            let collected = ctx.collected(op, nothing).await;
+            decide::after_collect(op, &policy, collected, None, draw())
         }
         Call::SyncResult {
             location,
