@@ -79,3 +79,235 @@ async fn a_job_without_a_result_succeeds_by_contract_and_nothing_is_fetched() {
     assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
     env.stop_workers().await;
 }
+
+/// A Google AIP-151 API: create answers an `Operation` whose `name` (`operations/…`) is a path,
+/// `done` is left out while false, and the outcome is `response` or `error` (code 1: cancelled).
+const AIP: &str = r#"
+name = "aip"
+base_url = "http://127.0.0.1:1"
+[timeouts]
+connect_ms = 1000
+request_ms = 2000
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/v1/jobs"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+job_id = "body:/name"
+[status]
+url = "/v1/{job_id_path}"
+state = ["/error/code", "/done"]
+state_absent = "false"
+error = "/error"
+progress = "/metadata/progress"
+[status.states]
+running = ["false"]
+succeeded = ["true"]
+cancelled = ["1"]
+failed = ["2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"]
+[polling]
+initial_ms = 100
+cap_ms = 400
+[deadlines]
+create_ms = 30000
+result_ms = 60000
+[cancel]
+path = "/v1/{job_id_path}:cancel"
+idempotent = true
+window_ms = 10000
+[result]
+format = "none"
+[reconcile]
+method = "resend"
+"#;
+
+/// Azure's `Location` polling: the monitor's status code is the state, and a 202 may move it.
+const LOCATION: &str = r#"
+name = "azure-location"
+base_url = "http://127.0.0.1:1"
+[timeouts]
+connect_ms = 1000
+request_ms = 2000
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/v1/jobs"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+job_id = "body:/job_id"
+[status]
+url = "/v1/jobs/{job_id}"
+follow = ["header:Location"]
+error = "/error"
+[status.codes]
+running = [202]
+succeeded = [200, 201, 204]
+failed = [400]
+[polling]
+initial_ms = 100
+cap_ms = 400
+[deadlines]
+create_ms = 30000
+result_ms = 60000
+[result]
+url = "/v1/jobs/{job_id}/result"
+content_type = "application/json"
+format = "json"
+items = "/items"
+[reconcile]
+method = "resend"
+"#;
+
+async fn protocols_env() -> Env {
+    Env::with_contract_files(&[], &[("aip.toml", AIP), ("azure-location.toml", LOCATION)]).await
+}
+
+fn script(protocol: &str, more: serde_json::Value) -> serde_json::Value {
+    let mut s = serde_json::json!({"protocol": protocol, "duration_ms": 400});
+    for (k, v) in more.as_object().unwrap() {
+        s[k] = v.clone();
+    }
+    s
+}
+
+/// AIP-151: success (`done: true` with `response`), failure (`error` with code 13: the job failed,
+/// its error kept), and a cancel sent to `…:cancel` confirmed by `error.code = 1`. The job's name is
+/// a path (`operations/job_N`), used as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn google_aip_151_operations_succeed_fail_and_cancel() {
+    let mut env = protocols_env().await;
+    let ok = env
+        .submit("aip", script("aip", serde_json::json!({})), |_| {})
+        .await;
+    let bad = env
+        .submit(
+            "aip",
+            script("aip", serde_json::json!({"outcome": "failed"})),
+            |_| {},
+        )
+        .await;
+    let stop = env
+        .submit(
+            "aip",
+            script("aip", serde_json::json!({"never_finish": true})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let ok = env.wait_settled(ok.id, T).await;
+    assert_eq!(ok.state, State::Succeeded, "{ok:?}");
+    let name = ok.remote_job_id.clone().unwrap();
+    assert!(name.starts_with("operations/"), "{name}");
+    let job = name.trim_start_matches("operations/");
+    let paths = env.sim.ledger().jobs[job].status_paths.clone();
+    assert!(paths.contains(&format!("/v1/{name}")), "{paths:?}");
+
+    let bad = env.wait_settled(bad.id, T).await;
+    assert_eq!(bad.state, State::Failed, "{bad:?}");
+    let history = env.store.history(bad.id).await.unwrap();
+    let failed = history.iter().find(|h| h.to_state == "failed").unwrap();
+    let text = format!("{} {}", failed.cause, failed.detail);
+    assert!(
+        text.contains("simulated failure"),
+        "the provider's error is kept: {text}"
+    );
+
+    env.wait_state(stop.id, State::Observing, T).await;
+    env.store
+        .request_cancel(
+            stop.id,
+            jobtrail_core::CancelRequest::new("alice", "not needed").unwrap(),
+        )
+        .await
+        .unwrap();
+    let stop = env.wait_settled(stop.id, T).await;
+    assert_eq!(stop.state, State::Cancelled, "{stop:?}");
+    let job = stop.remote_job_id.clone().unwrap();
+    let job = job.trim_start_matches("operations/");
+    assert_eq!(env.sim.ledger().jobs[job].cancel_requests, 1);
+    let calls = env.store.calls(stop.id).await.unwrap();
+    let cancel = calls.iter().find(|c| c.kind == "cancel").unwrap();
+    assert!(
+        cancel
+            .url
+            .ends_with(&format!("/v1/operations/{job}:cancel")),
+        "{}",
+        cancel.url
+    );
+    for id in [ok.id, bad.id, stop.id] {
+        assert!(env.store.verify_operation(id).await.unwrap().is_clean());
+    }
+    env.stop_workers().await;
+}
+
+/// Azure `Location` polling: 202 is "running" (a new `Location` on a 202 is followed), 200 is
+/// done and the result is collected; 400 from the monitor is the job's failure, not a read to
+/// retry until a person is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_location_polling_reads_the_status_code_and_follows_a_moving_location() {
+    let mut env = protocols_env().await;
+    let ok = env
+        .submit(
+            "azure-location",
+            script(
+                "location",
+                serde_json::json!({"moving_status_url": true, "duration_ms": 700}),
+            ),
+            |_| {},
+        )
+        .await;
+    let bad = env
+        .submit(
+            "azure-location",
+            script("location", serde_json::json!({"outcome": "failed"})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let ok = env.wait_settled(ok.id, T).await;
+    assert_eq!(ok.state, State::Succeeded, "{ok:?}");
+    let job = ok.remote_job_id.clone().unwrap();
+    let paths = env.sim.ledger().jobs[&job].status_paths.clone();
+    assert!(
+        paths.contains(&format!("/v1/monitors/{job}/0")),
+        "{paths:?}"
+    );
+    assert!(
+        paths
+            .iter()
+            .filter(|p| p.starts_with("/v1/monitors/"))
+            .count()
+            >= 2,
+        "each new Location was followed: {paths:?}"
+    );
+    assert!(
+        !paths.contains(&format!("/v1/jobs/{job}")),
+        "never the template once a Location was given: {paths:?}"
+    );
+    let calls = env.store.calls(ok.id).await.unwrap();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.kind == "result" && c.http_status == Some(200))
+    );
+
+    let bad = env.wait_settled(bad.id, T).await;
+    assert_eq!(bad.state, State::Failed, "{bad:?}");
+    let statuses = env
+        .store
+        .calls(bad.id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind == "status" && c.http_status == Some(400))
+        .count();
+    assert_eq!(statuses, 1, "one 400 from the monitor ends it");
+    env.stop_workers().await;
+}

@@ -92,6 +92,12 @@ impl Env {
     /// An environment whose contracts (for in-process workers and for servers started with
     /// [`Env::providers`]) are the shipped ones with text replaced: `(file, from, to)`.
     pub async fn with_edited_contracts(edits: &[(&str, &str, &str)]) -> Self {
+        Self::with_contract_files(edits, &[]).await
+    }
+
+    /// The shipped contracts with `edits` (as [`Env::with_edited_contracts`]), and more contract
+    /// files beside them: `(file name, text)`.
+    pub async fn with_contract_files(edits: &[(&str, &str, &str)], extra: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "jobtrail-providers-{}",
             uuid::Uuid::now_v7().simple()
@@ -116,6 +122,9 @@ impl Env {
                 }
             }
             std::fs::write(dir.join(&name), text).unwrap();
+        }
+        for (name, text) in extra {
+            std::fs::write(dir.join(name), text).unwrap();
         }
         let db = TestDb::new().await;
         let url = db.url.clone();

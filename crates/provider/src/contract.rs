@@ -245,7 +245,10 @@ struct RawStatus {
     url: String,
     #[serde(default)]
     follow: Option<Vec<String>>,
-    state: String,
+    #[serde(default)]
+    state: Option<OneOrMany>,
+    #[serde(default)]
+    state_absent: Option<String>,
     #[serde(default)]
     updated_at: Option<String>,
     #[serde(default)]
@@ -260,20 +263,68 @@ struct RawStatus {
     error: Option<String>,
     #[serde(default)]
     final_get: bool,
-    states: RawStates,
+    #[serde(default)]
+    states: RawStates<String>,
+    #[serde(default)]
+    codes: RawStates<u16>,
 }
 
+/// One JSON pointer, or several (the first one present in the body wins).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// What says each phase: provider state names (`[status.states]`) or HTTP status codes of the
+/// status response (`[status.codes]`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawStates {
+struct RawStates<T> {
     #[serde(default)]
-    queued: Vec<String>,
+    queued: Vec<T>,
     #[serde(default)]
-    running: Vec<String>,
-    succeeded: Vec<String>,
-    failed: Vec<String>,
+    running: Vec<T>,
     #[serde(default)]
-    cancelled: Vec<String>,
+    succeeded: Vec<T>,
+    #[serde(default)]
+    failed: Vec<T>,
+    #[serde(default)]
+    cancelled: Vec<T>,
+}
+
+impl<T> Default for RawStates<T> {
+    fn default() -> Self {
+        Self {
+            queued: Vec::new(),
+            running: Vec::new(),
+            succeeded: Vec::new(),
+            failed: Vec::new(),
+            cancelled: Vec::new(),
+        }
+    }
+}
+
+impl<T> RawStates<T> {
+    /// Each phase with its values and its key under `table`.
+    fn by_phase(&self, table: &str) -> [(Phase, &Vec<T>, String); 5] {
+        [
+            (Phase::Queued, &self.queued, format!("{table}.queued")),
+            (Phase::Running, &self.running, format!("{table}.running")),
+            (
+                Phase::Succeeded,
+                &self.succeeded,
+                format!("{table}.succeeded"),
+            ),
+            (Phase::Failed, &self.failed, format!("{table}.failed")),
+            (
+                Phase::Cancelled,
+                &self.cancelled,
+                format!("{table}.cancelled"),
+            ),
+        ]
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -543,7 +594,14 @@ pub struct StatusSpec {
     pub url: String,
     /// Where the provider may give (or change) the status URL, highest precedence first.
     pub follow: Vec<Locator>,
-    pub state: String,
+    /// JSON pointers to the provider's state, the first present wins (a value that is not a
+    /// string is read as its JSON text: `true`, `3`).
+    pub state: Vec<String>,
+    /// The state when none of the pointers is present (Google's `done` is left out while false).
+    pub state_absent: Option<String>,
+    /// Status codes of the status response that are the state by themselves (Azure's `Location`
+    /// polling: 202 running, 200/201/204 done); read before any rule and before the body.
+    pub codes: BTreeMap<u16, Phase>,
     pub updated_at: Option<String>,
     pub progress: Option<String>,
     pub result_url: Option<String>,
@@ -908,6 +966,7 @@ impl Validator<'_> {
     fn template(&self, key: &str, t: &str) -> Result<String, ContractError> {
         let known = [
             "{job_id}",
+            "{job_id_path}",
             "{operation_id}",
             "{target}",
             "{client_reference}",
@@ -1156,38 +1215,58 @@ impl Validator<'_> {
 
         let s = &r.status;
         let mut states = BTreeMap::new();
-        for (phase, names, key) in [
-            (Phase::Queued, &s.states.queued, "status.states.queued"),
-            (Phase::Running, &s.states.running, "status.states.running"),
-            (
-                Phase::Succeeded,
-                &s.states.succeeded,
-                "status.states.succeeded",
-            ),
-            (Phase::Failed, &s.states.failed, "status.states.failed"),
-            (
-                Phase::Cancelled,
-                &s.states.cancelled,
-                "status.states.cancelled",
-            ),
-        ] {
+        for (phase, names, key) in s.states.by_phase("status.states") {
             for n in names {
                 if n.is_empty() {
-                    return Err(self.err(key, "non-empty state names"));
+                    return Err(self.err(&key, "non-empty state names"));
                 }
                 if let Some(prev) = states.insert(n.clone(), phase) {
                     return Err(self.err(
-                        key,
+                        &key,
                         format!("each state name in one phase only; {n:?} is also {prev:?}"),
                     ));
                 }
             }
         }
-        if s.states.succeeded.is_empty() || s.states.failed.is_empty() {
+        let mut codes = BTreeMap::new();
+        for (phase, list, key) in s.codes.by_phase("status.codes") {
+            for c in list {
+                if !(100..=599).contains(c) {
+                    return Err(self.err(&key, format!("HTTP status codes 100-599, got {c}")));
+                }
+                if let Some(prev) = codes.insert(*c, phase) {
+                    return Err(self.err(
+                        &key,
+                        format!("each status code in one phase only; {c} is also {prev:?}"),
+                    ));
+                }
+            }
+        }
+        let says = |p: Phase| states.values().any(|x| *x == p) || codes.values().any(|x| *x == p);
+        if !says(Phase::Succeeded) || !says(Phase::Failed) {
             return Err(self.err(
                 "status.states",
-                "at least one succeeded and one failed state name",
+                "at least one succeeded and one failed state name (or status.codes)",
             ));
+        }
+        let state: Vec<String> = match &s.state {
+            None => Vec::new(),
+            Some(OneOrMany::One(p)) => vec![p.clone()],
+            Some(OneOrMany::Many(ps)) => ps.clone(),
+        };
+        for p in &state {
+            if self.pointer("status.state", &Some(p.clone()))?.is_none() {
+                return Err(self.err("status.state", "a JSON pointer"));
+            }
+        }
+        if state.is_empty() && (codes.is_empty() || !states.is_empty()) {
+            return Err(self.err(
+                "status.state",
+                "a JSON pointer (or a list of them) to the provider's state; only status.codes alone can do without",
+            ));
+        }
+        if s.state_absent.is_some() && state.is_empty() {
+            return Err(self.err("status.state_absent", "status.state beside it"));
         }
         let follow = match &s.follow {
             Some(list) => list
@@ -1209,9 +1288,9 @@ impl Validator<'_> {
         let status = StatusSpec {
             url: self.template("status.url", &s.url)?,
             follow,
-            state: self
-                .pointer("status.state", &Some(s.state.clone()))?
-                .unwrap_or_default(),
+            state,
+            state_absent: s.state_absent.clone(),
+            codes,
             updated_at: self.pointer("status.updated_at", &s.updated_at)?,
             progress: self.pointer("status.progress", &s.progress)?,
             result_url: self.pointer("status.result_url", &s.result_url)?,

@@ -4,6 +4,7 @@ use crate::contract::{Access, CallName, Contract, Locator, Meaning, TokenPlaceme
 use crate::outcome::*;
 use crate::wire::{self, Exchange, Outgoing, WireError};
 use crate::{CallCtx, Provider, ProviderFuture};
+use jobtrail_core::outcome::Phase;
 use jobtrail_core::{CallKind, OperationRecord};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use std::sync::Arc;
@@ -13,6 +14,39 @@ const PATH_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'.')
     .remove(b'~');
+
+/// A job id that is a resource name (Google's `operations/123`) as path segments, each encoded.
+/// An empty, `.` or `..` segment (even percent-encoded, URL parsers read `%2E` as a dot) could move
+/// the request elsewhere: such an id is sent as one encoded segment instead, which stays in place.
+fn job_path(job: &str) -> String {
+    let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
+    let segments: Vec<&str> = job.split('/').collect();
+    if segments.iter().any(|s| {
+        let decoded = percent_encoding::percent_decode_str(s).decode_utf8_lossy();
+        decoded.is_empty() || decoded == "." || decoded == ".."
+    }) {
+        return enc(job);
+    }
+    segments
+        .iter()
+        .map(|s| enc(s))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary (a provider's error text is kept, not
+/// its every megabyte).
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
 
 /// What one exchange says, whatever the call (see `HttpProvider::verdict`).
 #[derive(Debug, Clone, PartialEq)]
@@ -95,8 +129,10 @@ impl HttpProvider {
 
     fn fill(&self, template: &str, op: &OperationRecord) -> String {
         let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
+        let job = op.remote_job_id.as_deref().unwrap_or("");
         template
-            .replace("{job_id}", &enc(op.remote_job_id.as_deref().unwrap_or("")))
+            .replace("{job_id_path}", &job_path(job))
+            .replace("{job_id}", &enc(job))
             .replace("{operation_id}", &enc(&op.id.to_string()))
             .replace("{client_reference}", &enc(&op.id.to_string()))
             .replace("{target}", &enc(&op.target))
@@ -683,7 +719,16 @@ impl HttpProvider {
                 None,
             )
         };
-        let (outcome, d, hints) = match self.verdict(CallName::Status, &ex) {
+        // A status code the contract maps is the state by itself, before any rule and whatever the
+        // body (Azure's Location polling; a 204 has none).
+        let by_code = match (&ex.error, ex.status, resource) {
+            (None, Some(c), false) => spec.codes.get(&c).copied(),
+            _ => None,
+        };
+        let (outcome, d, hints) = match by_code
+            .map(|_| Verdict::Success)
+            .unwrap_or_else(|| self.verdict(CallName::Status, &ex))
+        {
             Verdict::Wire(WireError::Origin) => (
                 StatusOutcome::Refused {
                     url: ex.record.url.clone(),
@@ -709,42 +754,60 @@ impl HttpProvider {
                 format!("rejected: {reason}"),
                 None,
             ),
-            Verdict::Success | Verdict::AlreadyExists => match self.observed(op, &ex, resource) {
-                Ok(s) => {
-                    let d = match s.phase {
-                        Some(p) => format!("observed {} ({p:?})", s.remote_state),
-                        None => format!("observed unknown state {:?}", s.remote_state),
-                    };
-                    let hints = s.hints.clone();
-                    (StatusOutcome::Observed(s), d, Some(hints))
+            Verdict::Success | Verdict::AlreadyExists => {
+                match self.observed(op, &ex, resource, by_code) {
+                    Ok(s) => {
+                        let d = match s.phase {
+                            Some(p) => format!("observed {} ({p:?})", s.remote_state),
+                            None => format!("observed unknown state {:?}", s.remote_state),
+                        };
+                        let hints = s.hints.clone();
+                        (StatusOutcome::Observed(s), d, Some(hints))
+                    }
+                    Err(class) => failed(class),
                 }
-                Err(class) => failed(class),
-            },
+            }
         };
         let ctx = self.context_after(op, &ex, hints.as_ref());
         Self::finish(ex, outcome, d, ctx)
     }
 
-    /// Read a status body. `Err` holds the error class of a body that cannot be read.
+    /// Read a status response. `by_code`: the phase its status code says (the body then need not
+    /// be JSON, nor carry a state). `Err` holds the error class of a body that cannot be read.
     fn observed(
         &self,
         op: &OperationRecord,
         ex: &Exchange,
         resource: bool,
+        by_code: Option<Phase>,
     ) -> Result<RemoteStatus, String> {
         let spec = &self.contract.status;
-        let json: serde_json::Value =
-            serde_json::from_slice(&ex.body).map_err(|_| "malformed_json".to_owned())?;
-        let state_here = json
-            .pointer(&spec.state)
-            .and_then(|v| v.as_str())
-            .map(str::to_owned);
-        // The created resource after success may not say a state: success is already known.
-        let remote_state = match (state_here, resource) {
-            (None, true) => op.remote_state.clone(),
-            (s, _) => s,
-        }
-        .ok_or_else(|| "missing_state".to_owned())?;
+        let parsed = serde_json::from_slice::<serde_json::Value>(&ex.body);
+        let (json, remote_state, phase) = match by_code {
+            Some(phase) => (
+                parsed.unwrap_or(serde_json::Value::Null),
+                format!("HTTP {}", ex.status.unwrap_or_default()),
+                Some(phase),
+            ),
+            None => {
+                let json = parsed.map_err(|_| "malformed_json".to_owned())?;
+                // The first pointer present wins; `true` or `3` are read as their JSON text.
+                let state_here = spec
+                    .state
+                    .iter()
+                    .find_map(|p| json.pointer(p).filter(|v| !v.is_null()))
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned));
+                // The created resource after success may not say a state: success is already
+                // known. Otherwise a body without one is in the contract's absent state, if any.
+                let remote_state = match (state_here, resource) {
+                    (Some(s), _) => s,
+                    (None, true) => op.remote_state.clone().ok_or("missing_state")?,
+                    (None, false) => spec.state_absent.clone().ok_or("missing_state")?,
+                };
+                let phase = spec.phase(&remote_state);
+                (json, remote_state, phase)
+            }
+        };
         let get_str = |p: &Option<String>| {
             p.as_ref()
                 .and_then(|p| json.pointer(p))
@@ -771,7 +834,7 @@ impl HttpProvider {
             hints.expected_count = Some(n);
         }
         Ok(RemoteStatus {
-            phase: spec.phase(&remote_state),
+            phase,
             updated_at: spec
                 .updated_at
                 .as_ref()
@@ -786,7 +849,16 @@ impl HttpProvider {
                 .as_ref()
                 .and_then(|p| json.pointer(p))
                 .cloned(),
-            error: get_str(&spec.error),
+            // An error object (Google's google.rpc.Status, Azure's error) is kept as its JSON text.
+            error: spec
+                .error
+                .as_ref()
+                .and_then(|p| json.pointer(p))
+                .filter(|v| !v.is_null())
+                .map(|v| {
+                    let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                    truncate(text, 2048)
+                }),
             status_url: self.status_url_in(ex, Some(&json)),
             retry_after: wire::retry_after(&ex.headers),
             hints,
@@ -1134,5 +1206,30 @@ impl Provider for HttpProvider {
         at: CallCtx,
     ) -> ProviderFuture<'a, LookupOutcome> {
         Box::pin(self.do_lookup(op, at))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{job_path, truncate};
+
+    #[test]
+    fn a_job_name_is_a_path_only_when_no_segment_could_move_it() {
+        assert_eq!(job_path("operations/job_1"), "operations/job_1");
+        assert_eq!(job_path("operations/a b?c#d"), "operations/a%20b%3Fc%23d");
+        for hostile in ["operations/../admin", "operations//x", "./x", "a/..", "", "a/%2E%2E/b"] {
+            let p = job_path(hostile);
+            assert!(!p.contains('/'), "{hostile:?} became {p:?}");
+            let u = url::Url::parse(&format!("http://h/v1/{p}")).unwrap();
+            assert!(u.path().starts_with("/v1/"), "{hostile:?} moved to {}", u.path());
+            assert_eq!(u.path().matches('/').count(), 2, "{hostile:?}: {}", u.path());
+        }
+    }
+
+    #[test]
+    fn long_error_texts_are_cut_at_a_character_boundary() {
+        assert_eq!(truncate("short".into(), 10), "short");
+        let cut = truncate("é".repeat(10), 5);
+        assert_eq!(cut, "éé…");
     }
 }

@@ -354,3 +354,63 @@ fn a_job_without_a_result_is_said_so_and_every_result_key_beside_it_is_refused()
         assert!(e.contains(key) && e.contains("none"), "{key}: {e}");
     }
 }
+
+#[test]
+fn the_state_may_come_from_several_pointers_or_from_the_status_code() {
+    let base = sim_text();
+    // Several pointers, an absent state, and codes beside names all load.
+    let c = parse(&base.replacen(
+        "state = \"/state\"",
+        "state = [\"/error/code\", \"/state\"]\nstate_absent = \"queued\"",
+        1,
+    ))
+    .unwrap();
+    assert_eq!(c.status.state, ["/error/code", "/state"]);
+    assert_eq!(c.status.state_absent.as_deref(), Some("queued"));
+    let codes_only = base
+        .replacen("state = \"/state\"\n", "", 1)
+        .replacen(
+            "[status.states]",
+            "[status.codes]\nrunning = [202]\nsucceeded = [200, 204]\nfailed = [400]\n\n[status.unused]",
+            1,
+        );
+    let codes_only = {
+        // Drop the names table (renamed above) and its lines.
+        let start = codes_only.find("[status.unused]").unwrap();
+        let end = start + codes_only[start..].find("\n\n").unwrap();
+        format!("{}{}", &codes_only[..start], &codes_only[end..])
+    };
+    let c = parse(&codes_only).unwrap();
+    assert!(c.status.state.is_empty());
+    assert_eq!(c.status.codes.len(), 4);
+
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "[status.codes]\nrunning = [202]",
+            "[status.codes]\nrunning = [42]",
+            "status.codes.running",
+        ),
+        (
+            "succeeded = [200, 204]",
+            "succeeded = [200, 202]",
+            "status.codes.succeeded",
+        ),
+        ("failed = [400]", "failed = []", "status.states"),
+    ];
+    for (from, to, key) in cases {
+        let text = codes_only.replacen(from, to, 1);
+        assert_ne!(text, codes_only, "{from}");
+        let e = parse(&text).unwrap_err();
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e =
+        parse(&codes_only.replacen("[status.codes]", "state_absent = \"x\"\n[status.codes]", 1))
+            .unwrap_err();
+    assert!(e.contains("status.state_absent"), "{e}");
+    // Names without any pointer to read them from.
+    let e = parse(&base.replacen("state = \"/state\"\n", "", 1)).unwrap_err();
+    assert!(e.contains("status.state"), "{e}");
+    let e = parse(&base.replacen("state = \"/state\"", "state = [\"/state\", \"nope\"]", 1))
+        .unwrap_err();
+    assert!(e.contains("status.state"), "{e}");
+}

@@ -20,7 +20,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use script::{CancelAct, CreateAct, Format, Outcome, Progress, ResultAct, Script, StatusFault};
+use script::{
+    CancelAct, CreateAct, Format, Outcome, Progress, Protocol, ResultAct, Script, StatusFault,
+};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -218,6 +220,8 @@ impl Sim {
             .route("/v1/jobs", post(create).get(lookup))
             .route("/v1/jobs/{id}", get(status))
             .route("/v1/operations/{id}/{n}", get(status_moved))
+            .route("/v1/operations/{id}", get(status).post(aip_cancel))
+            .route("/v1/monitors/{id}/{n}", get(status_moved))
             .route("/v1/jobs/{id}/cancel", post(cancel))
             .route("/v1/jobs/{id}/result", get(result))
             .route("/_sim/ledger", get(ledger))
@@ -542,14 +546,30 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         .status_url_elsewhere
         .clone()
         .unwrap_or_else(|| format!("/v1/jobs/{named}"));
-    let mut r = json_response(
-        StatusCode::ACCEPTED,
-        serde_json::json!({"job_id": named, "state": "queued", "status_url": status_url}),
-    );
+    let (mut r, location) = match script.protocol {
+        Protocol::Native => (
+            json_response(
+                StatusCode::ACCEPTED,
+                serde_json::json!({"job_id": named, "state": "queued", "status_url": status_url}),
+            ),
+            status_url,
+        ),
+        Protocol::Aip => (
+            json_response(
+                StatusCode::OK,
+                serde_json::json!({"name": format!("operations/{named}"), "metadata": {"progress": 0}}),
+            ),
+            format!("/v1/operations/{named}"),
+        ),
+        Protocol::Location => (
+            json_response(StatusCode::ACCEPTED, serde_json::json!({"job_id": named})),
+            format!("/v1/monitors/{named}/0"),
+        ),
+    };
     let h = r.headers_mut();
     h.insert(
         header::LOCATION,
-        HeaderValue::from_str(&status_url).expect("ascii"),
+        HeaderValue::from_str(&location).expect("ascii"),
     );
     h.insert(
         "x-request-id",
@@ -578,6 +598,72 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         h.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     r
+}
+
+/// A Google AIP-151 `Operation` for a job in `state`: `done` left out while it runs (as proto3's
+/// JSON mapping does), `response` when it succeeded, `error` (google.rpc.Status) when it failed or
+/// was cancelled (code 1, CANCELLED).
+fn aip_operation(id: &str, state: &str, done: u64, script: &Script) -> serde_json::Value {
+    let mut op = serde_json::json!({
+        "name": format!("operations/{id}"),
+        "metadata": {"progress": done},
+    });
+    match state {
+        "succeeded" => {
+            let (doc, _) = result_doc(id, script);
+            op["done"] = true.into();
+            op["response"] = serde_json::from_slice(&doc).unwrap_or_default();
+        }
+        "failed" => {
+            op["done"] = true.into();
+            op["error"] =
+                serde_json::json!({"code": 13, "message": "the job failed: simulated failure"});
+        }
+        "cancelled" => {
+            op["done"] = true.into();
+            op["error"] = serde_json::json!({"code": 1, "message": "cancelled by the caller"});
+        }
+        _ => {}
+    }
+    op
+}
+
+/// Azure's `Location` polling: the status code is the state. 202 while the job runs (a new
+/// `Location` each time with `moving_status_url`), 200 with the job when it succeeded, 400 with an
+/// `error` object when it failed.
+fn location_monitor(id: &str, state: &str, n: u32, script: &Script) -> Response {
+    match state {
+        "succeeded" => json_response(
+            StatusCode::OK,
+            serde_json::json!({"job_id": id, "result_url": format!("/v1/jobs/{id}/result")}),
+        ),
+        "failed" | "cancelled" => json_response(
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"error": {"code": "JobFailed", "message": format!("the job {state}")}}),
+        ),
+        _ => {
+            let mut r = (StatusCode::ACCEPTED, "").into_response();
+            if script.moving_status_url {
+                r.headers_mut().insert(
+                    header::LOCATION,
+                    HeaderValue::from_str(&format!("/v1/monitors/{id}/{}", n + 1)).expect("ascii"),
+                );
+            }
+            r
+        }
+    }
+}
+
+/// `POST /v1/operations/{id}:cancel` (AIP-151); the path segment holds both.
+async fn aip_cancel(
+    State(sim): State<Sim>,
+    Path(segment): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match segment.strip_suffix(":cancel") {
+        Some(id) => cancel_inner(sim, id.to_owned(), headers, true).await,
+        None => error(StatusCode::NOT_FOUND, "no such method"),
+    }
 }
 
 /// Decrements the in-flight count when a status call ends, even if the client went away.
@@ -731,7 +817,13 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
     if job.script.moving_status_url {
         body["status_url"] = serde_json::json!(format!("/v1/operations/{id}/{}", n + 1));
     }
-    let mut r = json_response(StatusCode::OK, body);
+    let mut r = match job.script.protocol {
+        Protocol::Native => json_response(StatusCode::OK, body),
+        Protocol::Aip => {
+            json_response(StatusCode::OK, aip_operation(&id, state, done, &job.script))
+        }
+        Protocol::Location => location_monitor(&id, state, n, &job.script),
+    };
     r.headers_mut().insert(
         "x-request-id",
         HeaderValue::from_str(&format!("req_status_{id}_{n}")).expect("ascii"),
@@ -763,6 +855,11 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
 }
 
 async fn cancel(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    cancel_inner(sim, id, headers, false).await
+}
+
+/// A cancel request. `aip`: answer as AIP-151 does (200 with an empty object).
+async fn cancel_inner(sim: Sim, id: String, headers: HeaderMap, aip: bool) -> Response {
     count_request(&sim, &headers);
     if !sim.authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
@@ -784,10 +881,14 @@ async fn cancel(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
             job.forced_success = Some(now);
         }
     }
-    let mut r = json_response(
-        StatusCode::ACCEPTED,
-        serde_json::json!({"job_id": id, "state": "cancelling"}),
-    );
+    let mut r = if aip {
+        json_response(StatusCode::OK, serde_json::json!({}))
+    } else {
+        json_response(
+            StatusCode::ACCEPTED,
+            serde_json::json!({"job_id": id, "state": "cancelling"}),
+        )
+    };
     r.headers_mut().insert(
         "x-request-id",
         HeaderValue::from_str(&format!("req_cancel_{id}")).expect("ascii"),

@@ -111,10 +111,29 @@ pub enum Format {
     Csv,
 }
 
+/// Which long-running-operation protocol the job's provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// The simulator's own: a job id, `/v1/jobs/{id}` with a `state` string.
+    #[default]
+    Native,
+    /// Google AIP-151: create answers an `Operation` (`name` = `operations/{id}`, `done` left out
+    /// while false, `metadata`); `GET /v1/operations/{id}` answers it with `done: true` and
+    /// `response` or `error` (google.rpc.Status; code 1 when cancelled);
+    /// `POST /v1/operations/{id}:cancel`.
+    Aip,
+    /// Azure's `Location` polling: create answers 202 with `Location: /v1/monitors/{id}/0`; the
+    /// monitor answers 202 (with `Retry-After`, and a new `Location` when `moving_status_url`)
+    /// while the job runs, 200 when it succeeded, 400 with an `error` object when it failed.
+    Location,
+}
+
 /// The per-job script.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Script {
+    pub protocol: Protocol,
     pub create: Vec<CreateAct>,
     pub create_delay_ms: u64,
     pub retry_after_secs: u64,
@@ -183,6 +202,7 @@ impl Default for WebhookPlan {
 impl Default for Script {
     fn default() -> Self {
         Self {
+            protocol: Protocol::Native,
             create: Vec::new(),
             create_delay_ms: 5_000,
             retry_after_secs: 1,
