@@ -150,6 +150,70 @@ fn help_explains_exit_codes_and_shows_examples() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Examples"));
 }
 
+/// `contract check`: the effective contract with its profile expanded and the timings, exit 0; a
+/// broken contract names file and key, exit 2; a file that is not there or not TOML, exit 2. It
+/// needs no database.
+#[test]
+fn contract_check_expands_the_profile_and_names_the_problem() {
+    let check = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(["contract", "check"])
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    };
+    let example = support::providers_dir().join("examples/google-speech-longrunning.toml");
+    let out = check(&[example.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        code(&out),
+        0,
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "profile \"google-aip-151\" expanded",
+        "state_absent = \"false\"",
+        "within = \"/response\"",
+        "url = \"/operations/{job_id_path}\"",
+        "create_window: 120000 ms: holds",
+        "no problems",
+    ] {
+        assert!(text.contains(want), "{want:?} missing in:\n{text}");
+    }
+    let out = check(&["--json", example.to_str().unwrap()]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["effective"]["status"]["state_absent"], "false");
+    assert_eq!(doc["problems"].as_array().unwrap().len(), 0);
+
+    let dir = std::env::temp_dir().join(format!("jobtrail-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    let text = std::fs::read_to_string(&example)
+        .unwrap()
+        .replace("initial_ms = 5000", "initial_ms = 5000\nfactor = 99.0");
+    std::fs::write(&bad, text).unwrap();
+    let out = check(&[bad.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("polling.factor"),
+        "{err}"
+    );
+    std::fs::write(&bad, "protocol = \"soap\"\nname = \"x\"").unwrap();
+    let out = check(&[bad.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("protocol"));
+    std::fs::write(&bad, "name = ").unwrap();
+    assert_eq!(code(&check(&[bad.to_str().unwrap()])), 2);
+    assert_eq!(
+        code(&check(&[dir.join("absent.toml").to_str().unwrap()])),
+        2
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The README's first command, small: every scenario ends where it must, and the report says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {

@@ -80,57 +80,31 @@ async fn a_job_without_a_result_succeeds_by_contract_and_nothing_is_fetched() {
     env.stop_workers().await;
 }
 
-/// A Google AIP-151 API: create answers an `Operation` whose `name` (`operations/…`) is a path,
-/// `done` is left out while false, and the outcome is `response` or `error` (code 1: cancelled).
+/// A Google AIP-151 API in a dozen lines: the profile knows the `Operation` — its `name`
+/// (`operations/…`) is a path, `done` is left out while false, the outcome is `response` (the
+/// result) or `error` (code 1: cancelled).
 const AIP: &str = r#"
+protocol = "google-aip-151"
 name = "aip"
-base_url = "http://127.0.0.1:1"
-[timeouts]
-connect_ms = 1000
-request_ms = 2000
+base_url = "http://127.0.0.1:1/v1"
 [auth]
 header = "Authorization"
 scheme = "Bearer"
 secret = "env:JOBTRAIL_SIM_TOKEN"
 [create]
-path = "/v1/jobs"
+path = "/jobs"
 idempotency = "header"
 idempotency_header = "Idempotency-Key"
-job_id = "body:/name"
-[status]
-url = "/v1/{job_id_path}"
-state = ["/error/code", "/done"]
-state_absent = "false"
-error = "/error"
-progress = "/metadata/progress"
-[status.states]
-running = ["false"]
-succeeded = ["true"]
-cancelled = ["1"]
-failed = ["2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"]
-[polling]
-initial_ms = 100
-cap_ms = 400
-[deadlines]
-create_ms = 30000
-result_ms = 60000
-[cancel]
-path = "/v1/{job_id_path}:cancel"
-idempotent = true
-window_ms = 10000
 [result]
-format = "none"
-[reconcile]
-method = "resend"
+items = "/items"
 "#;
 
-/// Azure's `Location` polling: the monitor's status code is the state, and a 202 may move it.
+/// Azure's `Location` polling from its profile: the monitor's status code is the state, and a 202
+/// may move it.
 const LOCATION: &str = r#"
+protocol = "azure-location"
 name = "azure-location"
 base_url = "http://127.0.0.1:1"
-[timeouts]
-connect_ms = 1000
-request_ms = 2000
 [auth]
 header = "Authorization"
 scheme = "Bearer"
@@ -142,29 +116,67 @@ idempotency_header = "Idempotency-Key"
 job_id = "body:/job_id"
 [status]
 url = "/v1/jobs/{job_id}"
-follow = ["header:Location"]
-error = "/error"
-[status.codes]
-running = [202]
-succeeded = [200, 201, 204]
-failed = [400]
-[polling]
-initial_ms = 100
-cap_ms = 400
-[deadlines]
-create_ms = 30000
-result_ms = 60000
 [result]
 url = "/v1/jobs/{job_id}/result"
 content_type = "application/json"
-format = "json"
 items = "/items"
-[reconcile]
-method = "resend"
+"#;
+
+/// Azure's status monitor from its profile: `Operation-Location` (or `Azure-AsyncOperation`), a
+/// `status` in any case, the result in the monitor's final body.
+const AZURE: &str = r#"
+protocol = "azure-lro"
+name = "azure-lro"
+base_url = "http://127.0.0.1:1"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/v1/jobs"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+job_id = "body:/job_id"
+[status]
+url = "/v1/jobs/{job_id}"
+[cancel]
+path = "/v1/jobs/{job_id}/cancel"
+idempotent = true
+[result]
+within = "/result"
+items = "/items"
+"#;
+
+/// OGC API – Processes from its profile: `Prefer: respond-async` sent (the simulator refuses
+/// without it), the job from `Location` only, results at `…/results`, dismiss with `DELETE`.
+const OGC: &str = r#"
+protocol = "ogc-processes"
+name = "ogc"
+base_url = "http://127.0.0.1:1"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/processes/{target}/execution"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+[result]
+content_type = "application/json"
+items = "/items"
 "#;
 
 async fn protocols_env() -> Env {
-    Env::with_contract_files(&[], &[("aip.toml", AIP), ("azure-location.toml", LOCATION)]).await
+    Env::with_contract_files(
+        &[],
+        &[
+            ("aip.toml", AIP),
+            ("azure-location.toml", LOCATION),
+            ("azure-lro.toml", AZURE),
+            ("ogc.toml", OGC),
+        ],
+    )
+    .await
 }
 
 fn script(protocol: &str, more: serde_json::Value) -> serde_json::Value {
@@ -202,6 +214,19 @@ async fn google_aip_151_operations_succeed_fail_and_cancel() {
 
     let ok = env.wait_settled(ok.id, T).await;
     assert_eq!(ok.state, State::Succeeded, "{ok:?}");
+    // The result is the final Operation, kept exactly as the provider sent it, judged at
+    // `/response` (its five items counted).
+    let digest = ok.result_sha256.clone().expect("a result");
+    let result = env
+        .store
+        .result_bytes(ok.id, &digest)
+        .await
+        .unwrap()
+        .expect("kept");
+    assert_eq!(hex::encode(sha2::Sha256::digest(&result)), digest);
+    let doc: serde_json::Value = serde_json::from_slice(&result).unwrap();
+    assert_eq!(doc["done"], true);
+    assert_eq!(doc["response"]["items"].as_array().unwrap().len(), 5);
     let name = ok.remote_job_id.clone().unwrap();
     assert!(name.starts_with("operations/"), "{name}");
     let job = name.trim_start_matches("operations/");
@@ -309,5 +334,139 @@ async fn azure_location_polling_reads_the_status_code_and_follows_a_moving_locat
         .filter(|c| c.kind == "status" && c.http_status == Some(400))
         .count();
     assert_eq!(statuses, 1, "one 400 from the monitor ends it");
+    env.stop_workers().await;
+}
+
+/// Azure's status monitor: followed from `Operation-Location` although a broken
+/// `Azure-AsyncOperation` (higher in the profile's precedence) came with it; `Succeeded` with the
+/// result in the monitor's final body, `Failed` with its `error` kept, `Canceled` after our cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_status_monitor_succeeds_fails_and_cancels_past_a_broken_header() {
+    let mut env = protocols_env().await;
+    let azure = |more: serde_json::Value| script("azure_monitor", more);
+    let ok = env
+        .submit(
+            "azure-lro",
+            azure(serde_json::json!({"bogus_async_header": true})),
+            |_| {},
+        )
+        .await;
+    let bad = env
+        .submit(
+            "azure-lro",
+            azure(serde_json::json!({"outcome": "failed"})),
+            |_| {},
+        )
+        .await;
+    let stop = env
+        .submit(
+            "azure-lro",
+            azure(serde_json::json!({"never_finish": true})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let ok = env.wait_settled(ok.id, T).await;
+    assert_eq!(ok.state, State::Succeeded, "{ok:?}");
+    let job = ok.remote_job_id.clone().unwrap();
+    let paths = env.sim.ledger().jobs[&job].status_paths.clone();
+    assert!(
+        !paths.is_empty() && paths.iter().all(|p| p.starts_with("/v1/operations/")),
+        "the monitor named in Operation-Location: {paths:?}"
+    );
+    let calls = env.store.calls(ok.id).await.unwrap();
+    let result = calls
+        .iter()
+        .find(|c| c.kind == "result")
+        .expect("collected");
+    assert!(result.url.contains("/v1/operations/"), "{}", result.url);
+
+    let bad = env.wait_settled(bad.id, T).await;
+    assert_eq!(bad.state, State::Failed, "{bad:?}");
+    let history = env.store.history(bad.id).await.unwrap();
+    let failed = history.iter().find(|h| h.to_state == "failed").unwrap();
+    assert!(
+        format!("{} {}", failed.cause, failed.detail).contains("JobFailed"),
+        "the error object is kept: {} {}",
+        failed.cause,
+        failed.detail
+    );
+
+    env.wait_state(stop.id, State::Observing, T).await;
+    env.store
+        .request_cancel(
+            stop.id,
+            jobtrail_core::CancelRequest::new("alice", "not needed").unwrap(),
+        )
+        .await
+        .unwrap();
+    let stop = env.wait_settled(stop.id, T).await;
+    assert_eq!(stop.state, State::Cancelled, "{stop:?}");
+    env.stop_workers().await;
+}
+
+/// OGC API – Processes: a 201 with only `Location`, the statusInfo polled there, the results at
+/// `/jobs/{id}/results`, a failed job `failed`, and a dismiss (`DELETE /jobs/{id}`) confirmed by
+/// `dismissed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ogc_processes_jobs_run_fail_and_are_dismissed() {
+    let mut env = protocols_env().await;
+    let ogc = |more: serde_json::Value| script("ogc", more);
+    let ok = env.submit("ogc", ogc(serde_json::json!({})), |_| {}).await;
+    let bad = env
+        .submit("ogc", ogc(serde_json::json!({"outcome": "failed"})), |_| {})
+        .await;
+    let stop = env
+        .submit(
+            "ogc",
+            ogc(serde_json::json!({"never_finish": true})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let ok = env.wait_settled(ok.id, T).await;
+    assert_eq!(ok.state, State::Succeeded, "{ok:?}");
+    let location = ok.remote_job_id.clone().unwrap();
+    assert!(location.starts_with("/jobs/"), "{location}");
+    let calls = env.store.calls(ok.id).await.unwrap();
+    let create = calls.iter().find(|c| c.kind == "create").unwrap();
+    assert!(
+        create.url.ends_with("/processes/reports/execution"),
+        "{}",
+        create.url
+    );
+    assert_eq!(create.http_status, Some(201));
+    let result = calls.iter().find(|c| c.kind == "result").unwrap();
+    assert!(
+        result.url.ends_with(&format!("{location}/results")),
+        "{}",
+        result.url
+    );
+
+    let bad = env.wait_settled(bad.id, T).await;
+    assert_eq!(bad.state, State::Failed, "{bad:?}");
+
+    env.wait_state(stop.id, State::Observing, T).await;
+    env.store
+        .request_cancel(
+            stop.id,
+            jobtrail_core::CancelRequest::new("alice", "not needed").unwrap(),
+        )
+        .await
+        .unwrap();
+    let stop = env.wait_settled(stop.id, T).await;
+    assert_eq!(stop.state, State::Cancelled, "{stop:?}");
+    let calls = env.store.calls(stop.id).await.unwrap();
+    let dismiss = calls.iter().find(|c| c.kind == "cancel").unwrap();
+    assert_eq!(dismiss.method, "DELETE");
+    assert!(
+        dismiss
+            .url
+            .ends_with(stop.remote_job_id.as_deref().unwrap()),
+        "{}",
+        dismiss.url
+    );
     env.stop_workers().await;
 }

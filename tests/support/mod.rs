@@ -163,7 +163,10 @@ impl Env {
         std::fs::write(&secret_file, TOKEN).unwrap();
         let mut registry = Registry::default();
         for (_, mut c) in jobtrail_provider::contract::load_dir(&providers).unwrap() {
+            // The simulator's address, the contract's path (an API version, say).
+            let path = c.base_url.path().to_owned();
             c.base_url = url::Url::parse(&sim.base_url()).unwrap();
+            c.base_url.set_path(&path);
             if let Some(a) = c.auth.as_mut() {
                 a.secret = jobtrail_core::SecretRef::File(secret_file.display().to_string());
             }

@@ -2,6 +2,7 @@
 
 use jobtrail_console::shell as common;
 mod bench;
+mod contract;
 mod demo;
 mod fleet;
 mod ops;
@@ -27,6 +28,19 @@ const EXIT_CODES: &str = "Exit codes:
 
 Agents on another machine: set JOBTRAIL_API (or --api) and JOBTRAIL_TOKEN; then submit, show, list,
 providers, cancel, result and wait go through the HTTP API and need no database URL or contracts.";
+
+#[derive(Subcommand)]
+enum ContractCommand {
+    /// Print the effective contract (its protocol profile expanded), the timings that follow from
+    /// it, and the problem that stops it loading, naming file and key (exit 2).
+    #[command(
+        after_help = "Example:\n  jobtrail contract check providers/acme.toml\n  jobtrail contract check providers/acme.toml --json"
+    )]
+    Check {
+        /// The contract file (TOML).
+        file: PathBuf,
+    },
+}
 
 #[derive(Parser)]
 #[command(
@@ -90,6 +104,9 @@ enum Command {
     },
     /// The providers you can submit to, and what a request to each needs.
     Providers,
+    /// Provider contracts: check one before deploying it.
+    #[command(subcommand)]
+    Contract(ContractCommand),
     /// Request a cancel (recorded with actor and reason; confirmed only by the provider).
     Cancel {
         operation: String,
@@ -240,6 +257,7 @@ async fn run(cli: Cli) -> CmdResult {
             let door = ops::door(&cli.common, &cli.door, None, false).await?;
             ops::list(&door, q, json).await
         }
+        Command::Contract(ContractCommand::Check { file }) => contract::check(&file, json),
         Command::Providers => {
             let door = ops::door(&cli.common, &cli.door, None, true).await?;
             ops::providers(&door, json).await

@@ -78,6 +78,22 @@ pub enum CallName {
     Lookup,
 }
 
+/// Where the result is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultFrom {
+    /// `result.url`, or the URL the status body names (`status.result_url`).
+    #[default]
+    Url,
+    /// The status URL once more after success (the last one the provider gave, else the
+    /// `status.url` template): the final status body is the result (Google's `Operation` with its
+    /// `response`; Azure's `final-state-via: operation-location` / `azure-async-operation`).
+    Status,
+    /// The created resource itself (the `status.url` template; Azure's `final-state-via:
+    /// original-uri`).
+    Resource,
+}
+
 /// The format of a result body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -96,6 +112,10 @@ pub enum ResultFormat {
 #[serde(deny_unknown_fields)]
 struct Raw {
     name: String,
+    /// A built-in protocol profile the contract starts from (merged before this is read).
+    #[serde(default)]
+    #[allow(dead_code)]
+    protocol: Option<String>,
     #[serde(default)]
     description: Option<String>,
     base_url: String,
@@ -109,6 +129,8 @@ struct Raw {
     auth: Option<RawAuth>,
     #[serde(default)]
     query: BTreeMap<String, String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
     #[serde(default)]
     trace_header: Option<String>,
     #[serde(default)]
@@ -234,6 +256,8 @@ struct RawCreate {
     request_schema: Option<String>,
     #[serde(default)]
     request_schema_file: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
 }
 fn d_post() -> String {
     "POST".into()
@@ -249,6 +273,8 @@ struct RawStatus {
     state: Option<OneOrMany>,
     #[serde(default)]
     state_absent: Option<String>,
+    #[serde(default)]
+    ignore_case: bool,
     #[serde(default)]
     updated_at: Option<String>,
     #[serde(default)]
@@ -425,6 +451,8 @@ struct RawCancel {
     idempotent: bool,
     #[serde(default = "d_cancel_ms")]
     window_ms: u64,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
 }
 fn d_cancel_ms() -> u64 {
     300_000
@@ -435,6 +463,10 @@ fn d_cancel_ms() -> u64 {
 struct RawResult {
     #[serde(default)]
     url: Option<String>,
+    #[serde(default)]
+    from: ResultFrom,
+    #[serde(default)]
+    within: Option<String>,
     #[serde(default)]
     content_type: Option<String>,
     #[serde(default = "d_result_bytes")]
@@ -574,6 +606,8 @@ pub struct CreateSpec {
     /// The JSON Schema a request must satisfy (`create.request_schema` or `request_schema_file`),
     /// checked at submit; shown to agents in the provider catalogue.
     pub request_schema: Option<Schema>,
+    /// Fixed headers on the create call (OGC's `Prefer: respond-async`).
+    pub headers: http::HeaderMap,
 }
 
 /// A JSON Schema document and its compiled validator.
@@ -599,6 +633,8 @@ pub struct StatusSpec {
     pub state: Vec<String>,
     /// The state when none of the pointers is present (Google's `done` is left out while false).
     pub state_absent: Option<String>,
+    /// State names compare without regard to case (Azure: `Succeeded`, `succeeded`).
+    pub ignore_case: bool,
     /// Status codes of the status response that are the state by themselves (Azure's `Location`
     /// polling: 202 running, 200/201/204 done); read before any rule and before the body.
     pub codes: BTreeMap<u16, Phase>,
@@ -616,6 +652,9 @@ impl StatusSpec {
     /// The phase of a provider state name; `None` for a name the contract does not know (recorded as
     /// such, never guessed).
     pub fn phase(&self, remote_state: &str) -> Option<Phase> {
+        if self.ignore_case {
+            return self.states.get(&remote_state.to_lowercase()).copied();
+        }
         self.states.get(remote_state).copied()
     }
 }
@@ -641,11 +680,17 @@ pub struct CancelSpec {
     pub path: String,
     pub idempotent: bool,
     pub window: Duration,
+    /// Fixed headers on the cancel call.
+    pub headers: http::HeaderMap,
 }
 
 #[derive(Debug, Clone)]
 pub struct ResultSpec {
     pub url: Option<String>,
+    pub from: ResultFrom,
+    /// JSON pointer to the result inside the fetched document: the rules apply there, the bytes
+    /// are kept whole.
+    pub within: Option<String>,
     pub content_type: Option<String>,
     pub max_bytes: u64,
     pub format: ResultFormat,
@@ -734,6 +779,8 @@ pub struct Contract {
     pub max_response_bytes: u64,
     pub auth: Option<Auth>,
     pub query: BTreeMap<String, String>,
+    /// Fixed headers on every call (not secrets: they are printed by `contract check`).
+    pub headers: http::HeaderMap,
     pub trace_header: Option<http::HeaderName>,
     pub cookies: bool,
     /// Origins the credentials and cookies may go to (`None`: the base URL's origin only).
@@ -845,15 +892,79 @@ impl Contract {
     /// Parse and validate contract text; `path` names it in errors and anchors relative files.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ContractError> {
         let file = path.display().to_string();
-        let raw: Raw = toml::from_str(text).map_err(|e| ContractError::Parse {
+        let parse_err = |e: toml::de::Error| ContractError::Parse {
             file: file.clone(),
             message: e.to_string(),
-        })?;
+        };
+        let table: toml::Table = toml::from_str(text).map_err(parse_err)?;
+        // Without a profile, parse the text itself: its errors point at lines and columns.
+        let raw: Raw = if table.contains_key("protocol") {
+            effective(table, &file)?.try_into().map_err(parse_err)?
+        } else {
+            toml::from_str(text).map_err(parse_err)?
+        };
         Validator {
             file: &file,
             dir: path.parent().unwrap_or(Path::new(".")),
         }
         .contract(raw, path)
+    }
+}
+
+/// The built-in protocol profiles: contract text a contract naming one (`protocol = "…"`) starts
+/// from. See docs/provider-contracts.md.
+pub const PROFILES: &[(&str, &str)] = &[
+    (
+        "google-aip-151",
+        include_str!("profiles/google-aip-151.toml"),
+    ),
+    ("azure-lro", include_str!("profiles/azure-lro.toml")),
+    (
+        "azure-location",
+        include_str!("profiles/azure-location.toml"),
+    ),
+    ("ogc-processes", include_str!("profiles/ogc-processes.toml")),
+];
+
+/// A contract's effective text: its profile's keys with the contract's own over them (tables merge
+/// key by key; a value or array of the contract replaces the profile's).
+pub fn effective(contract: toml::Table, file: &str) -> Result<toml::Table, ContractError> {
+    let Some(name) = contract.get("protocol") else {
+        return Ok(contract);
+    };
+    let names: Vec<&str> = PROFILES.iter().map(|(n, _)| *n).collect();
+    let wrong = || ContractError::Invalid {
+        file: file.to_owned(),
+        key: "protocol".into(),
+        expected: format!("one of {}, got {name}", names.join(", ")),
+    };
+    let text = name
+        .as_str()
+        .and_then(|n| PROFILES.iter().find(|(p, _)| *p == n))
+        .map(|(_, t)| *t)
+        .ok_or_else(wrong)?;
+    let mut base: toml::Table = toml::from_str(text).expect("a built-in profile parses");
+    // An operation without a result takes none of the profile's result keys.
+    let no_result = contract
+        .get("result")
+        .and_then(|r| r.get("format"))
+        .and_then(|f| f.as_str())
+        == Some("none");
+    if no_result {
+        base.remove("result");
+    }
+    merge(&mut base, contract);
+    Ok(base)
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
     }
 }
 
@@ -958,6 +1069,30 @@ impl Validator<'_> {
         }
     }
 
+    /// Fixed headers from the contract: valid names and values, none of those jobtrail sets itself.
+    fn fixed_headers(
+        &self,
+        key: &str,
+        raw: &BTreeMap<String, String>,
+        reserved: &[String],
+    ) -> Result<http::HeaderMap, ContractError> {
+        let mut out = http::HeaderMap::new();
+        for (name, value) in raw {
+            let k = format!("{key}.{name}");
+            let h = self.header(&k, name)?;
+            if reserved.iter().any(|r| r.eq_ignore_ascii_case(h.as_str())) {
+                return Err(self.err(
+                    &k,
+                    "a header jobtrail does not set itself (credentials go in [auth], the idempotency token in create.idempotency_header, the trace in traceparent)",
+                ));
+            }
+            let v = http::HeaderValue::from_str(value)
+                .map_err(|_| self.err(&k, "a header value of visible ASCII"))?;
+            out.insert(h, v);
+        }
+        Ok(out)
+    }
+
     fn header(&self, key: &str, h: &str) -> Result<http::HeaderName, ContractError> {
         http::HeaderName::from_bytes(h.as_bytes())
             .map_err(|_| self.err(key, format!("a valid HTTP header name, got {h:?}")))
@@ -969,7 +1104,9 @@ impl Validator<'_> {
             "{job_id_path}",
             "{operation_id}",
             "{target}",
+            "{target_path}",
             "{client_reference}",
+            "{status_url}",
         ];
         let mut rest = t;
         while let Some(i) = rest.find('{') {
@@ -985,7 +1122,11 @@ impl Validator<'_> {
             }
             rest = &rest[i + end + 1..];
         }
-        if !(t.starts_with('/') || t.starts_with("http://") || t.starts_with("https://")) {
+        if !(t.starts_with('/')
+            || t.starts_with("http://")
+            || t.starts_with("https://")
+            || t.starts_with("{status_url}"))
+        {
             return Err(self.err(
                 key,
                 format!("a path starting with '/' or an absolute http(s) URL, got {t:?}"),
@@ -1211,6 +1352,7 @@ impl Validator<'_> {
                     document,
                     validator,
                 }),
+            headers: http::HeaderMap::new(),
         };
 
         let s = &r.status;
@@ -1220,6 +1362,11 @@ impl Validator<'_> {
                 if n.is_empty() {
                     return Err(self.err(&key, "non-empty state names"));
                 }
+                let n = if s.ignore_case {
+                    n.to_lowercase()
+                } else {
+                    n.clone()
+                };
                 if let Some(prev) = states.insert(n.clone(), phase) {
                     return Err(self.err(
                         &key,
@@ -1290,6 +1437,7 @@ impl Validator<'_> {
             follow,
             state,
             state_absent: s.state_absent.clone(),
+            ignore_case: s.ignore_case,
             codes,
             updated_at: self.pointer("status.updated_at", &s.updated_at)?,
             progress: self.pointer("status.progress", &s.progress)?,
@@ -1405,6 +1553,7 @@ impl Validator<'_> {
                     1000,
                     jobtrail_core::operation::MAX_CANCEL_WINDOW.as_millis() as u64,
                 )?,
+                headers: http::HeaderMap::new(),
             }),
             None => None,
         };
@@ -1556,6 +1705,38 @@ impl Validator<'_> {
         }
         let limits = self.limits(&r.limits)?;
 
+        // Fixed headers may not carry what jobtrail sends itself: credentials go in [auth], the
+        // token in its own key, the trace in traceparent.
+        let mut reserved: Vec<String> = [
+            "authorization",
+            "proxy-authorization",
+            "cookie",
+            "host",
+            "content-length",
+            "content-type",
+            "transfer-encoding",
+            "connection",
+            "traceparent",
+            "tracestate",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if let Some(a) = &auth {
+            reserved.push(a.header.as_str().to_owned());
+        }
+        if let TokenPlacement::Header(h) = &create.token {
+            reserved.push(h.as_str().to_owned());
+        }
+        if let Some(h) = &trace_header {
+            reserved.push(h.as_str().to_owned());
+        }
+        let headers = self.fixed_headers("headers", &r.headers, &reserved)?;
+        let mut create = create;
+        create.headers = self.fixed_headers("create.headers", &r.create.headers, &reserved)?;
+        let mut cancel = cancel;
+        if let (Some(c), Some(rc)) = (cancel.as_mut(), r.cancel.as_ref()) {
+            c.headers = self.fixed_headers("cancel.headers", &rc.headers, &reserved)?;
+        }
         let c = Contract {
             file: path.to_path_buf(),
             name: r.name,
@@ -1568,6 +1749,7 @@ impl Validator<'_> {
             max_response_bytes: t.max_response_bytes,
             auth,
             query: r.query,
+            headers,
             trace_header,
             cookies: r.cookies,
             origins,
@@ -1669,6 +1851,8 @@ impl Validator<'_> {
             ("result.csv_error_values", !r.csv_error_values.is_empty()),
             ("result.expected_count", r.expected_count.is_some()),
             ("result.max_failed_items", r.max_failed_items.is_some()),
+            ("result.from", r.from != ResultFrom::Url),
+            ("result.within", r.within.is_some()),
             ("status.result_url", status_gives_url),
         ];
         if let Some((key, _)) = set.iter().find(|(_, is_set)| *is_set) {
@@ -1679,6 +1863,8 @@ impl Validator<'_> {
         }
         Ok(ResultSpec {
             url: None,
+            from: ResultFrom::Url,
+            within: None,
             content_type: None,
             max_bytes: r.max_bytes,
             format: ResultFormat::None,
@@ -1703,10 +1889,25 @@ impl Validator<'_> {
             .as_deref()
             .map(|u| self.template("result.url", u))
             .transpose()?;
-        if url.is_none() && !status_gives_url {
+        match r.from {
+            ResultFrom::Url if url.is_none() && !status_gives_url => {
+                return Err(self.err(
+                    "result.url",
+                    "a URL template, or status.result_url pointing into the status body (or result.from = \"status\" or \"resource\")",
+                ));
+            }
+            ResultFrom::Status | ResultFrom::Resource if url.is_some() => {
+                return Err(self.err(
+                    "result.url",
+                    "nothing when result.from names where the result is",
+                ));
+            }
+            _ => {}
+        }
+        if r.within.is_some() && r.format != ResultFormat::Json {
             return Err(self.err(
-                "result.url",
-                "a URL template, or status.result_url pointing into the status body",
+                "result.within",
+                "format = \"json\" (a pointer into a JSON document)",
             ));
         }
         if r.max_bytes == 0 {
@@ -1744,6 +1945,8 @@ impl Validator<'_> {
         }
         Ok(ResultSpec {
             url,
+            from: r.from,
+            within: self.pointer("result.within", &r.within)?,
             content_type: r.content_type,
             max_bytes: r.max_bytes,
             format: r.format,

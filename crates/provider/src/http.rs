@@ -1,6 +1,6 @@
 //! The config-driven HTTP adapter: a [`Contract`] turned into calls and closed outcomes.
 
-use crate::contract::{Access, CallName, Contract, Locator, Meaning, TokenPlacement};
+use crate::contract::{Access, CallName, Contract, Locator, Meaning, ResultFrom, TokenPlacement};
 use crate::outcome::*;
 use crate::wire::{self, Exchange, Outgoing, WireError};
 use crate::{CallCtx, Provider, ProviderFuture};
@@ -15,10 +15,11 @@ const PATH_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
-/// A job id that is a resource name (Google's `operations/123`) as path segments, each encoded.
-/// An empty, `.` or `..` segment (even percent-encoded, URL parsers read `%2E` as a dot) could move
-/// the request elsewhere: such an id is sent as one encoded segment instead, which stays in place.
-fn job_path(job: &str) -> String {
+/// A job id or target that is a resource name (Google's `operations/123`, Azure's
+/// `subscriptions/…/resourcegroups/…`) as path segments, each encoded. An empty, `.` or `..`
+/// segment (even percent-encoded, URL parsers read `%2E` as a dot) could move the request
+/// elsewhere: such a value is sent as one encoded segment instead, which stays in place.
+fn as_path(job: &str) -> String {
     let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
     let segments: Vec<&str> = job.split('/').collect();
     if segments.iter().any(|s| {
@@ -130,8 +131,20 @@ impl HttpProvider {
     fn fill(&self, template: &str, op: &OperationRecord) -> String {
         let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
         let job = op.remote_job_id.as_deref().unwrap_or("");
+        // The status URL the provider gave (origin-checked when used), else the template's (which
+        // may not name itself).
+        let status_url = match &op.status_url {
+            _ if !template.contains("{status_url}") => String::new(),
+            Some(u) => u.clone(),
+            None if !self.contract.status.url.contains("{status_url}") => {
+                self.fill(&self.contract.status.url, op)
+            }
+            None => String::new(),
+        };
         template
-            .replace("{job_id_path}", &job_path(job))
+            .replace("{status_url}", &status_url)
+            .replace("{job_id_path}", &as_path(job))
+            .replace("{target_path}", &as_path(&op.target))
             .replace("{job_id}", &enc(job))
             .replace("{operation_id}", &enc(&op.id.to_string()))
             .replace("{client_reference}", &enc(&op.id.to_string()))
@@ -462,6 +475,21 @@ impl HttpProvider {
             path: target,
             max_body,
         } = t;
+        // The contract's fixed headers, then the call's own, then what this call sets itself.
+        let mut headers = self.contract.headers.clone();
+        let own = match kind {
+            CallKind::Create => Some(&self.contract.create.headers),
+            CallKind::Cancel => self.contract.cancel.as_ref().map(|c| &c.headers),
+            _ => None,
+        };
+        for (k, v) in own.into_iter().flatten() {
+            headers.insert(k.clone(), v.clone());
+        }
+        for k in extra.keys() {
+            headers.remove(k);
+        }
+        headers.extend(extra);
+        let extra = headers;
         match self.url(target) {
             Ok((url, access)) => {
                 let (body, secrets) = match body {
@@ -678,8 +706,10 @@ impl HttpProvider {
             .status
             .follow
             .iter()
-            .find_map(|l| self.locate(l, ex, json))
-            .filter(|s| !s.is_empty())
+            .filter_map(|l| self.locate(l, ex, json))
+            // A value that is no URL at all (both of Azure's headers sent, one of them broken) is
+            // passed over for the next; one at a foreign origin is not: it is refused when used.
+            .find(|s| !s.is_empty() && !matches!(self.url(s), Err(Refused::Malformed(_))))
     }
 
     /// A status read. `resource`: the final GET of the created resource itself (the `status.url`
@@ -949,10 +979,16 @@ impl HttpProvider {
             .get("result")
             .and_then(|r| serde_json::from_value(r.clone()).ok())
             .unwrap_or_default();
-        let target = match (&spec.url, &hints.result_url) {
-            (Some(t), _) => self.fill(t, op),
-            (None, Some(u)) => u.clone(),
-            (None, None) => {
+        let status = &self.contract.status;
+        let target = match (spec.from, &spec.url, &hints.result_url) {
+            (ResultFrom::Status, _, _) => match &op.status_url {
+                Some(u) => u.clone(),
+                None => self.fill(&status.url, op),
+            },
+            (ResultFrom::Resource, _, _) => self.fill(&status.url, op),
+            (ResultFrom::Url, Some(t), _) => self.fill(t, op),
+            (ResultFrom::Url, None, Some(u)) => u.clone(),
+            (ResultFrom::Url, None, None) => {
                 let outcome = ResultOutcome::Unavailable {
                     http_status: None,
                     reason: "the provider gave no result URL".into(),
@@ -1211,18 +1247,34 @@ impl Provider for HttpProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::{job_path, truncate};
+    use super::{as_path, truncate};
 
     #[test]
     fn a_job_name_is_a_path_only_when_no_segment_could_move_it() {
-        assert_eq!(job_path("operations/job_1"), "operations/job_1");
-        assert_eq!(job_path("operations/a b?c#d"), "operations/a%20b%3Fc%23d");
-        for hostile in ["operations/../admin", "operations//x", "./x", "a/..", "", "a/%2E%2E/b"] {
-            let p = job_path(hostile);
+        assert_eq!(as_path("operations/job_1"), "operations/job_1");
+        assert_eq!(as_path("operations/a b?c#d"), "operations/a%20b%3Fc%23d");
+        for hostile in [
+            "operations/../admin",
+            "operations//x",
+            "./x",
+            "a/..",
+            "",
+            "a/%2E%2E/b",
+        ] {
+            let p = as_path(hostile);
             assert!(!p.contains('/'), "{hostile:?} became {p:?}");
             let u = url::Url::parse(&format!("http://h/v1/{p}")).unwrap();
-            assert!(u.path().starts_with("/v1/"), "{hostile:?} moved to {}", u.path());
-            assert_eq!(u.path().matches('/').count(), 2, "{hostile:?}: {}", u.path());
+            assert!(
+                u.path().starts_with("/v1/"),
+                "{hostile:?} moved to {}",
+                u.path()
+            );
+            assert_eq!(
+                u.path().matches('/').count(),
+                2,
+                "{hostile:?}: {}",
+                u.path()
+            );
         }
     }
 

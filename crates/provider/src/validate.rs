@@ -145,7 +145,7 @@ fn check_json(
     violations: &mut Vec<String>,
     summary: &mut serde_json::Value,
 ) {
-    let doc: serde_json::Value = match serde_json::from_slice(&fetched.bytes) {
+    let whole: serde_json::Value = match serde_json::from_slice(&fetched.bytes) {
         Ok(v) => v,
         Err(e) => {
             violations.push(format!("result is not valid JSON: {e}"));
@@ -153,9 +153,24 @@ fn check_json(
         }
     };
     checks.push("json".into());
+    // The result inside a larger document (Google's Operation.response): the provider's bytes are
+    // kept whole; the rules apply to the part.
+    let doc = match &spec.within {
+        None => &whole,
+        Some(p) => match whole.pointer(p) {
+            Some(v) if !v.is_null() => {
+                checks.push(format!("result at {p}"));
+                v
+            }
+            _ => {
+                violations.push(format!("the document has no result at {p}"));
+                return;
+            }
+        },
+    };
     if let Some(schema) = &spec.schema {
         let errors: Vec<String> = schema
-            .iter_errors(&doc)
+            .iter_errors(doc)
             .take(5)
             .map(|e| format!("schema: {} at {}", e, e.instance_path()))
             .collect();

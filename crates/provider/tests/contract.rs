@@ -414,3 +414,154 @@ fn the_state_may_come_from_several_pointers_or_from_the_status_code() {
         .unwrap_err();
     assert!(e.contains("status.state"), "{e}");
 }
+
+#[test]
+fn every_example_loads_says_it_is_untested_and_names_its_spec() {
+    let dir = providers_dir().join("examples");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "toml") {
+            continue;
+        }
+        let c = Contract::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.untested, "{}: must say it is untested", path.display());
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("UNTESTED") && text.contains("https://"),
+            "{}: says it is untested and which documentation it follows",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n >= 6, "{n} examples");
+}
+
+#[test]
+fn a_profile_fills_in_the_protocol_and_the_contract_overrides_it() {
+    let minimal = r#"
+protocol = "google-aip-151"
+name = "g"
+base_url = "https://example.googleapis.com/v1"
+[create]
+path = "/things:run"
+idempotency = "none"
+"#;
+    let c = parse(minimal).unwrap();
+    assert_eq!(c.status.state, ["/error/code", "/done"]);
+    assert_eq!(c.status.state_absent.as_deref(), Some("false"));
+    assert_eq!(
+        c.status.phase("1"),
+        Some(jobtrail_core::outcome::Phase::Cancelled)
+    );
+    assert_eq!(
+        c.status.phase("13"),
+        Some(jobtrail_core::outcome::Phase::Failed)
+    );
+    assert_eq!(
+        c.status.phase("true"),
+        Some(jobtrail_core::outcome::Phase::Succeeded)
+    );
+    assert_eq!(c.cancel.as_ref().unwrap().path, "/{job_id_path}:cancel");
+    let r = c.result.as_ref().unwrap();
+    assert_eq!(r.within.as_deref(), Some("/response"));
+
+    // The contract's own keys win, table by table.
+    let over = minimal.replace(
+        "[create]",
+        "[status]\nurl = \"/operations/{job_id_path}\"\n[create]",
+    );
+    let c = parse(&over).unwrap();
+    assert_eq!(c.status.url, "/operations/{job_id_path}");
+    assert_eq!(c.status.state, ["/error/code", "/done"], "the rest stays");
+
+    // Azure's states in any case.
+    let azure = r#"
+protocol = "azure-lro"
+name = "a"
+base_url = "https://example.azure.com"
+[create]
+path = "/jobs"
+idempotency = "none"
+job_id = "header:Operation-Location"
+[status]
+url = "/jobs/{job_id}"
+"#;
+    let c = parse(azure).unwrap();
+    for s in ["Succeeded", "succeeded", "SUCCEEDED"] {
+        assert_eq!(
+            c.status.phase(s),
+            Some(jobtrail_core::outcome::Phase::Succeeded)
+        );
+    }
+    assert_eq!(
+        c.status.phase("Canceled"),
+        Some(jobtrail_core::outcome::Phase::Cancelled)
+    );
+
+    // An unknown profile, or a key the profile's tables do not take, is refused by name.
+    let e = parse(&minimal.replace("google-aip-151", "soap")).unwrap_err();
+    assert!(
+        e.contains("protocol") && e.contains("google-aip-151"),
+        "{e}"
+    );
+    let e = parse(&minimal.replace("[create]", "[status]\nstatez = 1\n[create]")).unwrap_err();
+    assert!(e.contains("statez"), "{e}");
+}
+
+#[test]
+fn an_operation_without_a_result_drops_the_profiles_result_keys() {
+    let text = r#"
+protocol = "google-aip-151"
+name = "g"
+base_url = "https://example.googleapis.com/v1"
+[create]
+path = "/things/{target_path}:delete"
+idempotency = "none"
+[result]
+format = "none"
+"#;
+    let c = parse(text).unwrap();
+    assert!(c.policy().no_result);
+}
+
+#[test]
+fn fixed_headers_are_checked_and_never_what_jobtrail_sets_itself() {
+    let base = sim_text();
+    let with = |line: &str| {
+        base.replacen(
+            "trace_header = \"X-Trace-ID\"",
+            &format!("trace_header = \"X-Trace-ID\"\n{line}"),
+            1,
+        )
+    };
+    let c = parse(&with("headers = { \"X-Api-Version\" = \"2\" }")).unwrap();
+    assert_eq!(c.headers["x-api-version"], "2");
+    for (line, key) in [
+        (
+            "headers = { Authorization = \"Bearer x\" }",
+            "headers.Authorization",
+        ),
+        (
+            "headers = { \"Idempotency-Key\" = \"fixed\" }",
+            "headers.Idempotency-Key",
+        ),
+        (
+            "headers = { traceparent = \"00-x\" }",
+            "headers.traceparent",
+        ),
+        ("headers = { \"X-Trace-ID\" = \"1\" }", "headers.X-Trace-ID"),
+        ("headers = { \"Bad Name\" = \"1\" }", "headers.Bad Name"),
+        ("headers = { \"X-Ok\" = \"line\\nbreak\" }", "headers.X-Ok"),
+    ] {
+        let e = parse(&with(line)).unwrap_err();
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    let e = parse(&base.replacen(
+        "idempotent = true",
+        "idempotent = true\nheaders = { Cookie = \"a=b\" }",
+        1,
+    ))
+    .unwrap_err();
+    assert!(e.contains("cancel.headers.Cookie"), "{e}");
+}

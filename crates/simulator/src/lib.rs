@@ -222,6 +222,9 @@ impl Sim {
             .route("/v1/operations/{id}/{n}", get(status_moved))
             .route("/v1/operations/{id}", get(status).post(aip_cancel))
             .route("/v1/monitors/{id}/{n}", get(status_moved))
+            .route("/processes/{process}/execution", post(create))
+            .route("/jobs/{id}", get(status).delete(ogc_dismiss))
+            .route("/jobs/{id}/results", get(result))
             .route("/v1/jobs/{id}/cancel", post(cancel))
             .route("/v1/jobs/{id}/result", get(result))
             .route("/_sim/ledger", get(ledger))
@@ -378,6 +381,14 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         },
         None => Script::default(),
     };
+    if script.protocol == Protocol::Ogc
+        && headers.get("prefer").and_then(|v| v.to_str().ok()) != Some("respond-async")
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "this server executes asynchronously only: send Prefer: respond-async",
+        );
+    }
     let token = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -565,6 +576,31 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             json_response(StatusCode::ACCEPTED, serde_json::json!({"job_id": named})),
             format!("/v1/monitors/{named}/0"),
         ),
+        Protocol::Ogc => {
+            let mut r = (StatusCode::CREATED, "").into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            (r, format!("/jobs/{named}"))
+        }
+        Protocol::AzureMonitor => {
+            let mut r = json_response(
+                StatusCode::ACCEPTED,
+                serde_json::json!({"job_id": named, "status": "NotStarted"}),
+            );
+            r.headers_mut().insert(
+                "operation-location",
+                HeaderValue::from_str(&format!("/v1/operations/{named}/0")).expect("ascii"),
+            );
+            if script.bogus_async_header {
+                r.headers_mut().insert(
+                    "azure-asyncoperation",
+                    HeaderValue::from_static("http://[::1"),
+                );
+            }
+            (r, status_url)
+        }
     };
     let h = r.headers_mut();
     h.insert(
@@ -628,6 +664,29 @@ fn aip_operation(id: &str, state: &str, done: u64, script: &Script) -> serde_jso
     op
 }
 
+/// Azure's status monitor body for a job in `state`.
+fn azure_monitor(id: &str, state: &str, script: &Script) -> serde_json::Value {
+    let status = match state {
+        "queued" => "NotStarted",
+        "running" | "cancelling" => "Running",
+        "succeeded" => "Succeeded",
+        "failed" => "Failed",
+        _ => "Canceled",
+    };
+    let mut body = serde_json::json!({"id": id, "status": status});
+    match state {
+        "succeeded" => {
+            let (doc, _) = result_doc(id, script);
+            body["result"] = serde_json::from_slice(&doc).unwrap_or_default();
+        }
+        "failed" => {
+            body["error"] = serde_json::json!({"code": "JobFailed", "message": "the job failed: simulated failure"});
+        }
+        _ => {}
+    }
+    body
+}
+
 /// Azure's `Location` polling: the status code is the state. 202 while the job runs (a new
 /// `Location` each time with `moving_status_url`), 200 with the job when it succeeded, 400 with an
 /// `error` object when it failed.
@@ -652,6 +711,22 @@ fn location_monitor(id: &str, state: &str, n: u32, script: &Script) -> Response 
             r
         }
     }
+}
+
+/// `DELETE /jobs/{id}` (OGC API – Processes): dismiss, answered with the statusInfo.
+async fn ogc_dismiss(
+    State(sim): State<Sim>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = cancel_inner(sim, id.clone(), headers, true).await;
+    if !r.status().is_success() {
+        return r;
+    }
+    json_response(
+        StatusCode::OK,
+        serde_json::json!({"jobID": id, "type": "process", "status": "dismissed"}),
+    )
 }
 
 /// `POST /v1/operations/{id}:cancel` (AIP-151); the path segment holds both.
@@ -823,6 +898,22 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
             json_response(StatusCode::OK, aip_operation(&id, state, done, &job.script))
         }
         Protocol::Location => location_monitor(&id, state, n, &job.script),
+        Protocol::AzureMonitor => {
+            json_response(StatusCode::OK, azure_monitor(&id, state, &job.script))
+        }
+        Protocol::Ogc => {
+            let status = match state {
+                "queued" => "accepted",
+                "running" | "cancelling" => "running",
+                "succeeded" => "successful",
+                "failed" => "failed",
+                _ => "dismissed",
+            };
+            json_response(
+                StatusCode::OK,
+                serde_json::json!({"jobID": id, "type": "process", "status": status, "progress": done}),
+            )
+        }
     };
     r.headers_mut().insert(
         "x-request-id",

@@ -123,6 +123,16 @@ pub enum Protocol {
     /// `response` or `error` (google.rpc.Status; code 1 when cancelled);
     /// `POST /v1/operations/{id}:cancel`.
     Aip,
+    /// OGC API – Processes (asynchronous execution): `POST /processes/{id}/execution` with `Prefer:
+    /// respond-async` (refused with 400 without it) answers 201 with only `Location: /jobs/{id}`
+    /// useful; `GET /jobs/{id}` answers a statusInfo (`accepted`, `running`, `successful`,
+    /// `failed`, `dismissed`); `GET /jobs/{id}/results`; dismiss with `DELETE /jobs/{id}`.
+    Ogc,
+    /// Azure's status monitor: create answers 202 with `Operation-Location:
+    /// /v1/operations/{id}/0` (and, with `bogus_async_header`, an `Azure-AsyncOperation` that is no
+    /// URL); the monitor's body has `status` (`NotStarted`, `Running`, `Succeeded`, `Failed`,
+    /// `Canceled`), `error` when failed, and the job's result under `result` when it succeeded.
+    AzureMonitor,
     /// Azure's `Location` polling: create answers 202 with `Location: /v1/monitors/{id}/0`; the
     /// monitor answers 202 (with `Retry-After`, and a new `Location` when `moving_status_url`)
     /// while the job runs, 200 when it succeeded, 400 with an `error` object when it failed.
@@ -134,6 +144,8 @@ pub enum Protocol {
 #[serde(default, deny_unknown_fields)]
 pub struct Script {
     pub protocol: Protocol,
+    /// With `protocol = "azure_monitor"`: also send an `Azure-AsyncOperation` header that is no URL.
+    pub bogus_async_header: bool,
     pub create: Vec<CreateAct>,
     pub create_delay_ms: u64,
     pub retry_after_secs: u64,
@@ -203,6 +215,7 @@ impl Default for Script {
     fn default() -> Self {
         Self {
             protocol: Protocol::Native,
+            bogus_async_header: false,
             create: Vec::new(),
             create_delay_ms: 5_000,
             retry_after_secs: 1,

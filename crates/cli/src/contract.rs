@@ -1,0 +1,83 @@
+//! `jobtrail contract check FILE`: a contract as jobtrail reads it — its protocol profile expanded,
+//! the timings that follow from it, and the problem that stops it loading (file and key named).
+
+use crate::common::{CmdResult, exit, fail};
+use jobtrail_core::decide::LEASE_MARGIN;
+use jobtrail_provider::contract::{self, Contract};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+pub fn check(file: &Path, json: bool) -> CmdResult {
+    let name = file.display().to_string();
+    let text =
+        std::fs::read_to_string(file).map_err(|e| fail(exit::BAD_INPUT, format!("{name}: {e}")))?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| fail(exit::BAD_INPUT, format!("{name}: {e}")))?;
+    let profile = table
+        .get("protocol")
+        .and_then(|p| p.as_str())
+        .map(str::to_owned);
+    let effective =
+        contract::effective(table, &name).map_err(|e| fail(exit::BAD_INPUT, e.to_string()))?;
+    let loaded = Contract::parse(&text, file);
+    let timings = loaded.as_ref().ok().map(timings);
+    let problem = loaded.as_ref().err().map(|e| e.to_string());
+    if json {
+        let doc = serde_json::json!({
+            "file": name,
+            "protocol": profile,
+            "effective": effective,
+            "timings": timings,
+            "problems": problem.iter().collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        match &profile {
+            Some(p) => println!("# {name}: the effective contract (profile {p:?} expanded)"),
+            None => println!("# {name}: the effective contract (no protocol profile)"),
+        }
+        println!(
+            "{}",
+            toml::to_string_pretty(&effective)
+                .unwrap_or_else(|e| format!("# (not printable: {e})"))
+        );
+        if let Some(t) = &timings {
+            println!("# timings");
+            for (k, v) in t.as_object().into_iter().flatten() {
+                println!("#   {k}: {}", v.as_str().unwrap_or_default());
+            }
+        }
+    }
+    match problem {
+        Some(p) => Err(fail(exit::BAD_INPUT, p)),
+        None => {
+            if !json {
+                println!("# no problems: the contract loads");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
+/// What the contract's numbers mean for a worker: the longest call, the lease it needs, how many
+/// such calls the create window holds, and the polling bounds.
+fn timings(c: &Contract) -> serde_json::Value {
+    let call = c.call_budget();
+    let lease = call + LEASE_MARGIN;
+    let fits = c.create_window.as_millis() / lease.as_millis().max(1);
+    let p = &c.polling;
+    serde_json::json!({
+        "longest_call": format!("{} (connect {} + request {})", ms(call), ms(c.connect_timeout), ms(c.request_timeout)),
+        "lease_for_one_call": format!("{} (the call + a {} margin)", ms(lease), ms(LEASE_MARGIN)),
+        "create_window": format!("{}: holds {fits} call(s) with their lease margin (at least 1 is required)", ms(c.create_window)),
+        "result_window": ms(c.result_window),
+        "polling": format!("from {} ×{} up to {}, jitter ±{}%", ms(p.backoff.initial), p.backoff.factor, ms(p.backoff.cap), (p.backoff.jitter * 100.0).round()),
+        "retry_after_bounds": format!("{} to {}", ms(p.retry_after.min), ms(p.retry_after.max)),
+        "cancel_window": c.cancel.as_ref().map_or_else(|| "no cancel endpoint".to_owned(), |x| ms(x.window)),
+    })
+}
