@@ -480,7 +480,9 @@ impl Worker {
                 }
                 let free = permits.available_permits();
                 let want = (free as i64).min(self.config.batch);
-                let shares = self.shares(free);
+                // Shares of this claim, not of every free slot: a provider's cap is also how many
+                // rows its scan locks (unchosen ones are released only at commit, each lock a write).
+                let shares = self.shares(want as usize);
                 self.claim(want, &shares)
                     .await
                     .map(|(c, times)| (c, times, want, shares))

@@ -41,7 +41,8 @@ candidates AS (
                           'result_collecting', 'cancel_requested', 'cancelling')
           AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
         ORDER BY q.next_action_at
-        LIMIT greatest(s.cap, 0)
+        -- Never more than the claim takes: every row locked here is a write, kept to commit.
+        LIMIT least(greatest(s.cap, 0), $2)
         FOR UPDATE OF o SKIP LOCKED
     ) d
 ),
