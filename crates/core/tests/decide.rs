@@ -1100,7 +1100,9 @@ fn every_decision_is_allowed_by_the_table() {
                     .into_iter()
                     .map(|o| after_cancel(&op, &p, called(CallKind::Cancel, o), now, 0.3))
                     .collect(),
-                    Action::Call(Call::FetchResult { .. } | Call::SyncResult { .. }) => {
+                    Action::Call(
+                        Call::FetchResult { .. } | Call::SyncResult { .. } | Call::NoResult,
+                    ) => {
                         vec![after_collect(
                             &op,
                             &p,
@@ -1149,4 +1151,21 @@ fn a_deferred_call_sends_nothing_and_comes_back_after_the_wait() {
         assert_eq!(plan.step.next_in.map(|n| n.0), Some(wait), "{call:?}");
         assert_eq!(plan.step.send_mark, mark, "{call:?}");
     }
+}
+
+#[test]
+fn a_contract_without_a_result_collects_nothing() {
+    let op = record(State::ResultCollecting);
+    let p = Policy {
+        no_result: true,
+        ..policy()
+    };
+    assert!(matches!(
+        next(&op, &p, EPOCH, Utc::now()),
+        Action::Call(Call::NoResult)
+    ));
+    assert!(matches!(
+        next(&op, &policy(), EPOCH, Utc::now()),
+        Action::Call(Call::FetchResult { .. })
+    ));
 }
