@@ -161,6 +161,10 @@ secret = "env:JOBTRAIL_SIM_TOKEN"
 path = "/processes/{target}/execution"
 idempotency = "header"
 idempotency_header = "Idempotency-Key"
+[polling]
+initial_ms = 100
+cap_ms = 400
+max_failures = 3
 [result]
 content_type = "application/json"
 items = "/items"
@@ -467,6 +471,45 @@ async fn ogc_processes_jobs_run_fail_and_are_dismissed() {
             .ends_with(stop.remote_job_id.as_deref().unwrap()),
         "{}",
         dismiss.url
+    );
+    env.stop_workers().await;
+}
+
+/// A job whose only handle is a `Location` that is no usable URL: every call built on the status
+/// URL (status, cancel, results) is not sent — never a GET or a DELETE of the API's root — and the
+/// operation is held for a person once its read budget is spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_is_built_on_a_status_url_the_provider_never_usably_gave() {
+    let mut env = protocols_env().await;
+    let op = env
+        .submit(
+            "ogc",
+            script(
+                "ogc",
+                serde_json::json!({"status_url_elsewhere": "https://127.0.0.1:99999/jobs/x"}),
+            ),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let held = env
+        .wait_for(op.id, "held or ended", T, |r| {
+            r.state.needs_human() || r.state.is_terminal()
+        })
+        .await;
+    assert!(held.state.needs_human(), "{held:?}");
+    let calls = env.store.calls(op.id).await.unwrap();
+    let sent: Vec<_> = calls
+        .iter()
+        .filter(|c| c.kind != "create" && c.http_status.is_some())
+        .map(|c| (&c.kind, &c.url))
+        .collect();
+    assert!(sent.is_empty(), "calls reached a server: {sent:?}");
+    assert!(calls.iter().any(|c| c.kind == "status"));
+    assert_eq!(
+        env.sim.ledger().requests,
+        1,
+        "only the create reached the provider"
     );
     env.stop_workers().await;
 }

@@ -1114,6 +1114,9 @@ impl Validator<'_> {
                 self.err(key, format!("a template with closed braces, got {t:?}"))
             })?;
             let ph = &rest[i..i + end + 1];
+            if ph == "{status_url}" && !t.starts_with(ph) {
+                return Err(self.err(key, "{status_url} only at the start of a template"));
+            }
             if !known.contains(&ph) {
                 return Err(self.err(
                     key,
@@ -1378,8 +1381,16 @@ impl Validator<'_> {
         let mut codes = BTreeMap::new();
         for (phase, list, key) in s.codes.by_phase("status.codes") {
             for c in list {
-                if !(100..=599).contains(c) {
-                    return Err(self.err(&key, format!("HTTP status codes 100-599, got {c}")));
+                // Codes that say "not now", "look elsewhere" or "something broke" are never a
+                // job's state: rules and Retry-After handle them.
+                if !(200..=499).contains(c)
+                    || (300..=399).contains(c)
+                    || [408, 425, 429].contains(c)
+                {
+                    return Err(self.err(
+                        &key,
+                        format!("a 2xx or 4xx status code other than 408, 425 and 429, got {c}"),
+                    ));
                 }
                 if let Some(prev) = codes.insert(*c, phase) {
                     return Err(self.err(

@@ -35,6 +35,39 @@ fn as_path(job: &str) -> String {
         .join("/")
 }
 
+/// Whether a URL a provider named can be a status URL at all: an absolute http(s) URL or an
+/// absolute path (not `null`, not a bare word that would be read as a path under the base URL).
+fn followable(s: &str) -> bool {
+    let lower = s.get(..8).unwrap_or(s).to_ascii_lowercase();
+    (s.starts_with('/') && !s.starts_with("//"))
+        || lower.starts_with("http://")
+        || lower.starts_with("https://")
+}
+
+/// What a template becomes when it needs the provider's status URL and there is none: `call` sends
+/// nothing for it (a NUL cannot come from a provider's header or from a contract).
+const UNRESOLVED: &str = "\u{0}no status URL";
+
+/// `url` (absolute or a path) with `rest` added to its path, its query kept after it and any
+/// fragment dropped: `…/jobs/1?f=json` + `/results` is `…/jobs/1/results?f=json`.
+fn with_path(url: &str, rest: &str) -> String {
+    let url = url.split('#').next().unwrap_or_default();
+    let (path, query) = match url.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (url, None),
+    };
+    let mut out = if rest.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{}{rest}", path.trim_end_matches('/'))
+    };
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
 /// At most `max` bytes of `text`, cut at a character boundary (a provider's error text is kept, not
 /// its every megabyte).
 fn truncate(mut text: String, max: usize) -> String {
@@ -129,20 +162,27 @@ impl HttpProvider {
     }
 
     fn fill(&self, template: &str, op: &OperationRecord) -> String {
+        // `{status_url}` opens a template (checked at load): the rest is filled on its own and
+        // added to the URL's path, before its query; the provider's URL itself is never filled
+        // (a `{target}` in it stays text).
+        if let Some(rest) = template.strip_prefix("{status_url}") {
+            let base = match &op.status_url {
+                Some(u) => u.clone(),
+                None if !self.contract.status.url.starts_with("{status_url}") => {
+                    self.fill(&self.contract.status.url, op)
+                }
+                // No URL to build this call from: the call is not sent (see `call`).
+                None => return UNRESOLVED.to_owned(),
+            };
+            return with_path(&base, &self.fill_placeholders(rest, op));
+        }
+        self.fill_placeholders(template, op)
+    }
+
+    fn fill_placeholders(&self, template: &str, op: &OperationRecord) -> String {
         let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
         let job = op.remote_job_id.as_deref().unwrap_or("");
-        // The status URL the provider gave (origin-checked when used), else the template's (which
-        // may not name itself).
-        let status_url = match &op.status_url {
-            _ if !template.contains("{status_url}") => String::new(),
-            Some(u) => u.clone(),
-            None if !self.contract.status.url.contains("{status_url}") => {
-                self.fill(&self.contract.status.url, op)
-            }
-            None => String::new(),
-        };
         template
-            .replace("{status_url}", &status_url)
             .replace("{job_id_path}", &as_path(job))
             .replace("{target_path}", &as_path(&op.target))
             .replace("{job_id}", &enc(job))
@@ -155,7 +195,11 @@ impl HttpProvider {
     /// parameters added, and how it may be called. A URL at an origin the contract does not declare
     /// is refused, whoever named it.
     fn url(&self, path_or_url: &str) -> Result<(url::Url, Access), Refused> {
-        let mut u = if path_or_url.starts_with("http://") || path_or_url.starts_with("https://") {
+        let scheme = path_or_url
+            .get(..8)
+            .unwrap_or(path_or_url)
+            .to_ascii_lowercase();
+        let mut u = if scheme.starts_with("http://") || scheme.starts_with("https://") {
             url::Url::parse(path_or_url)
         } else {
             let base = self.contract.base_url.as_str().trim_end_matches('/');
@@ -476,6 +520,7 @@ impl HttpProvider {
             max_body,
         } = t;
         // The contract's fixed headers, then the call's own, then what this call sets itself.
+        let own_only = extra.clone();
         let mut headers = self.contract.headers.clone();
         let own = match kind {
             CallKind::Create => Some(&self.contract.create.headers),
@@ -490,8 +535,24 @@ impl HttpProvider {
         }
         headers.extend(extra);
         let extra = headers;
+        if target.contains(UNRESOLVED) {
+            let blank = url::Url::parse("about:blank").expect("static URL");
+            return wire::unsent(
+                kind,
+                at.attempt,
+                &method,
+                &blank,
+                op.trace_id,
+                "the provider gave no status URL to build this call from",
+            );
+        }
         match self.url(target) {
+            // Fixed headers go only where the credentials go (not to pre-signed storage URLs).
             Ok((url, access)) => {
+                let extra = match access {
+                    Access::Credentials => extra,
+                    Access::Anonymous => own_only,
+                };
                 let (body, secrets) = match body {
                     Some((b, s)) => (Some(b), s),
                     None => (None, Vec::new()),
@@ -709,7 +770,7 @@ impl HttpProvider {
             .filter_map(|l| self.locate(l, ex, json))
             // A value that is no URL at all (both of Azure's headers sent, one of them broken) is
             // passed over for the next; one at a foreign origin is not: it is refused when used.
-            .find(|s| !s.is_empty() && !matches!(self.url(s), Err(Refused::Malformed(_))))
+            .find(|s| followable(s) && !matches!(self.url(s), Err(Refused::Malformed(_))))
     }
 
     /// A status read. `resource`: the final GET of the created resource itself (the `status.url`
@@ -751,8 +812,10 @@ impl HttpProvider {
         };
         // A status code the contract maps is the state by itself, before any rule and whatever the
         // body (Azure's Location polling; a 204 has none).
-        let by_code = match (&ex.error, ex.status, resource) {
-            (None, Some(c), false) => spec.codes.get(&c).copied(),
+        // Only on a URL the provider named for this (Location): the created resource read at the
+        // template may answer 200 while it is still being made.
+        let by_code = match (&ex.error, ex.status, resource, &op.status_url) {
+            (None, Some(c), false, Some(_)) => spec.codes.get(&c).copied(),
             _ => None,
         };
         let (outcome, d, hints) = match by_code
@@ -1247,7 +1310,34 @@ impl Provider for HttpProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::{as_path, truncate};
+    use super::{as_path, followable, truncate, with_path};
+
+    #[test]
+    fn a_path_added_to_a_provider_url_goes_before_its_query() {
+        assert_eq!(with_path("/jobs/1", "/results"), "/jobs/1/results");
+        assert_eq!(
+            with_path("https://h/jobs/1/", "/results"),
+            "https://h/jobs/1/results"
+        );
+        assert_eq!(
+            with_path("https://h/jobs/1?f=json#x/y", "/results"),
+            "https://h/jobs/1/results?f=json"
+        );
+        assert_eq!(
+            with_path("https://h/ops/1?api-version=2024-01-01", ""),
+            "https://h/ops/1?api-version=2024-01-01"
+        );
+    }
+
+    #[test]
+    fn only_absolute_urls_and_paths_are_followed() {
+        for ok in ["/v1/ops/1", "http://h/x", "HTTPS://h/x"] {
+            assert!(followable(ok), "{ok}");
+        }
+        for bad in ["null", "", "ops/1", "//evil/x", "ftp://h/x", "javascript:x"] {
+            assert!(!followable(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn a_job_name_is_a_path_only_when_no_segment_could_move_it() {

@@ -565,3 +565,39 @@ fn fixed_headers_are_checked_and_never_what_jobtrail_sets_itself() {
     .unwrap_err();
     assert!(e.contains("cancel.headers.Cookie"), "{e}");
 }
+
+#[test]
+fn codes_that_mean_not_now_or_elsewhere_are_never_a_state_and_status_url_opens_a_template() {
+    let base = sim_text();
+    for (code, ok) in [
+        (202, true),
+        (204, true),
+        (410, true),
+        (302, false),
+        (429, false),
+        (408, false),
+        (503, false),
+        (500, false),
+        (101, false),
+    ] {
+        let text = base.replacen(
+            "[status.states]",
+            &format!("[status.codes]\nfailed = [{code}]\n\n[status.states]"),
+            1,
+        );
+        match parse(&text) {
+            Ok(_) => assert!(ok, "{code} was accepted"),
+            Err(e) => {
+                assert!(!ok, "{code}: {e}");
+                assert!(e.contains("status.codes.failed"), "{e}");
+            }
+        }
+    }
+    let e = parse(&base.replacen(
+        "path = \"/v1/jobs/{job_id}/cancel\"",
+        "path = \"/v1/x?next={status_url}\"",
+        1,
+    ))
+    .unwrap_err();
+    assert!(e.contains("cancel.path") && e.contains("start"), "{e}");
+}

@@ -582,7 +582,12 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            (r, format!("/jobs/{named}"))
+            // `status_url_elsewhere` names another Location (a broken provider's, say).
+            let location = script
+                .status_url_elsewhere
+                .clone()
+                .unwrap_or_else(|| format!("/jobs/{named}"));
+            (r, location)
         }
         Protocol::AzureMonitor => {
             let mut r = json_response(
