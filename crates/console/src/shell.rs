@@ -10,7 +10,7 @@ use std::process::ExitCode;
 /// The options every jobtrail command line shares.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
-    /// PostgreSQL URL (required by every command but demo, bench and dev-db). TLS: add
+    /// PostgreSQL URL (required by every command but demo, bench, dev-db and contract check). TLS: add
     /// `sslmode=require`, or `sslmode=verify-full&sslrootcert=/path/ca.pem`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
