@@ -369,6 +369,13 @@ async fn azure_status_monitor_succeeds_fails_and_cancels_past_a_broken_header() 
             |_| {},
         )
         .await;
+    let unasked = env
+        .submit(
+            "azure-lro",
+            azure(serde_json::json!({"outcome": "cancelled"})),
+            |_| {},
+        )
+        .await;
     env.start_worker("w1", Duration::from_secs(10));
 
     let ok = env.wait_settled(ok.id, T).await;
@@ -407,6 +414,28 @@ async fn azure_status_monitor_succeeds_fails_and_cancels_past_a_broken_header() 
         .unwrap();
     let stop = env.wait_settled(stop.id, T).await;
     assert_eq!(stop.state, State::Cancelled, "{stop:?}");
+
+    // `Canceled` nobody here asked for (the provider's console, a pre-emption) is not the
+    // confirmation of a cancel: the job did not do its work, and the record says why.
+    let unasked = env.wait_settled(unasked.id, T).await;
+    assert_eq!(unasked.state, State::Failed, "{unasked:?}");
+    let history = env.store.history(unasked.id).await.unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(last.event, "remote_cancelled_unasked", "{history:?}");
+    assert!(
+        last.cause.contains("nobody asked") && last.cause.contains("Canceled"),
+        "{}",
+        last.cause
+    );
+    assert!(
+        history.iter().all(|h| h.event != "remote_cancelled"),
+        "never recorded as a confirmed cancel"
+    );
+    let job = unasked.remote_job_id.clone().unwrap();
+    assert_eq!(env.sim.ledger().jobs[&job].cancel_requests, 0);
+    for id in [ok.id, bad.id, stop.id, unasked.id] {
+        assert!(env.store.verify_operation(id).await.unwrap().is_clean());
+    }
     env.stop_workers().await;
 }
 

@@ -796,6 +796,12 @@ pub fn after_status(
                     remote_state: s.remote_state,
                     reason: s.error,
                 })),
+                // A cancel nobody here asked for is not the confirmation of ours.
+                Some(Phase::Cancelled) if !cancel_phase => {
+                    Plan::write(step(Event::RemoteCancelledUnasked {
+                        remote_state: s.remote_state,
+                    }))
+                }
                 Some(Phase::Cancelled) => {
                     match CancelConfirmation::from_provider(&s.remote_state) {
                         Ok(c) => Plan::write(step(Event::RemoteCancelled(c))),

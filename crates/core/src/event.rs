@@ -189,8 +189,12 @@ pub enum Event {
         remote_state: String,
         reason: Option<String>,
     },
-    /// The provider says the job is cancelled.
+    /// The provider says the job is cancelled, in answer to our cancel.
     RemoteCancelled(CancelConfirmation),
+    /// The provider says the job is cancelled though nobody asked jobtrail to cancel it (cancelled
+    /// in the provider's console, pre-empted, expired): the work was not done, and it is not the
+    /// confirmation of a cancel of ours.
+    RemoteCancelledUnasked { remote_state: String },
     /// A status or cancel call failed in a way worth retrying (counts against the retry budget).
     CallFailed { error_class: String },
     /// The result deadline passed before the job ended.
@@ -286,6 +290,7 @@ event_kinds! {
     RemoteSucceeded = "remote_succeeded",
     RemoteFailed = "remote_failed",
     RemoteCancelled = "remote_cancelled",
+    RemoteCancelledUnasked = "remote_cancelled_unasked",
     CallFailed = "call_failed",
     ResultDeadlinePassed = "result_deadline_passed",
     UrlRefused = "url_refused",
@@ -346,6 +351,7 @@ impl Event {
             Event::RemoteSucceeded { .. } => EventKind::RemoteSucceeded,
             Event::RemoteFailed { .. } => EventKind::RemoteFailed,
             Event::RemoteCancelled(_) => EventKind::RemoteCancelled,
+            Event::RemoteCancelledUnasked { .. } => EventKind::RemoteCancelledUnasked,
             Event::CallFailed { .. } => EventKind::CallFailed,
             Event::ResultDeadlinePassed => EventKind::ResultDeadlinePassed,
             Event::UrlRefused { .. } => EventKind::UrlRefused,
@@ -432,6 +438,9 @@ impl Event {
                 None => format!("provider reports failure ({remote_state})"),
             },
             Event::RemoteCancelled(c) => format!("provider confirms cancel ({})", c.remote_state()),
+            Event::RemoteCancelledUnasked { remote_state } => format!(
+                "provider reports the job cancelled ({remote_state}) though nobody asked jobtrail to cancel it: the work was not done"
+            ),
             Event::CallFailed { error_class } => format!("provider call failed: {error_class}"),
             Event::ResultDeadlinePassed => "result deadline passed".into(),
             Event::UrlRefused { url } => format!(

@@ -152,6 +152,12 @@ pub static RULES: &[Rule] = &[
         why: "remote failure is final",
     },
     Rule {
+        on: EventKind::RemoteCancelledUnasked,
+        from: &[Accepted, Observing],
+        to: To::State(Failed),
+        why: "cancelled on the provider's side, not at our request: the job did not do its work",
+    },
+    Rule {
         on: EventKind::RemoteCancelled,
         from: REMOTE_LIVE,
         to: To::State(Cancelled),

@@ -698,7 +698,12 @@ fn status_outcomes_map_to_one_event_each_and_every_read_counts() {
             (
                 base.clone(),
                 status(Some(Phase::Cancelled), None),
-                EventKind::RemoteCancelled,
+                // Only a cancel we asked for is confirmed by the provider's cancelled state.
+                if matches!(state, State::CancelRequested | State::Cancelling) {
+                    EventKind::RemoteCancelled
+                } else {
+                    EventKind::RemoteCancelledUnasked
+                },
             ),
             (
                 base.clone(),

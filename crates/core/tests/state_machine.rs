@@ -52,6 +52,9 @@ fn sample_events() -> Vec<Event> {
             reason: None,
         },
         Event::RemoteCancelled(CancelConfirmation::from_provider("cancelled").unwrap()),
+        Event::RemoteCancelledUnasked {
+            remote_state: "Canceled".into(),
+        },
         Event::CallFailed {
             error_class: "503".into(),
         },

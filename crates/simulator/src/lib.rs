@@ -287,6 +287,7 @@ impl Job {
         let natural = match self.script.outcome {
             Outcome::Succeeded => "succeeded",
             Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
         };
         if let Some(at) = self.forced_success
             && now >= at

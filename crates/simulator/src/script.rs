@@ -101,6 +101,9 @@ pub enum Outcome {
     #[default]
     Succeeded,
     Failed,
+    /// The job ends `cancelled` on the provider's side without any cancel request (cancelled in
+    /// the provider's console, pre-empted, expired).
+    Cancelled,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
