@@ -358,6 +358,11 @@ async fn drill_result_endings_land_where_the_brief_says() {
         summary["items"]["failed_refs"],
         serde_json::json!(["item_2", "item_4", "item_6"])
     );
+    // Each failure says why, in the provider's words: its status value and its error.
+    assert_eq!(
+        summary["items"]["failures"][0]["why"],
+        "status \"failed\"; error: upstream timeout"
+    );
     let bytes = jobtrail_worker::ResultStore::read_verified(
         &env.store,
         p.result_location.as_deref().unwrap(),

@@ -488,6 +488,12 @@ struct RawResult {
     #[serde(default)]
     item_ref: Option<String>,
     #[serde(default)]
+    item_status: Option<String>,
+    #[serde(default)]
+    item_failed_values: Vec<String>,
+    #[serde(default)]
+    item_succeeded_values: Vec<String>,
+    #[serde(default)]
     csv_status_column: Option<String>,
     #[serde(default)]
     csv_error_values: Vec<String>,
@@ -699,6 +705,12 @@ pub struct ResultSpec {
     pub items: Option<String>,
     pub item_error: Option<String>,
     pub item_ref: Option<String>,
+    /// Each item's status value: failed when it is one of `item_failed_values`, or, when
+    /// `item_succeeded_values` is set, when it is not one of those (a value nobody listed is not
+    /// a success).
+    pub item_status: Option<String>,
+    pub item_failed_values: Vec<String>,
+    pub item_succeeded_values: Vec<String>,
     pub csv_status_column: Option<String>,
     pub csv_error_values: Vec<String>,
     pub expected_count: Option<u64>,
@@ -1858,6 +1870,15 @@ impl Validator<'_> {
             ("result.items", r.items.is_some()),
             ("result.item_error", r.item_error.is_some()),
             ("result.item_ref", r.item_ref.is_some()),
+            ("result.item_status", r.item_status.is_some()),
+            (
+                "result.item_failed_values",
+                !r.item_failed_values.is_empty(),
+            ),
+            (
+                "result.item_succeeded_values",
+                !r.item_succeeded_values.is_empty(),
+            ),
             ("result.csv_status_column", r.csv_status_column.is_some()),
             ("result.csv_error_values", !r.csv_error_values.is_empty()),
             ("result.expected_count", r.expected_count.is_some()),
@@ -1884,6 +1905,9 @@ impl Validator<'_> {
             items: None,
             item_error: None,
             item_ref: None,
+            item_status: None,
+            item_failed_values: Vec::new(),
+            item_succeeded_values: Vec::new(),
             csv_status_column: None,
             csv_error_values: Vec::new(),
             expected_count: None,
@@ -1948,6 +1972,34 @@ impl Validator<'_> {
                 "no items pointer for CSV results (rows are the items)",
             ));
         }
+        let item_keys = r.item_error.is_some()
+            || r.item_ref.is_some()
+            || r.item_status.is_some()
+            || !r.item_failed_values.is_empty()
+            || !r.item_succeeded_values.is_empty();
+        if item_keys && r.items.is_none() {
+            return Err(self.err(
+                "result.items",
+                "a JSON pointer to the item array when per-item keys (item_error, item_ref, item_status, …) are set",
+            ));
+        }
+        let status_values = !r.item_failed_values.is_empty() || !r.item_succeeded_values.is_empty();
+        if status_values != r.item_status.is_some() {
+            return Err(self.err(
+                "result.item_status",
+                "a JSON pointer to each item's status together with item_failed_values or item_succeeded_values (neither without the other)",
+            ));
+        }
+        if let Some(v) = r
+            .item_failed_values
+            .iter()
+            .find(|v| r.item_succeeded_values.contains(v))
+        {
+            return Err(self.err(
+                "result.item_failed_values",
+                format!("values not also in item_succeeded_values, got {v:?} in both"),
+            ));
+        }
         if !r.csv_error_values.is_empty() && r.csv_status_column.is_none() {
             return Err(self.err(
                 "result.csv_status_column",
@@ -1970,6 +2022,9 @@ impl Validator<'_> {
             items: self.pointer("result.items", &r.items)?,
             item_error: self.pointer("result.item_error", &r.item_error)?,
             item_ref: self.pointer("result.item_ref", &r.item_ref)?,
+            item_status: self.pointer("result.item_status", &r.item_status)?,
+            item_failed_values: r.item_failed_values,
+            item_succeeded_values: r.item_succeeded_values,
             csv_status_column: r.csv_status_column,
             csv_error_values: r.csv_error_values,
             expected_count: r.expected_count,

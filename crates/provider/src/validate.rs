@@ -105,11 +105,21 @@ fn expected_count(spec: &ResultSpec, hints: &ResultHints) -> Option<u64> {
     hints.expected_count.or(spec.expected_count)
 }
 
+/// How many failed items the summary describes one by one (all are counted).
+const DESCRIBED_FAILURES: usize = 20;
+
+/// One failed item: its reference (the item's id, or its place: `#3`, `line 7`) and why, in the
+/// provider's words (status value, error), cut to a readable length.
+struct Failure {
+    reference: String,
+    why: String,
+}
+
 fn judge_items(
     spec: &ResultSpec,
     hints: &ResultHints,
     total: u64,
-    failed: Vec<String>,
+    failed: Vec<Failure>,
     checks: &mut Vec<String>,
     violations: &mut Vec<String>,
     summary: &mut serde_json::Value,
@@ -122,12 +132,24 @@ fn judge_items(
         }
     }
     let n_failed = failed.len() as u64;
+    let described: Vec<serde_json::Value> = failed
+        .iter()
+        .take(DESCRIBED_FAILURES)
+        .map(|f| serde_json::json!({"ref": f.reference, "why": f.why}))
+        .collect();
+    let refs: Vec<&str> = failed.iter().map(|f| f.reference.as_str()).collect();
     summary["items"] = serde_json::json!({
         "total": total,
         "succeeded": total - n_failed.min(total),
         "failed": n_failed,
-        "failed_refs": failed,
+        "failed_refs": refs,
+        "failures": described,
     });
+    if n_failed > 0 {
+        checks.push(format!(
+            "{n_failed} of {total} items failed (partly failed batch)"
+        ));
+    }
     match spec.max_failed_items {
         Some(max) if n_failed > max => {
             violations.push(format!("{n_failed} items failed, at most {max} allowed"));
@@ -191,25 +213,18 @@ fn check_json(
         violations.push(format!("no item array at {ptr}"));
         return;
     };
-    let failed: Vec<String> = items
+    let failed: Vec<Failure> = items
         .iter()
         .enumerate()
-        .filter(|(_, item)| {
-            spec.item_error
+        .filter_map(|(i, item)| {
+            let why = item_failure(spec, item)?;
+            let reference = spec
+                .item_ref
                 .as_ref()
                 .and_then(|p| item.pointer(p))
-                .is_some_and(|e| !e.is_null() && e != &serde_json::Value::Bool(false))
-        })
-        .map(|(i, item)| {
-            spec.item_ref
-                .as_ref()
-                .and_then(|p| item.pointer(p))
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_owned)
-                        .unwrap_or_else(|| v.to_string())
-                })
-                .unwrap_or_else(|| format!("#{i}"))
+                .map(text)
+                .unwrap_or_else(|| format!("#{i}"));
+            Some(Failure { reference, why })
         })
         .collect();
     judge_items(
@@ -221,6 +236,61 @@ fn check_json(
         violations,
         summary,
     );
+}
+
+/// A JSON value as text: a string as itself, anything else as its JSON.
+fn text(v: &serde_json::Value) -> String {
+    v.as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| v.to_string())
+}
+
+/// Text from the provider, cut to a length a summary can carry.
+fn cut(mut s: String) -> String {
+    const MAX: usize = 200;
+    if s.len() > MAX {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// Why one JSON item failed, or `None` when it did not: a non-null, non-false error, a status
+/// value the contract lists as failed, or (when it lists the succeeded ones) any other value —
+/// an item whose status nobody listed, or that has none, is not counted as a success.
+fn item_failure(spec: &ResultSpec, item: &serde_json::Value) -> Option<String> {
+    let error = spec
+        .item_error
+        .as_ref()
+        .and_then(|p| item.pointer(p))
+        .filter(|e| !e.is_null() && *e != &serde_json::Value::Bool(false));
+    let status = spec.item_status.as_ref().map(|p| item.pointer(p).map(text));
+    let status_failed = match &status {
+        None => false,
+        Some(value) => {
+            let v = value.as_deref();
+            v.is_some_and(|v| spec.item_failed_values.iter().any(|f| f == v))
+                || (!spec.item_succeeded_values.is_empty()
+                    && !v.is_some_and(|v| spec.item_succeeded_values.iter().any(|s| s == v)))
+        }
+    };
+    if error.is_none() && !status_failed {
+        return None;
+    }
+    let mut why = Vec::new();
+    match status {
+        Some(Some(v)) if status_failed => why.push(format!("status {v:?}")),
+        Some(None) if status_failed => why.push("no status".to_owned()),
+        _ => {}
+    }
+    if let Some(e) = error {
+        why.push(format!("error: {}", text(e)));
+    }
+    Some(cut(why.join("; ")))
 }
 
 fn check_csv(
@@ -253,25 +323,202 @@ fn check_csv(
     };
     let mut total = 0u64;
     let mut failed = Vec::new();
-    for (i, rec) in reader.records().enumerate() {
+    for rec in reader.records() {
         let rec = match rec {
             Ok(r) => r,
+            // The csv error names the line itself.
             Err(e) => {
-                violations.push(format!("CSV row {}: {e}", i + 2));
+                violations.push(format!("result is not valid CSV: {e}"));
                 return;
             }
         };
         total += 1;
         if let Some(col) = status_col
-            && spec
-                .csv_error_values
-                .iter()
-                .any(|v| rec.get(col) == Some(v.as_str()))
+            && let Some(value) = rec
+                .get(col)
+                .filter(|v| spec.csv_error_values.iter().any(|e| e == v))
         {
-            // Refer to a failed row by its line number (header is line 1).
-            failed.push(format!("line {}", i + 2));
+            // The line the row starts on in the provider's file (a quoted field may span lines,
+            // so the row's index is not its line).
+            let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            failed.push(Failure {
+                reference: format!("line {line}"),
+                why: cut(format!("{} = {value:?}", headers.get(col).unwrap_or(""))),
+            });
         }
     }
     checks.push("csv".into());
     judge_items(spec, hints, total, failed, checks, violations, summary);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Contract;
+
+    fn spec(result: &str) -> ResultSpec {
+        let text = format!(
+            r#"
+name = "t"
+base_url = "http://127.0.0.1:9"
+[create]
+path = "/jobs"
+idempotency = "none"
+job_id = "body:/id"
+[status]
+url = "/jobs/{{job_id}}"
+state = "/state"
+[status.states]
+succeeded = ["done"]
+failed = ["failed"]
+[result]
+url = "/jobs/{{job_id}}/result"
+{result}
+"#
+        );
+        Contract::parse(&text, std::path::Path::new("t.toml"))
+            .unwrap()
+            .result
+            .unwrap()
+    }
+
+    fn summary(spec: &ResultSpec, body: &str) -> serde_json::Value {
+        let fetched = FetchedResult {
+            bytes: bytes::Bytes::from(body.to_owned()),
+            content_type: None,
+            checksum: None,
+        };
+        match check(spec, &fetched, &ResultHints::default()) {
+            Checked::Valid { summary, .. } => summary,
+            Checked::Invalid { violations } => panic!("{violations:?}"),
+        }
+    }
+
+    #[test]
+    fn an_item_fails_by_its_status_value_and_an_unlisted_value_is_no_success() {
+        let listed = spec(
+            r#"items = "/items"
+item_ref = "/id"
+item_status = "/status"
+item_failed_values = ["FAILED", "ERROR"]"#,
+        );
+        let body = r#"{"items": [
+            {"id": "a", "status": "SUCCEEDED"},
+            {"id": "b", "status": "FAILED", "error": {"message": "quota"}},
+            {"id": "c", "status": "ERROR"},
+            {"id": "d", "status": "SKIPPED"}
+        ]}"#;
+        let s = summary(&listed, body);
+        assert_eq!(s["items"]["failed"], 2, "{s}");
+        assert_eq!(s["items"]["failed_refs"], serde_json::json!(["b", "c"]));
+        assert_eq!(s["items"]["failures"][0]["why"], "status \"FAILED\"");
+
+        // With the succeeded values listed, SKIPPED and a missing status are not successes.
+        let strict = spec(
+            r#"items = "/items"
+item_ref = "/id"
+item_status = "/status"
+item_succeeded_values = ["SUCCEEDED"]
+item_error = "/error""#,
+        );
+        let body = r#"{"items": [
+            {"id": "a", "status": "SUCCEEDED"},
+            {"id": "b", "status": "SKIPPED"},
+            {"id": "c"},
+            {"id": "d", "status": "SUCCEEDED", "error": "partial write"},
+            {"id": 7, "status": true}
+        ]}"#;
+        let s = summary(&strict, body);
+        assert_eq!(
+            s["items"]["failed_refs"],
+            serde_json::json!(["b", "c", "d", "7"]),
+            "{s}"
+        );
+        assert_eq!(s["items"]["succeeded"], 1);
+        assert_eq!(s["items"]["failures"][1]["why"], "no status");
+        assert_eq!(s["items"]["failures"][2]["why"], "error: partial write");
+        assert_eq!(s["items"]["failures"][3]["why"], "status \"true\"");
+    }
+
+    #[test]
+    fn a_partly_failed_batch_says_so_and_its_descriptions_are_bounded() {
+        let spec = spec(
+            r#"items = "/items"
+item_status = "/s"
+item_error = "/e"
+item_failed_values = ["bad"]"#,
+        );
+        let long = "x".repeat(5000);
+        let items: Vec<_> = (0..100)
+            .map(|i| serde_json::json!({"s": if i % 2 == 0 { "bad" } else { "ok" }, "e": long}))
+            .collect();
+        let body = serde_json::json!({ "items": items }).to_string();
+        let fetched = FetchedResult {
+            bytes: bytes::Bytes::from(body),
+            content_type: None,
+            checksum: None,
+        };
+        let Checked::Valid { checks, summary } = check(&spec, &fetched, &ResultHints::default())
+        else {
+            panic!()
+        };
+        assert!(
+            checks.iter().any(|c| c.contains("100 of 100 items failed")),
+            "{checks:?}"
+        );
+        assert_eq!(summary["items"]["failed"], 100);
+        assert_eq!(summary["items"]["failures"].as_array().unwrap().len(), 20);
+        assert_eq!(summary["items"]["failures"][0]["ref"], "#0");
+        // Every item has an error here; the odd ones' status is fine but the error fails them.
+        let why = summary["items"]["failures"][0]["why"].as_str().unwrap();
+        assert!(
+            why.starts_with("status \"bad\"; error: xxx") && why.len() <= 204,
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_failing_csv_row_is_named_by_the_line_it_starts_on() {
+        let spec = spec(
+            r#"format = "csv"
+csv_status_column = "status"
+csv_error_values = ["ERROR"]"#,
+        );
+        // Row 2's note spans two lines, so row 3 starts on line 5, not line 4.
+        let body = "id,note,status\nr1,fine,OK\nr2,\"two\nlines\",OK\nr3,bad,ERROR\n";
+        let s = summary(&spec, body);
+        assert_eq!(s["items"]["total"], 3);
+        assert_eq!(s["items"]["failed_refs"], serde_json::json!(["line 5"]));
+        assert_eq!(s["items"]["failures"][0]["why"], "status = \"ERROR\"");
+    }
+
+    #[test]
+    fn item_status_keys_come_together_and_only_beside_items() {
+        let text = |result: &str| {
+            format!(
+                "name = \"t\"\nbase_url = \"http://127.0.0.1:9\"\n[create]\npath = \"/j\"\nidempotency = \"none\"\njob_id = \"body:/id\"\n[status]\nurl = \"/j/{{job_id}}\"\nstate = \"/s\"\n[status.states]\nsucceeded = [\"d\"]\nfailed = [\"f\"]\n[result]\nurl = \"/r\"\n{result}\n"
+            )
+        };
+        for (result, key) in [
+            ("item_status = \"/s\"", "result.items"),
+            ("items = \"/i\"\nitem_status = \"/s\"", "result.item_status"),
+            (
+                "items = \"/i\"\nitem_failed_values = [\"x\"]",
+                "result.item_status",
+            ),
+            (
+                "items = \"/i\"\nitem_status = \"/s\"\nitem_failed_values = [\"x\"]\nitem_succeeded_values = [\"x\"]",
+                "result.item_failed_values",
+            ),
+            (
+                "items = \"/i\"\nitem_status = \"s\"\nitem_failed_values = [\"x\"]",
+                "result.item_status",
+            ),
+        ] {
+            let err = Contract::parse(&text(result), std::path::Path::new("t.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{result}: {err}");
+        }
+    }
 }
