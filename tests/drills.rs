@@ -397,6 +397,17 @@ async fn results_are_kept_in_the_database_and_checked_on_the_way_out() {
         .await
         .unwrap();
         assert_eq!(bytes.len() as i64, op.result_size.unwrap());
+        if id == sync.id {
+            // A synchronous result is the provider's own bytes (here pretty-printed), not a
+            // re-serialisation of them: its digest is a digest of what the provider sent.
+            let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(doc["items"].as_array().unwrap().len(), 5);
+            assert_eq!(
+                String::from_utf8(bytes.to_vec()).unwrap(),
+                serde_json::to_string_pretty(&doc).unwrap(),
+                "kept as sent"
+            );
+        }
     }
     env.stop_workers().await;
     // Bytes altered behind jobtrail's back (the table refuses changes, so only an owner who first

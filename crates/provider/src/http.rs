@@ -688,12 +688,20 @@ impl HttpProvider {
         let json: Option<serde_json::Value> = serde_json::from_slice(&ex.body).ok();
         let job_id = self.locate(&spec.job_id, ex, json.as_ref());
         if let Some(Locator::Body(p)) = &spec.sync_result
-            && let Some(result) = json
-                .as_ref()
-                .and_then(|j| j.pointer(p))
-                .filter(|v| !v.is_null())
+            && let Some(result) = wire::raw_at(&ex.body, p)
         {
-            let bytes = bytes::Bytes::from(serde_json::to_vec(result).unwrap_or_default());
+            if ex.echoed_secret {
+                // The body we hold is scrubbed, so not the provider's bytes; a credential is
+                // never kept as a result either. The job ran: a person decides.
+                return (
+                    CreateOutcome::Ambiguous {
+                        error_class: "sync_result_repeats_a_credential".into(),
+                    },
+                    "ambiguous: the synchronous result repeats a credential this call sent; it is not kept".into(),
+                );
+            }
+            // The result is the provider's own bytes at that pointer, never re-serialised.
+            let bytes = ex.body.slice_ref(result);
             let fetched = FetchedResult {
                 bytes,
                 content_type: Some("application/json".into()),

@@ -610,6 +610,45 @@ fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
+/// The bytes of the JSON value at `pointer` inside `body`, exactly as the provider wrote them
+/// (no re-serialisation: a digest of them is a digest of the provider's bytes). `None` when the
+/// body is not JSON, the pointer leads nowhere, or the value there is `null`.
+pub fn raw_at<'a>(body: &'a [u8], pointer: &str) -> Option<&'a [u8]> {
+    use serde_json::value::RawValue;
+    let mut here: &RawValue = serde_json::from_slice(body).ok()?;
+    if !pointer.is_empty() {
+        for token in pointer.strip_prefix('/')?.split('/') {
+            let token = token.replace("~1", "/").replace("~0", "~");
+            here = match here.get().trim_start().as_bytes().first()? {
+                b'{' => {
+                    let map: std::collections::HashMap<String, &RawValue> =
+                        serde_json::from_str(here.get()).ok()?;
+                    map.get(&token).copied()?
+                }
+                b'[' => {
+                    // RFC 6901: an index is digits without a leading zero.
+                    if token.is_empty()
+                        || !token.bytes().all(|b| b.is_ascii_digit())
+                        || (token.len() > 1 && token.starts_with('0'))
+                    {
+                        return None;
+                    }
+                    let list: Vec<&RawValue> = serde_json::from_str(here.get()).ok()?;
+                    *list.get(token.parse::<usize>().ok()?)?
+                }
+                _ => return None,
+            };
+        }
+    }
+    let text = here.get();
+    if text == "null" {
+        return None;
+    }
+    // `text` borrows from `body`: hand back that very slice.
+    let start = text.as_ptr() as usize - body.as_ptr() as usize;
+    Some(&body[start..start + text.len()])
+}
+
 /// `Retry-After` as a delay: delta-seconds or an HTTP-date (parsed by `httpdate`). A number of
 /// seconds too large for 64 bits means "a very long time": it becomes the largest delay (which the
 /// contract's bounds then clamp), never "no Retry-After".
@@ -632,6 +671,46 @@ pub fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_value_at_a_pointer_is_the_providers_own_bytes() {
+        let body = br#"{"id": "j1", "result": {"b": 1.50,  "a": "\u00e9", "n": [1, 2e3]},
+            "a/b": {"~x": [true, null]}, "dup": 1, "dup": 2}"#;
+        let at = |p: &str| raw_at(body, p).map(|b| String::from_utf8(b.to_vec()).unwrap());
+        // Spacing, number spelling and escapes as sent: re-serialising would change all three.
+        assert_eq!(
+            at("/result").as_deref(),
+            Some(r#"{"b": 1.50,  "a": "\u00e9", "n": [1, 2e3]}"#)
+        );
+        assert_eq!(at("/result/n/1").as_deref(), Some("2e3"));
+        assert_eq!(at("/a~1b/~0x/0").as_deref(), Some("true"));
+        assert_eq!(
+            at("/dup").as_deref(),
+            Some("2"),
+            "the last of duplicate keys, as serde_json reads it"
+        );
+        assert_eq!(
+            at("").as_deref().map(|s| s.starts_with("{\"id\"")),
+            Some(true)
+        );
+        for nowhere in [
+            "/a~1b/~0x/1",
+            "/missing",
+            "/result/n/01",
+            "/result/n/-",
+            "/result/n/9",
+            "/id/x",
+            "result",
+        ] {
+            assert_eq!(at(nowhere), None, "{nowhere}");
+        }
+        assert_eq!(raw_at(b"not json", ""), None);
+        assert_eq!(
+            raw_at(b"{\"a\": 1", "/a"),
+            None,
+            "a truncated document has no parts"
+        );
+    }
 
     #[test]
     fn urls_lose_credentials_and_secret_query_values() {

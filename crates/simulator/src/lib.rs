@@ -543,11 +543,22 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         _ => {}
     }
     if act == CreateAct::Sync {
+        // The result pretty-printed inside the answer, as many servers write it: bytes a client
+        // that re-serialises would not keep.
         let (doc, _) = result_doc(&id, &script);
-        return json_response(
-            StatusCode::OK,
-            serde_json::json!({"job_id": id, "state": "succeeded", "result": serde_json::from_slice::<serde_json::Value>(&doc).unwrap_or_default()}),
+        let pretty = serde_json::from_slice::<serde_json::Value>(&doc)
+            .and_then(|v| serde_json::to_string_pretty(&v))
+            .unwrap_or_default();
+        let body = format!(
+            "{{\"job_id\": {}, \"state\": \"succeeded\", \"result\": {pretty}}}",
+            serde_json::Value::from(id.clone())
         );
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
     }
     let named = if act == CreateAct::DotDotJobId {
         "..".to_owned()
