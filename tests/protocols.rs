@@ -170,6 +170,27 @@ content_type = "application/json"
 items = "/items"
 "#;
 
+/// Azure's status monitor with no job id in the contract: the job is known by the
+/// `Operation-Location` its create answer names, and every call is built on it.
+const AZURE_NO_ID: &str = r#"
+protocol = "azure-lro"
+name = "azure-no-id"
+base_url = "http://127.0.0.1:1"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/v1/jobs"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+[status]
+url = "{status_url}"
+[result]
+within = "/result"
+items = "/items"
+"#;
+
 async fn protocols_env() -> Env {
     Env::with_contract_files(
         &[],
@@ -177,10 +198,89 @@ async fn protocols_env() -> Env {
             ("aip.toml", AIP),
             ("azure-location.toml", LOCATION),
             ("azure-lro.toml", AZURE),
+            ("azure-no-id.toml", AZURE_NO_ID),
             ("ogc.toml", OGC),
         ],
     )
     .await
+}
+
+/// A create answer with a state is synchronous only when that state is a terminal success: output
+/// beside a job still `queued` is partial, not the result (it is polled and its result fetched),
+/// while an answer already `succeeded` is the result (nothing polled). A 2xx naming no job id but
+/// a status URL (Azure's `Operation-Location`) starts a job known by that URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_answer_is_the_result_only_when_already_finished_and_a_status_url_can_name_the_job()
+ {
+    let mut env = protocols_env().await;
+    let partial = env
+        .submit(
+            "sim",
+            serde_json::json!({"partial_output": true, "duration_ms": 300}),
+            |_| {},
+        )
+        .await;
+    let sync = env
+        .submit("sim", serde_json::json!({"create": ["sync"]}), |_| {})
+        .await;
+    let no_id = env
+        .submit(
+            "azure-no-id",
+            script("azure_monitor", serde_json::json!({})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let partial = env.wait_settled(partial.id, T).await;
+    assert_eq!(partial.state, State::Succeeded, "{partial:?}");
+    assert_eq!(
+        partial.result_summary.as_ref().unwrap()["items"]["total"],
+        5,
+        "the fetched result, not the empty partial output"
+    );
+    let kinds: Vec<String> = env
+        .store
+        .calls(partial.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.kind)
+        .collect();
+    assert!(
+        kinds.contains(&"status".into()) && kinds.contains(&"result".into()),
+        "{kinds:?}"
+    );
+
+    let sync = env.wait_settled(sync.id, T).await;
+    assert_eq!(sync.state, State::Succeeded, "{sync:?}");
+    let kinds: Vec<String> = env
+        .store
+        .calls(sync.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.kind)
+        .collect();
+    assert_eq!(kinds, ["create"], "already finished: nothing to poll");
+
+    let no_id = env.wait_settled(no_id.id, T).await;
+    assert_eq!(no_id.state, State::Succeeded, "{no_id:?}");
+    let name = no_id.remote_job_id.clone().unwrap();
+    assert!(name.starts_with("/v1/operations/"), "{name}");
+    let calls = env.store.calls(no_id.id).await.unwrap();
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.kind != "create")
+            .all(|c| c.url.contains("/v1/operations/")),
+        "every call built on the monitor: {:?}",
+        calls.iter().map(|c| &c.url).collect::<Vec<_>>()
+    );
+    for id in [partial.id, sync.id, no_id.id] {
+        assert!(env.store.verify_operation(id).await.unwrap().is_clean());
+    }
+    env.stop_workers().await;
 }
 
 fn script(protocol: &str, more: serde_json::Value) -> serde_json::Value {

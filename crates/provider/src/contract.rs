@@ -241,7 +241,8 @@ struct RawCreate {
     idempotency_field: Option<String>,
     #[serde(default)]
     client_reference_field: Option<String>,
-    job_id: String,
+    #[serde(default)]
+    job_id: Option<String>,
     #[serde(default)]
     initial_state: Option<String>,
     #[serde(default)]
@@ -601,7 +602,9 @@ pub struct CreateSpec {
     pub path: String,
     pub token: TokenPlacement,
     pub client_reference_field: Option<String>,
-    pub job_id: Locator,
+    /// Where the job's id is; `None`: the job is known by the status URL the answer names
+    /// (Azure's `Operation-Location`, OGC's `Location`).
+    pub job_id: Option<Locator>,
     pub initial_state: Option<Locator>,
     pub status_url: Option<Locator>,
     pub sync_result: Option<Locator>,
@@ -1317,7 +1320,11 @@ impl Validator<'_> {
             token,
             client_reference_field: self
                 .pointer("create.client_reference_field", &c.client_reference_field)?,
-            job_id: self.locator("create.job_id", &c.job_id)?,
+            job_id: c
+                .job_id
+                .as_deref()
+                .map(|s| self.locator("create.job_id", s))
+                .transpose()?,
             initial_state: c
                 .initial_state
                 .as_deref()
@@ -1800,6 +1807,16 @@ impl Validator<'_> {
             ("reconcile.lookup_url", c.reconcile.lookup_url.clone()),
         ];
         for (key, t) in templates.drain(..) {
+            // Without create.job_id the job is known by its status URL: there is no id to place.
+            if c.create.job_id.is_none()
+                && t.as_deref()
+                    .is_some_and(|t| t.contains("{job_id}") || t.contains("{job_id_path}"))
+            {
+                return Err(self.err(
+                    key,
+                    "no {job_id} or {job_id_path} without create.job_id (the job is then known by the status URL the create answer names: use {status_url})",
+                ));
+            }
             if let Some(t) = t.filter(|t| t.starts_with("http://") || t.starts_with("https://"))
                 && url::Url::parse(&t)
                     .ok()

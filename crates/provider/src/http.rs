@@ -686,8 +686,24 @@ impl HttpProvider {
     fn accepted(&self, ex: &Exchange, duplicate: bool) -> (CreateOutcome, String) {
         let spec = &self.contract.create;
         let json: Option<serde_json::Value> = serde_json::from_slice(&ex.body).ok();
-        let job_id = self.locate(&spec.job_id, ex, json.as_ref());
-        if let Some(Locator::Body(p)) = &spec.sync_result
+        // Without a job id in the contract, the job is known by the status URL the answer names.
+        let job_id = match &spec.job_id {
+            Some(l) => self.locate(l, ex, json.as_ref()),
+            None => self.status_url_in(ex, json.as_ref()),
+        };
+        let remote_state = spec
+            .initial_state
+            .as_ref()
+            .and_then(|l| self.locate(l, ex, json.as_ref()));
+        // With a state in the answer, only a terminal success makes it synchronous: a result
+        // beside a job still running is partial output, not the result.
+        let finished = match (&spec.initial_state, &remote_state) {
+            (None, _) => true,
+            (Some(_), Some(s)) => self.contract.status.phase(s) == Some(Phase::Succeeded),
+            (Some(_), None) => false,
+        };
+        if finished
+            && let Some(Locator::Body(p)) = &spec.sync_result
             && let Some(result) = wire::raw_at(&ex.body, p)
         {
             if ex.echoed_secret {
@@ -736,10 +752,6 @@ impl HttpProvider {
         }
         match job_id {
             Some(job_id) => {
-                let remote_state = spec
-                    .initial_state
-                    .as_ref()
-                    .and_then(|l| self.locate(l, ex, json.as_ref()));
                 let status_url = self.status_url_in(ex, json.as_ref());
                 let d = format!(
                     "{} {job_id}",

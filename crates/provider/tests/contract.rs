@@ -601,3 +601,32 @@ fn codes_that_mean_not_now_or_elsewhere_are_never_a_state_and_status_url_opens_a
     .unwrap_err();
     assert!(e.contains("cancel.path") && e.contains("start"), "{e}");
 }
+
+#[test]
+fn without_a_job_id_the_job_is_its_status_url_and_no_template_may_place_an_id() {
+    let base = r#"
+protocol = "azure-lro"
+name = "a"
+base_url = "https://example.test"
+[create]
+path = "/things"
+idempotency = "none"
+[status]
+url = "STATUS"
+"#;
+    let c = parse(&base.replace("STATUS", "{status_url}")).unwrap();
+    assert_eq!(c.create.job_id, None);
+    for (template, key) in [
+        ("/things/{job_id}", "status.url"),
+        ("/things/{job_id_path}", "status.url"),
+    ] {
+        let err = parse(&base.replace("STATUS", template)).unwrap_err();
+        assert!(err.contains(key) && err.contains("{status_url}"), "{err}");
+    }
+    let cancel = format!(
+        "{}[cancel]\npath = \"/things/{{job_id}}/cancel\"\n",
+        base.replace("STATUS", "{status_url}")
+    );
+    let err = parse(&cancel).unwrap_err();
+    assert!(err.contains("cancel.path"), "{err}");
+}

@@ -570,13 +570,14 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         .clone()
         .unwrap_or_else(|| format!("/v1/jobs/{named}"));
     let (mut r, location) = match script.protocol {
-        Protocol::Native => (
-            json_response(
-                StatusCode::ACCEPTED,
-                serde_json::json!({"job_id": named, "state": "queued", "status_url": status_url}),
-            ),
-            status_url,
-        ),
+        Protocol::Native => {
+            let mut body =
+                serde_json::json!({"job_id": named, "state": "queued", "status_url": status_url});
+            if script.partial_output {
+                body["result"] = serde_json::json!({"job_id": named, "items": []});
+            }
+            (json_response(StatusCode::ACCEPTED, body), status_url)
+        }
         Protocol::Aip => (
             json_response(
                 StatusCode::OK,

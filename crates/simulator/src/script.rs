@@ -179,6 +179,9 @@ pub struct Script {
     pub status_url_elsewhere: Option<String>,
     /// Name this URL as the result URL when the job succeeds.
     pub result_url_elsewhere: Option<String>,
+    /// The create answer carries partial output in `result` beside its `queued` state (as APIs
+    /// that stream output do): not the job's result.
+    pub partial_output: bool,
     /// The webhooks this job's provider sends (when the simulator has a webhook target).
     pub webhooks: WebhookPlan,
 }
@@ -240,6 +243,7 @@ impl Default for Script {
             require_cookie: false,
             status_url_elsewhere: None,
             result_url_elsewhere: None,
+            partial_output: false,
             webhooks: WebhookPlan::default(),
         }
     }
