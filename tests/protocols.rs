@@ -191,6 +191,51 @@ within = "/result"
 items = "/items"
 "#;
 
+/// A workflow engine's style: cancel, result and lookup are POSTs with JSON bodies built from the
+/// job, the operation and the request; the lookup finds runs by the idempotency key we sent.
+const WORKFLOW: &str = r#"
+name = "workflow"
+base_url = "http://127.0.0.1:1"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/v1/jobs"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+job_id = "body:/job_id"
+[status]
+url = "/v1/jobs/{job_id}"
+state = "/state"
+[status.states]
+queued = ["queued"]
+running = ["running", "cancelling"]
+succeeded = ["succeeded"]
+failed = ["failed"]
+cancelled = ["cancelled"]
+[polling]
+initial_ms = 100
+cap_ms = 400
+[cancel]
+method = "POST"
+path = "/v2/runs:stop"
+idempotent = true
+body = { run = "{job_id}", reason = "stopped for operation {operation_id}", labels = "{request:/labels}" }
+[result]
+url = "/v2/runs:output"
+body = { run = "{job_id}" }
+content_type = "application/json"
+items = "/items"
+[reconcile]
+method = "resend"
+interval_ms = 200
+lookup_url = "/v2/runs:lookup"
+lookup_body = { request_id = "{idempotency_key}" }
+lookup_jobs = "/runs"
+lookup_job_id = "/id"
+"#;
+
 async fn protocols_env() -> Env {
     Env::with_contract_files(
         &[],
@@ -199,6 +244,7 @@ async fn protocols_env() -> Env {
             ("azure-location.toml", LOCATION),
             ("azure-lro.toml", AZURE),
             ("azure-no-id.toml", AZURE_NO_ID),
+            ("workflow.toml", WORKFLOW),
             ("ogc.toml", OGC),
         ],
     )
@@ -640,5 +686,104 @@ async fn no_call_is_built_on_a_status_url_the_provider_never_usably_gave() {
         1,
         "only the create reached the provider"
     );
+    env.stop_workers().await;
+}
+
+/// A workflow engine's POSTs: the result is fetched and the run stopped with JSON bodies built from
+/// the job id, the operation and a request value (kept whole: a list stays a list); a lost create
+/// answer is looked up by the idempotency key we sent, so one run results; and the same key
+/// answered with a second run is a contract violation, not a silent orphan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_engine_is_driven_with_post_bodies_and_looked_up_by_our_key() {
+    let mut env = protocols_env().await;
+    let with_labels = |script: serde_json::Value| {
+        move |s: &mut jobtrail_core::Submission| {
+            s.body = serde_json::to_vec(&serde_json::json!({"sim": script, "labels": ["a", "b"]}))
+                .unwrap();
+        }
+    };
+    let ok = env
+        .submit("workflow", serde_json::json!({"duration_ms": 300}), |_| {})
+        .await;
+    let stop = env
+        .submit(
+            "workflow",
+            serde_json::json!({}),
+            with_labels(serde_json::json!({"never_finish": true})),
+        )
+        .await;
+    let lost = env
+        .submit(
+            "workflow",
+            serde_json::json!({"create": ["drop_after_accept"], "duration_ms": 300}),
+            |_| {},
+        )
+        .await;
+    let twice = env
+        .submit(
+            "workflow",
+            serde_json::json!({"create": ["drop_after_accept", "different_job_id"], "never_finish": true}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let ok = env.wait_settled(ok.id, T).await;
+    assert_eq!(ok.state, State::Succeeded, "{ok:?}");
+    let run = ok.remote_job_id.clone().unwrap();
+    assert_eq!(
+        env.sim.ledger().jobs[&run].posted["output"],
+        [serde_json::json!({"run": run})]
+    );
+    let result = env
+        .store
+        .calls(ok.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.kind == "result")
+        .unwrap();
+    assert_eq!(result.method, "POST");
+
+    env.wait_state(stop.id, State::Observing, T).await;
+    env.store
+        .request_cancel(
+            stop.id,
+            jobtrail_core::CancelRequest::new("alice", "not needed").unwrap(),
+        )
+        .await
+        .unwrap();
+    let stopped = env.wait_settled(stop.id, T).await;
+    assert_eq!(stopped.state, State::Cancelled, "{stopped:?}");
+    let run = stopped.remote_job_id.clone().unwrap();
+    assert_eq!(
+        env.sim.ledger().jobs[&run].posted["stop"],
+        [serde_json::json!({
+            "run": run,
+            "reason": format!("stopped for operation {}", stop.id),
+            "labels": ["a", "b"],
+        })]
+    );
+
+    let lost = env.wait_settled(lost.id, T).await;
+    assert_eq!(lost.state, State::Succeeded, "{lost:?}");
+    let ledger = env.sim.ledger();
+    assert_eq!(ledger.tokens[lost.token.as_str()].len(), 1, "one run");
+    let run = lost.remote_job_id.clone().unwrap();
+    assert_eq!(
+        ledger.jobs[&run].posted["lookup"],
+        [serde_json::json!({"request_id": lost.token.as_str()})],
+        "looked up by the key we sent"
+    );
+
+    let twice = env.wait_state(twice.id, State::ContractViolation, T).await;
+    let (a, b) = (
+        twice.remote_job_id.clone().unwrap(),
+        twice.conflicting_remote_job_id.clone().unwrap(),
+    );
+    assert_ne!(a, b, "both runs are kept");
+    for id in [ok.id, stopped.id, lost.id, twice.id] {
+        assert!(env.store.verify_operation(id).await.unwrap().is_clean());
+    }
     env.stop_workers().await;
 }

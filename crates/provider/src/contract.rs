@@ -454,6 +454,8 @@ struct RawCancel {
     window_ms: u64,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    #[serde(default)]
+    body: Option<toml::Value>,
 }
 fn d_cancel_ms() -> u64 {
     300_000
@@ -464,6 +466,10 @@ fn d_cancel_ms() -> u64 {
 struct RawResult {
     #[serde(default)]
     url: Option<String>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    body: Option<toml::Value>,
     #[serde(default)]
     from: ResultFrom,
     #[serde(default)]
@@ -521,6 +527,10 @@ struct RawReconcile {
     #[serde(default)]
     lookup_url: Option<String>,
     #[serde(default)]
+    lookup_method: Option<String>,
+    #[serde(default)]
+    lookup_body: Option<toml::Value>,
+    #[serde(default)]
     lookup_jobs: Option<String>,
     #[serde(default)]
     lookup_job_id: Option<String>,
@@ -538,6 +548,8 @@ impl Default for RawReconcile {
         Self {
             method: d_reconcile(),
             lookup_url: None,
+            lookup_method: None,
+            lookup_body: None,
             lookup_jobs: None,
             lookup_job_id: None,
             interval_ms: d_reconcile_interval(),
@@ -691,11 +703,16 @@ pub struct CancelSpec {
     pub window: Duration,
     /// Fixed headers on the cancel call.
     pub headers: http::HeaderMap,
+    /// A JSON body template (placeholders in its strings); `None`: an empty body.
+    pub body: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone)]
 pub struct ResultSpec {
     pub url: Option<String>,
+    /// How `url` is fetched: GET, or POST with `body` (a JSON template).
+    pub method: http::Method,
+    pub body: Option<serde_json::Value>,
     pub from: ResultFrom,
     /// JSON pointer to the result inside the fetched document: the rules apply there, the bytes
     /// are kept whole.
@@ -724,6 +741,9 @@ pub struct ResultSpec {
 pub struct ReconcileSpec {
     pub method: ReconcileMethod,
     pub lookup_url: Option<String>,
+    /// How the lookup is sent: GET, or POST with `lookup_body` (a JSON template).
+    pub lookup_method: http::Method,
+    pub lookup_body: Option<serde_json::Value>,
     pub lookup_jobs: Option<String>,
     pub lookup_job_id: Option<String>,
     pub interval: Duration,
@@ -1084,6 +1104,27 @@ impl Validator<'_> {
         }
     }
 
+    /// A read call's method: GET (the default) or POST, which alone carries a body.
+    fn read_method(
+        &self,
+        key: &str,
+        m: Option<&str>,
+        body: &Option<toml::Value>,
+    ) -> Result<http::Method, ContractError> {
+        let method = match m {
+            None if body.is_some() => http::Method::POST,
+            None => http::Method::GET,
+            Some(m) => match self.method(key, m)? {
+                x @ (http::Method::GET | http::Method::POST) => x,
+                _ => return Err(self.err(key, format!("GET or POST, got {m:?}"))),
+            },
+        };
+        if method == http::Method::GET && body.is_some() {
+            return Err(self.err(key, "POST when a body is given (a GET carries none)"));
+        }
+        Ok(method)
+    }
+
     /// Fixed headers from the contract: valid names and values, none of those jobtrail sets itself.
     fn fixed_headers(
         &self,
@@ -1113,7 +1154,9 @@ impl Validator<'_> {
             .map_err(|_| self.err(key, format!("a valid HTTP header name, got {h:?}")))
     }
 
-    fn template(&self, key: &str, t: &str) -> Result<String, ContractError> {
+    /// Every placeholder in `t` is one jobtrail fills (`{status_url}` only opening a URL
+    /// template, never in a body).
+    fn placeholders(&self, key: &str, t: &str, in_body: bool) -> Result<(), ContractError> {
         let known = [
             "{job_id}",
             "{job_id_path}",
@@ -1121,6 +1164,8 @@ impl Validator<'_> {
             "{target}",
             "{target_path}",
             "{client_reference}",
+            "{idempotency_key}",
+            "{request:/pointer}",
             "{status_url}",
         ];
         let mut rest = t;
@@ -1129,10 +1174,13 @@ impl Validator<'_> {
                 self.err(key, format!("a template with closed braces, got {t:?}"))
             })?;
             let ph = &rest[i..i + end + 1];
-            if ph == "{status_url}" && !t.starts_with(ph) {
-                return Err(self.err(key, "{status_url} only at the start of a template"));
+            if ph == "{status_url}" && (in_body || !t.starts_with(ph)) {
+                return Err(self.err(key, "{status_url} only at the start of a URL template"));
             }
-            if !known.contains(&ph) {
+            let request = ph
+                .strip_prefix("{request:")
+                .is_some_and(|p| p.starts_with('/') && p.len() > 2);
+            if !request && (!known.contains(&ph) || ph == "{request:/pointer}") {
                 return Err(self.err(
                     key,
                     format!("placeholders among {}, got {ph}", known.join(", ")),
@@ -1140,6 +1188,36 @@ impl Validator<'_> {
             }
             rest = &rest[i + end + 1..];
         }
+        Ok(())
+    }
+
+    /// A JSON body template: the TOML value as JSON, every string's placeholders checked.
+    fn body_template(
+        &self,
+        key: &str,
+        v: &Option<toml::Value>,
+    ) -> Result<Option<serde_json::Value>, ContractError> {
+        let Some(v) = v else { return Ok(None) };
+        let json = serde_json::to_value(v)
+            .map_err(|e| self.err(key, format!("a value JSON can carry ({e})")))?;
+        fn strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+            match v {
+                serde_json::Value::String(s) => out.push(s),
+                serde_json::Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+                serde_json::Value::Object(m) => m.values().for_each(|x| strings(x, out)),
+                _ => {}
+            }
+        }
+        let mut all = Vec::new();
+        strings(&json, &mut all);
+        for t in all {
+            self.placeholders(key, t, true)?;
+        }
+        Ok(Some(json))
+    }
+
+    fn template(&self, key: &str, t: &str) -> Result<String, ContractError> {
+        self.placeholders(key, t, false)?;
         if !(t.starts_with('/')
             || t.starts_with("http://")
             || t.starts_with("https://")
@@ -1584,9 +1662,19 @@ impl Validator<'_> {
                     jobtrail_core::operation::MAX_CANCEL_WINDOW.as_millis() as u64,
                 )?,
                 headers: http::HeaderMap::new(),
+                body: self.body_template("cancel.body", &c.body)?,
             }),
             None => None,
         };
+        if let Some(c) = &cancel
+            && c.body.is_some()
+            && matches!(c.method, http::Method::GET | http::Method::DELETE)
+        {
+            return Err(self.err(
+                "cancel.body",
+                format!("no body with {} (POST, PUT or PATCH carry one)", c.method),
+            ));
+        }
 
         let result = match r.result {
             Some(rr) => Some(self.result(rr, status.result_url.is_some())?),
@@ -1611,6 +1699,12 @@ impl Validator<'_> {
                 .as_deref()
                 .map(|u| self.template("reconcile.lookup_url", u))
                 .transpose()?,
+            lookup_method: self.read_method(
+                "reconcile.lookup_method",
+                rc.lookup_method.as_deref(),
+                &rc.lookup_body,
+            )?,
+            lookup_body: self.body_template("reconcile.lookup_body", &rc.lookup_body)?,
             lookup_jobs: self.pointer("reconcile.lookup_jobs", &rc.lookup_jobs)?,
             lookup_job_id: self.pointer("reconcile.lookup_job_id", &rc.lookup_job_id)?,
             interval: self.ms("reconcile.interval_ms", rc.interval_ms, 1)?,
@@ -1621,10 +1715,32 @@ impl Validator<'_> {
                 "a URL template when reconcile.method = \"lookup\"",
             ));
         }
-        if reconcile.lookup_url.is_some() && create.client_reference_field.is_none() {
+        if let Some(url) = &reconcile.lookup_url {
+            // A lookup finds our job by what we sent: our reference, or the idempotency token.
+            let lookup = format!(
+                "{url} {}",
+                reconcile
+                    .lookup_body
+                    .as_ref()
+                    .map(|b| b.to_string())
+                    .unwrap_or_default()
+            );
+            if lookup.contains("{client_reference}") && create.client_reference_field.is_none() {
+                return Err(self.err(
+                    "create.client_reference_field",
+                    "a JSON pointer (where our reference goes) when the lookup names {client_reference}",
+                ));
+            }
+            if !lookup.contains("{client_reference}") && !lookup.contains("{idempotency_key}") {
+                return Err(self.err(
+                    "reconcile.lookup_url",
+                    "a lookup naming {client_reference} or {idempotency_key} (what we sent with the create), in its URL or lookup_body",
+                ));
+            }
+        } else if rc.lookup_body.is_some() || rc.lookup_method.is_some() {
             return Err(self.err(
-                "create.client_reference_field",
-                "a JSON pointer (where our reference goes) when reconcile.lookup_url is set",
+                "reconcile.lookup_url",
+                "a URL template beside lookup_method and lookup_body",
             ));
         }
         if reconcile.method == ReconcileMethod::Resend && create.token == TokenPlacement::None {
@@ -1798,6 +1914,18 @@ impl Validator<'_> {
             secrets,
             limits,
         };
+        let body_text = |b: &Option<serde_json::Value>| b.as_ref().map(|b| b.to_string());
+        let bodies = [
+            (
+                "cancel.body",
+                c.cancel.as_ref().and_then(|x| body_text(&x.body)),
+            ),
+            (
+                "result.body",
+                c.result.as_ref().and_then(|x| body_text(&x.body)),
+            ),
+            ("reconcile.lookup_body", body_text(&c.reconcile.lookup_body)),
+        ];
         // A template that names a whole URL must stay within the declared origins too.
         let mut templates = vec![
             ("create.path", Some(c.create.path.clone())),
@@ -1806,6 +1934,10 @@ impl Validator<'_> {
             ("result.url", c.result.as_ref().and_then(|x| x.url.clone())),
             ("reconcile.lookup_url", c.reconcile.lookup_url.clone()),
         ];
+        for (key, t) in templates.iter().chain(bodies.iter()) {
+            let Some(t) = t else { continue };
+            self.placeholder_sources(&c, key, t)?;
+        }
         for (key, t) in templates.drain(..) {
             // Without create.job_id the job is known by its status URL: there is no id to place.
             if c.create.job_id.is_none()
@@ -1830,6 +1962,38 @@ impl Validator<'_> {
             }
         }
         Ok(c)
+    }
+
+    /// What a template's placeholders read must exist and be safe to send: an idempotency key
+    /// only where one goes with the create, a request value never from a field that carries a
+    /// secret (its reference, or the value a caller wrongly put there).
+    fn placeholder_sources(&self, c: &Contract, key: &str, t: &str) -> Result<(), ContractError> {
+        if t.contains("{idempotency_key}") && c.create.token == TokenPlacement::None {
+            return Err(self.err(
+                key,
+                "no {idempotency_key} when create.idempotency = \"none\" (no key is sent, so none can be looked up)",
+            ));
+        }
+        let mut rest = t;
+        while let Some(i) = rest.find("{request:") {
+            let tail = &rest[i + "{request:".len()..];
+            let end = tail.find('}').unwrap_or(tail.len());
+            let ptr = &tail[..end];
+            let overlaps = |r: &String| {
+                let under = |a: &str, b: &str| {
+                    a == b || a.strip_prefix(b).is_some_and(|x| x.starts_with('/'))
+                };
+                under(ptr, r) || under(r, ptr)
+            };
+            if let Some(r) = c.redact.iter().find(|r| overlaps(r)) {
+                return Err(self.err(
+                    key,
+                    format!("no {{request:{ptr}}}: it reads the sensitive field {r} (redact)"),
+                ));
+            }
+            rest = &tail[end..];
+        }
+        Ok(())
     }
 
     fn limits(&self, r: &RawLimits) -> Result<Limits, ContractError> {
@@ -1880,6 +2044,8 @@ impl Validator<'_> {
     fn no_result(&self, r: RawResult, status_gives_url: bool) -> Result<ResultSpec, ContractError> {
         let set = [
             ("result.url", r.url.is_some()),
+            ("result.method", r.method.is_some()),
+            ("result.body", r.body.is_some()),
             ("result.content_type", r.content_type.is_some()),
             ("result.checksum_header", r.checksum_header.is_some()),
             ("result.schema", r.schema.is_some()),
@@ -1912,6 +2078,8 @@ impl Validator<'_> {
         }
         Ok(ResultSpec {
             url: None,
+            method: http::Method::GET,
+            body: None,
             from: ResultFrom::Url,
             within: None,
             content_type: None,
@@ -1956,6 +2124,14 @@ impl Validator<'_> {
             }
             _ => {}
         }
+        if url.is_none() && (r.method.is_some() || r.body.is_some()) {
+            return Err(self.err(
+                "result.method",
+                "nothing without a result.url template (a URL the provider names, the status and the resource are read with GET)",
+            ));
+        }
+        let method = self.read_method("result.method", r.method.as_deref(), &r.body)?;
+        let body = self.body_template("result.body", &r.body)?;
         if r.within.is_some() && r.format != ResultFormat::Json {
             return Err(self.err(
                 "result.within",
@@ -2025,6 +2201,8 @@ impl Validator<'_> {
         }
         Ok(ResultSpec {
             url,
+            method,
+            body,
             from: r.from,
             within: self.pointer("result.within", &r.within)?,
             content_type: r.content_type,

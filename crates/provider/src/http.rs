@@ -44,9 +44,21 @@ fn followable(s: &str) -> bool {
         || lower.starts_with("https://")
 }
 
-/// What a template becomes when it needs the provider's status URL and there is none: `call` sends
-/// nothing for it (a NUL cannot come from a provider's header or from a contract).
-const UNRESOLVED: &str = "\u{0}no status URL";
+/// What a template becomes when a value it needs is missing (no status URL from the provider, a
+/// request field that is absent): `call` sends nothing for it, and the reason follows the mark (a
+/// NUL cannot come from a provider's header, a contract, or a percent-encoded value).
+const UNRESOLVED: &str = "\u{0}unresolved: ";
+
+fn unresolved(why: &str) -> String {
+    format!("{UNRESOLVED}{why}")
+}
+
+/// A placeholder's value: text for paths and strings, or (for `{request:/…}`) the JSON value
+/// itself, which a body string that is only that placeholder takes whole.
+enum Filled {
+    Text(String),
+    Json(serde_json::Value),
+}
 
 /// `url` (absolute or a path) with `rest` added to its path, its query kept after it and any
 /// fragment dropped: `…/jobs/1?f=json` + `/results` is `…/jobs/1/results?f=json`.
@@ -172,23 +184,155 @@ impl HttpProvider {
                     self.fill(&self.contract.status.url, op)
                 }
                 // No URL to build this call from: the call is not sent (see `call`).
-                None => return UNRESOLVED.to_owned(),
+                None => {
+                    return unresolved("the provider gave no status URL to build this call from");
+                }
             };
-            return with_path(&base, &self.fill_placeholders(rest, op));
+            return with_path(&base, &self.fill_placeholders(rest, op, true));
         }
-        self.fill_placeholders(template, op)
+        self.fill_placeholders(template, op, true)
     }
 
-    fn fill_placeholders(&self, template: &str, op: &OperationRecord) -> String {
-        let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
+    /// One placeholder's value (`name` without braces); `None` for a name that is none of ours
+    /// (left as text: the contract's check makes that impossible for a loaded contract).
+    fn placeholder(&self, name: &str, op: &OperationRecord) -> Option<Result<Filled, String>> {
         let job = op.remote_job_id.as_deref().unwrap_or("");
-        template
-            .replace("{job_id_path}", &as_path(job))
-            .replace("{target_path}", &as_path(&op.target))
-            .replace("{job_id}", &enc(job))
-            .replace("{operation_id}", &enc(&op.id.to_string()))
-            .replace("{client_reference}", &enc(&op.id.to_string()))
-            .replace("{target}", &enc(&op.target))
+        let text = |s: &str| Some(Ok(Filled::Text(s.to_owned())));
+        match name {
+            "job_id" | "job_id_path" => text(job),
+            "target" | "target_path" => text(&op.target),
+            "operation_id" | "client_reference" => text(&op.id.to_string()),
+            "idempotency_key" => text(op.token.as_str()),
+            _ => {
+                let ptr = name.strip_prefix("request:")?;
+                Some(match op.request_body.pointer(ptr) {
+                    None | Some(serde_json::Value::Null) => {
+                        Err(format!("the request has no value at {ptr}"))
+                    }
+                    Some(v) => Ok(Filled::Json(v.clone())),
+                })
+            }
+        }
+    }
+
+    /// A template's placeholders filled in one pass (a value is never read as a placeholder).
+    /// For a URL (`in_url`) each value is percent-encoded as one path segment, except
+    /// `{…_path}`, a path; a request value must then be a string or a number.
+    fn fill_placeholders(&self, template: &str, op: &OperationRecord, in_url: bool) -> String {
+        let enc = |s: &str| utf8_percent_encode(s, PATH_VALUE).to_string();
+        let mut out = String::with_capacity(template.len());
+        let mut rest = template;
+        while let Some(i) = rest.find('{') {
+            out.push_str(&rest[..i]);
+            let Some(end) = rest[i..].find('}') else {
+                break;
+            };
+            let name = &rest[i + 1..i + end];
+            rest = &rest[i + end + 1..];
+            let value = match self.placeholder(name, op) {
+                None => {
+                    out.push_str(&format!("{{{name}}}"));
+                    continue;
+                }
+                Some(Err(why)) => return unresolved(&why),
+                Some(Ok(Filled::Text(t))) => t,
+                Some(Ok(Filled::Json(v))) => match v {
+                    serde_json::Value::String(t) => t,
+                    serde_json::Value::Number(n) => n.to_string(),
+                    serde_json::Value::Bool(b) if !in_url => b.to_string(),
+                    other if !in_url => other.to_string(),
+                    _ => return unresolved(&format!("{{{name}}} is not a string or a number")),
+                },
+            };
+            if !in_url {
+                out.push_str(&value);
+                continue;
+            }
+            let piece = if name.ends_with("_path") {
+                as_path(&value)
+            } else {
+                enc(&value)
+            };
+            // Dots are not encoded (and `%2E` is read as one): a value that is all dots, or
+            // nothing, would move the request to another resource.
+            if matches!(piece.as_str(), "" | "." | "..") {
+                return unresolved(&format!(
+                    "{{{name}}} is {value:?}, which a URL path resolves to another resource"
+                ));
+            }
+            out.push_str(&piece);
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// A call's target and JSON body (with its content type) from an optional body template. A
+    /// body that cannot be built makes the call unsendable, as a URL that cannot be built does.
+    #[allow(clippy::type_complexity)]
+    fn with_body(
+        &self,
+        target: String,
+        template: Option<&serde_json::Value>,
+        op: &OperationRecord,
+    ) -> (String, Option<(Vec<u8>, Vec<String>)>, http::HeaderMap) {
+        let mut headers = http::HeaderMap::new();
+        let Some(template) = template else {
+            return (target, None, headers);
+        };
+        match self.render_body(template, op) {
+            Ok(body) => {
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                (target, Some((body, Vec::new())), headers)
+            }
+            Err(why) => (unresolved(&why), None, headers),
+        }
+    }
+
+    /// A call's JSON body from its template: each string filled as text, and a string that is only
+    /// `{request:/…}` replaced by that JSON value whole. `Err`: a value it needs is missing.
+    fn render_body(
+        &self,
+        template: &serde_json::Value,
+        op: &OperationRecord,
+    ) -> Result<Vec<u8>, String> {
+        fn walk(
+            p: &HttpProvider,
+            v: &serde_json::Value,
+            op: &OperationRecord,
+        ) -> Result<serde_json::Value, String> {
+            Ok(match v {
+                serde_json::Value::String(t) => {
+                    let whole = t
+                        .strip_prefix('{')
+                        .and_then(|x| x.strip_suffix('}'))
+                        .filter(|x| !x.contains(['{', '}']));
+                    match whole.and_then(|name| p.placeholder(name, op)) {
+                        Some(Ok(Filled::Json(j))) => j,
+                        Some(Err(why)) => return Err(why),
+                        _ => {
+                            let filled = p.fill_placeholders(t, op, false);
+                            if let Some(why) = filled.strip_prefix(UNRESOLVED) {
+                                return Err(why.to_owned());
+                            }
+                            serde_json::Value::String(filled)
+                        }
+                    }
+                }
+                serde_json::Value::Array(a) => serde_json::Value::Array(
+                    a.iter().map(|x| walk(p, x, op)).collect::<Result<_, _>>()?,
+                ),
+                serde_json::Value::Object(m) => serde_json::Value::Object(
+                    m.iter()
+                        .map(|(k, x)| Ok((k.clone(), walk(p, x, op)?)))
+                        .collect::<Result<_, String>>()?,
+                ),
+                other => other.clone(),
+            })
+        }
+        serde_json::to_vec(&walk(self, template, op)?).map_err(|e| e.to_string())
     }
 
     /// An absolute URL from a template path or a URL the provider gave, with the contract's query
@@ -535,16 +679,9 @@ impl HttpProvider {
         }
         headers.extend(extra);
         let extra = headers;
-        if target.contains(UNRESOLVED) {
-            let blank = url::Url::parse("about:blank").expect("static URL");
-            return wire::unsent(
-                kind,
-                at.attempt,
-                &method,
-                &blank,
-                op.trace_id,
-                "the provider gave no status URL to build this call from",
-            );
+        if let Some(i) = target.find(UNRESOLVED) {
+            let why = &target[i + UNRESOLVED.len()..];
+            return wire::not_built(kind, at.attempt, &method, op.trace_id, why);
         }
         match self.url(target) {
             // Fixed headers go only where the credentials go (not to pre-signed storage URLs).
@@ -574,8 +711,7 @@ impl HttpProvider {
                 .await
             }
             Err(Refused::Malformed(e)) => {
-                let blank = url::Url::parse("about:blank").expect("static URL");
-                wire::unsent(kind, at.attempt, &method, &blank, op.trace_id, &e)
+                wire::not_built(kind, at.attempt, &method, op.trace_id, &e)
             }
             Err(Refused::Foreign(u)) => wire::not_sent(
                 kind,
@@ -989,7 +1125,8 @@ impl HttpProvider {
             return unsent_called(CallKind::Cancel, at.attempt, op, why, outcome);
         };
         let max = self.contract.max_response_bytes;
-        let target = self.fill(&spec.path, op);
+        let (target, body, extra) =
+            self.with_body(self.fill(&spec.path, op), spec.body.as_ref(), op);
         let ex = self
             .call(
                 op,
@@ -1000,8 +1137,8 @@ impl HttpProvider {
                     path: &target,
                     max_body: max,
                 },
-                None,
-                http::HeaderMap::new(),
+                body,
+                extra,
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
@@ -1063,14 +1200,20 @@ impl HttpProvider {
             .and_then(|r| serde_json::from_value(r.clone()).ok())
             .unwrap_or_default();
         let status = &self.contract.status;
+        // Only the contract's own result URL is fetched its way; every other read is a GET.
+        let get = |t: String| (t, http::Method::GET, None, http::HeaderMap::new());
         let target = match (spec.from, &spec.url, &hints.result_url) {
-            (ResultFrom::Status, _, _) => match &op.status_url {
+            (ResultFrom::Status, _, _) => get(match &op.status_url {
                 Some(u) => u.clone(),
                 None => self.fill(&status.url, op),
-            },
-            (ResultFrom::Resource, _, _) => self.fill(&status.url, op),
-            (ResultFrom::Url, Some(t), _) => self.fill(t, op),
-            (ResultFrom::Url, None, Some(u)) => u.clone(),
+            }),
+            (ResultFrom::Resource, _, _) => get(self.fill(&status.url, op)),
+            (ResultFrom::Url, Some(t), _) => {
+                let (target, body, extra) =
+                    self.with_body(self.fill(t, op), spec.body.as_ref(), op);
+                (target, spec.method.clone(), body, extra)
+            }
+            (ResultFrom::Url, None, Some(u)) => get(u.clone()),
             (ResultFrom::Url, None, None) => {
                 let outcome = ResultOutcome::Unavailable {
                     http_status: None,
@@ -1079,18 +1222,19 @@ impl HttpProvider {
                 return unsent_called(CallKind::Result, at.attempt, op, "no result URL", outcome);
             }
         };
+        let (target, method, body, extra) = target;
         let ex = self
             .call(
                 op,
                 Target {
                     kind: CallKind::Result,
                     at,
-                    method: http::Method::GET,
+                    method,
                     path: &target,
                     max_body: spec.max_bytes,
                 },
-                None,
-                http::HeaderMap::new(),
+                body,
+                extra,
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
@@ -1169,19 +1313,19 @@ impl HttpProvider {
             );
         };
         let max = self.contract.max_response_bytes;
-        let target = self.fill(t, op);
+        let (target, body, extra) = self.with_body(self.fill(t, op), rc.lookup_body.as_ref(), op);
         let ex = self
             .call(
                 op,
                 Target {
                     kind: CallKind::Lookup,
                     at,
-                    method: http::Method::GET,
+                    method: rc.lookup_method.clone(),
                     path: &target,
                     max_body: max,
                 },
-                None,
-                http::HeaderMap::new(),
+                body,
+                extra,
             )
             .await;
         let ctx = self.context_after(op, &ex, None);
@@ -1242,8 +1386,7 @@ fn unsent_called<T>(
     why: &str,
     outcome: T,
 ) -> Called<T> {
-    let url = url::Url::parse("about:blank").expect("static URL");
-    let ex = wire::unsent(kind, attempt, &http::Method::GET, &url, op.trace_id, why);
+    let ex = wire::not_built(kind, attempt, &http::Method::GET, op.trace_id, why);
     Called {
         outcome,
         call: ex.record,

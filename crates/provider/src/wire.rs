@@ -369,6 +369,9 @@ pub enum WireError {
     TooLarge,
     /// A secret reference could not be resolved: nothing was sent.
     Secret,
+    /// The call could not be built (a value its URL or body needs is missing, a URL is
+    /// malformed, the contract has no such call): nothing was sent.
+    NotBuilt,
     /// The caller's lease would end before the call could: nothing was sent.
     LeaseTooShort,
     /// The URL is outside the origins the contract declares: nothing was sent.
@@ -383,6 +386,7 @@ impl WireError {
             WireError::ConnectionLost => "connection_lost",
             WireError::TooLarge => "response_too_large",
             WireError::Secret => "secret_unresolved",
+            WireError::NotBuilt => "call_not_built",
             WireError::LeaseTooShort => "lease_too_short_to_send",
             WireError::Origin => "url_outside_origins",
         }
@@ -391,7 +395,11 @@ impl WireError {
     pub const fn not_sent(self) -> bool {
         matches!(
             self,
-            WireError::Connect | WireError::Secret | WireError::LeaseTooShort | WireError::Origin
+            WireError::Connect
+                | WireError::Secret
+                | WireError::NotBuilt
+                | WireError::LeaseTooShort
+                | WireError::Origin
         )
     }
 }
@@ -545,6 +553,26 @@ pub fn unsent(
     why: &str,
 ) -> Exchange {
     not_sent(kind, attempt, method, url, trace, WireError::Secret, why)
+}
+
+/// An exchange that could not be built, so never left (`about:blank` stands for its URL).
+pub fn not_built(
+    kind: CallKind,
+    attempt: i32,
+    method: &http::Method,
+    trace: TraceId,
+    why: &str,
+) -> Exchange {
+    let blank = url::Url::parse("about:blank").expect("static URL");
+    not_sent(
+        kind,
+        attempt,
+        method,
+        &blank,
+        trace,
+        WireError::NotBuilt,
+        why,
+    )
 }
 
 /// An exchange that never left, and why.

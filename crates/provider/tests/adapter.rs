@@ -629,3 +629,99 @@ async fn a_missing_secret_means_nothing_is_sent_and_the_secret_is_never_named() 
     assert!(called.call.outcome.contains("JOBTRAIL_TEST_UNSET_SECRET"));
     assert_eq!(h.sim.ledger().requests, 0);
 }
+
+/// Request values placed into a URL: a string or number as one encoded path segment (a hostile
+/// `../..` cannot move the request), and a value that is missing or not a scalar leaves the call
+/// unsent rather than sent somewhere else.
+#[tokio::test]
+async fn request_values_in_a_url_are_one_segment_or_the_call_is_not_sent() {
+    let h = harness("sim").await;
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers/sim.toml"),
+    )
+    .unwrap()
+    .replacen(
+        "path = \"/v1/jobs/{job_id}/cancel\"",
+        "path = \"/v1/jobs/{request:/job}/cancel\"",
+        1,
+    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers");
+    let mut c = Contract::parse(&text, &dir.join("sim.toml")).unwrap();
+    c.base_url = url::Url::parse(&h.sim.base_url()).unwrap();
+    let provider = HttpProvider::new(c).unwrap();
+    let op_with = |job: Option<serde_json::Value>| {
+        let mut terms = std::collections::BTreeMap::new();
+        terms.insert("sim".to_owned(), provider.contract().terms());
+        let mut body = serde_json::json!({"report": "usage", "sim": {"never_finish": true}});
+        if let Some(j) = job {
+            body["job"] = j;
+        }
+        let s = Submission {
+            provider: "sim".into(),
+            target: "reports".into(),
+            body: serde_json::to_vec(&body).unwrap(),
+            caller: "test".into(),
+            approved_by: "tester".into(),
+            ..Default::default()
+        };
+        let store = h.store.clone();
+        async move {
+            store
+                .submit_new(&s, &terms, SubmitLimits::default())
+                .await
+                .unwrap()
+                .operation
+        }
+    };
+    let job = h.created(serde_json::json!({"never_finish": true})).await;
+    let job_id = job.remote_job_id.clone().unwrap();
+
+    // The value names the job: the cancel reaches it.
+    let op = op_with(Some(job_id.clone().into())).await;
+    let c = provider.cancel(&op, 1.into()).await;
+    assert!(
+        matches!(c.outcome, CancelOutcome::Accepted { .. }),
+        "{:?}",
+        c.outcome
+    );
+    assert!(c.call.url.ends_with(&format!("/v1/jobs/{job_id}/cancel")));
+    assert_eq!(h.sim.ledger().jobs[&job_id].cancel_requests, 1);
+
+    // A hostile value stays one segment.
+    let op = op_with(Some("../../_sim/ledger?x=".into())).await;
+    let c = provider.cancel(&op, 1.into()).await;
+    assert!(
+        c.call
+            .url
+            .contains("/v1/jobs/..%2F..%2F_sim%2Fledger%3Fx%3D/cancel"),
+        "{}",
+        c.call.url
+    );
+
+    // Missing, null or an object: nothing is sent.
+    let before = h.sim.ledger().requests;
+    for value in [
+        None,
+        Some(serde_json::Value::Null),
+        Some(serde_json::json!({"a": 1})),
+        Some(serde_json::json!([1])),
+        Some(serde_json::json!(true)),
+        Some("..".into()),
+        Some(".".into()),
+        Some("".into()),
+    ] {
+        let op = op_with(value.clone()).await;
+        let c = provider.cancel(&op, 1.into()).await;
+        assert!(
+            c.call.outcome.starts_with("not sent:"),
+            "{value:?}: {:?}",
+            c.call
+        );
+        assert_eq!(
+            c.call.error_class.as_deref(),
+            Some("call_not_built"),
+            "{value:?}"
+        );
+    }
+    assert_eq!(h.sim.ledger().requests, before, "no request left");
+}

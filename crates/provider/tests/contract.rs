@@ -630,3 +630,97 @@ url = "STATUS"
     let err = parse(&cancel).unwrap_err();
     assert!(err.contains("cancel.path"), "{err}");
 }
+
+#[test]
+fn call_bodies_and_their_placeholders_are_checked_at_load() {
+    let base = sim_text();
+    let cases: &[(&str, &str, &str)] = &[
+        // A GET carries no body.
+        (
+            "method = \"POST\"\npath = \"/v1/jobs/{job_id}/cancel\"",
+            "method = \"DELETE\"\npath = \"/v1/jobs/{job_id}/cancel\"\nbody = { run = \"{job_id}\" }",
+            "cancel.body",
+        ),
+        (
+            "lookup_url = \"/v1/jobs?client_reference={client_reference}\"",
+            "lookup_url = \"/v1/jobs?client_reference={client_reference}\"\nlookup_method = \"GET\"\nlookup_body = { a = 1 }",
+            "reconcile.lookup_method",
+        ),
+        (
+            "lookup_url = \"/v1/jobs?client_reference={client_reference}\"",
+            "lookup_url = \"/v1/jobs?client_reference={client_reference}\"\nlookup_method = \"DELETE\"",
+            "reconcile.lookup_method",
+        ),
+        // A lookup that names nothing we sent cannot find our job.
+        (
+            "lookup_url = \"/v1/jobs?client_reference={client_reference}\"",
+            "lookup_url = \"/v1/jobs\"",
+            "reconcile.lookup_url",
+        ),
+        // Unknown placeholders and {status_url} inside a body.
+        (
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/{job_id}/cancel\"\nbody = { run = \"{job}\" }",
+            "cancel.body",
+        ),
+        (
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/{job_id}/cancel\"\nbody = { run = [\"{status_url}\"] }",
+            "cancel.body",
+        ),
+        (
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/{request:}/cancel\"",
+            "cancel.path",
+        ),
+        // A request value read from a field that carries a secret is never sent elsewhere.
+        (
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/{job_id}/cancel\"\nbody = { card = \"{request:/payment}\" }",
+            "cancel.body",
+        ),
+        (
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/{request:/payment/card_number/x}/cancel\"",
+            "cancel.path",
+        ),
+        // The result's method and body belong to the contract's own result URL.
+        (
+            "content_type = \"application/json\"\nmax_bytes",
+            "method = \"POST\"\ncontent_type = \"application/json\"\nmax_bytes",
+            "result.method",
+        ),
+    ];
+    for (from, to, key) in cases {
+        assert!(base.contains(from), "{from}");
+        let err = parse(&base.replacen(from, to, 1)).unwrap_err();
+        assert!(err.contains(key), "{to}: {err}");
+    }
+    // No key goes with a create that sends none.
+    let legacy = std::fs::read_to_string(providers_dir().join("sim-legacy.toml")).unwrap();
+    let path = legacy
+        .lines()
+        .find(|l| l.starts_with("url = \"/v1/jobs/{job_id}\""))
+        .unwrap();
+    let err = parse(&legacy.replacen(path, "url = \"/v1/jobs/{idempotency_key}\"", 1)).unwrap_err();
+    assert!(err.contains("{idempotency_key}"), "{err}");
+
+    // What loads: a POST lookup by our key, a body with request values.
+    let ok = base
+        .replacen(
+            "lookup_url = \"/v1/jobs?client_reference={client_reference}\"",
+            "lookup_url = \"/v1/jobs:lookup\"\nlookup_body = { key = \"{idempotency_key}\", n = [1, true] }",
+            1,
+        )
+        .replacen(
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/{request:/region}/{job_id}/cancel\"\nbody = { why = \"{request:/reason}\" }",
+            1,
+        );
+    let c = parse(&ok).unwrap();
+    assert_eq!(c.reconcile.lookup_method, http::Method::POST);
+    assert_eq!(
+        c.reconcile.lookup_body,
+        Some(serde_json::json!({"key": "{idempotency_key}", "n": [1, true]}))
+    );
+}

@@ -60,6 +60,9 @@ pub struct JobLedger {
     /// Every `Cookie` header status calls carried.
     pub cookie_headers: BTreeSet<String>,
     pub cancel_requests: u32,
+    /// The JSON bodies of the workflow-engine calls that named this job (`stop`, `output`,
+    /// `lookup`), in order.
+    pub posted: BTreeMap<String, Vec<serde_json::Value>>,
 }
 
 /// The whole ledger, as served on `/_sim/ledger`.
@@ -227,6 +230,10 @@ impl Sim {
             .route("/jobs/{id}/results", get(result))
             .route("/v1/jobs/{id}/cancel", post(cancel))
             .route("/v1/jobs/{id}/result", get(result))
+            // A workflow engine's style: every call a POST with a JSON body naming the run.
+            .route("/v2/runs:stop", post(workflow_stop))
+            .route("/v2/runs:output", post(workflow_output))
+            .route("/v2/runs:lookup", post(workflow_lookup))
             .route("/_sim/ledger", get(ledger))
             .route("/healthz", get(|| async { "ok" }))
             .with_state(self.clone())
@@ -1003,6 +1010,103 @@ async fn cancel_inner(sim: Sim, id: String, headers: HeaderMap, aip: bool) -> Re
         HeaderValue::from_str(&format!("req_cancel_{id}")).expect("ascii"),
     );
     r
+}
+
+/// A workflow-engine call's JSON body, and the run it names (`run`), recorded on that run.
+fn workflow_body(
+    sim: &Sim,
+    headers: &HeaderMap,
+    body: &[u8],
+    kind: &str,
+) -> Result<String, Box<Response>> {
+    count_request(sim, headers);
+    if !sim.authorized(headers) {
+        return Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token",
+        )));
+    }
+    if headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|v| !v.starts_with("application/json"))
+    {
+        return Err(Box::new(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send a JSON body (Content-Type: application/json)",
+        )));
+    }
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "body is not JSON")));
+    };
+    let Some(run) = doc.get("run").and_then(|r| r.as_str()).map(str::to_owned) else {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "name the run: {\"run\": \"…\"}",
+        )));
+    };
+    let mut g = sim.inner.lock().expect("sim lock");
+    let Some(job) = g.jobs.get_mut(&run) else {
+        return Err(Box::new(error(StatusCode::NOT_FOUND, "no such run")));
+    };
+    job.ledger
+        .posted
+        .entry(kind.to_owned())
+        .or_default()
+        .push(doc);
+    Ok(run)
+}
+
+/// `POST /v2/runs:stop {"run": …, "reason": …}`: a cancel.
+async fn workflow_stop(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) -> Response {
+    match workflow_body(&sim, &headers, &body, "stop") {
+        Ok(run) => cancel_inner(sim, run, headers, false).await,
+        Err(r) => *r,
+    }
+}
+
+/// `POST /v2/runs:output {"run": …}`: the run's result.
+async fn workflow_output(
+    State(sim): State<Sim>,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+) -> Response {
+    match workflow_body(&sim, &headers, &body, "output") {
+        Ok(run) => result(State(sim), Path(run), headers).await,
+        Err(r) => *r,
+    }
+}
+
+/// `POST /v2/runs:lookup {"request_id": …}`: the runs created under that idempotency key.
+async fn workflow_lookup(
+    State(sim): State<Sim>,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+) -> Response {
+    count_request(&sim, &headers);
+    if !sim.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    }
+    let Some(doc) = serde_json::from_slice::<serde_json::Value>(&body).ok() else {
+        return error(StatusCode::BAD_REQUEST, "body is not JSON");
+    };
+    let Some(key) = doc.get("request_id").and_then(|k| k.as_str()) else {
+        return error(StatusCode::BAD_REQUEST, "name the request_id");
+    };
+    let mut g = sim.inner.lock().expect("sim lock");
+    let ids = g.ledger.tokens.get(key).cloned().unwrap_or_default();
+    for id in &ids {
+        if let Some(j) = g.jobs.get_mut(id) {
+            j.touch("lookup", &headers);
+            j.ledger
+                .posted
+                .entry("lookup".into())
+                .or_default()
+                .push(doc.clone());
+        }
+    }
+    let runs: Vec<serde_json::Value> = ids.iter().map(|id| serde_json::json!({"id": id})).collect();
+    json_response(StatusCode::OK, serde_json::json!({ "runs": runs }))
 }
 
 /// The result body for a job and its content type.
