@@ -236,6 +236,39 @@ lookup_jobs = "/runs"
 lookup_job_id = "/id"
 "#;
 
+/// A create that is a PUT to a URL the operation names: idempotent by HTTP's own semantics, so it
+/// may be resent without a token.
+const NATURAL: &str = r#"
+name = "natural"
+base_url = "http://127.0.0.1:1"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+method = "PUT"
+path = "/v1/resources/{operation_id}"
+idempotency = "natural"
+job_id = "body:/job_id"
+[status]
+url = "/v1/jobs/{job_id}"
+state = "/state"
+[status.states]
+queued = ["queued"]
+running = ["running"]
+succeeded = ["succeeded"]
+failed = ["failed"]
+[polling]
+initial_ms = 100
+cap_ms = 400
+[result]
+url = "/v1/jobs/{job_id}/result"
+items = "/items"
+[reconcile]
+method = "resend"
+interval_ms = 200
+"#;
+
 async fn protocols_env() -> Env {
     Env::with_contract_files(
         &[],
@@ -245,6 +278,7 @@ async fn protocols_env() -> Env {
             ("azure-lro.toml", AZURE),
             ("azure-no-id.toml", AZURE_NO_ID),
             ("workflow.toml", WORKFLOW),
+            ("natural.toml", NATURAL),
             ("ogc.toml", OGC),
         ],
     )
@@ -785,5 +819,45 @@ async fn a_workflow_engine_is_driven_with_post_bodies_and_looked_up_by_our_key()
     for id in [ok.id, stopped.id, lost.id, twice.id] {
         assert!(env.store.verify_operation(id).await.unwrap().is_clean());
     }
+    env.stop_workers().await;
+}
+
+/// A PUT to a URL the operation names is idempotent without a token: an answer lost after the
+/// provider made the job is settled by sending the same PUT again, which names the same job — one
+/// job, and the record says creation is at most once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_to_a_url_the_operation_names_is_resent_safely_without_a_token() {
+    let mut env = protocols_env().await;
+    let op = env
+        .submit(
+            "natural",
+            serde_json::json!({"create": ["drop_after_accept"], "duration_ms": 300}),
+            |_| {},
+        )
+        .await;
+    assert!(op.at_most_once, "a natural PUT is at most once");
+    assert_eq!(op.idempotency, jobtrail_core::IdempotencyMode::Natural);
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{done:?}");
+    let ledger = env.sim.ledger();
+    let key = format!("put:{}", op.id);
+    assert_eq!(ledger.tokens[&key].len(), 1, "one job");
+    assert_eq!(ledger.create_requests[&key], 2, "the PUT was sent again");
+    let creates: Vec<_> = env
+        .store
+        .calls(op.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == "create")
+        .collect();
+    assert_eq!(creates.len(), 2);
+    assert!(
+        creates
+            .iter()
+            .all(|c| c.method == "PUT" && c.url.ends_with(&format!("/v1/resources/{}", op.id)))
+    );
+    assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
     env.stop_workers().await;
 }

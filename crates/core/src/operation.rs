@@ -11,13 +11,15 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Where a provider takes the idempotency token. With `None` at-most-once creation cannot be
-/// guaranteed, and every record of that provider says so.
+/// guaranteed, and every record of that provider says so. `Natural`: no token, but the create is
+/// a PUT to a URL the operation chooses, so sending it again names the same resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IdempotencyMode {
     Header,
     BodyField,
     None,
+    Natural,
 }
 
 impl IdempotencyMode {
@@ -26,6 +28,7 @@ impl IdempotencyMode {
             IdempotencyMode::Header => "header",
             IdempotencyMode::BodyField => "body_field",
             IdempotencyMode::None => "none",
+            IdempotencyMode::Natural => "natural",
         }
     }
     pub const fn guarantees_at_most_once(self) -> bool {
@@ -40,6 +43,7 @@ impl std::str::FromStr for IdempotencyMode {
             "header" => Ok(Self::Header),
             "body_field" => Ok(Self::BodyField),
             "none" => Ok(Self::None),
+            "natural" => Ok(Self::Natural),
             o => Err(format!("unknown idempotency mode {o:?}")),
         }
     }

@@ -606,6 +606,19 @@ pub enum TokenPlacement {
     Header(http::HeaderName),
     BodyField(String),
     None,
+    /// No token: the create is a PUT to a URL the operation chooses, so a resend names the same
+    /// resource (HTTP's own idempotency).
+    Natural,
+}
+
+impl TokenPlacement {
+    /// Whether a token goes with the create (so `{idempotency_key}` can look it up).
+    pub fn sends_token(&self) -> bool {
+        matches!(
+            self,
+            TokenPlacement::Header(_) | TokenPlacement::BodyField(_)
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -910,6 +923,7 @@ impl Contract {
             TokenPlacement::Header(_) => IdempotencyMode::Header,
             TokenPlacement::BodyField(_) => IdempotencyMode::BodyField,
             TokenPlacement::None => IdempotencyMode::None,
+            TokenPlacement::Natural => IdempotencyMode::Natural,
         }
     }
 
@@ -1385,13 +1399,50 @@ impl Validator<'_> {
                     })?,
             ),
             "none" => TokenPlacement::None,
+            "natural" => {
+                // Only a PUT to a URL this operation names is idempotent by itself: the same
+                // request again names the same resource.
+                if !c.method.eq_ignore_ascii_case("PUT") {
+                    return Err(self.err(
+                        "create.method",
+                        format!(
+                            "PUT when create.idempotency = \"natural\", got {:?}",
+                            c.method
+                        ),
+                    ));
+                }
+                let names = [
+                    "{operation_id}",
+                    "{client_reference}",
+                    "{target}",
+                    "{target_path}",
+                    "{request:",
+                ];
+                if !names.iter().any(|n| c.path.contains(n)) {
+                    return Err(self.err(
+                        "create.path",
+                        "a URL the operation chooses when create.idempotency = \"natural\" ({operation_id}, {target}, {target_path} or {request:/pointer} in it)",
+                    ));
+                }
+                TokenPlacement::Natural
+            }
             other => {
                 return Err(self.err(
                     "create.idempotency",
-                    format!("one of \"header\", \"body_field\", \"none\", got {other:?}"),
+                    format!(
+                        "one of \"header\", \"body_field\", \"natural\", \"none\", got {other:?}"
+                    ),
                 ));
             }
         };
+        if (c.idempotency_header.is_some() && !matches!(token, TokenPlacement::Header(_)))
+            || (c.idempotency_field.is_some() && !matches!(token, TokenPlacement::BodyField(_)))
+        {
+            return Err(self.err(
+                "create.idempotency",
+                "\"header\" beside idempotency_header, \"body_field\" beside idempotency_field",
+            ));
+        }
         let create = CreateSpec {
             method: self.method("create.method", &c.method)?,
             path: self.template("create.path", &c.path)?,
@@ -1968,10 +2019,10 @@ impl Validator<'_> {
     /// only where one goes with the create, a request value never from a field that carries a
     /// secret (its reference, or the value a caller wrongly put there).
     fn placeholder_sources(&self, c: &Contract, key: &str, t: &str) -> Result<(), ContractError> {
-        if t.contains("{idempotency_key}") && c.create.token == TokenPlacement::None {
+        if t.contains("{idempotency_key}") && !c.create.token.sends_token() {
             return Err(self.err(
                 key,
-                "no {idempotency_key} when create.idempotency = \"none\" (no key is sent, so none can be looked up)",
+                "no {idempotency_key} unless create.idempotency is \"header\" or \"body_field\" (no key is sent, so none can be looked up)",
             ));
         }
         let mut rest = t;

@@ -167,6 +167,9 @@ fn cross_field_rules_are_enforced() {
     let base = sim_text();
     // A resend without a token could create a second job.
     let text = base.replacen("idempotency = \"header\"", "idempotency = \"none\"", 1);
+    // ... and a header name beside "none" says a token goes where none does.
+    assert!(parse(&text).unwrap_err().contains("create.idempotency"));
+    let text = text.replacen("idempotency_header = \"Idempotency-Key\"\n", "", 1);
     assert!(parse(&text).unwrap_err().contains("reconcile.method"));
     // Lookup needs to know where our reference goes.
     let text = base.replacen("client_reference_field = \"/client_reference\"\n", "", 1);
@@ -723,4 +726,42 @@ fn call_bodies_and_their_placeholders_are_checked_at_load() {
         c.reconcile.lookup_body,
         Some(serde_json::json!({"key": "{idempotency_key}", "n": [1, true]}))
     );
+}
+
+#[test]
+fn a_natural_create_is_a_put_to_a_url_the_operation_names() {
+    let base = sim_text()
+        .replacen(
+            "method = \"POST\"\npath = \"/v1/jobs\"",
+            "method = \"PUT\"\npath = \"/v1/things/{operation_id}\"",
+            1,
+        )
+        .replacen(
+            "idempotency = \"header\"\nidempotency_header = \"Idempotency-Key\"\n",
+            "idempotency = \"natural\"\n",
+            1,
+        );
+    let c = parse(&base).unwrap();
+    assert_eq!(c.idempotency(), IdempotencyMode::Natural);
+    assert!(c.idempotency().guarantees_at_most_once());
+    for (from, to, key) in [
+        ("method = \"PUT\"", "method = \"POST\"", "create.method"),
+        ("/v1/things/{operation_id}", "/v1/things", "create.path"),
+        (
+            "idempotency = \"natural\"\n",
+            "idempotency = \"natural\"\nidempotency_header = \"K\"\n",
+            "create.idempotency",
+        ),
+    ] {
+        let err = parse(&base.replacen(from, to, 1)).unwrap_err();
+        assert!(err.contains(key), "{to}: {err}");
+    }
+    // No key is sent, so none can be looked up.
+    let err = parse(&base.replacen(
+        "lookup_url = \"/v1/jobs?client_reference={client_reference}\"",
+        "lookup_url = \"/v1/jobs?key={idempotency_key}\"",
+        1,
+    ))
+    .unwrap_err();
+    assert!(err.contains("{idempotency_key}"), "{err}");
 }

@@ -221,6 +221,7 @@ impl Sim {
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/jobs", post(create).get(lookup))
+            .route("/v1/resources/{name}", axum::routing::put(put_create))
             .route("/v1/jobs/{id}", get(status))
             .route("/v1/operations/{id}/{n}", get(status_moved))
             .route("/v1/operations/{id}", get(status).post(aip_cancel))
@@ -372,6 +373,29 @@ fn count_request(sim: &Sim, headers: &HeaderMap) {
     {
         g.ledger.traceparents.push(v.to_owned());
     }
+}
+
+/// `PUT /v1/resources/{name}`: a create whose URL the client chooses. The name is the idempotency:
+/// the same name again answers the job it already made (HTTP's own PUT semantics), with no token.
+async fn put_create(
+    State(sim): State<Sim>,
+    Path(name): Path<String>,
+    mut headers: HeaderMap,
+    body: bytes::Bytes,
+) -> Response {
+    if headers.contains_key("idempotency-key") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "a PUT names its resource: no Idempotency-Key",
+        );
+    }
+    match HeaderValue::from_str(&format!("put:{name}")) {
+        Ok(v) => {
+            headers.insert("idempotency-key", v);
+        }
+        Err(_) => return error(StatusCode::BAD_REQUEST, "bad resource name"),
+    }
+    create(State(sim), headers, body).await
 }
 
 async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) -> Response {
