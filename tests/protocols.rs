@@ -861,3 +861,87 @@ async fn a_put_to_a_url_the_operation_names_is_resent_safely_without_a_token() {
     assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
     env.stop_workers().await;
 }
+
+/// One contract, two result formats chosen by the request (`result.format_from`): a CSV request is
+/// judged as CSV (its failing rows named by line), a JSON one as JSON, and a request naming a
+/// format the contract does not know is refused at submit with nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_chooses_among_the_contracts_result_formats() {
+    let formats = "[result.formats.json]\nformat = \"json\"\ncontent_type = \"application/json\"\nschema_file = \"schemas/sim-result.json\"\nitems = \"/items\"\nitem_ref = \"/id\"\nitem_status = \"/status\"\nitem_succeeded_values = [\"ok\"]\n\n[result.formats.csv]\nformat = \"csv\"\ncontent_type = \"text/csv\"\ncsv_status_column = \"status\"\ncsv_error_values = [\"ERROR\"]\n\n[reconcile]\n";
+    let mut env = Env::with_edited_contracts(&[
+        (
+            "sim.toml",
+            "[result]\n",
+            "[result]\nformat_from = \"/sim/format\"\n",
+        ),
+        ("sim.toml", "[reconcile]\n", formats),
+    ])
+    .await;
+    let csv = env
+        .submit(
+            "sim",
+            serde_json::json!({"format": "csv", "result": "error_rows", "items": 4, "duration_ms": 200}),
+            |_| {},
+        )
+        .await;
+    let json = env
+        .submit(
+            "sim",
+            serde_json::json!({"format": "json", "result": "partial_batch", "items": 4, "duration_ms": 200}),
+            |_| {},
+        )
+        .await;
+    let default = env
+        .submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+        .await;
+
+    // A format the contract does not name: refused, nothing written.
+    let before = env.store.totals().await.unwrap();
+    let body = serde_json::json!({"report": "usage", "sim": {"format": "xml"}});
+    let err = env
+        .store
+        .submit_new(
+            &jobtrail_core::Submission {
+                provider: "sim".into(),
+                target: "reports".into(),
+                body: serde_json::to_vec(&body).unwrap(),
+                caller: "e2e".into(),
+                approved_by: "tester".into(),
+                ..Default::default()
+            },
+            &env.registry.terms(),
+            jobtrail_core::SubmitLimits::default(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("/sim/format") && err.contains("\"xml\"") && err.contains("csv, json"),
+        "{err}"
+    );
+    assert_eq!(env.store.totals().await.unwrap(), before, "nothing written");
+
+    env.start_worker("w1", Duration::from_secs(10));
+    let csv = env.wait_settled(csv.id, T).await;
+    let json = env.wait_settled(json.id, T).await;
+    let default = env.wait_settled(default.id, T).await;
+    // CSV rules for the CSV request: two rows say ERROR, named by their lines.
+    assert_eq!(csv.state, State::Succeeded, "{csv:?}");
+    let s = csv.result_summary.clone().unwrap();
+    assert_eq!(
+        s["items"]["failed_refs"],
+        serde_json::json!(["line 3", "line 5"]),
+        "{s}"
+    );
+    // JSON rules for the JSON request: the items that failed, by id.
+    assert_eq!(json.state, State::Succeeded, "{json:?}");
+    let s = json.result_summary.clone().unwrap();
+    assert_eq!(
+        s["items"]["failed_refs"],
+        serde_json::json!(["item_2", "item_4"]),
+        "{s}"
+    );
+    // A request naming no format takes the keys beside the formats.
+    assert_eq!(default.state, State::Succeeded, "{default:?}");
+    env.stop_workers().await;
+}

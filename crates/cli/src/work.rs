@@ -95,7 +95,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         for name in registry.names() {
             let allowed = registry
                 .get(name)
-                .and_then(|p| p.contract().result.as_ref().map(|r| r.max_bytes))
+                .and_then(|p| p.contract().result.as_ref().map(|r| r.largest()))
                 .unwrap_or(0);
             if allowed > limit {
                 return Err(fail(

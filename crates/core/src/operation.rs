@@ -84,6 +84,18 @@ pub struct ProviderTerms {
     pub default_create_window: Duration,
     pub default_result_window: Duration,
     pub default_cancel_window: Duration,
+    /// Where the request names its result format, and the names the contract knows (a request
+    /// naming another is refused at submit).
+    #[serde(default)]
+    pub result_formats: Option<ResultFormats>,
+}
+
+/// The result formats a request may choose between (`result.format_from` in the contract).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultFormats {
+    /// JSON pointer into the request body.
+    pub pointer: String,
+    pub names: Vec<String>,
 }
 
 impl ProviderTerms {
@@ -99,6 +111,7 @@ impl ProviderTerms {
             default_create_window: Duration::from_secs(120),
             default_result_window: Duration::from_secs(3600),
             default_cancel_window: Duration::from_secs(300),
+            result_formats: None,
         }
     }
 }
@@ -234,6 +247,13 @@ pub enum SubmitError {
     SupersededMissing(OperationId),
     #[error("not a usable job id: {0}")]
     UnusableJobId(String),
+    #[error("{pointer} is {found}; provider {provider} delivers its result as one of: {known}")]
+    UnknownResultFormat {
+        provider: String,
+        pointer: String,
+        found: String,
+        known: String,
+    },
 }
 
 impl Submission {
@@ -281,6 +301,22 @@ impl Submission {
             &terms.secret_grants,
             &caller,
         )?;
+        if let Some(f) = &terms.result_formats
+            && let Some(v) = body.pointer(&f.pointer)
+            && !v
+                .as_str()
+                .is_some_and(|name| f.names.iter().any(|n| n == name))
+        {
+            return Err(SubmitError::UnknownResultFormat {
+                provider: terms.name.clone(),
+                pointer: f.pointer.clone(),
+                found: match v.as_str() {
+                    Some(s) => format!("{:?}", s.chars().take(80).collect::<String>()),
+                    None => crate::json::kind_of(v).to_owned(),
+                },
+                known: f.names.join(", "),
+            });
+        }
 
         let now = crate::chain::storable(now);
         // Saturating: a window too long to add is caught as "too far" below, never a panic.
@@ -395,6 +431,32 @@ mod tests {
     }
     fn terms() -> ProviderTerms {
         ProviderTerms::new("sim", IdempotencyMode::Header)
+    }
+
+    #[test]
+    fn a_result_format_the_contract_does_not_name_is_refused() {
+        let mut t = terms();
+        t.result_formats = Some(ResultFormats {
+            pointer: "/out/format".into(),
+            names: vec!["csv".into(), "json".into()],
+        });
+        let v = |body: &str| sub(body).validate(&t, SubmitLimits::default(), now(), entropy());
+        assert!(v(r#"{"out":{"format":"csv"}}"#).is_ok());
+        assert!(v(r#"{"out":{}}"#).is_ok(), "naming none takes the default");
+        for bad in [
+            r#"{"out":{"format":"xml"}}"#,
+            r#"{"out":{"format":"CSV"}}"#,
+            r#"{"out":{"format":5}}"#,
+            r#"{"out":{"format":null}}"#,
+            r#"{"out":{"format":["csv"]}}"#,
+        ] {
+            let err = v(bad).unwrap_err();
+            assert!(
+                matches!(err, SubmitError::UnknownResultFormat { .. }),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains("one of: csv, json"), "{err}");
+        }
     }
 
     #[test]

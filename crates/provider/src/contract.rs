@@ -79,7 +79,7 @@ pub enum CallName {
 }
 
 /// Where the result is read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ResultFrom {
     /// `result.url`, or the URL the status body names (`status.result_url`).
@@ -95,7 +95,7 @@ pub enum ResultFrom {
 }
 
 /// The format of a result body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResultFormat {
     Json,
@@ -461,9 +461,15 @@ fn d_cancel_ms() -> u64 {
     300_000
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 struct RawResult {
+    /// A pointer into the request body naming one of `formats` (absent: the keys here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    format_from: Option<String>,
+    /// Result keys per format name, over the keys here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    formats: BTreeMap<String, toml::Table>,
     #[serde(default)]
     url: Option<String>,
     #[serde(default)]
@@ -693,6 +699,27 @@ impl StatusSpec {
     }
 }
 
+impl ResultSpec {
+    /// The spec for the format the request names (`format_from`), else this one. A name the
+    /// contract does not know never reaches here: submit refuses it.
+    pub fn for_request(&self, request: &serde_json::Value) -> &ResultSpec {
+        self.format_from
+            .as_deref()
+            .and_then(|p| request.pointer(p))
+            .and_then(|v| v.as_str())
+            .and_then(|name| self.formats.get(name))
+            .unwrap_or(self)
+    }
+
+    /// The largest result any format of this contract allows.
+    pub fn largest(&self) -> u64 {
+        self.formats
+            .values()
+            .map(|f| f.max_bytes)
+            .fold(self.max_bytes, u64::max)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     pub calls: Vec<CallName>,
@@ -722,6 +749,10 @@ pub struct CancelSpec {
 
 #[derive(Debug, Clone)]
 pub struct ResultSpec {
+    /// Where the request names its result format, and each format's spec (this one is the
+    /// request's when it names none).
+    pub format_from: Option<String>,
+    pub formats: BTreeMap<String, ResultSpec>,
     pub url: Option<String>,
     /// How `url` is fetched: GET, or POST with `body` (a JSON template).
     pub method: http::Method,
@@ -867,6 +898,14 @@ impl Contract {
         t.default_result_window = self.result_window;
         if let Some(c) = &self.cancel {
             t.default_cancel_window = c.window;
+        }
+        if let Some(r) = &self.result
+            && let Some(pointer) = &r.format_from
+        {
+            t.result_formats = Some(jobtrail_core::operation::ResultFormats {
+                pointer: pointer.clone(),
+                names: r.formats.keys().cloned().collect(),
+            });
         }
         t
     }
@@ -1728,7 +1767,7 @@ impl Validator<'_> {
         }
 
         let result = match r.result {
-            Some(rr) => Some(self.result(rr, status.result_url.is_some())?),
+            Some(rr) => Some(self.results(rr, status.result_url.is_some())?),
             None => None,
         };
         if result
@@ -2128,6 +2167,8 @@ impl Validator<'_> {
             ));
         }
         Ok(ResultSpec {
+            format_from: None,
+            formats: BTreeMap::new(),
             url: None,
             method: http::Method::GET,
             body: None,
@@ -2149,6 +2190,94 @@ impl Validator<'_> {
             expected_count: None,
             max_failed_items: None,
         })
+    }
+
+    /// `[result]` with its formats: each `[result.formats.NAME]` is its keys over the ones beside
+    /// it, checked as a whole result of its own.
+    fn results(
+        &self,
+        mut r: RawResult,
+        status_gives_url: bool,
+    ) -> Result<ResultSpec, ContractError> {
+        let formats = std::mem::take(&mut r.formats);
+        let format_from = r.format_from.take();
+        match (&format_from, formats.is_empty()) {
+            (None, true) => return self.result(r, status_gives_url),
+            (Some(_), true) => {
+                return Err(self.err(
+                    "result.formats",
+                    "at least one [result.formats.NAME] beside result.format_from",
+                ));
+            }
+            (None, false) => {
+                return Err(self.err(
+                    "result.format_from",
+                    "a JSON pointer into the request naming one of result.formats",
+                ));
+            }
+            (Some(_), false) => {}
+        }
+        let format_from = self.pointer("result.format_from", &format_from)?;
+        // A format inherits where and how the result is fetched, never what the other format's
+        // bytes must look like (a CSV has no items pointer, a JSON no status column).
+        let mut base_table = toml::Table::try_from(&r)
+            .map_err(|e| self.err("result", format!("a result table ({e})")))?;
+        base_table.retain(|k, _| {
+            [
+                "url",
+                "method",
+                "body",
+                "from",
+                "max_bytes",
+                "checksum_header",
+                "checksum_algorithm",
+                "expected_count",
+                "max_failed_items",
+            ]
+            .contains(&k.as_ref())
+        });
+        let mut spec = self.result(r, status_gives_url)?;
+        if spec.format == ResultFormat::None {
+            return Err(self.err(
+                "result.formats",
+                "nothing beside format = \"none\" (a job without a result has one way to end)",
+            ));
+        }
+        for (name, over) in formats {
+            let key = format!("result.formats.{name}");
+            if name.is_empty() || name.len() > 64 {
+                return Err(self.err(&key, "a name of 1 to 64 characters"));
+            }
+            let mut table = base_table.clone();
+            merge(&mut table, over);
+            let raw: RawResult = table
+                .try_into()
+                .map_err(|e: toml::de::Error| self.err(&key, e.message().to_owned()))?;
+            if raw.format == ResultFormat::None
+                || raw.format_from.is_some()
+                || !raw.formats.is_empty()
+            {
+                return Err(self.err(
+                    &key,
+                    "result keys of one format (not format = \"none\", format_from or formats)",
+                ));
+            }
+            let variant = self.result(raw, status_gives_url).map_err(|e| match e {
+                ContractError::Invalid {
+                    file,
+                    key: inner,
+                    expected,
+                } => ContractError::Invalid {
+                    file,
+                    key: format!("{key}: {inner}"),
+                    expected,
+                },
+                other => other,
+            })?;
+            spec.formats.insert(name, variant);
+        }
+        spec.format_from = format_from;
+        Ok(spec)
     }
 
     fn result(&self, r: RawResult, status_gives_url: bool) -> Result<ResultSpec, ContractError> {
@@ -2251,6 +2380,8 @@ impl Validator<'_> {
             ));
         }
         Ok(ResultSpec {
+            format_from: None,
+            formats: BTreeMap::new(),
             url,
             method,
             body,

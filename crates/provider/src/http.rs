@@ -1194,6 +1194,7 @@ impl HttpProvider {
                 outcome,
             );
         };
+        let spec = spec.for_request(&op.request_body);
         let hints: ResultHints = op
             .provider_context
             .get("result")

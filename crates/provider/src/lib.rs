@@ -101,7 +101,7 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
             .and_then(|r| serde_json::from_value(r.clone()).ok())
             .unwrap_or_default();
         match &self.contract().result {
-            Some(spec) => validate::check(spec, fetched, &hints),
+            Some(spec) => validate::check(spec.for_request(&op.request_body), fetched, &hints),
             None => Checked::Invalid {
                 violations: vec!["the contract has no result rules".into()],
             },

@@ -765,3 +765,60 @@ fn a_natural_create_is_a_put_to_a_url_the_operation_names() {
     .unwrap_err();
     assert!(err.contains("{idempotency_key}"), "{err}");
 }
+
+#[test]
+fn result_formats_chosen_by_the_request_are_checked_each_as_a_whole_result() {
+    let base = sim_text().replacen("[result]\n", "[result]\nformat_from = \"/output\"\n", 1);
+    let with =
+        |formats: &str| base.replacen("[reconcile]\n", &format!("{formats}\n[reconcile]\n"), 1);
+    let ok = with(
+        "[result.formats.csv]\nformat = \"csv\"\ncontent_type = \"text/csv\"\n[result.formats.ndjson]\nformat = \"bytes\"\nmax_bytes = 2048\n",
+    );
+    let c = parse(&ok).unwrap();
+    let r = c.result.as_ref().unwrap();
+    assert_eq!(r.formats.len(), 2);
+    // Where and how it is fetched is inherited; what the bytes must look like is not.
+    let csv = &r.formats["csv"];
+    assert_eq!(csv.checksum_header, r.checksum_header);
+    assert!(csv.schema.is_none() && csv.items.is_none());
+    assert_eq!(r.largest(), r.max_bytes.max(2048));
+    let request = serde_json::json!({"output": "csv"});
+    assert_eq!(
+        r.for_request(&request).format,
+        jobtrail_provider::contract::ResultFormat::Csv
+    );
+    assert_eq!(
+        r.for_request(&serde_json::json!({})).format,
+        jobtrail_provider::contract::ResultFormat::Json
+    );
+    let terms = c.terms().result_formats.unwrap();
+    assert_eq!(terms.pointer, "/output");
+    assert_eq!(terms.names, ["csv", "ndjson"]);
+
+    for (text, key) in [
+        (base.clone(), "result.formats"),
+        (
+            sim_text().replacen(
+                "[reconcile]\n",
+                "[result.formats.csv]\nformat = \"csv\"\n[reconcile]\n",
+                1,
+            ),
+            "result.format_from",
+        ),
+        (
+            with("[result.formats.none]\nformat = \"none\"\n"),
+            "result.formats.none",
+        ),
+        (
+            with("[result.formats.csv]\nformat = \"csv\"\ncsv_error_values = [\"E\"]\n"),
+            "result.formats.csv: result.csv_status_column",
+        ),
+        (
+            with("[result.formats.csv]\nformat = \"csv\"\nnonsense = 1\n"),
+            "result.formats.csv",
+        ),
+    ] {
+        let err = parse(&text).unwrap_err();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}
