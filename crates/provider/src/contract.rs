@@ -2234,7 +2234,7 @@ impl Validator<'_> {
                 "expected_count",
                 "max_failed_items",
             ]
-            .contains(&k.as_ref())
+            .contains(&k)
         });
         let mut spec = self.result(r, status_gives_url)?;
         if spec.format == ResultFormat::None {
