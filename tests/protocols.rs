@@ -97,6 +97,9 @@ idempotency = "header"
 idempotency_header = "Idempotency-Key"
 [result]
 items = "/items"
+[reconcile]
+method = "resend"
+interval_ms = 200
 "#;
 
 /// Azure's `Location` polling from its profile: the monitor's status code is the state, and a 202
@@ -120,6 +123,9 @@ url = "/v1/jobs/{job_id}"
 url = "/v1/jobs/{job_id}/result"
 content_type = "application/json"
 items = "/items"
+[reconcile]
+method = "resend"
+interval_ms = 200
 "#;
 
 /// Azure's status monitor from its profile: `Operation-Location` (or `Azure-AsyncOperation`), a
@@ -145,6 +151,9 @@ idempotent = true
 [result]
 within = "/result"
 items = "/items"
+[reconcile]
+method = "resend"
+interval_ms = 200
 "#;
 
 /// OGC API – Processes from its profile: `Prefer: respond-async` sent (the simulator refuses
@@ -168,6 +177,9 @@ max_failures = 3
 [result]
 content_type = "application/json"
 items = "/items"
+[reconcile]
+method = "resend"
+interval_ms = 200
 "#;
 
 /// Azure's status monitor with no job id in the contract: the job is known by the
@@ -943,5 +955,64 @@ async fn the_request_chooses_among_the_contracts_result_formats() {
     );
     // A request naming no format takes the keys beside the formats.
     assert_eq!(default.state, State::Succeeded, "{default:?}");
+    env.stop_workers().await;
+}
+
+/// Each protocol through its faults: the create's answer lost after the job was made (settled by
+/// resending the same key: one job), then a 500 and a 429 on the status reads before the job is
+/// followed to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_protocol_survives_a_lost_answer_and_failing_reads() {
+    let mut env = protocols_env().await;
+    let faults = serde_json::json!({
+        "create": ["drop_after_accept"],
+        "status_faults": {"1": "error_500", "2": "too_many_requests"},
+    });
+    let mut ops = Vec::new();
+    for (provider, protocol) in [
+        ("aip", "aip"),
+        ("azure-lro", "azure_monitor"),
+        ("azure-location", "location"),
+        ("ogc", "ogc"),
+    ] {
+        let op = env
+            .submit(provider, script(protocol, faults.clone()), |_| {})
+            .await;
+        ops.push((provider, op));
+    }
+    env.start_worker("w1", Duration::from_secs(10));
+    for (provider, op) in ops {
+        let done = env.wait_settled(op.id, T).await;
+        assert_eq!(done.state, State::Succeeded, "{provider}: {done:?}");
+        let ledger = env.sim.ledger();
+        assert_eq!(
+            ledger.tokens[op.token.as_str()].len(),
+            1,
+            "{provider}: one job"
+        );
+        assert!(ledger.create_requests[op.token.as_str()] >= 2, "{provider}");
+        let events: Vec<String> = env
+            .store
+            .history(op.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| h.event)
+            .collect();
+        assert!(
+            events.contains(&"create_ambiguous".into()),
+            "{provider}: {events:?}"
+        );
+        let failed_reads = env
+            .store
+            .calls(op.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.kind == "status" && matches!(c.http_status, Some(500 | 429)))
+            .count();
+        assert_eq!(failed_reads, 2, "{provider}");
+        assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
+    }
     env.stop_workers().await;
 }
