@@ -281,6 +281,30 @@ method = "resend"
 interval_ms = 200
 "#;
 
+/// An Azure resource made by PUT, its `properties.provisioningState` the state, from its profile.
+const AZURE_RESOURCE: &str = r#"
+protocol = "azure-resource"
+name = "azure-resource"
+base_url = "http://127.0.0.1:1"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/v1/resources/{operation_id}"
+[status]
+url = "/v1/resources/{operation_id}"
+[polling]
+initial_ms = 100
+cap_ms = 400
+[result]
+within = "/properties/output"
+items = "/items"
+[reconcile]
+method = "resend"
+interval_ms = 200
+"#;
+
 async fn protocols_env() -> Env {
     Env::with_contract_files(
         &[],
@@ -291,6 +315,7 @@ async fn protocols_env() -> Env {
             ("azure-no-id.toml", AZURE_NO_ID),
             ("workflow.toml", WORKFLOW),
             ("natural.toml", NATURAL),
+            ("azure-resource.toml", AZURE_RESOURCE),
             ("ogc.toml", OGC),
         ],
     )
@@ -1013,6 +1038,84 @@ async fn every_protocol_survives_a_lost_answer_and_failing_reads() {
             .count();
         assert_eq!(failed_reads, 2, "{provider}");
         assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
+    }
+    env.stop_workers().await;
+}
+
+/// Azure's resource PUT: the resource's `provisioningState` is the state (`Accepted`, then
+/// `Provisioning`, then `Succeeded` or `Failed`), the result is the resource itself read once more,
+/// a failure keeps its `error`, and an answer lost after the resource was made is settled by the
+/// same PUT again (no token: the URL names the resource).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_azure_resource_put_is_followed_by_its_provisioning_state() {
+    let mut env = protocols_env().await;
+    let resource = |more: serde_json::Value| script("azure_resource", more);
+    let ok = env
+        .submit("azure-resource", resource(serde_json::json!({})), |_| {})
+        .await;
+    let bad = env
+        .submit(
+            "azure-resource",
+            resource(serde_json::json!({"outcome": "failed"})),
+            |_| {},
+        )
+        .await;
+    let lost = env
+        .submit(
+            "azure-resource",
+            resource(serde_json::json!({"create": ["drop_after_accept"]})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let ok = env.wait_settled(ok.id, T).await;
+    assert_eq!(ok.state, State::Succeeded, "{ok:?}");
+    assert_eq!(
+        ok.remote_job_id.as_deref(),
+        Some(format!("/v1/resources/{}", ok.id).as_str())
+    );
+    assert_eq!(ok.result_summary.as_ref().unwrap()["items"]["total"], 5);
+    let calls = env.store.calls(ok.id).await.unwrap();
+    let result = calls.iter().find(|c| c.kind == "result").unwrap();
+    assert_eq!(result.method, "GET");
+    assert!(
+        result.url.contains(&format!("/v1/resources/{}", ok.id)),
+        "{}",
+        result.url
+    );
+    let history = env.store.history(ok.id).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|h| h.cause.contains("Provisioning") || h.cause.contains("Accepted")),
+        "the provisioning states are recorded: {:?}",
+        history.iter().map(|h| &h.cause).collect::<Vec<_>>()
+    );
+
+    let bad = env.wait_settled(bad.id, T).await;
+    assert_eq!(bad.state, State::Failed, "{bad:?}");
+    let failed = env
+        .store
+        .history(bad.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|h| h.to_state == "failed")
+        .unwrap();
+    assert!(
+        format!("{} {}", failed.cause, failed.detail).contains("ProvisioningFailed"),
+        "{} {}",
+        failed.cause,
+        failed.detail
+    );
+
+    let lost = env.wait_settled(lost.id, T).await;
+    assert_eq!(lost.state, State::Succeeded, "{lost:?}");
+    let key = format!("put:{}", lost.id);
+    assert_eq!(env.sim.ledger().tokens[&key].len(), 1, "one resource");
+    for id in [ok.id, bad.id, lost.id] {
+        assert!(env.store.verify_operation(id).await.unwrap().is_clean());
     }
     env.stop_workers().await;
 }

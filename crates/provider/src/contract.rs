@@ -1008,6 +1008,10 @@ pub const PROFILES: &[(&str, &str)] = &[
     ),
     ("azure-lro", include_str!("profiles/azure-lro.toml")),
     (
+        "azure-resource",
+        include_str!("profiles/azure-resource.toml"),
+    ),
+    (
         "azure-location",
         include_str!("profiles/azure-location.toml"),
     ),

@@ -822,3 +822,24 @@ fn result_formats_chosen_by_the_request_are_checked_each_as_a_whole_result() {
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+/// Every complete contract the contract docs show loads as written (a fragment, one without
+/// `name`, is not a contract).
+#[test]
+fn the_contracts_in_the_docs_load() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/provider-contracts.md"),
+    )
+    .unwrap();
+    let mut loaded = 0;
+    for block in doc.split("```toml\n").skip(1) {
+        let text = block.split("```").next().unwrap();
+        if !text.lines().any(|l| l.starts_with("name = ")) {
+            continue;
+        }
+        // Secrets named by environment variables need not be set to load.
+        parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        loaded += 1;
+    }
+    assert!(loaded >= 5, "{loaded} contracts in the docs");
+}

@@ -221,7 +221,10 @@ impl Sim {
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/jobs", post(create).get(lookup))
-            .route("/v1/resources/{name}", axum::routing::put(put_create))
+            .route(
+                "/v1/resources/{name}",
+                axum::routing::put(put_create).get(resource_status),
+            )
             .route("/v1/jobs/{id}", get(status))
             .route("/v1/operations/{id}/{n}", get(status_moved))
             .route("/v1/operations/{id}", get(status).post(aip_cancel))
@@ -396,6 +399,27 @@ async fn put_create(
         Err(_) => return error(StatusCode::BAD_REQUEST, "bad resource name"),
     }
     create(State(sim), headers, body).await
+}
+
+/// `GET /v1/resources/{name}`: the status of the job a PUT made there.
+async fn resource_status(
+    State(sim): State<Sim>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let job = {
+        let g = sim.inner.lock().expect("sim lock");
+        g.tokens
+            .get(&format!("put:{name}"))
+            .and_then(|t| t.jobs.first().cloned())
+    };
+    match job {
+        Some(id) => status_inner(sim, id, headers, format!("/v1/resources/{name}")).await,
+        None => {
+            count_request(&sim, &headers);
+            error(StatusCode::NOT_FOUND, "no such resource")
+        }
+    }
 }
 
 async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) -> Response {
@@ -633,6 +657,21 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                 .unwrap_or_else(|| format!("/jobs/{named}"));
             (r, location)
         }
+        Protocol::AzureResource => {
+            let name = token
+                .as_deref()
+                .and_then(|t| t.strip_prefix("put:"))
+                .unwrap_or(&named)
+                .to_owned();
+            let location = format!("/v1/resources/{name}");
+            (
+                json_response(
+                    StatusCode::CREATED,
+                    serde_json::json!({"id": location, "name": name, "properties": {"provisioningState": "Accepted"}}),
+                ),
+                location,
+            )
+        }
         Protocol::AzureMonitor => {
             let mut r = json_response(
                 StatusCode::ACCEPTED,
@@ -730,6 +769,33 @@ fn azure_monitor(id: &str, state: &str, script: &Script) -> serde_json::Value {
         }
         "failed" => {
             body["error"] = serde_json::json!({"code": "JobFailed", "message": "the job failed: simulated failure"});
+        }
+        _ => {}
+    }
+    body
+}
+
+/// An Azure resource made by a PUT, its `provisioningState` the job's state.
+fn azure_resource(name: &str, state: &str, script: &Script, id: &str) -> serde_json::Value {
+    let provisioning = match state {
+        "queued" => "Accepted",
+        "running" | "cancelling" => "Provisioning",
+        "succeeded" => "Succeeded",
+        "failed" => "Failed",
+        _ => "Canceled",
+    };
+    let mut body = serde_json::json!({
+        "id": format!("/v1/resources/{name}"),
+        "name": name,
+        "properties": {"provisioningState": provisioning},
+    });
+    match state {
+        "succeeded" => {
+            let (doc, _) = result_doc(id, script);
+            body["properties"]["output"] = serde_json::from_slice(&doc).unwrap_or_default();
+        }
+        "failed" => {
+            body["error"] = serde_json::json!({"code": "ProvisioningFailed", "message": "the job failed: simulated failure"});
         }
         _ => {}
     }
@@ -949,6 +1015,19 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         Protocol::Location => location_monitor(&id, state, n, &job.script),
         Protocol::AzureMonitor => {
             json_response(StatusCode::OK, azure_monitor(&id, state, &job.script))
+        }
+        Protocol::AzureResource => {
+            let name = job
+                .ledger
+                .token
+                .as_deref()
+                .and_then(|t| t.strip_prefix("put:"))
+                .unwrap_or(&id)
+                .to_owned();
+            json_response(
+                StatusCode::OK,
+                azure_resource(&name, state, &job.script, &id),
+            )
         }
         Protocol::Ogc => {
             let status = match state {

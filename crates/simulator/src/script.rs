@@ -140,6 +140,11 @@ pub enum Protocol {
     /// monitor answers 202 (with `Retry-After`, and a new `Location` when `moving_status_url`)
     /// while the job runs, 200 when it succeeded, 400 with an `error` object when it failed.
     Location,
+    /// Azure's resource PUT: `PUT /v1/resources/{name}` answers 201 with the resource (`id`,
+    /// `properties.provisioningState` = `Accepted`); `GET /v1/resources/{name}` answers it with
+    /// `Provisioning` while the job runs, then `Succeeded` (the job's result under
+    /// `properties.output`), `Failed` (with `error`) or `Canceled`.
+    AzureResource,
 }
 
 /// The per-job script.
