@@ -568,7 +568,10 @@ async fn azure_status_monitor_succeeds_fails_and_cancels_past_a_broken_header() 
     let ok = env
         .submit(
             "azure-lro",
-            azure(serde_json::json!({"bogus_async_header": true})),
+            azure(serde_json::json!({
+                "bogus_async_header": true,
+                "status_faults": {"1": "other_client_request_id"},
+            })),
             |_| {},
         )
         .await;
@@ -609,6 +612,24 @@ async fn azure_status_monitor_succeeds_fails_and_cancels_past_a_broken_header() 
         .find(|c| c.kind == "result")
         .expect("collected");
     assert!(result.url.contains("/v1/operations/"), "{}", result.url);
+    // Every call carried its own x-ms-client-request-id and its answer echoed it, but for the
+    // first read, whose answer echoed another request's id: not ours, so read again.
+    let foreign: Vec<_> = calls
+        .iter()
+        .filter(|c| c.error_class.as_deref() == Some("answer_to_another_request"))
+        .collect();
+    assert_eq!(foreign.len(), 1, "{calls:?}");
+    assert_eq!(foreign[0].kind, "status");
+    for c in calls.iter().filter(|c| c.http_status.is_some()) {
+        let echo = c.response_headers["x-ms-client-request-id"]
+            .as_str()
+            .unwrap();
+        if c.error_class.is_none() {
+            assert_eq!(echo, c.id.to_string(), "{c:?}");
+        } else {
+            assert_ne!(echo, c.id.to_string(), "{c:?}");
+        }
+    }
 
     let bad = env.wait_settled(bad.id, T).await;
     assert_eq!(bad.state, State::Failed, "{bad:?}");

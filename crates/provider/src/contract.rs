@@ -134,6 +134,8 @@ struct Raw {
     #[serde(default)]
     trace_header: Option<String>,
     #[serde(default)]
+    client_request_id_header: Option<String>,
+    #[serde(default)]
     cookies: bool,
     #[serde(default)]
     origins: Option<Vec<String>>,
@@ -861,6 +863,9 @@ pub struct Contract {
     /// Fixed headers on every call (not secrets: they are printed by `contract check`).
     pub headers: http::HeaderMap,
     pub trace_header: Option<http::HeaderName>,
+    /// Where each call's own id goes (Azure's `x-ms-client-request-id`); an answer echoing another
+    /// id is not the answer to that call.
+    pub client_request_id_header: Option<http::HeaderName>,
     pub cookies: bool,
     /// Origins the credentials and cookies may go to (`None`: the base URL's origin only).
     pub origins: Option<Vec<url::Origin>>,
@@ -1415,6 +1420,11 @@ impl Validator<'_> {
             }),
             None => None,
         };
+        let client_request_id_header = r
+            .client_request_id_header
+            .as_deref()
+            .map(|h| self.header("client_request_id_header", h))
+            .transpose()?;
         let trace_header = match &r.trace_header {
             Some(h) => Some(self.header("trace_header", h)?),
             None => None,
@@ -1967,6 +1977,9 @@ impl Validator<'_> {
         if let TokenPlacement::Header(h) = &create.token {
             reserved.push(h.as_str().to_owned());
         }
+        if let Some(h) = &client_request_id_header {
+            reserved.push(h.as_str().to_owned());
+        }
         if let Some(h) = &trace_header {
             reserved.push(h.as_str().to_owned());
         }
@@ -1991,6 +2004,7 @@ impl Validator<'_> {
             query: r.query,
             headers,
             trace_header,
+            client_request_id_header,
             cookies: r.cookies,
             origins,
             unauthenticated_origins,

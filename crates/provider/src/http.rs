@@ -466,6 +466,11 @@ impl HttpProvider {
                 body,
                 trace: op.trace_id,
                 trace_header: self.contract.trace_header.as_ref(),
+                client_request_id: self
+                    .contract
+                    .client_request_id_header
+                    .as_ref()
+                    .filter(|_| access == Access::Credentials),
                 max_body,
                 end_by: at.end_by,
                 budget: self.contract.call_budget(),

@@ -25,6 +25,8 @@ const KEPT_HEADERS: &[&str] = &[
     "request-id",
     "x-ms-request-id",
     "x-amzn-requestid",
+    "x-ms-client-request-id",
+    "client-request-id",
     "x-checksum-sha256",
     "idempotent-replayed",
 ];
@@ -372,6 +374,9 @@ pub enum WireError {
     /// The call could not be built (a value its URL or body needs is missing, a URL is
     /// malformed, the contract has no such call): nothing was sent.
     NotBuilt,
+    /// The answer echoed another request's client request id: it is not the answer to ours
+    /// (which may or may not have been processed).
+    NotOurAnswer,
     /// The caller's lease would end before the call could: nothing was sent.
     LeaseTooShort,
     /// The URL is outside the origins the contract declares: nothing was sent.
@@ -387,6 +392,7 @@ impl WireError {
             WireError::TooLarge => "response_too_large",
             WireError::Secret => "secret_unresolved",
             WireError::NotBuilt => "call_not_built",
+            WireError::NotOurAnswer => "answer_to_another_request",
             WireError::LeaseTooShort => "lease_too_short_to_send",
             WireError::Origin => "url_outside_origins",
         }
@@ -414,6 +420,9 @@ pub struct Outgoing<'a> {
     pub body: Option<Vec<u8>>,
     pub trace: TraceId,
     pub trace_header: Option<&'a http::HeaderName>,
+    /// Where the call's own id goes (Azure's `x-ms-client-request-id`): an answer that echoes
+    /// another id is not the answer to this call.
+    pub client_request_id: Option<&'a http::HeaderName>,
     pub max_body: u64,
     /// The instant by which the call must have ended (the caller's lease), and the longest the call
     /// can take: if it could not end in time it is not sent.
@@ -424,7 +433,14 @@ pub struct Outgoing<'a> {
 /// Send one request and read the response up to `max_body` bytes.
 pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
     let span = new_span_id();
+    let id = uuid::Uuid::now_v7();
     let mut headers = out.headers;
+    if let Some(h) = out.client_request_id {
+        headers.insert(
+            h.clone(),
+            http::HeaderValue::from_str(&id.to_string()).expect("a UUID is a header value"),
+        );
+    }
     inject_trace(&mut headers, out.trace, span);
     if let Some(h) = out.trace_header
         && let Ok(v) = http::HeaderValue::from_str(&out.trace.to_string())
@@ -495,6 +511,14 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
             }
         }
     }
+    // An echo of another id: a proxy or a provider that mixed up its answers.
+    if error.is_none()
+        && let Some(h) = out.client_request_id
+        && let Some(echo) = resp_headers.get(h)
+        && echo.to_str().ok() != Some(id.to_string().as_str())
+    {
+        error = Some(WireError::NotOurAnswer);
+    }
     {
         use opentelemetry::trace::{Span as _, Status};
         if let Some(s) = status {
@@ -512,7 +536,7 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
         call_span.end();
     }
     let record = CallRecord {
-        id: uuid::Uuid::now_v7(),
+        id,
         kind: out.kind,
         attempt: out.attempt.max(1),
         started_at,

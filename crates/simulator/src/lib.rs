@@ -240,6 +240,7 @@ impl Sim {
             .route("/v2/runs:lookup", post(workflow_lookup))
             .route("/_sim/ledger", get(ledger))
             .route("/healthz", get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn(echo_client_request_id))
             .with_state(self.clone())
     }
 
@@ -399,6 +400,22 @@ async fn put_create(
         Err(_) => return error(StatusCode::BAD_REQUEST, "bad resource name"),
     }
     create(State(sim), headers, body).await
+}
+
+/// Azure's `x-ms-client-request-id`: every answer echoes the id its request carried (unless the
+/// handler already set one: the fault that echoes another).
+async fn echo_client_request_id(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let id = request.headers().get("x-ms-client-request-id").cloned();
+    let mut response = next.run(request).await;
+    if let Some(id) = id
+        && !response.headers().contains_key("x-ms-client-request-id")
+    {
+        response.headers_mut().insert("x-ms-client-request-id", id);
+    }
+    response
 }
 
 /// `GET /v1/resources/{name}`: the status of the job a PUT made there.
@@ -978,7 +995,7 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         Some(StatusFault::TooManyRequestsBare) => {
             return error(StatusCode::TOO_MANY_REQUESTS, "slow down");
         }
-        Some(StatusFault::UnknownState) | None => {}
+        Some(StatusFault::UnknownState | StatusFault::OtherClientRequestId) | None => {}
     }
     let shown = if job.script.status_faults.get(&n) == Some(&StatusFault::UnknownState) {
         "warming_up"
@@ -1047,6 +1064,12 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         "x-request-id",
         HeaderValue::from_str(&format!("req_status_{id}_{n}")).expect("ascii"),
     );
+    if job.script.status_faults.get(&n) == Some(&StatusFault::OtherClientRequestId) {
+        r.headers_mut().insert(
+            "x-ms-client-request-id",
+            HeaderValue::from_static("00000000-0000-4000-8000-000000000000"),
+        );
+    }
     let running = matches!(state, "queued" | "running" | "cancelling");
     if let (true, Some(secs)) = (running, job.script.poll_retry_after) {
         if job.script.poll_retry_after_as_date {

@@ -85,6 +85,9 @@ pub enum StatusFault {
     TooManyRequests,
     /// 429 without a `Retry-After` header: the client must back off on its own.
     TooManyRequestsBare,
+    /// A normal answer that echoes another request's `x-ms-client-request-id` (a proxy that
+    /// mixed up its answers).
+    OtherClientRequestId,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
