@@ -201,6 +201,32 @@ fn contract_check_expands_the_profile_and_names_the_problem() {
         err.contains("bad.toml") && err.contains("polling.factor"),
         "{err}"
     );
+    // Every problem, not only the first: three independent mistakes are named together; the
+    // JSON lists them.
+    let text = std::fs::read_to_string(&example)
+        .unwrap()
+        .replace("initial_ms = 5000", "initial_ms = 5000\nfactor = 99.0")
+        .replace("create_ms = 120000", "create_ms = 5")
+        .replace(
+            "path = \"/operations/{job_id_path}:cancel\"",
+            "path = \"/operations/{job}:cancel\"",
+        );
+    std::fs::write(&bad, text).unwrap();
+    let out = check(&[bad.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "3 problems",
+        "polling.factor",
+        "deadlines.create_ms",
+        "cancel.path",
+    ] {
+        assert!(err.contains(key), "{key} missing in: {err}");
+    }
+    let out = check(&["--json", bad.to_str().unwrap()]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["problems"].as_array().unwrap().len(), 3, "{doc}");
+
     std::fs::write(&bad, "protocol = \"soap\"\nname = \"x\"").unwrap();
     let out = check(&[bad.to_str().unwrap()]);
     assert_eq!(code(&out), 2);

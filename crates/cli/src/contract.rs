@@ -1,5 +1,5 @@
 //! `jobtrail contract check FILE`: a contract as jobtrail reads it — its protocol profile expanded,
-//! the timings that follow from it, and the problem that stops it loading (file and key named).
+//! the timings that follow from it, and every problem that stops it loading (file and key named).
 
 use crate::common::{CmdResult, exit, fail};
 use jobtrail_core::decide::LEASE_MARGIN;
@@ -22,14 +22,20 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
         contract::effective(table, &name).map_err(|e| fail(exit::BAD_INPUT, e.to_string()))?;
     let loaded = Contract::parse(&text, file);
     let timings = loaded.as_ref().ok().map(timings);
-    let problem = loaded.as_ref().err().map(|e| e.to_string());
+    let problems: Vec<String> = match &loaded {
+        Ok(_) => Vec::new(),
+        Err(_) => contract::problems(&text, file)
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    };
     if json {
         let doc = serde_json::json!({
             "file": name,
             "protocol": profile,
             "effective": effective,
             "timings": timings,
-            "problems": problem.iter().collect::<Vec<_>>(),
+            "problems": problems,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
@@ -49,15 +55,21 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
             }
         }
     }
-    match problem {
-        Some(p) => Err(fail(exit::BAD_INPUT, p)),
-        None => {
-            if !json {
-                println!("# no problems: the contract loads");
-            }
-            Ok(ExitCode::SUCCESS)
+    if problems.is_empty() {
+        if !json {
+            println!("# no problems: the contract loads");
         }
+        return Ok(ExitCode::SUCCESS);
     }
+    let n = problems.len();
+    Err(fail(
+        exit::BAD_INPUT,
+        format!(
+            "{n} problem{}:\n{}",
+            if n == 1 { "" } else { "s" },
+            problems.join("\n")
+        ),
+    ))
 }
 
 fn ms(d: Duration) -> String {

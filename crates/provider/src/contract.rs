@@ -1065,6 +1065,118 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
+/// Every problem a contract has, not only the first (an empty list: it loads). Each problem's key
+/// is set aside and the rest checked again, until the contract loads, or a problem cannot be set
+/// aside (text that is not TOML, a key the contract needs), or what is left only follows from a key
+/// already set aside (not reported: it would be an echo of the first).
+pub fn problems(text: &str, path: &Path) -> Vec<ContractError> {
+    let mut found: Vec<ContractError> = Vec::new();
+    let first = match Contract::parse(text, path) {
+        Ok(_) => return found,
+        Err(e) => e,
+    };
+    let Ok(mut table) = toml::from_str::<toml::Table>(text) else {
+        return vec![first];
+    };
+    let mut removed: Vec<String> = Vec::new();
+    let mut next = Some(first);
+    // Bounded: a contract has far fewer keys than this.
+    for _ in 0..64 {
+        let Some(e) = next.take() else { break };
+        let key = match &e {
+            ContractError::Invalid { key, .. } => key_path(key),
+            // Not a key we can set aside; a parse error after one was set aside is its echo.
+            _ => {
+                if removed.is_empty() {
+                    found.push(e);
+                }
+                break;
+            }
+        };
+        let echo = removed.iter().any(|r| {
+            key == *r || key.starts_with(&format!("{r}.")) || key.starts_with(&format!("{r}["))
+        });
+        if echo || found.contains(&e) {
+            break;
+        }
+        found.push(e);
+        if !remove_key(&mut table, &key) {
+            break;
+        }
+        removed.push(key);
+        let Ok(rest) = toml::to_string(&table) else {
+            break;
+        };
+        next = Contract::parse(&rest, path).err();
+    }
+    found
+}
+
+/// A problem's key as a path into the contract's table (`result.formats.csv: result.items` is
+/// `result.formats.csv.items`).
+fn key_path(key: &str) -> String {
+    match key.split_once(": ") {
+        Some((outer, inner)) => {
+            let inner = inner.split_once('.').map_or(inner, |(_, rest)| rest);
+            format!("{outer}.{inner}")
+        }
+        None => key.to_owned(),
+    }
+}
+
+/// Remove `a.b[2].c` from a TOML table; `false` when it is not there.
+fn remove_key(table: &mut toml::Table, key: &str) -> bool {
+    let segs: Vec<(&str, Vec<usize>)> = key
+        .split('.')
+        .map(|seg| {
+            let mut parts = seg.split('[');
+            let name = parts.next().unwrap_or_default();
+            let idx = parts
+                .filter_map(|p| p.strip_suffix(']').and_then(|n| n.parse().ok()))
+                .collect();
+            (name, idx)
+        })
+        .collect();
+    remove_in(table, &segs)
+}
+
+fn remove_in(table: &mut toml::Table, segs: &[(&str, Vec<usize>)]) -> bool {
+    let Some(((name, idx), rest)) = segs.split_first() else {
+        return false;
+    };
+    if !rest.is_empty() {
+        return match table
+            .get_mut(*name)
+            .and_then(|v| index(v, idx))
+            .and_then(|v| v.as_table_mut())
+        {
+            Some(t) => remove_in(t, rest),
+            None => false,
+        };
+    }
+    match idx.split_last() {
+        None => table.remove(*name).is_some(),
+        Some((i, outer)) => match table
+            .get_mut(*name)
+            .and_then(|v| index(v, outer))
+            .and_then(|v| v.as_array_mut())
+        {
+            Some(a) if *i < a.len() => {
+                a.remove(*i);
+                true
+            }
+            _ => false,
+        },
+    }
+}
+
+fn index<'a>(mut v: &'a mut toml::Value, idx: &[usize]) -> Option<&'a mut toml::Value> {
+    for i in idx {
+        v = v.as_array_mut()?.get_mut(*i)?;
+    }
+    Some(v)
+}
+
 /// Load every `*.toml` contract in a directory. Names must be unique.
 pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Contract>, ContractError> {
     let entries = std::fs::read_dir(dir).map_err(|e| ContractError::Io {

@@ -843,3 +843,61 @@ fn the_contracts_in_the_docs_load() {
     }
     assert!(loaded >= 5, "{loaded} contracts in the docs");
 }
+
+#[test]
+fn every_problem_is_named_and_none_is_an_echo_of_another() {
+    let path = providers_dir().join("test.toml");
+    let problems = |text: &str| {
+        jobtrail_provider::contract::problems(text, &path)
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(problems(&sim_text()).is_empty(), "a good contract has none");
+    // Independent mistakes are all named, in the order they are checked.
+    let text = sim_text()
+        .replacen("factor = 2.0", "factor = 99.0", 1)
+        .replacen("connect_ms = 1000", "connect_ms = 0", 1)
+        .replacen("window_ms = 5000", "window_ms = 5", 1);
+    let found = problems(&text);
+    assert_eq!(found.len(), 3, "{found:#?}");
+    for (p, key) in found
+        .iter()
+        .zip(["timeouts.connect_ms", "polling.factor", "cancel.window_ms"])
+    {
+        assert!(p.contains(key), "{key}: {found:?}");
+    }
+    // A problem that only follows from another is not reported as a second one: with the bad
+    // header name set aside, "header placement needs a header name" is its echo.
+    let text = sim_text().replacen(
+        "idempotency_header = \"Idempotency-Key\"",
+        "idempotency_header = \"bad header\"",
+        1,
+    );
+    let found = problems(&text);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].contains("a valid HTTP header name"), "{found:?}");
+
+    // A problem inside one result format is set aside by its own path.
+    let text = sim_text()
+        .replacen("[result]\n", "[result]\nformat_from = \"/f\"\n", 1)
+        .replacen(
+            "[reconcile]\n",
+            "[result.formats.csv]\nformat = \"csv\"\ncsv_error_values = [\"E\"]\n\n[reconcile]\n",
+            1,
+        )
+        .replacen("factor = 2.0", "factor = 0.5", 1);
+    let found = problems(&text);
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("result.formats.csv: result.csv_status_column")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|p| p.contains("polling.factor")),
+        "{found:?}"
+    );
+    // Text that is not TOML is one problem.
+    assert_eq!(problems("name = ").len(), 1);
+}
