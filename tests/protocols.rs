@@ -739,6 +739,26 @@ async fn ogc_processes_jobs_run_fail_and_are_dismissed() {
         "{}",
         dismiss.url
     );
+    // The DELETE's answer (the job, `dismissed`) is the confirmation: no read after it, which a
+    // real server would answer 404 (the dismissed job is gone).
+    let after: Vec<_> = calls
+        .iter()
+        .filter(|c| c.kind == "status" && c.started_at > dismiss.started_at)
+        .collect();
+    assert!(after.is_empty(), "{after:?}");
+    let history = env.store.history(stop.id).await.unwrap();
+    let events: Vec<&str> = history.iter().map(|h| h.event.as_str()).collect();
+    assert!(
+        events.ends_with(&["cancel_sent", "remote_cancelled"]),
+        "{events:?}"
+    );
+    assert!(
+        env.store
+            .verify_operation(stop.id)
+            .await
+            .unwrap()
+            .is_clean()
+    );
     env.stop_workers().await;
 }
 

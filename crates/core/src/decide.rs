@@ -904,6 +904,40 @@ pub fn after_cancel(
     } = called;
     let mut retry_after = None;
     let mut step = match outcome {
+        // The answer is the confirmation: the cancel is recorded as sent (with its call), then
+        // the provider's cancelled state, as a status read would have recorded it.
+        CancelOutcome::Confirmed {
+            http_status,
+            remote_state,
+        } => {
+            let sent = Step {
+                counters: Counters {
+                    cancel_attempts: 1,
+                    failures: FailureCount::Reset,
+                    ..Counters::default()
+                },
+                keep_lease: true,
+                ..Step::event(Event::CancelSent { http_status })
+            };
+            let confirmed = match CancelConfirmation::from_provider(&remote_state) {
+                Ok(c) => Step {
+                    observation: Some(Observation {
+                        remote_state: Some(remote_state),
+                        remote_updated_at: None,
+                        progress: None,
+                        status_url: None,
+                        provider_context: None,
+                    }),
+                    ..Step::event(Event::RemoteCancelled(c))
+                },
+                Err(_) => Step::event(Event::CallFailed {
+                    error_class: "empty cancelled state".into(),
+                }),
+            };
+            let mut plan = Plan::write(confirmed);
+            plan.first = Some(with_call(sent, call, context));
+            return plan;
+        }
         CancelOutcome::Accepted {
             http_status,
             retry_after: ra,

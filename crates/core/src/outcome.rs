@@ -135,6 +135,12 @@ pub enum CancelOutcome {
         http_status: Option<u16>,
         retry_after: Option<Duration>,
     },
+    /// The provider's answer to the cancel is itself the job in a cancelled state (OGC's dismiss
+    /// answers the job `dismissed`): the confirmation, in the provider's words.
+    Confirmed {
+        http_status: Option<u16>,
+        remote_state: String,
+    },
     /// The provider refused (for example, the job already finished). Polling tells the truth.
     Rejected {
         http_status: Option<u16>,

@@ -160,13 +160,14 @@ fn kind(plan: &Plan) -> Option<EventKind> {
 
 /// Every decided event must be one the table allows in the state it was decided in.
 fn legal(op: &OperationRecord, plan: &Plan) {
-    if let Some(ev) = &plan.step.event {
-        assert!(
-            machine::transition(op.state, ev).is_ok(),
-            "{} decided in {}",
-            ev.kind(),
-            op.state
-        );
+    // A step written first moves the state the plan's own step starts from.
+    let mut state = op.state;
+    for step in plan.first.iter().chain([&plan.step]) {
+        if let Some(ev) = &step.event {
+            let t = machine::transition(state, ev);
+            assert!(t.is_ok(), "{} decided in {}", ev.kind(), state);
+            state = t.unwrap().to;
+        }
     }
 }
 
@@ -852,6 +853,29 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     );
     assert_eq!(kind(&plan), Some(EventKind::CallFailed));
     assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(4));
+    // The answer is itself the confirmation: the cancel is sent, then confirmed, both recorded.
+    let plan = after_cancel(
+        &op,
+        &p,
+        called(
+            CallKind::Cancel,
+            CancelOutcome::Confirmed {
+                http_status: Some(200),
+                remote_state: "dismissed".into(),
+            },
+        ),
+        now,
+        0.5,
+    );
+    assert_eq!(kind(&plan), Some(EventKind::RemoteCancelled));
+    let first = plan.first.as_ref().expect("the cancel call's own step");
+    assert_eq!(
+        first.event.as_ref().map(|e| e.kind()),
+        Some(EventKind::CancelSent)
+    );
+    assert!(first.call.is_some() && plan.step.call.is_none());
+    assert_eq!(first.counters.cancel_attempts, 1);
+    legal(&op, &plan);
     for outcome in [
         CancelOutcome::RetryLater {
             delay: None,
@@ -1089,6 +1113,10 @@ fn every_decision_is_allowed_by_the_table() {
                         CancelOutcome::Accepted {
                             http_status: Some(202),
                             retry_after: None,
+                        },
+                        CancelOutcome::Confirmed {
+                            http_status: Some(200),
+                            remote_state: "dismissed".into(),
                         },
                         CancelOutcome::Rejected {
                             http_status: Some(409),

@@ -1120,6 +1120,20 @@ impl HttpProvider {
         })
     }
 
+    /// The state a cancel's answer names, when the contract maps it to cancelled: only a state
+    /// the body states (never a status code, never `state_absent`: an empty answer confirms
+    /// nothing).
+    fn cancelled_in(&self, ex: &Exchange) -> Option<String> {
+        let spec = &self.contract.status;
+        let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok()?;
+        let state = spec
+            .state
+            .iter()
+            .find_map(|p| json.pointer(p).filter(|v| !v.is_null()))
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))?;
+        (spec.phase(&state) == Some(Phase::Cancelled)).then_some(state)
+    }
+
     async fn do_cancel(&self, op: &OperationRecord, at: CallCtx) -> Called<CancelOutcome> {
         let Some(spec) = &self.contract.cancel else {
             let why = "the contract has no cancel endpoint";
@@ -1160,13 +1174,26 @@ impl HttpProvider {
                 },
                 format!("failed: {class}"),
             ),
-            Verdict::Success | Verdict::AlreadyExists => (
-                CancelOutcome::Accepted {
-                    http_status: ex.status,
-                    retry_after: wire::retry_after(&ex.headers),
-                },
-                "cancel accepted".into(),
-            ),
+            Verdict::Success | Verdict::AlreadyExists => match self.cancelled_in(&ex) {
+                // The answer is the job, already cancelled (OGC's dismiss): the confirmation.
+                Some(remote_state) => {
+                    let d = format!("cancel confirmed in the answer ({remote_state})");
+                    (
+                        CancelOutcome::Confirmed {
+                            http_status: ex.status,
+                            remote_state,
+                        },
+                        d,
+                    )
+                }
+                None => (
+                    CancelOutcome::Accepted {
+                        http_status: ex.status,
+                        retry_after: wire::retry_after(&ex.headers),
+                    },
+                    "cancel accepted".into(),
+                ),
+            },
             Verdict::Reject { status, reason } => (
                 CancelOutcome::Rejected {
                     http_status: status,

@@ -1046,6 +1046,9 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
                 azure_resource(&name, state, &job.script, &id),
             )
         }
+        // A dismissed job is gone: OGC servers answer 404 for it (its dismissal was confirmed in
+        // the DELETE's answer).
+        Protocol::Ogc if state == "cancelled" => error(StatusCode::NOT_FOUND, "no such job"),
         Protocol::Ogc => {
             let status = match state {
                 "queued" => "accepted",
