@@ -305,6 +305,30 @@ method = "resend"
 interval_ms = 200
 "#;
 
+/// Azure's status monitor with `final-state-via: location`: the result is at the `Location` the
+/// create's answer named, fetched once the monitor says `Succeeded`.
+const AZURE_FINAL_LOCATION: &str = r#"
+protocol = "azure-lro"
+name = "azure-final-location"
+base_url = "http://127.0.0.1:1"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/v1/jobs"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+job_id = "body:/job_id"
+result_url = "header:Location"
+[status]
+url = "/v1/jobs/{job_id}"
+[result]
+from = "url"
+content_type = "application/json"
+items = "/items"
+"#;
+
 async fn protocols_env() -> Env {
     Env::with_contract_files(
         &[],
@@ -316,6 +340,7 @@ async fn protocols_env() -> Env {
             ("workflow.toml", WORKFLOW),
             ("natural.toml", NATURAL),
             ("azure-resource.toml", AZURE_RESOURCE),
+            ("azure-final-location.toml", AZURE_FINAL_LOCATION),
             ("ogc.toml", OGC),
         ],
     )
@@ -1158,5 +1183,39 @@ async fn an_azure_resource_put_is_followed_by_its_provisioning_state() {
     for id in [ok.id, bad.id, lost.id] {
         assert!(env.store.verify_operation(id).await.unwrap().is_clean());
     }
+    env.stop_workers().await;
+}
+
+/// Azure's `final-state-via: location`: the create's answer names in `Location` where the result
+/// will be; the monitor is polled to `Succeeded`, then that URL is fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_result_can_be_where_the_create_answer_said() {
+    let mut env = protocols_env().await;
+    let op = env
+        .submit(
+            "azure-final-location",
+            script("azure_monitor", serde_json::json!({})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{done:?}");
+    let job = done.remote_job_id.clone().unwrap();
+    let calls = env.store.calls(op.id).await.unwrap();
+    let result = calls.iter().find(|c| c.kind == "result").unwrap();
+    assert!(
+        result.url.contains(&format!("/v1/jobs/{job}/result")),
+        "{}",
+        result.url
+    );
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.kind == "status")
+            .all(|c| c.url.contains("/v1/operations/")),
+        "polled at the monitor"
+    );
+    assert_eq!(done.result_summary.as_ref().unwrap()["items"]["total"], 5);
     env.stop_workers().await;
 }

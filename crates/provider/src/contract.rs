@@ -252,6 +252,8 @@ struct RawCreate {
     #[serde(default)]
     sync_result: Option<String>,
     #[serde(default)]
+    result_url: Option<String>,
+    #[serde(default)]
     body: Option<String>,
     #[serde(default)]
     max_body_bytes: Option<u64>,
@@ -641,6 +643,9 @@ pub struct CreateSpec {
     pub initial_state: Option<Locator>,
     pub status_url: Option<Locator>,
     pub sync_result: Option<Locator>,
+    /// Where the create's answer names the result's URL (Azure's `final-state-via: location`:
+    /// the `Location` header of the first answer), fetched once the job succeeded.
+    pub result_url: Option<Locator>,
     /// Which JSON values submit accepts as the body (`create.body`: "object", the default, or "any").
     pub body: BodyShape,
     /// The largest request body submit accepts for this provider.
@@ -1634,6 +1639,11 @@ impl Validator<'_> {
                 .as_deref()
                 .map(|s| self.locator("create.sync_result", s))
                 .transpose()?,
+            result_url: c
+                .result_url
+                .as_deref()
+                .map(|s| self.locator("create.result_url", s))
+                .transpose()?,
             max_body_bytes: match c.max_body_bytes {
                 None => jobtrail_core::operation::DEFAULT_BODY_BYTES,
                 Some(n) if n >= 1 && n <= jobtrail_core::operation::MAX_BODY_BYTES as u64 => {
@@ -1892,8 +1902,20 @@ impl Validator<'_> {
             ));
         }
 
+        if let Some(rr) = &r.result
+            && create.result_url.is_some()
+            && (rr.url.is_some() || rr.from != ResultFrom::Url || rr.format == ResultFormat::None)
+        {
+            return Err(self.err(
+                "create.result_url",
+                "nothing beside result.url, result.from = \"status\" or \"resource\", or format = \"none\" (one place says where the result is)",
+            ));
+        }
         let result = match r.result {
-            Some(rr) => Some(self.results(rr, status.result_url.is_some())?),
+            Some(rr) => Some(self.results(
+                rr,
+                status.result_url.is_some() || create.result_url.is_some(),
+            )?),
             None => None,
         };
         if result

@@ -782,7 +782,24 @@ impl HttpProvider {
                 extra,
             )
             .await;
-        let ctx = self.context_after(op, &ex, None);
+        // Where the result will be, when the create's answer says (Azure's final-state-via:
+        // location): kept with the operation until the job has succeeded.
+        let hints = self
+            .contract
+            .create
+            .result_url
+            .as_ref()
+            .filter(|_| ex.status.is_some_and(|s| (200..300).contains(&s)))
+            .and_then(|l| {
+                let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok();
+                self.locate(l, &ex, json.as_ref())
+            })
+            .filter(|u| followable(u))
+            .map(|u| ResultHints {
+                result_url: Some(u),
+                ..ResultHints::default()
+            });
+        let ctx = self.context_after(op, &ex, hints.as_ref());
         let (outcome, d) = match self.verdict(CallName::Create, &ex) {
             Verdict::Wire(e) if e.not_sent() => (
                 CreateOutcome::NotSent {

@@ -901,3 +901,36 @@ fn every_problem_is_named_and_none_is_an_echo_of_another() {
     // Text that is not TOML is one problem.
     assert_eq!(problems("name = ").len(), 1);
 }
+
+#[test]
+fn the_create_answer_may_name_the_result_url_but_only_one_place_says_where() {
+    let base = sim_text().replacen(
+        "sync_result = \"body:/result\"\n",
+        "sync_result = \"body:/result\"\nresult_url = \"header:Location\"\n",
+        1,
+    );
+    let c = parse(&base).unwrap();
+    assert_eq!(
+        c.create.result_url,
+        Some(jobtrail_provider::contract::Locator::Header(
+            "Location".into()
+        ))
+    );
+    for (from, to) in [
+        (
+            "[result]\n",
+            "[result]\nurl = \"/v1/jobs/{job_id}/result\"\n",
+        ),
+        ("[result]\n", "[result]\nfrom = \"resource\"\n"),
+    ] {
+        let err = parse(&base.replacen(from, to, 1)).unwrap_err();
+        assert!(err.contains("create.result_url"), "{to}: {err}");
+    }
+    let err = parse(&base.replacen(
+        "result_url = \"header:Location\"",
+        "result_url = \"Location\"",
+        1,
+    ))
+    .unwrap_err();
+    assert!(err.contains("create.result_url"), "{err}");
+}

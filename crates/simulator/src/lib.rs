@@ -704,7 +704,8 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                     HeaderValue::from_static("http://[::1"),
                 );
             }
-            (r, status_url)
+            // Where the final result will be (Azure's final-state-via: location).
+            (r, format!("/v1/jobs/{named}/result"))
         }
     };
     let h = r.headers_mut();
