@@ -116,6 +116,10 @@ struct Raw {
     #[serde(default)]
     #[allow(dead_code)]
     protocol: Option<String>,
+    /// Profile keys the contract does without (applied before this is read).
+    #[serde(default)]
+    #[allow(dead_code)]
+    unset: Vec<String>,
     #[serde(default)]
     description: Option<String>,
     base_url: String,
@@ -996,7 +1000,7 @@ impl Contract {
         };
         let table: toml::Table = toml::from_str(text).map_err(parse_err)?;
         // Without a profile, parse the text itself: its errors point at lines and columns.
-        let raw: Raw = if table.contains_key("protocol") {
+        let raw: Raw = if table.contains_key("protocol") || table.contains_key("unset") {
             effective(table, &file)?.try_into().map_err(parse_err)?
         } else {
             toml::from_str(text).map_err(parse_err)?
@@ -1030,9 +1034,27 @@ pub const PROFILES: &[(&str, &str)] = &[
 
 /// A contract's effective text: its profile's keys with the contract's own over them (tables merge
 /// key by key; a value or array of the contract replaces the profile's).
-pub fn effective(contract: toml::Table, file: &str) -> Result<toml::Table, ContractError> {
+pub fn effective(mut contract: toml::Table, file: &str) -> Result<toml::Table, ContractError> {
+    let unset = match contract.remove("unset") {
+        None => Vec::new(),
+        Some(toml::Value::Array(keys)) => keys,
+        Some(_) => {
+            return Err(ContractError::Invalid {
+                file: file.to_owned(),
+                key: "unset".into(),
+                expected: "a list of the profile's keys, like [\"status.error\"]".into(),
+            });
+        }
+    };
     let Some(name) = contract.get("protocol") else {
-        return Ok(contract);
+        if unset.is_empty() {
+            return Ok(contract);
+        }
+        return Err(ContractError::Invalid {
+            file: file.to_owned(),
+            key: "unset".into(),
+            expected: "a protocol beside it (unset drops keys a profile sets)".into(),
+        });
     };
     let names: Vec<&str> = PROFILES.iter().map(|(n, _)| *n).collect();
     let wrong = || ContractError::Invalid {
@@ -1054,6 +1076,17 @@ pub fn effective(contract: toml::Table, file: &str) -> Result<toml::Table, Contr
         == Some("none");
     if no_result {
         base.remove("result");
+    }
+    // Keys of the profile this contract does without (a default cannot be unset by overriding it).
+    for (i, key) in unset.iter().enumerate() {
+        let removed = key.as_str().is_some_and(|k| remove_key(&mut base, k));
+        if !removed {
+            return Err(ContractError::Invalid {
+                file: file.to_owned(),
+                key: format!("unset[{i}]"),
+                expected: format!("a key the profile {name} sets, got {key}"),
+            });
+        }
     }
     merge(&mut base, contract);
     Ok(base)

@@ -934,3 +934,36 @@ fn the_create_answer_may_name_the_result_url_but_only_one_place_says_where() {
     .unwrap_err();
     assert!(err.contains("create.result_url"), "{err}");
 }
+
+#[test]
+fn a_contract_can_do_without_a_profile_key() {
+    let base = r#"
+protocol = "ogc-processes"
+name = "o"
+base_url = "https://example.test"
+UNSET
+[create]
+path = "/processes/{target}/execution"
+idempotency = "none"
+"#;
+    let c = parse(&base.replace("UNSET", "")).unwrap();
+    assert!(c.create.headers.contains_key("prefer"));
+    assert!(c.cancel.is_some());
+    // A server that executes asynchronously without being asked, and cannot dismiss.
+    let c =
+        parse(&base.replace("UNSET", "unset = [\"create.headers.Prefer\", \"cancel\"]")).unwrap();
+    assert!(!c.create.headers.contains_key("prefer"));
+    assert!(c.cancel.is_none());
+    for (unset, key) in [
+        ("unset = [\"create.nothing\"]", "unset[0]"),
+        ("unset = [\"cancel\", 3]", "unset[1]"),
+        ("unset = \"cancel\"", "unset"),
+    ] {
+        let err = parse(&base.replace("UNSET", unset)).unwrap_err();
+        assert!(err.contains(key), "{unset}: {err}");
+    }
+    let err =
+        parse(&sim_text().replacen("name = \"sim\"", "unset = [\"status\"]\nname = \"sim\"", 1))
+            .unwrap_err();
+    assert!(err.contains("unset") && err.contains("protocol"), "{err}");
+}
