@@ -710,6 +710,9 @@ async fn ogc_processes_jobs_run_fail_and_are_dismissed() {
     let mut env = protocols_env().await;
     let ogc = |more: serde_json::Value| script("ogc", more);
     let ok = env.submit("ogc", ogc(serde_json::json!({})), |_| {}).await;
+    let sync = env
+        .submit("ogc", ogc(serde_json::json!({"create": ["sync"]})), |_| {})
+        .await;
     let bad = env
         .submit("ogc", ogc(serde_json::json!({"outcome": "failed"})), |_| {})
         .await;
@@ -764,6 +767,21 @@ async fn ogc_processes_jobs_run_fail_and_are_dismissed() {
         "{}",
         dismiss.url
     );
+    // A server that executed synchronously all the same (200 with the results document): the
+    // finished job, its bytes kept as sent, nothing polled and nothing sent twice.
+    let sync = env.wait_settled(sync.id, T).await;
+    assert_eq!(sync.state, State::Succeeded, "{sync:?}");
+    let kinds: Vec<String> = env
+        .store
+        .calls(sync.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.kind)
+        .collect();
+    assert_eq!(kinds, ["create"]);
+    assert_eq!(sync.result_summary.as_ref().unwrap()["items"]["total"], 5);
+    assert_eq!(env.sim.ledger().create_requests[sync.token.as_str()], 1);
     // The DELETE's answer (the job, `dismissed`) is the confirmation: no read after it, which a
     // real server would answer 404 (the dismissed job is gone).
     let after: Vec<_> = calls

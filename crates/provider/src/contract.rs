@@ -258,6 +258,8 @@ struct RawCreate {
     #[serde(default)]
     result_url: Option<String>,
     #[serde(default)]
+    sync_codes: Vec<u16>,
+    #[serde(default)]
     body: Option<String>,
     #[serde(default)]
     max_body_bytes: Option<u64>,
@@ -650,6 +652,9 @@ pub struct CreateSpec {
     /// Where the create's answer names the result's URL (Azure's `final-state-via: location`:
     /// the `Location` header of the first answer), fetched once the job succeeded.
     pub result_url: Option<Locator>,
+    /// Status codes of a create answer that is the finished job itself (OGC's 200: executed
+    /// synchronously), its result the body (or the `sync_result` part of it).
+    pub sync_codes: Vec<u16>,
     /// Which JSON values submit accepts as the body (`create.body`: "object", the default, or "any").
     pub body: BodyShape,
     /// The largest request body submit accepts for this provider.
@@ -1677,6 +1682,14 @@ impl Validator<'_> {
                 .as_deref()
                 .map(|s| self.locator("create.result_url", s))
                 .transpose()?,
+            sync_codes: match c.sync_codes.iter().find(|c| !(200..=299).contains(*c)) {
+                Some(bad) => {
+                    return Err(
+                        self.err("create.sync_codes", format!("2xx status codes, got {bad}"))
+                    );
+                }
+                None => c.sync_codes.clone(),
+            },
             max_body_bytes: match c.max_body_bytes {
                 None => jobtrail_core::operation::DEFAULT_BODY_BYTES,
                 Some(n) if n >= 1 && n <= jobtrail_core::operation::MAX_BODY_BYTES as u64 => {

@@ -853,6 +853,12 @@ impl HttpProvider {
             .initial_state
             .as_ref()
             .and_then(|l| self.locate(l, ex, json.as_ref()));
+        // A status code that says the job ran synchronously: the answer is the finished job.
+        if let Some(code) = ex.status
+            && spec.sync_codes.contains(&code)
+        {
+            return self.synchronous(ex, job_id);
+        }
         // With a state in the answer, only a terminal success makes it synchronous: a result
         // beside a job still running is partial output, not the result.
         let finished = match (&spec.initial_state, &remote_state) {
@@ -937,6 +943,74 @@ impl HttpProvider {
                 "ambiguous: success without a job id".into(),
             ),
         }
+    }
+
+    /// A create answered with a status code the contract names synchronous: its result is the
+    /// provider's bytes (the `sync_result` part, or the whole body), or nothing for a job without
+    /// a result.
+    fn synchronous(&self, ex: &Exchange, job_id: Option<String>) -> (CreateOutcome, String) {
+        let spec = &self.contract.create;
+        let no_result = self
+            .contract
+            .result
+            .as_ref()
+            .is_some_and(|r| r.format == crate::contract::ResultFormat::None);
+        if ex.echoed_secret {
+            return (
+                CreateOutcome::Ambiguous {
+                    error_class: "sync_result_repeats_a_credential".into(),
+                },
+                "ambiguous: the synchronous answer repeats a credential this call sent; it is not kept".into(),
+            );
+        }
+        let bytes = if no_result {
+            bytes::Bytes::new()
+        } else {
+            match &spec.sync_result {
+                Some(Locator::Body(p)) => match wire::raw_at(&ex.body, p) {
+                    Some(part) => ex.body.slice_ref(part),
+                    None => {
+                        return (
+                            CreateOutcome::Ambiguous {
+                                error_class: "sync_answer_without_result".into(),
+                            },
+                            format!(
+                                "ambiguous: a synchronous answer ({}) without its result at {p}",
+                                ex.status.unwrap_or_default()
+                            ),
+                        );
+                    }
+                },
+                _ => ex.body.clone(),
+            }
+        };
+        let content_type = if matches!(spec.sync_result, Some(Locator::Body(_))) && !no_result {
+            Some("application/json".into())
+        } else {
+            ex.headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let d = format!(
+            "completed synchronously ({}){}",
+            ex.status.unwrap_or_default(),
+            job_id
+                .as_ref()
+                .map(|j| format!(" as {j}"))
+                .unwrap_or_default()
+        );
+        (
+            CreateOutcome::Completed {
+                job_id,
+                result: FetchedResult {
+                    bytes,
+                    content_type,
+                    checksum: None,
+                },
+            },
+            d,
+        )
     }
 
     /// A status URL the provider gave in this response, by the contract's precedence.

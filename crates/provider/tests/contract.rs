@@ -967,3 +967,20 @@ idempotency = "none"
             .unwrap_err();
     assert!(err.contains("unset") && err.contains("protocol"), "{err}");
 }
+
+#[test]
+fn only_2xx_codes_can_say_a_create_ran_synchronously() {
+    let base = sim_text();
+    let with = |codes: &str| {
+        base.replacen(
+            "sync_result = \"body:/result\"\n",
+            &format!("sync_result = \"body:/result\"\nsync_codes = {codes}\n"),
+            1,
+        )
+    };
+    assert_eq!(parse(&with("[200]")).unwrap().create.sync_codes, [200]);
+    for bad in ["[302]", "[500]", "[200, 404]"] {
+        let err = parse(&with(bad)).unwrap_err();
+        assert!(err.contains("create.sync_codes"), "{bad}: {err}");
+    }
+}

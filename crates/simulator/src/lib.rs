@@ -614,6 +614,11 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         }
         _ => {}
     }
+    if act == CreateAct::Sync && script.protocol == Protocol::Ogc {
+        // OGC: executed synchronously after all, answered 200 with the results document itself.
+        let (doc, content_type) = result_doc(&id, &script);
+        return (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], doc).into_response();
+    }
     if act == CreateAct::Sync {
         // The result pretty-printed inside the answer, as many servers write it: bytes a client
         // that re-serialises would not keep.
