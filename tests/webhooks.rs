@@ -236,8 +236,17 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
     );
     // A body far over the webhook limit is refused before it is buffered or verified.
     let huge = "x".repeat(2 * 1024 * 1024);
-    let r = post("/v1/webhooks/sim", huge, None).await.unwrap();
-    assert_eq!(r.status(), 413);
+    // The server answers 413 and closes as soon as the declared length is over the limit; a
+    // client still sending may see that as the connection closing under it instead (a race of
+    // the two directions of one socket, seen under load). Either is the refusal; a timeout or any
+    // other status is not.
+    match post("/v1/webhooks/sim", huge, None).await {
+        Ok(r) => assert_eq!(r.status(), 413),
+        Err(e) => assert!(
+            !e.is_timeout() && (e.is_request() || e.is_body()),
+            "not a refusal: {e:?}"
+        ),
+    }
     assert!(
         rows(&env).await.is_empty(),
         "nothing recorded for a refused delivery"
