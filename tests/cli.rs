@@ -231,6 +231,14 @@ fn contract_check_expands_the_profile_and_names_the_problem() {
     let out = check(&[bad.to_str().unwrap()]);
     assert_eq!(code(&out), 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("protocol"));
+    // ... and a machine reading --json gets it as a problem too.
+    let out = check(&["--json", bad.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        doc["problems"][0].as_str().unwrap().contains("protocol"),
+        "{doc}"
+    );
     std::fs::write(&bad, "name = ").unwrap();
     assert_eq!(code(&check(&[bad.to_str().unwrap()])), 2);
     assert_eq!(

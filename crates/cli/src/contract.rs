@@ -18,17 +18,20 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
         .get("protocol")
         .and_then(|p| p.as_str())
         .map(str::to_owned);
-    let effective =
-        contract::effective(table, &name).map_err(|e| fail(exit::BAD_INPUT, e.to_string()))?;
+    // A profile that cannot be expanded (an unknown protocol, a bad `unset`) is a problem to
+    // report like any other, in text and JSON alike.
+    let effective = contract::effective(table, &name);
     let loaded = Contract::parse(&text, file);
     let timings = loaded.as_ref().ok().map(timings);
-    let problems: Vec<String> = match &loaded {
-        Ok(_) => Vec::new(),
-        Err(_) => contract::problems(&text, file)
+    let problems: Vec<String> = match (&loaded, &effective) {
+        (Ok(_), _) => Vec::new(),
+        (Err(_), Err(e)) => vec![e.to_string()],
+        (Err(_), Ok(_)) => contract::problems(&text, file)
             .iter()
             .map(ToString::to_string)
             .collect(),
     };
+    let effective = effective.ok();
     if json {
         let doc = serde_json::json!({
             "file": name,
@@ -43,11 +46,13 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
             Some(p) => println!("# {name}: the effective contract (profile {p:?} expanded)"),
             None => println!("# {name}: the effective contract (no protocol profile)"),
         }
-        println!(
-            "{}",
-            toml::to_string_pretty(&effective)
-                .unwrap_or_else(|e| format!("# (not printable: {e})"))
-        );
+        if let Some(effective) = &effective {
+            println!(
+                "{}",
+                toml::to_string_pretty(effective)
+                    .unwrap_or_else(|e| format!("# (not printable: {e})"))
+            );
+        }
         if let Some(t) = &timings {
             println!("# timings");
             for (k, v) in t.as_object().into_iter().flatten() {

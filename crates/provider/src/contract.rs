@@ -1126,8 +1126,16 @@ pub fn problems(text: &str, path: &Path) -> Vec<ContractError> {
     // Bounded: a contract has far fewer keys than this.
     for _ in 0..64 {
         let Some(e) = next.take() else { break };
-        let key = match &e {
-            ContractError::Invalid { key, .. } => key_path(key),
+        let (key, expected) = match &e {
+            // A list is set aside whole: taking one element out would renumber the others.
+            ContractError::Invalid { key, expected, .. } => (
+                key_path(key)
+                    .split('[')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned(),
+                expected.clone(),
+            ),
             // Not a key we can set aside; a parse error after one was set aside is its echo.
             _ => {
                 if removed.is_empty() {
@@ -1136,8 +1144,12 @@ pub fn problems(text: &str, path: &Path) -> Vec<ContractError> {
                 break;
             }
         };
+        // An echo: about a key already set aside, or saying that one is missing.
         let echo = removed.iter().any(|r| {
-            key == *r || key.starts_with(&format!("{r}.")) || key.starts_with(&format!("{r}["))
+            expected.contains(r.as_str())
+                || key == *r
+                || key.starts_with(&format!("{r}."))
+                || key.starts_with(&format!("{r}["))
         });
         if echo || found.contains(&e) {
             break;
@@ -1619,17 +1631,16 @@ impl Validator<'_> {
                         ),
                     ));
                 }
-                let names = [
-                    "{operation_id}",
-                    "{client_reference}",
-                    "{target}",
-                    "{target_path}",
-                    "{request:",
-                ];
-                if !names.iter().any(|n| c.path.contains(n)) {
+                // The operation's own id in the path (not the query): two operations never
+                // name one resource, and a caller cannot name another's.
+                let path_part = c.path.split('?').next().unwrap_or_default();
+                if !["{operation_id}", "{client_reference}"]
+                    .iter()
+                    .any(|n| path_part.contains(n))
+                {
                     return Err(self.err(
                         "create.path",
-                        "a URL the operation chooses when create.idempotency = \"natural\" ({operation_id}, {target}, {target_path} or {request:/pointer} in it)",
+                        "a URL the operation itself names when create.idempotency = \"natural\" ({operation_id} or {client_reference} in its path: a target or a request value may be shared by two operations)",
                     ));
                 }
                 TokenPlacement::Natural
@@ -2157,10 +2168,28 @@ impl Validator<'_> {
         if let TokenPlacement::Header(h) = &create.token {
             reserved.push(h.as_str().to_owned());
         }
-        if let Some(h) = &client_request_id_header {
+        if let Some(h) = &trace_header {
+            if reserved.iter().any(|r| r.eq_ignore_ascii_case(h.as_str())) {
+                return Err(self.err(
+                    "trace_header",
+                    format!(
+                        "a header of its own, not one jobtrail sends for something else (auth, idempotency token), got {h}"
+                    ),
+                ));
+            }
             reserved.push(h.as_str().to_owned());
         }
-        if let Some(h) = &trace_header {
+        // The call's own id must not stand in for anything else jobtrail sends (the idempotency
+        // token, the trace, the credential): each header says one thing.
+        if let Some(h) = &client_request_id_header {
+            if reserved.iter().any(|r| r.eq_ignore_ascii_case(h.as_str())) {
+                return Err(self.err(
+                    "client_request_id_header",
+                    format!(
+                        "a header of its own, not one jobtrail sends for something else (auth, idempotency token, trace), got {h} (a profile sets it: `unset = [\"client_request_id_header\"]` to do without)"
+                    ),
+                ));
+            }
             reserved.push(h.as_str().to_owned());
         }
         let headers = self.fixed_headers("headers", &r.headers, &reserved)?;
@@ -2202,52 +2231,93 @@ impl Validator<'_> {
             secrets,
             limits,
         };
+        // Every template jobtrail fills: URL templates (`true`) and JSON bodies, the result's
+        // formats' own included.
+        let mut templates: Vec<(String, String, bool)> = Vec::new();
+        let mut add = |key: &str, t: Option<String>, url: bool| {
+            if let Some(t) = t {
+                templates.push((key.to_owned(), t, url));
+            }
+        };
         let body_text = |b: &Option<serde_json::Value>| b.as_ref().map(|b| b.to_string());
-        let bodies = [
-            (
-                "cancel.body",
-                c.cancel.as_ref().and_then(|x| body_text(&x.body)),
-            ),
-            (
-                "result.body",
-                c.result.as_ref().and_then(|x| body_text(&x.body)),
-            ),
-            ("reconcile.lookup_body", body_text(&c.reconcile.lookup_body)),
-        ];
-        // A template that names a whole URL must stay within the declared origins too.
-        let mut templates = vec![
-            ("create.path", Some(c.create.path.clone())),
-            ("status.url", Some(c.status.url.clone())),
-            ("cancel.path", c.cancel.as_ref().map(|x| x.path.clone())),
-            ("result.url", c.result.as_ref().and_then(|x| x.url.clone())),
-            ("reconcile.lookup_url", c.reconcile.lookup_url.clone()),
-        ];
-        for (key, t) in templates.iter().chain(bodies.iter()) {
-            let Some(t) = t else { continue };
-            self.placeholder_sources(&c, key, t)?;
+        add("create.path", Some(c.create.path.clone()), true);
+        add("status.url", Some(c.status.url.clone()), true);
+        if let Some(x) = &c.cancel {
+            add("cancel.path", Some(x.path.clone()), true);
+            add("cancel.body", body_text(&x.body), false);
         }
-        for (key, t) in templates.drain(..) {
+        if let Some(r) = &c.result {
+            add("result.url", r.url.clone(), true);
+            add("result.body", body_text(&r.body), false);
+            for (name, f) in &r.formats {
+                add(&format!("result.formats.{name}.url"), f.url.clone(), true);
+                add(
+                    &format!("result.formats.{name}.body"),
+                    body_text(&f.body),
+                    false,
+                );
+            }
+        }
+        add("reconcile.lookup_url", c.reconcile.lookup_url.clone(), true);
+        add(
+            "reconcile.lookup_body",
+            body_text(&c.reconcile.lookup_body),
+            false,
+        );
+        for (key, t, url) in &templates {
+            self.placeholder_sources(&c, key, t)?;
             // Without create.job_id the job is known by its status URL: there is no id to place.
-            if c.create.job_id.is_none()
-                && t.as_deref()
-                    .is_some_and(|t| t.contains("{job_id}") || t.contains("{job_id_path}"))
+            if c.create.job_id.is_none() && (t.contains("{job_id}") || t.contains("{job_id_path}"))
             {
                 return Err(self.err(
                     key,
                     "no {job_id} or {job_id_path} without create.job_id (the job is then known by the status URL the create answer names: use {status_url})",
                 ));
             }
-            if let Some(t) = t.filter(|t| t.starts_with("http://") || t.starts_with("https://"))
-                && url::Url::parse(&t)
-                    .ok()
-                    .and_then(|u| c.access(&u))
-                    .is_none()
+            // A request value in a call about our job must go beside what names our job: else a
+            // caller could point the call at another job with our credentials.
+            if *url
+                && key != "create.path"
+                && t.contains("{request:")
+                && ![
+                    "{job_id}",
+                    "{job_id_path}",
+                    "{status_url}",
+                    "{operation_id}",
+                    "{client_reference}",
+                    "{idempotency_key}",
+                ]
+                .iter()
+                .any(|p| t.contains(p))
+            {
+                return Err(self.err(
+                    key,
+                    "a {request:/…} value only beside a placeholder that names our job ({job_id}, {job_id_path}, {status_url}, {operation_id}, {client_reference} or {idempotency_key}): a request value alone could name another job",
+                ));
+            }
+            // A template that names a whole URL must stay within the declared origins too.
+            if *url
+                && (t.starts_with("http://") || t.starts_with("https://"))
+                && url::Url::parse(t).ok().and_then(|u| c.access(&u)).is_none()
             {
                 return Err(self.err(
                     key,
                     format!("a URL within origins or unauthenticated_origins, got {t:?}"),
                 ));
             }
+        }
+        // A lookup answers the provider's ids, which a job known by its status URL never equals.
+        if c.create.job_id.is_none() && c.reconcile.lookup_url.is_some() {
+            return Err(self.err(
+                "reconcile.lookup_url",
+                "nothing without create.job_id (a lookup finds provider job ids; this job is known by its status URL)",
+            ));
+        }
+        if c.create.result_url.is_some() && c.result.is_none() {
+            return Err(self.err(
+                "create.result_url",
+                "a [result] beside it (what the result at that URL must be)",
+            ));
         }
         Ok(c)
     }

@@ -248,7 +248,7 @@ impl HttpProvider {
                 out.push_str(&value);
                 continue;
             }
-            let piece = if name.ends_with("_path") {
+            let piece = if matches!(name, "job_id_path" | "target_path") {
                 as_path(&value)
             } else {
                 enc(&value)
@@ -789,7 +789,7 @@ impl HttpProvider {
             .create
             .result_url
             .as_ref()
-            .filter(|_| ex.status.is_some_and(|s| (200..300).contains(&s)))
+            .filter(|_| ex.error.is_none() && ex.status.is_some_and(|s| (200..300).contains(&s)))
             .and_then(|l| {
                 let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok();
                 self.locate(l, &ex, json.as_ref())
@@ -847,16 +847,36 @@ impl HttpProvider {
         // Without a job id in the contract, the job is known by the status URL the answer names.
         let job_id = match &spec.job_id {
             Some(l) => self.locate(l, ex, json.as_ref()),
-            None => self.status_url_in(ex, json.as_ref()),
+            // Its path only: a query may carry a key (`?code=…`), and the id is on the record for
+            // auditors; the full URL is kept only as the status URL.
+            None => self
+                .status_url_in(ex, json.as_ref())
+                .map(|u| u.split(['?', '#']).next().unwrap_or_default().to_owned()),
         };
         let remote_state = spec
             .initial_state
             .as_ref()
             .and_then(|l| self.locate(l, ex, json.as_ref()));
-        // A status code that says the job ran synchronously: the answer is the finished job.
+        // A status code that says the job ran synchronously: the answer is the finished job,
+        // unless it states a state that is not a success (then it is a job to follow).
+        let says_unfinished = remote_state
+            .as_deref()
+            .is_some_and(|s| self.contract.status.phase(s) != Some(Phase::Succeeded));
         if let Some(code) = ex.status
             && spec.sync_codes.contains(&code)
+            && !says_unfinished
         {
+            if let Some(Err(why)) = job_id
+                .as_deref()
+                .map(jobtrail_core::ids::check_remote_job_id)
+            {
+                return (
+                    CreateOutcome::Ambiguous {
+                        error_class: format!("unusable_job_id: {why}"),
+                    },
+                    format!("ambiguous: the provider named {why}"),
+                );
+            }
             return self.synchronous(ex, job_id);
         }
         // With a state in the answer, only a terminal success makes it synchronous: a result

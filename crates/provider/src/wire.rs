@@ -435,7 +435,9 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
     let span = new_span_id();
     let id = uuid::Uuid::now_v7();
     let mut headers = out.headers;
-    if let Some(h) = out.client_request_id {
+    // Never over a header already set (a load-time check keeps the names apart; this keeps it so).
+    let id_header = out.client_request_id.filter(|h| !headers.contains_key(*h));
+    if let Some(h) = id_header {
         headers.insert(
             h.clone(),
             http::HeaderValue::from_str(&id.to_string()).expect("a UUID is a header value"),
@@ -443,6 +445,7 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
     }
     inject_trace(&mut headers, out.trace, span);
     if let Some(h) = out.trace_header
+        && !headers.contains_key(h)
         && let Ok(v) = http::HeaderValue::from_str(&out.trace.to_string())
     {
         headers.insert(h.clone(), v);
@@ -513,7 +516,7 @@ pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
     }
     // An echo of another id: a proxy or a provider that mixed up its answers.
     if error.is_none()
-        && let Some(h) = out.client_request_id
+        && let Some(h) = id_header
         && let Some(echo) = resp_headers.get(h)
         && echo.to_str().ok() != Some(id.to_string().as_str())
     {

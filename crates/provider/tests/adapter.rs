@@ -636,25 +636,23 @@ async fn a_missing_secret_means_nothing_is_sent_and_the_secret_is_never_named() 
 #[tokio::test]
 async fn request_values_in_a_url_are_one_segment_or_the_call_is_not_sent() {
     let h = harness("sim").await;
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers/sim.toml"),
-    )
-    .unwrap()
-    .replacen(
-        "path = \"/v1/jobs/{job_id}/cancel\"",
-        "path = \"/v1/jobs/{request:/job}/cancel\"",
-        1,
-    );
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers");
+    let text = std::fs::read_to_string(dir.join("sim.toml"))
+        .unwrap()
+        .replacen(
+            "path = \"/v1/jobs\"",
+            "path = \"/v1/{request:/collection}\"",
+            1,
+        );
     let mut c = Contract::parse(&text, &dir.join("sim.toml")).unwrap();
     c.base_url = url::Url::parse(&h.sim.base_url()).unwrap();
     let provider = HttpProvider::new(c).unwrap();
-    let op_with = |job: Option<serde_json::Value>| {
+    let op_with = |collection: Option<serde_json::Value>| {
         let mut terms = std::collections::BTreeMap::new();
         terms.insert("sim".to_owned(), provider.contract().terms());
         let mut body = serde_json::json!({"report": "usage", "sim": {"never_finish": true}});
-        if let Some(j) = job {
-            body["job"] = j;
+        if let Some(v) = collection {
+            body["collection"] = v;
         }
         let s = Submission {
             provider: "sim".into(),
@@ -673,32 +671,31 @@ async fn request_values_in_a_url_are_one_segment_or_the_call_is_not_sent() {
                 .operation
         }
     };
-    let job = h.created(serde_json::json!({"never_finish": true})).await;
-    let job_id = job.remote_job_id.clone().unwrap();
 
-    // The value names the job: the cancel reaches it.
-    let op = op_with(Some(job_id.clone().into())).await;
-    let c = provider.cancel(&op, 1.into()).await;
+    // The value names the collection: the create reaches it.
+    let op = op_with(Some("jobs".into())).await;
+    let c = provider.create(&op, 1.into()).await;
     assert!(
-        matches!(c.outcome, CancelOutcome::Accepted { .. }),
+        matches!(c.outcome, CreateOutcome::Accepted { .. }),
         "{:?}",
         c.outcome
     );
-    assert!(c.call.url.ends_with(&format!("/v1/jobs/{job_id}/cancel")));
-    assert_eq!(h.sim.ledger().jobs[&job_id].cancel_requests, 1);
+    assert!(c.call.url.ends_with("/v1/jobs"), "{}", c.call.url);
 
-    // A hostile value stays one segment.
-    let op = op_with(Some("../../_sim/ledger?x=".into())).await;
-    let c = provider.cancel(&op, 1.into()).await;
+    // A hostile value stays one segment: nothing but a 404 from the simulator.
+    let before = h.sim.ledger().jobs.len();
+    let op = op_with(Some("../_sim/ledger?x=".into())).await;
+    let c = provider.create(&op, 1.into()).await;
     assert!(
-        c.call
-            .url
-            .contains("/v1/jobs/..%2F..%2F_sim%2Fledger%3Fx%3D/cancel"),
+        c.call.url.ends_with("/v1/..%2F_sim%2Fledger%3Fx%3D"),
         "{}",
         c.call.url
     );
+    assert_eq!(c.call.http_status, Some(404));
+    assert_eq!(h.sim.ledger().jobs.len(), before);
 
-    // Missing, null or an object: nothing is sent.
+    // Missing, null, not a scalar, empty or all dots: nothing is sent, and the create is known
+    // never to have left.
     let before = h.sim.ledger().requests;
     for value in [
         None,
@@ -711,11 +708,11 @@ async fn request_values_in_a_url_are_one_segment_or_the_call_is_not_sent() {
         Some("".into()),
     ] {
         let op = op_with(value.clone()).await;
-        let c = provider.cancel(&op, 1.into()).await;
+        let c = provider.create(&op, 1.into()).await;
         assert!(
-            c.call.outcome.starts_with("not sent:"),
+            matches!(c.outcome, CreateOutcome::NotSent { .. }),
             "{value:?}: {:?}",
-            c.call
+            c.outcome
         );
         assert_eq!(
             c.call.error_class.as_deref(),

@@ -888,6 +888,7 @@ fn every_problem_is_named_and_none_is_an_echo_of_another() {
         )
         .replacen("factor = 2.0", "factor = 0.5", 1);
     let found = problems(&text);
+    assert_eq!(found.len(), 2, "{found:#?}");
     assert!(
         found
             .iter()
@@ -983,4 +984,112 @@ fn only_2xx_codes_can_say_a_create_ran_synchronously() {
         let err = parse(&with(bad)).unwrap_err();
         assert!(err.contains("create.sync_codes"), "{bad}: {err}");
     }
+}
+
+#[test]
+fn what_the_review_found_is_refused_at_load() {
+    let sim = sim_text();
+    let cases: Vec<(String, &str)> = vec![
+        // One header, one meaning: the call id never stands in for the token or the trace.
+        (
+            sim.replacen(
+                "trace_header = \"X-Trace-ID\"",
+                "trace_header = \"X-Trace-ID\"\nclient_request_id_header = \"Idempotency-Key\"",
+                1,
+            ),
+            "client_request_id_header",
+        ),
+        (
+            sim.replacen(
+                "trace_header = \"X-Trace-ID\"",
+                "trace_header = \"X-Trace-ID\"\nclient_request_id_header = \"x-trace-id\"",
+                1,
+            ),
+            "client_request_id_header",
+        ),
+        (
+            sim.replacen("trace_header = \"X-Trace-ID\"", "trace_header = \"Idempotency-Key\"", 1),
+            "trace_header",
+        ),
+        // A natural PUT to a URL a target or a request value names: two operations may share it.
+        (
+            sim.replacen("method = \"POST\"\npath = \"/v1/jobs\"", "method = \"PUT\"\npath = \"/v1/things/{target}\"", 1)
+                .replacen("idempotency = \"header\"\nidempotency_header = \"Idempotency-Key\"\n", "idempotency = \"natural\"\n", 1),
+            "create.path",
+        ),
+        (
+            sim.replacen("method = \"POST\"\npath = \"/v1/jobs\"", "method = \"PUT\"\npath = \"/v1/things/main?op={operation_id}\"", 1)
+                .replacen("idempotency = \"header\"\nidempotency_header = \"Idempotency-Key\"\n", "idempotency = \"natural\"\n", 1),
+            "create.path",
+        ),
+        // A request value alone in a call about our job could name another job.
+        (
+            sim.replacen("path = \"/v1/jobs/{job_id}/cancel\"", "path = \"/v1/jobs/{request:/job}/cancel\"", 1),
+            "cancel.path",
+        ),
+        // A result format's own URL is checked like any other.
+        (
+            sim.replacen("[result]\n", "[result]\nformat_from = \"/f\"\n", 1).replacen(
+                "[reconcile]\n",
+                "[result.formats.raw]\nformat = \"bytes\"\nurl = \"https://elsewhere.test/{job_id}\"\n\n[reconcile]\n",
+                1,
+            ),
+            "result.formats.raw.url",
+        ),
+    ];
+    for (text, key) in cases {
+        let err = parse(&text).unwrap_err();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+    // Without create.job_id: no {job_id} in a body either, and no lookup of provider ids.
+    let azure = r#"
+protocol = "azure-lro"
+name = "a"
+base_url = "https://example.test"
+[create]
+path = "/things"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+[status]
+url = "{status_url}"
+EXTRA
+"#;
+    for (extra, key) in [
+        (
+            "[cancel]\npath = \"{status_url}/cancel\"\nbody = { run = \"{job_id}\" }",
+            "cancel.body",
+        ),
+        (
+            "[reconcile]\nmethod = \"lookup\"\nlookup_url = \"/things?key={idempotency_key}\"",
+            "reconcile.lookup_url",
+        ),
+    ] {
+        let err = parse(&azure.replace("EXTRA", extra)).unwrap_err();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}
+
+#[test]
+fn a_list_with_a_problem_is_set_aside_whole_and_a_missing_key_is_no_new_problem() {
+    let path = providers_dir().join("test.toml");
+    let problems = |text: &str| {
+        jobtrail_provider::contract::problems(text, &path)
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+    };
+    // Two bad entries in one list: one problem named (no renumbered, wrong index).
+    let text = sim_text().replacen(
+        "redact = [\"/payment/card_number\"]",
+        "redact = [\"a\", \"/ok\", \"b\"]\n",
+        1,
+    );
+    let found = problems(&text);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].contains("redact[0]"), "{found:?}");
+    // A bad job id locator: the templates that need it are not reported as problems of their own.
+    let text = sim_text().replacen("job_id = \"body:/job_id\"", "job_id = \"job_id\"", 1);
+    let found = problems(&text);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].contains("create.job_id"), "{found:?}");
 }
