@@ -857,71 +857,6 @@ impl HttpProvider {
             .initial_state
             .as_ref()
             .and_then(|l| self.locate(l, ex, json.as_ref()));
-        // A status code that says the job ran synchronously: the answer is the finished job,
-        // unless it states a state that is not a success (then it is a job to follow).
-        let says_unfinished = remote_state
-            .as_deref()
-            .is_some_and(|s| self.contract.status.phase(s) != Some(Phase::Succeeded));
-        if let Some(code) = ex.status
-            && spec.sync_codes.contains(&code)
-            && !says_unfinished
-        {
-            if let Some(Err(why)) = job_id
-                .as_deref()
-                .map(jobtrail_core::ids::check_remote_job_id)
-            {
-                return (
-                    CreateOutcome::Ambiguous {
-                        error_class: format!("unusable_job_id: {why}"),
-                    },
-                    format!("ambiguous: the provider named {why}"),
-                );
-            }
-            return self.synchronous(ex, job_id);
-        }
-        // With a state in the answer, only a terminal success makes it synchronous: a result
-        // beside a job still running is partial output, not the result.
-        let finished = match (&spec.initial_state, &remote_state) {
-            (None, _) => true,
-            (Some(_), Some(s)) => self.contract.status.phase(s) == Some(Phase::Succeeded),
-            (Some(_), None) => false,
-        };
-        if finished
-            && let Some(Locator::Body(p)) = &spec.sync_result
-            && let Some(result) = wire::raw_at(&ex.body, p)
-        {
-            if ex.echoed_secret {
-                // The body we hold is scrubbed, so not the provider's bytes; a credential is
-                // never kept as a result either. The job ran: a person decides.
-                return (
-                    CreateOutcome::Ambiguous {
-                        error_class: "sync_result_repeats_a_credential".into(),
-                    },
-                    "ambiguous: the synchronous result repeats a credential this call sent; it is not kept".into(),
-                );
-            }
-            // The result is the provider's own bytes at that pointer, never re-serialised.
-            let bytes = ex.body.slice_ref(result);
-            let fetched = FetchedResult {
-                bytes,
-                content_type: Some("application/json".into()),
-                checksum: None,
-            };
-            let d = format!(
-                "completed synchronously{}",
-                job_id
-                    .as_ref()
-                    .map(|j| format!(" as {j}"))
-                    .unwrap_or_default()
-            );
-            return (
-                CreateOutcome::Completed {
-                    job_id,
-                    result: fetched,
-                },
-                d,
-            );
-        }
         if let Some(Err(why)) = job_id
             .as_deref()
             .map(jobtrail_core::ids::check_remote_job_id)
@@ -933,6 +868,30 @@ impl HttpProvider {
                 },
                 format!("ambiguous: the provider named {why}"),
             );
+        }
+        // A status code that says the job ran synchronously: the answer is the finished job,
+        // unless it states a state that is not a success (then it is a job to follow).
+        let says_unfinished = remote_state
+            .as_deref()
+            .is_some_and(|s| self.contract.status.phase(s) != Some(Phase::Succeeded));
+        if let Some(code) = ex.status
+            && spec.sync_codes.contains(&code)
+            && !says_unfinished
+        {
+            return self.synchronous(ex, job_id);
+        }
+        // With a state in the answer, only a terminal success makes it synchronous: a result
+        // beside a job still running is partial output, not the result.
+        let finished = match (&spec.initial_state, &remote_state) {
+            (None, _) => true,
+            (Some(_), Some(s)) => self.contract.status.phase(s) == Some(Phase::Succeeded),
+            (Some(_), None) => false,
+        };
+        if finished
+            && let Some(Locator::Body(p)) = &spec.sync_result
+            && wire::raw_at(&ex.body, p).is_some()
+        {
+            return self.synchronous(ex, job_id);
         }
         match job_id {
             Some(job_id) => {
