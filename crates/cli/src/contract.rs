@@ -42,9 +42,12 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
-        match &profile {
-            Some(p) => println!("# {name}: the effective contract (profile {p:?} expanded)"),
-            None => println!("# {name}: the effective contract (no protocol profile)"),
+        match (&profile, &effective) {
+            (Some(p), Some(_)) => {
+                println!("# {name}: the effective contract (profile {p:?} expanded)")
+            }
+            (Some(p), None) => println!("# {name}: the profile {p:?} cannot be expanded"),
+            (None, _) => println!("# {name}: the effective contract (no protocol profile)"),
         }
         if let Some(effective) = &effective {
             println!(

@@ -1144,17 +1144,20 @@ pub fn problems(text: &str, path: &Path) -> Vec<ContractError> {
                 break;
             }
         };
-        // An echo: about a key already set aside, or saying that one is missing.
+        // An echo: about a key already set aside, or naming one (as a whole key) in what it
+        // expects. Not reported; its own key is set aside in turn and the search goes on.
         let echo = removed.iter().any(|r| {
-            expected.contains(r.as_str())
-                || key == *r
+            key == *r
                 || key.starts_with(&format!("{r}."))
                 || key.starts_with(&format!("{r}["))
+                || names_key(&expected, r)
         });
-        if echo || found.contains(&e) {
+        if found.contains(&e) {
             break;
         }
-        found.push(e);
+        if !echo {
+            found.push(e);
+        }
         if !remove_key(&mut table, &key) {
             break;
         }
@@ -1165,6 +1168,16 @@ pub fn problems(text: &str, path: &Path) -> Vec<ContractError> {
         next = Contract::parse(&rest, path).err();
     }
     found
+}
+
+/// Whether `text` names `key` as a whole key (not a part of a longer one).
+fn names_key(text: &str, key: &str) -> bool {
+    text.match_indices(key).any(|(i, _)| {
+        let after = text[i + key.len()..].chars().next();
+        let before = text[..i].chars().next_back();
+        !after.is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '['))
+            && !before.is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
+    })
 }
 
 /// A problem's key as a path into the contract's table (`result.formats.csv: result.items` is
@@ -2168,8 +2181,12 @@ impl Validator<'_> {
         if let TokenPlacement::Header(h) = &create.token {
             reserved.push(h.as_str().to_owned());
         }
+        // `Accept` too: jobtrail sets it on every call.
+        let taken = |reserved: &[String], h: &http::HeaderName| {
+            h.as_str() == "accept" || reserved.iter().any(|r| r.eq_ignore_ascii_case(h.as_str()))
+        };
         if let Some(h) = &trace_header {
-            if reserved.iter().any(|r| r.eq_ignore_ascii_case(h.as_str())) {
+            if taken(&reserved, h) {
                 return Err(self.err(
                     "trace_header",
                     format!(
@@ -2182,7 +2199,7 @@ impl Validator<'_> {
         // The call's own id must not stand in for anything else jobtrail sends (the idempotency
         // token, the trace, the credential): each header says one thing.
         if let Some(h) = &client_request_id_header {
-            if reserved.iter().any(|r| r.eq_ignore_ascii_case(h.as_str())) {
+            if taken(&reserved, h) {
                 return Err(self.err(
                     "client_request_id_header",
                     format!(
@@ -2274,27 +2291,6 @@ impl Validator<'_> {
                     "no {job_id} or {job_id_path} without create.job_id (the job is then known by the status URL the create answer names: use {status_url})",
                 ));
             }
-            // A request value in a call about our job must go beside what names our job: else a
-            // caller could point the call at another job with our credentials.
-            if *url
-                && key != "create.path"
-                && t.contains("{request:")
-                && ![
-                    "{job_id}",
-                    "{job_id_path}",
-                    "{status_url}",
-                    "{operation_id}",
-                    "{client_reference}",
-                    "{idempotency_key}",
-                ]
-                .iter()
-                .any(|p| t.contains(p))
-            {
-                return Err(self.err(
-                    key,
-                    "a {request:/…} value only beside a placeholder that names our job ({job_id}, {job_id_path}, {status_url}, {operation_id}, {client_reference} or {idempotency_key}): a request value alone could name another job",
-                ));
-            }
             // A template that names a whole URL must stay within the declared origins too.
             if *url
                 && (t.starts_with("http://") || t.starts_with("https://"))
@@ -2303,6 +2299,57 @@ impl Validator<'_> {
                 return Err(self.err(
                     key,
                     format!("a URL within origins or unauthenticated_origins, got {t:?}"),
+                ));
+            }
+        }
+        // A request value in a call about our job (status, cancel, result, lookup) only where the
+        // call also names our job, in its URL's path or its body: else a caller's value alone
+        // could point the call at another job, with our credentials.
+        let names_ours = |t: &str| {
+            [
+                "{job_id}",
+                "{job_id_path}",
+                "{operation_id}",
+                "{client_reference}",
+                "{idempotency_key}",
+            ]
+            .iter()
+            .any(|p| t.contains(p))
+        };
+        let mut calls: Vec<(String, String, Option<String>)> =
+            vec![("status.url".into(), c.status.url.clone(), None)];
+        if let Some(x) = &c.cancel {
+            calls.push(("cancel.path".into(), x.path.clone(), body_text(&x.body)));
+        }
+        if let Some(r) = &c.result {
+            for (key, f) in std::iter::once(("result.url".to_owned(), r)).chain(
+                r.formats
+                    .iter()
+                    .map(|(n, f)| (format!("result.formats.{n}.url"), f)),
+            ) {
+                if let Some(u) = &f.url {
+                    calls.push((key, u.clone(), body_text(&f.body)));
+                }
+            }
+        }
+        if let Some(u) = &c.reconcile.lookup_url {
+            calls.push((
+                "reconcile.lookup_url".into(),
+                u.clone(),
+                body_text(&c.reconcile.lookup_body),
+            ));
+        }
+        for (key, url, body) in &calls {
+            let path = url.split('?').next().unwrap_or_default();
+            let uses_request = url.contains("{request:")
+                || body.as_deref().is_some_and(|b| b.contains("{request:"));
+            let named = url.starts_with("{status_url}")
+                || names_ours(path)
+                || body.as_deref().is_some_and(names_ours);
+            if uses_request && !named {
+                return Err(self.err(
+                    key,
+                    "a {request:/…} value only in a call that also names our job in its URL's path or its body ({job_id}, {job_id_path}, {status_url} opening the URL, {operation_id}, {client_reference} or {idempotency_key}): a request value alone could name another job",
                 ));
             }
         }

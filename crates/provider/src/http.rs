@@ -44,6 +44,24 @@ fn followable(s: &str) -> bool {
         || lower.starts_with("https://")
 }
 
+/// A status URL as a job id for the record: credentials and secret-looking query values blanked
+/// (as every recorded URL), a relative one kept relative.
+fn job_id_of_url(u: &str) -> String {
+    const BASE: &str = "http://relative.invalid";
+    match url::Url::parse(u) {
+        Ok(abs) => wire::sanitize_url(&abs),
+        Err(_) => url::Url::parse(BASE)
+            .and_then(|b| b.join(u))
+            .map(|j| {
+                wire::sanitize_url(&j)
+                    .strip_prefix(BASE)
+                    .unwrap_or(u)
+                    .to_owned()
+            })
+            .unwrap_or_else(|_| u.split(['?', '#']).next().unwrap_or_default().to_owned()),
+    }
+}
+
 /// What a template becomes when a value it needs is missing (no status URL from the provider, a
 /// request field that is absent): `call` sends nothing for it, and the reason follows the mark (a
 /// NUL cannot come from a provider's header, a contract, or a percent-encoded value).
@@ -847,11 +865,12 @@ impl HttpProvider {
         // Without a job id in the contract, the job is known by the status URL the answer names.
         let job_id = match &spec.job_id {
             Some(l) => self.locate(l, ex, json.as_ref()),
-            // Its path only: a query may carry a key (`?code=…`), and the id is on the record for
-            // auditors; the full URL is kept only as the status URL.
+            // Sanitised: a query may carry a key (`?code=…`), and the id is on the record for
+            // auditors; the full URL is kept only as the status URL. Other query values stay (a
+            // provider may name the job there: `?id=A` and `?id=B` are two jobs).
             None => self
                 .status_url_in(ex, json.as_ref())
-                .map(|u| u.split(['?', '#']).next().unwrap_or_default().to_owned()),
+                .map(|u| job_id_of_url(&u)),
         };
         let remote_state = spec
             .initial_state
@@ -934,7 +953,8 @@ impl HttpProvider {
             .result
             .as_ref()
             .is_some_and(|r| r.format == crate::contract::ResultFormat::None);
-        if ex.echoed_secret {
+        // Nothing is kept for a job without a result, so an echo there costs nothing.
+        if ex.echoed_secret && !no_result {
             return (
                 CreateOutcome::Ambiguous {
                     error_class: "sync_result_repeats_a_credential".into(),
@@ -1576,7 +1596,24 @@ impl Provider for HttpProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::{as_path, followable, truncate, with_path};
+    use super::{as_path, followable, job_id_of_url, truncate, with_path};
+
+    #[test]
+    fn a_status_url_as_a_job_id_keeps_what_names_the_job_and_no_key() {
+        let id = job_id_of_url("https://h.test/api/status?id=A&code=s3cret#frag");
+        assert!(id.contains("id=A") && !id.contains("s3cret"), "{id}");
+        assert_ne!(
+            job_id_of_url("https://h.test/api/status?id=A"),
+            job_id_of_url("https://h.test/api/status?id=B"),
+            "two jobs stay two"
+        );
+        assert_eq!(job_id_of_url("/v1/operations/j1/0"), "/v1/operations/j1/0");
+        let rel = job_id_of_url("/v1/ops/1?sig=abc&n=2");
+        assert!(
+            rel.starts_with("/v1/ops/1?") && !rel.contains("abc") && rel.contains("n=2"),
+            "{rel}"
+        );
+    }
 
     #[test]
     fn a_path_added_to_a_provider_url_goes_before_its_query() {

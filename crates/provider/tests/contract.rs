@@ -1093,3 +1093,39 @@ fn a_list_with_a_problem_is_set_aside_whole_and_a_missing_key_is_no_new_problem(
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!(found[0].contains("create.job_id"), "{found:?}");
 }
+
+#[test]
+fn a_request_value_never_alone_chooses_the_job_a_call_is_about() {
+    let sim = sim_text();
+    let refused = [
+        // In a body, with nothing of ours beside it.
+        sim.replacen(
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs:cancel\"\nbody = { name = \"{request:/job}\" }",
+            1,
+        ),
+        // Ours only in the query: the path is the request's.
+        sim.replacen(
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/{request:/job}/cancel?ref={operation_id}\"",
+            1,
+        ),
+        // A result fetched by a request value alone.
+        sim.replacen(
+            "content_type = \"application/json\"\nmax_bytes",
+            "url = \"/v1/results:get\"\nbody = { id = \"{request:/id}\" }\ncontent_type = \"application/json\"\nmax_bytes",
+            1,
+        ),
+    ];
+    for text in refused {
+        let err = parse(&text).unwrap_err();
+        assert!(err.contains("a request value alone"), "{err}");
+    }
+    // Beside what names our job, a request value is data.
+    let ok = sim.replacen(
+        "path = \"/v1/jobs/{job_id}/cancel\"",
+        "path = \"/v1/jobs:cancel\"\nbody = { run = \"{job_id}\", labels = \"{request:/labels}\" }",
+        1,
+    );
+    parse(&ok).unwrap();
+}
