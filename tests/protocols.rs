@@ -621,6 +621,13 @@ async fn azure_status_monitor_succeeds_fails_and_cancels_past_a_broken_header() 
             |_| {},
         )
         .await;
+    let both = env
+        .submit(
+            "azure-lro",
+            azure(serde_json::json!({"async_operation_header": true})),
+            |_| {},
+        )
+        .await;
     env.start_worker("w1", Duration::from_secs(10));
 
     let ok = env.wait_settled(ok.id, T).await;
@@ -696,7 +703,19 @@ async fn azure_status_monitor_succeeds_fails_and_cancels_past_a_broken_header() 
     );
     let job = unasked.remote_job_id.clone().unwrap();
     assert_eq!(env.sim.ledger().jobs[&job].cancel_requests, 0);
-    for id in [ok.id, bad.id, stop.id, unasked.id] {
+
+    // Both headers usable: `Azure-AsyncOperation` wins (the profile's precedence); the
+    // `Operation-Location` beside it (here no monitor at all) is never read.
+    let both = env.wait_settled(both.id, T).await;
+    assert_eq!(both.state, State::Succeeded, "{both:?}");
+    let calls = env.store.calls(both.id).await.unwrap();
+    assert!(
+        calls.iter().all(|c| !c.url.contains("-nowhere")),
+        "{:?}",
+        calls.iter().map(|c| &c.url).collect::<Vec<_>>()
+    );
+    assert!(calls.iter().any(|c| c.kind == "status"));
+    for id in [ok.id, bad.id, stop.id, unasked.id, both.id] {
         assert!(env.store.verify_operation(id).await.unwrap().is_clean());
     }
     env.stop_workers().await;

@@ -709,6 +709,17 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                     HeaderValue::from_static("http://[::1"),
                 );
             }
+            if script.async_operation_header {
+                r.headers_mut().insert(
+                    "azure-asyncoperation",
+                    HeaderValue::from_str(&format!("/v1/operations/{named}/0")).expect("ascii"),
+                );
+                r.headers_mut().insert(
+                    "operation-location",
+                    HeaderValue::from_str(&format!("/v1/operations/{named}-nowhere/0"))
+                        .expect("ascii"),
+                );
+            }
             // Where the final result will be (Azure's final-state-via: location).
             (r, format!("/v1/jobs/{named}/result"))
         }

@@ -157,6 +157,9 @@ pub struct Script {
     pub protocol: Protocol,
     /// With `protocol = "azure_monitor"`: also send an `Azure-AsyncOperation` header that is no URL.
     pub bogus_async_header: bool,
+    /// With `protocol = "azure_monitor"`: name the monitor in `Azure-AsyncOperation`, and in
+    /// `Operation-Location` a URL that is no monitor (404): a client must prefer the former.
+    pub async_operation_header: bool,
     pub create: Vec<CreateAct>,
     pub create_delay_ms: u64,
     pub retry_after_secs: u64,
@@ -230,6 +233,7 @@ impl Default for Script {
         Self {
             protocol: Protocol::Native,
             bogus_async_header: false,
+            async_operation_header: false,
             create: Vec::new(),
             create_delay_ms: 5_000,
             retry_after_secs: 1,
