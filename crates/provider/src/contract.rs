@@ -707,6 +707,15 @@ pub struct StatusSpec {
 impl StatusSpec {
     /// The phase of a provider state name; `None` for a name the contract does not know (recorded as
     /// such, never guessed).
+    /// The state a body states: the first of the `state` pointers present and not null, a
+    /// non-string (`true`, `3`) read as its JSON text.
+    pub fn state_in(&self, body: &serde_json::Value) -> Option<String> {
+        self.state
+            .iter()
+            .find_map(|p| body.pointer(p).filter(|v| !v.is_null()))
+            .map(crate::text::of_json)
+    }
+
     pub fn phase(&self, remote_state: &str) -> Option<Phase> {
         if self.ignore_case {
             return self.states.get(&remote_state.to_lowercase()).copied();
@@ -964,11 +973,15 @@ impl Contract {
             reconcile_interval: self.reconcile.interval,
             cancel_idempotent: self.cancel.as_ref().is_some_and(|c| c.idempotent),
             final_get: self.status.final_get,
-            no_result: self
-                .result
-                .as_ref()
-                .is_some_and(|r| r.format == ResultFormat::None),
+            no_result: self.no_result(),
         }
+    }
+
+    /// The contract says its jobs have no result (`result.format = "none"`).
+    pub fn no_result(&self) -> bool {
+        self.result
+            .as_ref()
+            .is_some_and(|r| r.format == ResultFormat::None)
     }
 
     /// The longest one call may take: connect plus request timeout.
@@ -2248,40 +2261,64 @@ impl Validator<'_> {
             secrets,
             limits,
         };
-        // Every template jobtrail fills: URL templates (`true`) and JSON bodies, the result's
-        // formats' own included.
-        let mut templates: Vec<(String, String, bool)> = Vec::new();
-        let mut add = |key: &str, t: Option<String>, url: bool| {
-            if let Some(t) = t {
-                templates.push((key.to_owned(), t, url));
-            }
-        };
+        // Every call jobtrail builds from the contract: its URL template, its JSON body template
+        // (if any), each with its key, and whether the call is about our job (all but create).
         let body_text = |b: &Option<serde_json::Value>| b.as_ref().map(|b| b.to_string());
-        add("create.path", Some(c.create.path.clone()), true);
-        add("status.url", Some(c.status.url.clone()), true);
+        let mut calls: Vec<(String, String, String, Option<String>, bool)> = vec![
+            (
+                "create.path".into(),
+                c.create.path.clone(),
+                String::new(),
+                None,
+                false,
+            ),
+            (
+                "status.url".into(),
+                c.status.url.clone(),
+                String::new(),
+                None,
+                true,
+            ),
+        ];
         if let Some(x) = &c.cancel {
-            add("cancel.path", Some(x.path.clone()), true);
-            add("cancel.body", body_text(&x.body), false);
+            calls.push((
+                "cancel.path".into(),
+                x.path.clone(),
+                "cancel.body".into(),
+                body_text(&x.body),
+                true,
+            ));
         }
         if let Some(r) = &c.result {
-            add("result.url", r.url.clone(), true);
-            add("result.body", body_text(&r.body), false);
-            for (name, f) in &r.formats {
-                add(&format!("result.formats.{name}.url"), f.url.clone(), true);
-                add(
-                    &format!("result.formats.{name}.body"),
-                    body_text(&f.body),
-                    false,
-                );
+            let formats = r
+                .formats
+                .iter()
+                .map(|(n, f)| (format!("result.formats.{n}"), f));
+            for (key, f) in std::iter::once(("result".to_owned(), r)).chain(formats) {
+                if let Some(u) = &f.url {
+                    calls.push((
+                        format!("{key}.url"),
+                        u.clone(),
+                        format!("{key}.body"),
+                        body_text(&f.body),
+                        true,
+                    ));
+                }
             }
         }
-        add("reconcile.lookup_url", c.reconcile.lookup_url.clone(), true);
-        add(
-            "reconcile.lookup_body",
-            body_text(&c.reconcile.lookup_body),
-            false,
-        );
-        for (key, t, url) in &templates {
+        if let Some(u) = &c.reconcile.lookup_url {
+            calls.push((
+                "reconcile.lookup_url".into(),
+                u.clone(),
+                "reconcile.lookup_body".into(),
+                body_text(&c.reconcile.lookup_body),
+                true,
+            ));
+        }
+        let templates = calls.iter().flat_map(|(uk, u, bk, b, _)| {
+            std::iter::once((uk, u, true)).chain(b.as_ref().map(|b| (bk, b, false)))
+        });
+        for (key, t, url) in templates {
             self.placeholder_sources(&c, key, t)?;
             // Without create.job_id the job is known by its status URL: there is no id to place.
             if c.create.job_id.is_none() && (t.contains("{job_id}") || t.contains("{job_id_path}"))
@@ -2292,7 +2329,7 @@ impl Validator<'_> {
                 ));
             }
             // A template that names a whole URL must stay within the declared origins too.
-            if *url
+            if url
                 && (t.starts_with("http://") || t.starts_with("https://"))
                 && url::Url::parse(t).ok().and_then(|u| c.access(&u)).is_none()
             {
@@ -2316,30 +2353,7 @@ impl Validator<'_> {
             .iter()
             .any(|p| t.contains(p))
         };
-        let mut calls: Vec<(String, String, Option<String>)> =
-            vec![("status.url".into(), c.status.url.clone(), None)];
-        if let Some(x) = &c.cancel {
-            calls.push(("cancel.path".into(), x.path.clone(), body_text(&x.body)));
-        }
-        if let Some(r) = &c.result {
-            for (key, f) in std::iter::once(("result.url".to_owned(), r)).chain(
-                r.formats
-                    .iter()
-                    .map(|(n, f)| (format!("result.formats.{n}.url"), f)),
-            ) {
-                if let Some(u) = &f.url {
-                    calls.push((key, u.clone(), body_text(&f.body)));
-                }
-            }
-        }
-        if let Some(u) = &c.reconcile.lookup_url {
-            calls.push((
-                "reconcile.lookup_url".into(),
-                u.clone(),
-                body_text(&c.reconcile.lookup_body),
-            ));
-        }
-        for (key, url, body) in &calls {
+        for (key, url, _, body, _) in calls.iter().filter(|call| call.4) {
             let path = url.split('?').next().unwrap_or_default();
             let uses_request = url.contains("{request:")
                 || body.as_deref().is_some_and(|b| b.contains("{request:"));

@@ -3,7 +3,7 @@
 use crate::contract::{Access, CallName, Contract, Locator, Meaning, ResultFrom, TokenPlacement};
 use crate::outcome::*;
 use crate::wire::{self, Exchange, Outgoing, WireError};
-use crate::{CallCtx, Provider, ProviderFuture};
+use crate::{CallCtx, Provider, ProviderFuture, text};
 use jobtrail_core::outcome::Phase;
 use jobtrail_core::{CallKind, OperationRecord};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
@@ -96,20 +96,6 @@ fn with_path(url: &str, rest: &str) -> String {
         out.push_str(q);
     }
     out
-}
-
-/// At most `max` bytes of `text`, cut at a character boundary (a provider's error text is kept, not
-/// its every megabyte).
-fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
-    }
-    text
 }
 
 /// What one exchange says, whatever the call (see `HttpProvider::verdict`).
@@ -948,11 +934,7 @@ impl HttpProvider {
     /// a result.
     fn synchronous(&self, ex: &Exchange, job_id: Option<String>) -> (CreateOutcome, String) {
         let spec = &self.contract.create;
-        let no_result = self
-            .contract
-            .result
-            .as_ref()
-            .is_some_and(|r| r.format == crate::contract::ResultFormat::None);
+        let no_result = self.contract.no_result();
         // Nothing is kept for a job without a result, so an echo there costs nothing.
         if ex.echoed_secret && !no_result {
             return (
@@ -1135,12 +1117,7 @@ impl HttpProvider {
             ),
             None => {
                 let json = parsed.map_err(|_| "malformed_json".to_owned())?;
-                // The first pointer present wins; `true` or `3` are read as their JSON text.
-                let state_here = spec
-                    .state
-                    .iter()
-                    .find_map(|p| json.pointer(p).filter(|v| !v.is_null()))
-                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned));
+                let state_here = spec.state_in(&json);
                 // The created resource after success may not say a state: success is already
                 // known. Otherwise a body without one is in the contract's absent state, if any.
                 let remote_state = match (state_here, resource) {
@@ -1183,11 +1160,7 @@ impl HttpProvider {
                 .updated_at
                 .as_ref()
                 .and_then(|p| json.pointer(p))
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_owned)
-                        .unwrap_or_else(|| v.to_string())
-                }),
+                .map(text::of_json),
             progress: spec
                 .progress
                 .as_ref()
@@ -1199,10 +1172,7 @@ impl HttpProvider {
                 .as_ref()
                 .and_then(|p| json.pointer(p))
                 .filter(|v| !v.is_null())
-                .map(|v| {
-                    let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
-                    truncate(text, 2048)
-                }),
+                .map(|v| text::truncate(text::of_json(v), 2048)),
             status_url: self.status_url_in(ex, Some(&json)),
             retry_after: wire::retry_after(&ex.headers),
             hints,
@@ -1216,11 +1186,7 @@ impl HttpProvider {
     fn cancelled_in(&self, ex: &Exchange) -> Option<String> {
         let spec = &self.contract.status;
         let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok()?;
-        let state = spec
-            .state
-            .iter()
-            .find_map(|p| json.pointer(p).filter(|v| !v.is_null()))
-            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))?;
+        let state = spec.state_in(&json)?;
         (spec.phase(&state) == Some(Phase::Cancelled)).then_some(state)
     }
 
@@ -1596,7 +1562,7 @@ impl Provider for HttpProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::{as_path, followable, job_id_of_url, truncate, with_path};
+    use super::{as_path, followable, job_id_of_url, with_path};
 
     #[test]
     fn a_status_url_as_a_job_id_keeps_what_names_the_job_and_no_key() {
@@ -1669,12 +1635,5 @@ mod tests {
                 u.path()
             );
         }
-    }
-
-    #[test]
-    fn long_error_texts_are_cut_at_a_character_boundary() {
-        assert_eq!(truncate("short".into(), 10), "short");
-        let cut = truncate("é".repeat(10), 5);
-        assert_eq!(cut, "éé…");
     }
 }

@@ -16,6 +16,7 @@ pub mod contract;
 pub mod http;
 pub mod outcome;
 pub mod spans;
+mod text;
 pub mod validate;
 pub mod wire;
 

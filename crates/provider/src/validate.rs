@@ -222,7 +222,7 @@ fn check_json(
                 .item_ref
                 .as_ref()
                 .and_then(|p| item.pointer(p))
-                .map(text)
+                .map(crate::text::of_json)
                 .unwrap_or_else(|| format!("#{i}"));
             Some(Failure { reference, why })
         })
@@ -238,25 +238,12 @@ fn check_json(
     );
 }
 
-/// A JSON value as text: a string as itself, anything else as its JSON.
-fn text(v: &serde_json::Value) -> String {
-    v.as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| v.to_string())
-}
+/// How much of a provider's text one failure's description carries.
+const WHY_BYTES: usize = 200;
 
 /// Text from the provider, cut to a length a summary can carry.
-fn cut(mut s: String) -> String {
-    const MAX: usize = 200;
-    if s.len() > MAX {
-        let mut end = MAX;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
+fn cut(s: String) -> String {
+    crate::text::truncate(s, WHY_BYTES)
 }
 
 /// Why one JSON item failed, or `None` when it did not: a non-null, non-false error, a status
@@ -268,7 +255,10 @@ fn item_failure(spec: &ResultSpec, item: &serde_json::Value) -> Option<String> {
         .as_ref()
         .and_then(|p| item.pointer(p))
         .filter(|e| !e.is_null() && *e != &serde_json::Value::Bool(false));
-    let status = spec.item_status.as_ref().map(|p| item.pointer(p).map(text));
+    let status = spec
+        .item_status
+        .as_ref()
+        .map(|p| item.pointer(p).map(crate::text::of_json));
     let status_failed = match &status {
         None => false,
         Some(value) => {
@@ -288,7 +278,7 @@ fn item_failure(spec: &ResultSpec, item: &serde_json::Value) -> Option<String> {
         _ => {}
     }
     if let Some(e) = error {
-        why.push(format!("error: {}", text(e)));
+        why.push(format!("error: {}", crate::text::of_json(e)));
     }
     Some(cut(why.join("; ")))
 }
@@ -356,7 +346,8 @@ mod tests {
     use super::*;
     use crate::contract::Contract;
 
-    fn spec(result: &str) -> ResultSpec {
+    /// A small contract whose `[result]` holds `result`, parsed.
+    fn parsed(result: &str) -> Result<Contract, crate::contract::ContractError> {
         let text = format!(
             r#"
 name = "t"
@@ -377,9 +368,10 @@ url = "/jobs/{{job_id}}/result"
 "#
         );
         Contract::parse(&text, std::path::Path::new("t.toml"))
-            .unwrap()
-            .result
-            .unwrap()
+    }
+
+    fn spec(result: &str) -> ResultSpec {
+        parsed(result).unwrap().result.unwrap()
     }
 
     fn summary(spec: &ResultSpec, body: &str) -> serde_json::Value {
@@ -494,11 +486,6 @@ csv_error_values = ["ERROR"]"#,
 
     #[test]
     fn item_status_keys_come_together_and_only_beside_items() {
-        let text = |result: &str| {
-            format!(
-                "name = \"t\"\nbase_url = \"http://127.0.0.1:9\"\n[create]\npath = \"/j\"\nidempotency = \"none\"\njob_id = \"body:/id\"\n[status]\nurl = \"/j/{{job_id}}\"\nstate = \"/s\"\n[status.states]\nsucceeded = [\"d\"]\nfailed = [\"f\"]\n[result]\nurl = \"/r\"\n{result}\n"
-            )
-        };
         for (result, key) in [
             ("item_status = \"/s\"", "result.items"),
             ("items = \"/i\"\nitem_status = \"/s\"", "result.item_status"),
@@ -515,9 +502,7 @@ csv_error_values = ["ERROR"]"#,
                 "result.item_status",
             ),
         ] {
-            let err = Contract::parse(&text(result), std::path::Path::new("t.toml"))
-                .unwrap_err()
-                .to_string();
+            let err = parsed(result).unwrap_err().to_string();
             assert!(err.contains(key), "{result}: {err}");
         }
     }
