@@ -158,8 +158,8 @@ async fn a_caller_names_only_granted_secrets_never_a_path_or_a_variable() {
     );
 }
 
-/// Items 2 and 4: a provider that quotes the request back. A 422 repeating the body, and a result
-/// repeating it: the card number a caller may have *used* never reaches the call log, the history,
+/// Items 2 and 4: a provider that quotes the request back. A 422 repeating the body, a result
+/// repeating it, and a synchronous answer repeating it: the card number a caller may have *used* never reaches the call log, the history,
 /// the stored results or the logs, and the caller cannot read it back through `jobtrail result`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_that_echoes_the_request_gets_no_secret_into_the_record_or_back_out() {
@@ -185,6 +185,11 @@ async fn a_provider_that_echoes_the_request_gets_no_secret_into_the_record_or_ba
             s.body = body(serde_json::json!({"result": "echo_request"}))
         })
         .await;
+    let sync = env
+        .submit("sim", serde_json::json!({}), |s| {
+            s.body = body(serde_json::json!({"create": ["sync_echo"], "duration_ms": 200}))
+        })
+        .await;
     let r = env.wait_settled(rejected.id, Duration::from_secs(40)).await;
     assert_eq!(r.state, State::Failed);
     let cause = env.store.history(r.id).await.unwrap().pop().unwrap().cause;
@@ -197,6 +202,18 @@ async fn a_provider_that_echoes_the_request_gets_no_secret_into_the_record_or_ba
         e.state,
         State::ResultUnavailable,
         "a result repeating a credential is not kept"
+    );
+    // The synchronous answer quoting the card is not kept as the result: the create is ambiguous,
+    // settled by resending the token (the provider's original job), and its own result fetched.
+    let s = env.wait_settled(sync.id, Duration::from_secs(40)).await;
+    assert_eq!(s.state, State::Succeeded, "{s:?}");
+    let history = env.store.history(s.id).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|h| format!("{} {}", h.cause, h.detail)
+                .contains("sync_result_repeats_a_credential")),
+        "{history:?}"
     );
     drop(w);
     let all = dump(&env.url).await;

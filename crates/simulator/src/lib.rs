@@ -619,13 +619,15 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         let (doc, content_type) = result_doc(&id, &script);
         return (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], doc).into_response();
     }
-    if act == CreateAct::Sync {
+    if matches!(act, CreateAct::Sync | CreateAct::SyncEcho) {
         // The result pretty-printed inside the answer, as many servers write it: bytes a client
         // that re-serialises would not keep.
         let (doc, _) = result_doc(&id, &script);
-        let pretty = serde_json::from_slice::<serde_json::Value>(&doc)
-            .and_then(|v| serde_json::to_string_pretty(&v))
-            .unwrap_or_default();
+        let mut result = serde_json::from_slice::<serde_json::Value>(&doc).unwrap_or_default();
+        if act == CreateAct::SyncEcho {
+            result["echo"] = serde_json::from_slice(&body).unwrap_or_default();
+        }
+        let pretty = serde_json::to_string_pretty(&result).unwrap_or_default();
         let body = format!(
             "{{\"job_id\": {}, \"state\": \"succeeded\", \"result\": {pretty}}}",
             serde_json::Value::from(id.clone())

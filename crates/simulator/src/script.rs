@@ -33,6 +33,9 @@ pub enum CreateAct {
     AlreadyExistsError,
     /// 200 with the finished result inline.
     Sync,
+    /// 200 with the finished result inline, quoting the create request back inside it (a
+    /// provider that echoes what it was sent, secrets included).
+    SyncEcho,
     /// Create the job, but name it `..` in the answer (a hostile or broken provider: a URL built
     /// from that name addresses another resource).
     DotDotJobId,
