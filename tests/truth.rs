@@ -163,10 +163,32 @@ async fn bare_429s_on_status_back_off_and_every_read_is_counted() {
     );
     assert_eq!(attempts, (1..=n as i32).collect::<Vec<_>>());
     assert_eq!(op.failure_count, 0, "a 429 is not a failure");
+    // And `show` tells the same: the reads counted, each call under its own number.
+    let show = support::run_bin(
+        std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+        &env.url,
+        &support::providers_dir(),
+        &["show", &op.id.to_string()],
+        None,
+    );
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(show.status.success(), "{text}");
+    assert!(text.contains(&format!("polls {reads},")), "{text}");
+    let mut shown: Vec<usize> = text
+        .split("call status #")
+        .skip(1)
+        .map(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().unwrap()
+        })
+        .collect();
+    shown.sort_unstable();
+    assert_eq!(shown, (1..=n).collect::<Vec<_>>(), "{text}");
 }
 
 /// Item 4: every create attempt so far was definitively not created (429 with Retry-After); a
-/// cancel withdraws the operation and no further create is sent.
+/// cancel withdraws the operation and no further create is sent. Here the cancel lands between
+/// attempts, while no worker holds the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_during_create_retries_withdraws_without_another_create() {
     let env = Env::new().await;
@@ -182,12 +204,14 @@ async fn a_cancel_during_create_retries_withdraws_without_another_create() {
         o.create_attempts >= 1
     })
     .await;
+    let sent_before_cancel = env.sim.ledger().create_requests[op.token.as_str()];
     env.store
         .request_cancel(op.id, CancelRequest::new("alice", "not needed").unwrap())
         .await
         .unwrap();
     let done = env.wait_settled(op.id, T).await;
     assert_eq!(done.state, State::Withdrawn);
+    // Past the provider's Retry-After: a worker that still meant to retry would have by now.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let ledger = env.sim.ledger();
     assert!(
@@ -195,10 +219,57 @@ async fn a_cancel_during_create_retries_withdraws_without_another_create() {
         "no job was created"
     );
     assert_eq!(
-        ledger.create_requests[op.token.as_str()] as i32,
-        done.create_attempts,
+        ledger.create_requests[op.token.as_str()],
+        sent_before_cancel,
         "no create after the cancel"
     );
+}
+
+/// Item 4, the worker's side: the cancel lands while a worker holds the lease and its create is at
+/// the provider, which then refuses it (429). The worker, not the store, withdraws the operation
+/// from what it learnt, and sends no second create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_noted_during_a_refused_create_is_withdrawn_by_the_worker() {
+    let env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": ["retry_after_seconds", "retry_after_seconds"], "retry_after_secs": 1, "create_hold_ms": 1500}),
+            |_| {},
+        )
+        .await;
+    let _w = env.spawn_worker("w1", "10s", &[]);
+    env.wait_for(
+        op.id,
+        "a worker holding the lease with a create marked",
+        T,
+        |o| o.lease_owner.is_some() && o.create_sent_epoch.is_some() && o.create_attempts == 0,
+    )
+    .await;
+    let noted = env
+        .store
+        .request_cancel(op.id, CancelRequest::new("alice", "not needed").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        noted.record.state,
+        State::CreatePending,
+        "a create may be in flight: the cancel is only noted"
+    );
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Withdrawn, "{}", env.logs());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let ledger = env.sim.ledger();
+    assert_eq!(
+        ledger.create_requests[op.token.as_str()],
+        1,
+        "the refused create was the only one"
+    );
+    assert!(ledger.jobs_for_reference(&op.id.to_string()).is_empty());
+    let history = env.store.history(op.id).await.unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(last.to_state, "withdrawn");
+    assert_eq!(last.actor, "w1", "the worker withdrew it: {history:?}");
 }
 
 /// Item 5: a worker stopped (SIGSTOP) after its claim marked the create and before it sent, for
@@ -257,6 +328,15 @@ async fn a_worker_paused_past_its_lease_does_not_send_when_it_resumes() {
     assert_eq!(env.sim.ledger().tokens[op.token.as_str()].len(), 1);
     let after = env.store.get(op.id).await.unwrap();
     assert_eq!(after.state, State::Succeeded, "nothing stale landed");
+    // The paused worker's mark was the guard: the fresh owner treated its unrecorded send as
+    // ambiguous (settled by resending the token) rather than as never sent.
+    let history = env.store.history(op.id).await.unwrap();
+    assert!(
+        history.iter().any(|h| h.event == "create_ambiguous"
+            && h.actor == "fresh"
+            && h.cause.contains("never recorded")),
+        "{history:#?}"
+    );
 }
 
 /// Item 6: the worker that died mid-create had extended its lease past the create deadline. The

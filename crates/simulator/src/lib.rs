@@ -473,6 +473,9 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
     let canonical = serde_json_canonicalizer::to_vec(&doc).unwrap_or_default();
     let fingerprint = hex::encode(Sha256::digest(&canonical));
     let trace = trace_of(&headers);
+    if script.create_hold_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(script.create_hold_ms)).await;
+    }
 
     // Decide under the lock, act (sleep, drop) after it.
     let decided = {

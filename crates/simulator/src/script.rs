@@ -183,6 +183,9 @@ pub struct Script {
     pub status_faults: BTreeMap<u32, StatusFault>,
     /// Delay every status response (makes overlapping polls visible in the ledger).
     pub status_delay_ms: u64,
+    /// Hold every create request this long before deciding what it does (the request is in
+    /// flight and the worker holds its lease meanwhile, whatever the answer will be).
+    pub create_hold_ms: u64,
     /// Each status response names a new status URL (`/v1/operations/{id}/{n}`).
     pub moving_status_url: bool,
     /// Name the status URL in an `Operation-Location` header on create.
@@ -253,6 +256,7 @@ impl Default for Script {
             items: 5,
             status_faults: BTreeMap::new(),
             status_delay_ms: 0,
+            create_hold_ms: 0,
             moving_status_url: false,
             status_via_header: false,
             require_cookie: false,

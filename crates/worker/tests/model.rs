@@ -7,7 +7,9 @@
 //! * never `withdrawn` or `not_created` while a remote job exists for the token;
 //! * never `succeeded` without the provider's success and a stored result with the provider's bytes;
 //! * never `cancelled` without the provider having reported the job cancelled;
-//! * never more than one job per token;
+//! * never more than one job per operation, whether the contract has idempotency tokens (an
+//!   ambiguous create is sent again under the same token) or not (it is looked up by its client
+//!   reference, never sent again); half the cases run each contract;
 //! * no status read earlier than the last `Retry-After` the provider gave for that job — unless
 //!   the worker it was given to had its lease taken away meanwhile (a pause past the lease): a new
 //!   owner that claimed before that answer was written cannot know it. jobtrail keeps such a
@@ -175,7 +177,13 @@ async fn create(
         .to_owned();
     let id = {
         let mut m = s.model.lock().unwrap();
-        match m.by_token.get(&token).and_then(|j| j.first()).cloned() {
+        // Without a token (the lookup contract) every create makes a job: a resend would show.
+        let known = Some(&token)
+            .filter(|t| !t.is_empty())
+            .and_then(|t| m.by_token.get(t))
+            .and_then(|j| j.first())
+            .cloned();
+        match known {
             Some(existing) => existing,
             None => {
                 m.next += 1;
@@ -397,6 +405,24 @@ lookup_job_id = "/job_id"
 interval_ms = 10
 "#;
 
+/// The same provider without idempotency tokens: an ambiguous create is settled only by looking
+/// the job up by its client reference, never by sending it again.
+fn contract_text(provider: &str) -> String {
+    if provider == LOOKUP {
+        CONTRACT
+            .replace("name = \"model\"", &format!("name = \"{LOOKUP}\""))
+            .replace(
+                "idempotency = \"header\"\nidempotency_header = \"Idempotency-Key\"",
+                "idempotency = \"none\"",
+            )
+            .replace("method = \"resend\"", "method = \"lookup\"")
+    } else {
+        CONTRACT.to_owned()
+    }
+}
+
+const LOOKUP: &str = "model-lookup";
+
 const WORKERS: usize = 3;
 
 struct Harness {
@@ -430,19 +456,30 @@ impl Harness {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        let contract_for = |w: usize| {
-            let mut c =
-                jobtrail_provider::Contract::parse(CONTRACT, std::path::Path::new("model.toml"))
-                    .unwrap();
+        let contract_for = |provider: &str, w: usize| {
+            let text = contract_text(provider);
+            assert!(text.contains(provider) && text.contains("reconcile"));
+            let mut c = jobtrail_provider::Contract::parse(
+                &text,
+                std::path::Path::new(&format!("{provider}.toml")),
+            )
+            .unwrap();
             c.base_url = url::Url::parse(&format!("http://{addr}/w{w}")).unwrap();
             c
         };
-        let mut registry = Registry::default();
-        registry.insert(Arc::new(HttpProvider::new(contract_for(0)).unwrap()));
+        let registry_for = |w: usize| {
+            let mut r = Registry::default();
+            for provider in ["model", LOOKUP] {
+                r.insert(Arc::new(
+                    HttpProvider::new(contract_for(provider, w)).unwrap(),
+                ));
+            }
+            r
+        };
+        let registry = registry_for(0);
         let workers = (0..WORKERS)
             .map(|w| {
-                let mut r = Registry::default();
-                r.insert(Arc::new(HttpProvider::new(contract_for(w)).unwrap()));
+                let r = registry_for(w);
                 let mut config = jobtrail_worker::WorkerConfig::named_default();
                 config.id = format!("w{w}");
                 config.lease = Duration::from_secs(20);
@@ -496,7 +533,7 @@ impl Harness {
     /// Time passes for leases: every lease of the operation has expired, and it is due now (a
     /// Retry-After is still the worker's to honour: the row remembers it). The model learns whose
     /// lease was taken.
-    async fn time_passes(&self, id: OperationId) {
+    async fn time_passes(&self, id: OperationId) -> Option<usize> {
         use sqlx::Connection;
         let mut c = sqlx::PgConnection::connect(&self.url).await.unwrap();
         let mut tx = c.begin().await.unwrap();
@@ -516,14 +553,16 @@ impl Harness {
         .await
         .unwrap();
         tx.commit().await.unwrap();
+        let owner = owner.map(|w| worker_of(&w));
         if let Some(w) = owner {
             self.shared
                 .model
                 .lock()
                 .unwrap()
                 .lease_taken
-                .insert(worker_of(&w), Instant::now());
+                .insert(w, Instant::now());
         }
+        owner
     }
 
     async fn create_deadline_passes(&self, id: OperationId) {
@@ -541,12 +580,41 @@ struct Running {
     paused: bool,
 }
 
+/// A lease runs out only after the request timeout its worker sent under it: by then the provider
+/// has acted on that worker's requests or never got them, and the answers are lost either way.
+fn expire(
+    owner: Option<usize>,
+    pending: &mut Vec<Arrived>,
+    rng: &mut StdRng,
+    log: &mut Vec<String>,
+) {
+    let Some(w) = owner else { return };
+    let mut keep = Vec::new();
+    for a in pending.drain(..) {
+        if a.worker == w {
+            let fate = if rng.random_bool(0.5) {
+                Fate::Lose
+            } else {
+                Fate::Refuse
+            };
+            log.push(format!(
+                "w{w}'s lease ran out: its {:?} -> {fate:?}",
+                a.kind
+            ));
+            let _ = a.reply.send(fate);
+        } else {
+            keep.push(a);
+        }
+    }
+    *pending = keep;
+}
+
 /// One seeded interleaving, then a calm settle; returns the operation and what went on.
 async fn run_case(h: &mut Harness, seed: u64) -> (OperationId, Vec<String>) {
     let mut rng = StdRng::seed_from_u64(seed);
     h.shared.model.lock().unwrap().seed = seed;
     let s = Submission {
-        provider: "model".into(),
+        provider: if seed % 2 == 1 { LOOKUP } else { "model" }.into(),
         target: "t".into(),
         body: serde_json::to_vec(&serde_json::json!({"n": seed})).unwrap(),
         caller: "model-test".into(),
@@ -629,7 +697,8 @@ async fn run_case(h: &mut Harness, seed: u64) -> (OperationId, Vec<String>) {
                 if let Some(r) = running[w].as_mut() {
                     r.paused = !r.paused;
                     if r.paused {
-                        h.time_passes(id).await;
+                        let owner = h.time_passes(id).await;
+                        expire(owner, &mut pending, &mut rng, &mut log);
                     }
                     log.push(format!("w{w} paused={}", r.paused));
                 }
@@ -643,7 +712,8 @@ async fn run_case(h: &mut Harness, seed: u64) -> (OperationId, Vec<String>) {
                         .await;
                     log.push(format!("cancel requested: {:?}", r.map(|a| a.record.state)));
                 } else {
-                    h.time_passes(id).await;
+                    let owner = h.time_passes(id).await;
+                    expire(owner, &mut pending, &mut rng, &mut log);
                     log.push("time passes".into());
                 }
             }
@@ -653,7 +723,8 @@ async fn run_case(h: &mut Harness, seed: u64) -> (OperationId, Vec<String>) {
                     h.create_deadline_passes(id).await;
                     log.push("create deadline passes".into());
                 } else {
-                    h.time_passes(id).await;
+                    let owner = h.time_passes(id).await;
+                    expire(owner, &mut pending, &mut rng, &mut log);
                     log.push("time passes".into());
                 }
             }
@@ -688,6 +759,13 @@ async fn run_case(h: &mut Harness, seed: u64) -> (OperationId, Vec<String>) {
         if round % 5 == 4 {
             h.time_passes(id).await;
         }
+        // Without a token, a create nobody can find is settled only by its deadline (a person
+        // decides): let it pass once the interleaving is over.
+        if round == 20 && s.provider == LOOKUP && !deadline_passed {
+            deadline_passed = true;
+            h.create_deadline_passes(id).await;
+            log.push("settle: create deadline passes".into());
+        }
     }
     (id, log)
 }
@@ -699,13 +777,28 @@ async fn check(h: &Harness, id: OperationId, seed: u64, log: &[String]) {
         "seed {seed}: the chain does not verify"
     );
     let m = h.shared.model.lock().unwrap();
+    // Every job the model made for this operation, under any token or none: a create sent again
+    // under another token, or without one, would show here as a second job.
     let jobs = m
-        .by_token
-        .get(rec.token.as_str())
+        .by_reference
+        .get(&rec.id.to_string())
         .cloned()
         .unwrap_or_default();
     let ctx = || format!("seed {seed}: {} with jobs {jobs:?}\n{log:#?}", rec.state);
-    assert!(jobs.len() <= 1, "two jobs for one token: {}", ctx());
+    assert!(jobs.len() <= 1, "two jobs for one operation: {}", ctx());
+    if rec.provider == "model" {
+        let by_token = m
+            .by_token
+            .get(rec.token.as_str())
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            by_token,
+            jobs,
+            "a job made without the operation's token: {}",
+            ctx()
+        );
+    }
     if matches!(rec.state, State::Withdrawn | State::NotCreated) {
         assert!(jobs.is_empty(), "a job exists: {}", ctx());
     }
@@ -766,4 +859,11 @@ async fn random_interleavings_never_make_the_record_lie() {
         h.shared.model.lock().unwrap().excused
     );
     assert!(ends.len() >= 3, "{ends:?}");
+    assert!(ends.contains_key("succeeded"), "{ends:?}");
+    assert!(
+        ["cancelled", "withdrawn", "not_created"]
+            .iter()
+            .any(|e| ends.contains_key(*e)),
+        "no case ended by a cancel or a create never made: {ends:?}"
+    );
 }
