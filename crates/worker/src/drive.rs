@@ -9,6 +9,11 @@
 //! tests). What lives here is I/O: the lease (extended before a call that could outlive it, and
 //! checked again by the adapter immediately before the bytes leave), the result store, the call log's
 //! evidence bundle, and retrying a write while the database is away.
+//!
+//! Every database wait here is boxed (`Box::pin(..).await`): a store future is kilobytes (sqlx's
+//! pool acquire alone is ~14 KB) and an async fn is as large as its largest await, so one unboxed
+//! write would size every in-flight operation's task for it, though a task spends its life waiting
+//! on the provider. `jobtrail bench`'s `rss` phase measures what a call in flight costs.
 
 use crate::fault;
 use crate::metrics;
@@ -89,7 +94,7 @@ impl Ctx<'_> {
         }
         let ttl = self.ttl.max(need + LEASE_MARGIN);
         let sent = Instant::now();
-        match self.store.extend_lease(&self.lease, ttl).await {
+        match Box::pin(self.store.extend_lease(&self.lease, ttl)).await {
             Ok(_) => {
                 self.expires = sent + ttl;
                 Ok(())
@@ -108,9 +113,7 @@ impl Ctx<'_> {
         };
         let name = &self.provider.contract().name;
         for _ in 0..4 {
-            let wait = match self
-                .store
-                .take_calls(name, rate.per_sec, rate.burst, calls)
+            let wait = match Box::pin(self.store.take_calls(name, rate.per_sec, rate.burst, calls))
                 .await
             {
                 Ok(None) => return Ok(None),
@@ -146,7 +149,7 @@ impl Ctx<'_> {
         };
         let name = &self.provider.contract().name;
         metrics::throttled(name, "429");
-        if let Err(e) = self.store.pause_provider(name, wait).await {
+        if let Err(e) = Box::pin(self.store.pause_provider(name, wait)).await {
             tracing::warn!(provider = %name, error = %e, "could not pause the provider fleet-wide");
         }
     }
@@ -199,14 +202,11 @@ impl Ctx<'_> {
 }
 
 /// Drive one claimed operation until it needs to wait (or is done, or the lease is lost).
-pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
+pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: Box<OperationRecord>) -> Driven {
     let mut out = Driven::default();
     for round in 0..6 {
         if round > 0 && ctx.shutdown.is_cancelled() {
-            let _ = ctx
-                .store
-                .release(&ctx.lease, Utc::now(), "worker shutdown")
-                .await;
+            let _ = Box::pin(ctx.store.release(&ctx.lease, Utc::now(), "worker shutdown")).await;
             return out;
         }
         // The step's span, under the operation's trace; provider calls made while planning are
@@ -236,7 +236,7 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
                 metrics::call(&op.provider, call);
             }
             let kind = step.event.as_ref().map(|e| e.kind());
-            let written = ctx.write(step).await;
+            let written = Box::pin(ctx.write(step)).await;
             metrics::step(
                 kind,
                 match &written {
@@ -271,7 +271,7 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
                     if kind == Some(EventKind::CreateAccepted) {
                         fault::point("after_create_accepted");
                     }
-                    op = applied.record;
+                    *op = applied.record;
                 }
                 Err(Stop::LeaseLost) => {
                     tracing::info!(operation = %op.id, "lease lost; the write was refused and this worker stops acting on it");
@@ -301,7 +301,7 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: OperationRecord) -> Driven {
         }
     }
     // Too many immediate steps in a row: give the lease back, due at once.
-    let _ = ctx.store.release(&ctx.lease, Utc::now(), "continue").await;
+    let _ = Box::pin(ctx.store.release(&ctx.lease, Utc::now(), "continue")).await;
     out.due_in = Some(Duration::ZERO);
     out
 }
@@ -323,13 +323,13 @@ fn step_context(op: &OperationRecord) -> opentelemetry::Context {
 }
 
 /// Ask the core what to do, do the I/O it names, and ask the core what the answer means.
-async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
+async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop> {
     let call = match decide::next(op, &ctx.policy, ctx.lease.epoch, ctx.clock.now()) {
         Action::Write(mut plan) => {
             if plan.evidence_bundle {
-                plan.step.detail = Some(evidence_bundle(ctx.store, op).await);
+                plan.step.detail = Some(Box::pin(evidence_bundle(ctx.store, op)).await);
             }
-            return Ok(*plan);
+            return Ok(plan);
         }
         Action::Call(call) => call,
     };
@@ -342,20 +342,20 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
     if calls > 0
         && let Some(wait) = ctx.admit(calls).await?
     {
-        return Ok(decide::deferred(&call, wait));
+        return Ok(Box::new(decide::deferred(&call, wait)));
     }
     ctx.ensure_lease(ctx.call_budget() * calls.max(1)).await?;
     let policy = ctx.policy.clone();
     let provider = ctx.provider;
-    Ok(match call {
+    Ok(Box::new(match call {
         Call::Create { attempt, mark } => {
             if mark {
                 // Only when this lease's claim did not mark it (a continuation): one more commit.
-                ctx.write(Step {
+                Box::pin(ctx.write(Step {
                     send_mark: SendMark::Set,
                     keep_lease: true,
                     ..Step::default()
-                })
+                }))
                 .await?;
             }
             fault::point("after_create_marked");
@@ -375,7 +375,9 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
         Call::Lookup { attempt } => {
             let called = provider.lookup(op, ctx.at(attempt)).await;
             let now = ctx.clock.now();
-            match decide::after_lookup(op, &policy, called, now) {
+            // Boxed: it is kept (1.5 KB) across the resend's await below.
+            let after = Box::new(decide::after_lookup(op, &policy, called, now));
+            match *after {
                 AfterLookup::Write(plan) => plan,
                 AfterLookup::Resend {
                     looked_up,
@@ -446,24 +448,25 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Plan, Stop> {
             sha256,
             content_type,
         } => {
-            let collected = match ResultStore::read_verified(ctx.store, &location, &sha256).await {
-                Ok(bytes) => {
-                    let fetched = FetchedResult {
-                        bytes: bytes.into(),
-                        content_type,
-                        checksum: None,
-                    };
-                    ctx.collected(op, fetched).await
-                }
-                // The database is away: nothing is known about the result yet; try again later.
-                Err(ReadError::Database(e)) => return Err(Stop::Other(e)),
-                Err(why) => Collected::Unavailable {
-                    reason: why.to_string(),
-                },
-            };
+            let collected =
+                match Box::pin(ResultStore::read_verified(ctx.store, &location, &sha256)).await {
+                    Ok(bytes) => {
+                        let fetched = FetchedResult {
+                            bytes: bytes.into(),
+                            content_type,
+                            checksum: None,
+                        };
+                        ctx.collected(op, fetched).await
+                    }
+                    // The database is away: nothing is known about the result yet; try again later.
+                    Err(ReadError::Database(e)) => return Err(Stop::Other(e)),
+                    Err(why) => Collected::Unavailable {
+                        reason: why.to_string(),
+                    },
+                };
             decide::after_collect(op, &policy, collected, None, draw())
         }
-    })
+    }))
 }
 
 /// The evidence a person (or the provider's support) needs when a cancel is not confirmed: the

@@ -254,7 +254,9 @@ impl Worker {
     /// database does); `answered`: when the claim's answer arrived (the decision clock starts then).
     async fn drive_one(
         &self,
-        c: Claimed,
+        // Boxed, as the record is in `drive`: an async fn keeps its arguments twice (as captured
+        // and as moved in), and every in-flight operation's task holds this future.
+        c: Box<Claimed>,
         (sent, answered): (Instant, Instant),
         shutdown: CancellationToken,
     ) -> Driven {
@@ -262,10 +264,12 @@ impl Worker {
             // The claim filters by the providers this worker loaded, so this needs a registry
             // changed under a running worker; give the operation back to whoever can drive it.
             tracing::error!(operation = %c.operation.id, provider = %c.operation.provider, "no contract for this provider; giving it back");
-            let _ = self
-                .store
-                .release(&c.lease, chrono::Utc::now(), "provider not configured here")
-                .await;
+            let _ = Box::pin(self.store.release(
+                &c.lease,
+                chrono::Utc::now(),
+                "provider not configured here",
+            ))
+            .await;
             return Driven::default();
         };
         let span = tracing::info_span!(
@@ -289,7 +293,7 @@ impl Worker {
             },
             shutdown,
         };
-        tracing::Instrument::instrument(drive::drive(ctx, c.operation), span).await
+        tracing::Instrument::instrument(drive::drive(ctx, Box::new(c.operation)), span).await
     }
 
     /// Claim up to `limit` due operations of the providers this worker has contracts for, each
@@ -342,7 +346,7 @@ impl Worker {
         let driven = futures::future::join_all(
             claimed
                 .into_iter()
-                .map(|c| self.drive_one(c, times, never.clone())),
+                .map(|c| self.drive_one(Box::new(c), times, never.clone())),
         )
         .await;
         for d in driven {
@@ -384,6 +388,7 @@ impl Worker {
             .entry(provider.clone())
             .or_default() += 1;
         let me = self.clone();
+        let c = Box::new(c);
         tasks.spawn(async move {
             // Whatever happens to the step (a panic included), its slot and its counts go back.
             let slot = Slot {
