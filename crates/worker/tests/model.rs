@@ -580,6 +580,33 @@ struct Running {
     paused: bool,
 }
 
+/// Settle every request worker `w` has pending: the provider acted on it (`acted`: answered, or
+/// answered into a lost connection) or never got it, at random.
+fn settle_pending(
+    w: usize,
+    acted: Fate,
+    why: &str,
+    pending: &mut Vec<Arrived>,
+    rng: &mut StdRng,
+    log: &mut Vec<String>,
+) {
+    let mut keep = Vec::new();
+    for a in pending.drain(..) {
+        if a.worker == w {
+            let fate = if rng.random_bool(0.5) {
+                acted
+            } else {
+                Fate::Refuse
+            };
+            log.push(format!("{why} w{w}: its {:?} -> {fate:?}", a.kind));
+            let _ = a.reply.send(fate);
+        } else {
+            keep.push(a);
+        }
+    }
+    *pending = keep;
+}
+
 /// A lease runs out only after the request timeout its worker sent under it: by then the provider
 /// has acted on that worker's requests or never got them, and the answers are lost either way.
 fn expire(
@@ -588,25 +615,9 @@ fn expire(
     rng: &mut StdRng,
     log: &mut Vec<String>,
 ) {
-    let Some(w) = owner else { return };
-    let mut keep = Vec::new();
-    for a in pending.drain(..) {
-        if a.worker == w {
-            let fate = if rng.random_bool(0.5) {
-                Fate::Lose
-            } else {
-                Fate::Refuse
-            };
-            log.push(format!(
-                "w{w}'s lease ran out: its {:?} -> {fate:?}",
-                a.kind
-            ));
-            let _ = a.reply.send(fate);
-        } else {
-            keep.push(a);
-        }
+    if let Some(w) = owner {
+        settle_pending(w, Fate::Lose, "lease ran out of", pending, rng, log);
     }
-    *pending = keep;
 }
 
 /// One seeded interleaving, then a calm settle; returns the operation and what went on.
@@ -674,21 +685,7 @@ async fn run_case(h: &mut Harness, seed: u64) -> (OperationId, Vec<String>) {
                 if let Some(r) = running[w].take() {
                     r.task.abort();
                     // What the killed worker had sent: the provider acted on it, or never got it.
-                    let mut keep = Vec::new();
-                    for a in pending.drain(..) {
-                        if a.worker == w {
-                            let fate = if rng.random_bool(0.5) {
-                                Fate::Answer
-                            } else {
-                                Fate::Refuse
-                            };
-                            log.push(format!("kill w{w}: its {:?} -> {fate:?}", a.kind));
-                            let _ = a.reply.send(fate);
-                        } else {
-                            keep.push(a);
-                        }
-                    }
-                    pending = keep;
+                    settle_pending(w, Fate::Answer, "kill", &mut pending, &mut rng, &mut log);
                     log.push(format!("killed w{w}"));
                 }
             }
