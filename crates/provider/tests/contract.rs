@@ -844,15 +844,16 @@ fn the_contracts_in_the_docs_load() {
     assert!(loaded >= 5, "{loaded} contracts in the docs");
 }
 
+/// Every problem `contract check` would list for `text`, as printed.
+fn problems(text: &str) -> Vec<String> {
+    jobtrail_provider::contract::problems(text, &providers_dir().join("test.toml"))
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
 #[test]
 fn every_problem_is_named_and_none_is_an_echo_of_another() {
-    let path = providers_dir().join("test.toml");
-    let problems = |text: &str| {
-        jobtrail_provider::contract::problems(text, &path)
-            .iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-    };
     assert!(problems(&sim_text()).is_empty(), "a good contract has none");
     // Independent mistakes are all named, in the order they are checked.
     let text = sim_text()
@@ -1071,13 +1072,6 @@ EXTRA
 
 #[test]
 fn a_list_with_a_problem_is_set_aside_whole_and_a_missing_key_is_no_new_problem() {
-    let path = providers_dir().join("test.toml");
-    let problems = |text: &str| {
-        jobtrail_provider::contract::problems(text, &path)
-            .iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-    };
     // Two bad entries in one list: one problem named (no renumbered, wrong index).
     let text = sim_text().replacen(
         "redact = [\"/payment/card_number\"]",
