@@ -533,13 +533,13 @@ impl Store {
         claim_due_with(&self.pool, owner, limit, ttl).await
     }
 
-    /// A transaction that writes evidence. Its statements, and the foreign-key checks they fire, are
-    /// planned for the tables as they are now: a plan cached by a long-lived session while a table
-    /// was empty (freshly migrated, or analysed empty) would read it sequentially on every insert
-    /// for as long as the session lives, however large the table has grown since.
+    /// A transaction that writes evidence. Its statements, and the foreign-key checks they fire, find
+    /// rows by key only (sequential scans ruled out): a check plan cached by a long-lived session
+    /// while a table was empty (freshly migrated, or analysed empty) would otherwise read the table
+    /// sequentially on every insert for as long as the session lives, however large it has grown.
     async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(include_str!("sql/session_custom_plans.sql"))
+        sqlx::query(include_str!("sql/session_key_lookups.sql"))
             .execute(&mut *tx)
             .await?;
         Ok(tx)
