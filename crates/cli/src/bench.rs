@@ -241,6 +241,38 @@ fn table_updates(
     out.into()
 }
 
+/// Print where the database's time went since the reset, by statement (the statement's first line,
+/// which for jobtrail's own says what it does), in microseconds per transition: what the end-to-end
+/// run pays beyond the ceiling's statements.
+async fn statement_times(store: &Store, transitions: f64) -> serde_json::Value {
+    let top = match store.bench_statements_top(10).await {
+        Ok(top) => top,
+        Err(e) => {
+            println!("    database time by statement: not read ({e})");
+            return serde_json::Value::Null;
+        }
+    };
+    let per = |ms: f64| ms * 1000.0 / transitions.max(1.0);
+    let total: f64 = top.iter().map(|t| t.3).sum();
+    println!(
+        "    database time by statement (pg_stat_statements), µs per transition; the ten largest: {:.0} in all",
+        per(total)
+    );
+    for (label, calls, rows, ms) in &top {
+        let label = label.trim_start_matches("-- ");
+        println!(
+            "    {:>7.0}  {calls:>7} calls {rows:>8} rows  {label}",
+            per(*ms)
+        );
+    }
+    top.into_iter()
+        .map(|(label, calls, rows, ms)| {
+            serde_json::json!({"statement": label, "calls": calls, "rows": rows, "exec_ms": ms})
+        })
+        .collect::<Vec<_>>()
+        .into()
+}
+
 /// The worker's own claim query, for the one provider the seeded rows belong to.
 async fn claim_latency(store: &Store, rounds: usize) -> Result<(f64, f64), crate::common::Failure> {
     let share = jobtrail_store::ClaimShare {
@@ -353,6 +385,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         let phase = chrono::Utc::now();
         store.bench_seed(8_000, "succeeded").await?;
         store.bench_seed(2_000, "observing").await?;
+        store.bench_analyze().await?;
         small_n = store.totals().await?.0;
         (small_p50, small_p95) = claim_latency(&store, 200).await?;
         store.bench_retire_since(phase).await?;
@@ -365,6 +398,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         // (1) The ceiling.
         let phase = chrono::Utc::now();
         store.bench_seed(20_000, "observing").await?;
+        store.bench_analyze().await?;
         let mut ceiling = Vec::new();
         best_batched = 0.0f64;
         best_lean = 0.0f64;
@@ -438,6 +472,9 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
             let (_, h0, _) = store.totals().await?;
             let commits0 = settled_commits(&fleet.url).await?;
             let tables0 = store.bench_table_updates().await?;
+            // Where the database's time goes, by statement, if the server records it.
+            let statements = store.bench_statements_enable().await.unwrap_or(false)
+                && store.bench_statements_reset().await.is_ok();
             let (db_cpu0, me_cpu0) = (database_cpu(), cpu_secs("self").unwrap_or(0.0));
             let t0 = Instant::now();
             let (conc, batch) = (a.e2e_concurrency.to_string(), a.e2e_batch.to_string());
@@ -484,7 +521,15 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
             if let Some(share) = tables["operations"]["hot_share"].as_f64() {
                 hot_share = share;
             }
-            e2e.push(serde_json::json!({"workers": w, "operations": a.e2e_operations, "secs": secs, "operations_per_sec": ops_s, "transitions_per_sec": tr_s, "commits_per_transition": commits / transitions.max(1.0), "completed": done, "tables": tables, "cpu_secs": {"database": db_cpu, "workers": worker_cpu, "provider_and_bench": sim_cpu}}));
+            let by_statement = if statements {
+                statement_times(&store, transitions).await
+            } else {
+                println!(
+                    "    database time by statement: not recorded (load pg_stat_statements: shared_preload_libraries, then restart the server)"
+                );
+                serde_json::Value::Null
+            };
+            e2e.push(serde_json::json!({"workers": w, "operations": a.e2e_operations, "secs": secs, "operations_per_sec": ops_s, "transitions_per_sec": tr_s, "commits_per_transition": commits / transitions.max(1.0), "completed": done, "tables": tables, "cpu_secs": {"database": db_cpu, "workers": worker_cpu, "provider_and_bench": sim_cpu}, "database_ms_by_statement": by_statement}));
             store.bench_retire_since(phase).await?;
         }
         out.insert("end_to_end".into(), e2e.into());
@@ -808,6 +853,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         }
         let phase = chrono::Utc::now();
         store.bench_seed(2_000, "observing").await?;
+        store.bench_analyze().await?;
         let dead = store.bench_dead_tuples().await?;
         let large_n = store.totals().await?.0;
         let (lp50, large_p95) = claim_latency(&store, 200).await?;

@@ -23,6 +23,14 @@ impl Store {
             .rows_affected())
     }
 
+    /// Statistics for the seeded tables (bench_analyze.sql), after seeding and before measuring.
+    pub async fn bench_analyze(&self) -> Result<(), StoreError> {
+        sqlx::query(include_str!("sql/bench_analyze.sql"))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// One ceiling transaction made of jobtrail's own statements and code: the claim query, then the
     /// fenced batch write a worker's writer lane makes (lock with owner and epoch, the planned
     /// transition with its hash-chained history link, one `UNNEST` statement per table), for up to
@@ -122,6 +130,40 @@ impl Store {
     /// `operation_schedule` (bench_table_updates.sql).
     pub async fn bench_table_updates(&self) -> Result<Vec<TableUpdates>, StoreError> {
         Ok(sqlx::query_as(include_str!("sql/bench_table_updates.sql"))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Whether the server records per-statement times (pg_stat_statements preloaded); if so, the
+    /// extension is created in this database so its figures can be read.
+    pub async fn bench_statements_enable(&self) -> Result<bool, StoreError> {
+        let (loaded,): (bool,) = sqlx::query_as(include_str!("sql/bench_statements_enable.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        if loaded {
+            sqlx::query(include_str!("sql/bench_statements_create.sql"))
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(loaded)
+    }
+
+    /// Forget this database's per-statement figures.
+    pub async fn bench_statements_reset(&self) -> Result<(), StoreError> {
+        sqlx::query(include_str!("sql/bench_statements_reset.sql"))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The `limit` statements that took most of this database's time since the reset:
+    /// `(first line, calls, rows, milliseconds)`.
+    pub async fn bench_statements_top(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<(String, i64, i64, f64)>, StoreError> {
+        Ok(sqlx::query_as(include_str!("sql/bench_statements_top.sql"))
+            .bind(limit)
             .fetch_all(&self.pool)
             .await?)
     }
