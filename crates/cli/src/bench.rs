@@ -679,10 +679,12 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     }
 
     if on("idle") {
-        // (8) The cost of an idle worker: the statements (each its own transaction, so at most that
-        // many commits) it sends while it has nothing to do, from its own statement log between its
-        // first claim (after the once-per-process LISTEN set-up) and "stopping". Counted at the worker: pg_stat_database's figure is
-        // drowned by autovacuum's visits on an otherwise quiet server.
+        // (8) The cost of an idle worker: the statements it sends while it has nothing to do, from
+        // its own statement log between its first claim (after the once-per-process LISTEN set-up)
+        // and "stopping". A claim and a next-due read are each one statement in a transaction of
+        // their own (its BEGIN is not logged, its COMMIT is and is not counted again); anything else
+        // is its own transaction: so at most that many commits. Counted at the worker:
+        // pg_stat_database's figure is drowned by autovacuum's visits on an otherwise quiet server.
         let secs = a.idle_secs.max(5);
         fleet.spawn_worker_with(
             "bench-idle",
@@ -699,7 +701,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
             .lines()
             .skip_while(|l| !l.contains("The worker's claim"))
             .take_while(|l| !l.contains("stopping"))
-            .filter(|l| l.contains("sqlx::query"))
+            .filter(|l| l.contains("sqlx::query") && !l.contains("summary=\"COMMIT\""))
             .count();
         idle_per_min = statements as f64 / secs as f64 * 60.0;
         println!(

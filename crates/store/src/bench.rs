@@ -37,7 +37,8 @@ impl Store {
     /// `batch` rows, then one commit. Only the provider call (and so the call log row) is missing.
     /// Returns the transitions written.
     pub async fn bench_ceiling_jobtrail(&self, owner: &str, batch: i64) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        // As the worker's claim; the due-order settings also rule out what the writes' own do.
+        let mut tx = self.begin_due_in_order().await?;
         // The worker's own claim query, for the one provider the seeded rows belong to.
         let share = crate::ClaimShare {
             provider: "bench".into(),

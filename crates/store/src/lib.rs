@@ -538,11 +538,21 @@ impl Store {
     /// while a table was empty (freshly migrated, or analysed empty) would otherwise read the table
     /// sequentially on every insert for as long as the session lives, however large it has grown.
     async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(include_str!("sql/session_key_lookups.sql"))
-            .execute(&mut *tx)
-            .await?;
-        Ok(tx)
+        Ok(self
+            .pool
+            .begin_with(include_str!("sql/begin_key_lookups.sql"))
+            .await?)
+    }
+
+    /// A transaction that reads the schedule in due order (a claim, the next-due read): the first
+    /// rows of each provider's due index, whatever the statistics say (`begin_due_in_order.sql`).
+    pub(crate) async fn begin_due_in_order(
+        &self,
+    ) -> Result<Transaction<'static, Postgres>, StoreError> {
+        Ok(self
+            .pool
+            .begin_with(include_str!("sql/begin_due_in_order.sql"))
+            .await?)
     }
 
     /// The worker's claim: up to `limit` due operations of the providers in `shares` only (a worker
@@ -562,18 +572,17 @@ impl Store {
             .filter(|s| s.fleet_cap.is_some() && s.cap > 0)
             .map(|s| s.provider.as_str())
             .collect();
-        if capped.is_empty() {
-            return claim_shares_with(&self.pool, owner, limit, ttl, shares).await;
+        let mut tx = self.begin_due_in_order().await?;
+        if !capped.is_empty() {
+            capped.sort_unstable(); // one order for every claimer: no deadlock between them
+            sqlx::query(include_str!("sql/session_lock_timeout.sql"))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(include_str!("sql/provider_fleet_lock.sql"))
+                .bind(&capped)
+                .execute(&mut *tx)
+                .await?;
         }
-        capped.sort_unstable(); // one order for every claimer: no deadlock between them
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(include_str!("sql/session_lock_timeout.sql"))
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(include_str!("sql/provider_fleet_lock.sql"))
-            .bind(&capped)
-            .execute(&mut *tx)
-            .await?;
         let claimed = claim_shares_with(&mut *tx, owner, limit, ttl, shares).await?;
         tx.commit().await?;
         Ok(claimed)
@@ -582,10 +591,12 @@ impl Store {
     /// How long until one of `providers`' operations could be claimed (`None`: none is open). An
     /// idle worker sleeps that long instead of scanning.
     pub async fn next_due(&self, providers: &[String]) -> Result<Option<Duration>, StoreError> {
+        let mut tx = self.begin_due_in_order().await?;
         let (secs,): (Option<f64>,) = sqlx::query_as(include_str!("sql/operation_next_due.sql"))
             .bind(providers)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(secs.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))))
     }
 

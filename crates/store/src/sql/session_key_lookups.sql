@@ -1,9 +1,0 @@
--- Every row this transaction reads, it reads by key: the fenced writes, the evidence inserts and
--- the foreign-key checks those inserts fire. Rule sequential scans out for its statements, so that
--- no plan made here (including the checks' plans, which each session caches for its life) reads a
--- table sequentially because the table was empty, or analysed empty, when the plan was made. A
--- planner setting rather than replanning every statement (plan_cache_mode = force_custom_plan cost
--- a quarter of the database's time per step): cached plans stay cheap and stay index lookups. JIT
--- is off: a ruled-out plan's notional cost must never make a statement compile itself.
--- (set_config(..., true): this transaction only; one round trip.)
-SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
