@@ -701,7 +701,8 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
             .lines()
             .skip_while(|l| !l.contains("The worker's claim"))
             .take_while(|l| !l.contains("stopping"))
-            .filter(|l| l.contains("sqlx::query") && !l.contains("summary=\"COMMIT\""))
+            // (the summary field may be wrapped in colour codes)
+            .filter(|l| l.contains("sqlx::query") && !l.contains("\"COMMIT\""))
             .count();
         idle_per_min = statements as f64 / secs as f64 * 60.0;
         println!(

@@ -37,8 +37,9 @@ impl Store {
     /// `batch` rows, then one commit. Only the provider call (and so the call log row) is missing.
     /// Returns the transitions written.
     pub async fn bench_ceiling_jobtrail(&self, owner: &str, batch: i64) -> Result<u64, StoreError> {
-        // As the worker's claim; the due-order settings also rule out what the writes' own do.
-        let mut tx = self.begin_due_in_order().await?;
+        // The writes' settings (sequential scans ruled out); sorts stay allowed, as in the worker's
+        // write transactions: the seeded tables are analysed, so the claim's plan is its steady one.
+        let mut tx = self.begin_write().await?;
         // The worker's own claim query, for the one provider the seeded rows belong to.
         let share = crate::ClaimShare {
             provider: "bench".into(),

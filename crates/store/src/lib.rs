@@ -537,7 +537,7 @@ impl Store {
     /// rows by key only (sequential scans ruled out): a check plan cached by a long-lived session
     /// while a table was empty (freshly migrated, or analysed empty) would otherwise read the table
     /// sequentially on every insert for as long as the session lives, however large it has grown.
-    async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+    pub(crate) async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
         Ok(self
             .pool
             .begin_with(include_str!("sql/begin_key_lookups.sql"))
