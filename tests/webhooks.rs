@@ -241,7 +241,11 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
     // the two directions of one socket, seen under load). Either is the refusal; a timeout or any
     // other status is not.
     match post("/v1/webhooks/sim", huge, None).await {
-        Ok(r) => assert_eq!(r.status(), 413),
+        // ... and says it closes, so the client's next request takes a new connection.
+        Ok(r) => {
+            assert_eq!(r.status(), 413);
+            assert_eq!(r.headers()["connection"], "close");
+        }
         Err(e) => assert!(
             !e.is_timeout() && (e.is_request() || e.is_body()),
             "not a refusal: {e:?}"

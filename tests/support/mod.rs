@@ -151,6 +151,7 @@ impl Env {
         let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
             bearer_token: Some(TOKEN.into()),
             webhook: None,
+            ..Default::default()
         })
         .start("127.0.0.1:0".parse().unwrap())
         .await

@@ -75,6 +75,12 @@ impl IntoResponse for Problem {
         let mut r = (status, body).into_response();
         r.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        // A refused body may be left unread on the connection, which the server then closes: said
+        // here, so that a client does not pool the connection and lose its next request on it.
+        if self.0.kind == Kind::TooLarge {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if self.0.kind == Kind::Unauthenticated {
             r.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

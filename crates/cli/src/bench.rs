@@ -343,6 +343,57 @@ fn cpu_split(db0: &HashMap<String, f64>, me0: f64, workers: &[u32]) -> (f64, f64
     (db, w, me)
 }
 
+/// One worker's largest RSS (KiB) and the most operations it held leased at once, with `n`
+/// operations of `provider` submitted whose status calls the simulator holds open for 1.8 s.
+async fn worker_rss(
+    fleet: &mut Fleet,
+    provider: &str,
+    n: usize,
+) -> Result<(u64, usize), crate::common::Failure> {
+    let store = fleet.store.clone();
+    let phase = chrono::Utc::now();
+    submit_many_to(
+        fleet,
+        provider,
+        n,
+        serde_json::json!({"never_finish": true, "status_delay_ms": 1800}),
+        "rss",
+    )
+    .await?;
+    let conc = n.to_string();
+    let batch = n.min(500).to_string();
+    let pid = fleet.spawn_worker(
+        &format!("bench-rss-{provider}-{n}"),
+        &[
+            "--concurrency",
+            &conc,
+            "--batch",
+            &batch,
+            "--lease",
+            "60s",
+            "--idle",
+            "50ms",
+        ],
+    )?;
+    let t0 = Instant::now();
+    let mut max_kib = 0;
+    let mut in_flight_seen = 0usize;
+    while t0.elapsed() < Duration::from_secs(if n > 1000 { 25 } else { 8 }) {
+        max_kib = max_kib.max(rss_kib(pid).unwrap_or(0));
+        let leased = store
+            .bench_leases_since(phase)
+            .await?
+            .iter()
+            .filter(|(_, o, _)| o.is_some())
+            .count();
+        in_flight_seen = in_flight_seen.max(leased);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.stop_workers();
+    store.bench_retire_since(phase).await?;
+    Ok((max_kib, in_flight_seen))
+}
+
 fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
@@ -376,7 +427,8 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     let (mut best_batched, mut best_lean, mut best_e2e, mut commits_per_op, mut p50, mut max_take) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
     let (mut hol_ratio, mut hol_other_ratio, mut idle_per_min) = (f64::NAN, f64::NAN, f64::NAN);
-    let (mut rss_per_call_kib, mut hot_share) = (f64::NAN, f64::NAN);
+    let (mut rss_per_call_kib, mut rss_per_call_h2_kib, mut hot_share) =
+        (f64::NAN, f64::NAN, f64::NAN);
     let lease = Duration::from_secs(5);
     let idle = Duration::from_millis(100);
 
@@ -777,68 +829,36 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     }
 
     if on("rss") {
-        // (5) Worker RSS with N operations in flight (status calls held open by the simulator).
+        // (5) Worker RSS with N operations in flight (status calls held open by the simulator),
+        // over HTTP/1.1 (a connection per call in flight) and over HTTP/2 (one connection, a
+        // stream per call: `sim-h2`, the same contract with `http_version = "2"`).
         let mut rss = Vec::new();
-        for &n in &a.rss_in_flight {
-            let phase = chrono::Utc::now();
-            submit_many(
-                &fleet,
-                n,
-                serde_json::json!({"never_finish": true, "status_delay_ms": 1800}),
-                "rss",
-            )
-            .await?;
-            let conc = n.to_string();
-            let batch = n.min(500).to_string();
-            let pid = fleet.spawn_worker(
-                &format!("bench-rss-{n}"),
-                &[
-                    "--concurrency",
-                    &conc,
-                    "--batch",
-                    &batch,
-                    "--lease",
-                    "60s",
-                    "--idle",
-                    "50ms",
-                ],
-            )?;
-            let t0 = Instant::now();
-            let mut max_kib = 0;
-            let mut in_flight_seen = 0usize;
-            while t0.elapsed() < Duration::from_secs(if n > 1000 { 25 } else { 8 }) {
-                max_kib = max_kib.max(rss_kib(pid).unwrap_or(0));
-                let leased = store
-                    .bench_leases_since(phase)
-                    .await?
-                    .iter()
-                    .filter(|(_, o, _)| o.is_some())
-                    .count();
-                in_flight_seen = in_flight_seen.max(leased);
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        for (provider, http) in [("sim", "1.1"), ("sim-h2", "2")] {
+            let mut runs = Vec::new();
+            for &n in &a.rss_in_flight {
+                let (max_kib, in_flight_seen) = worker_rss(&mut fleet, provider, n).await?;
+                println!(
+                    "worker RSS with {n} operations submitted over HTTP/{http}: max {:.1} MiB (most leased at once: {in_flight_seen})",
+                    max_kib as f64 / 1024.0
+                );
+                runs.push((in_flight_seen as f64, max_kib as f64 / 1024.0));
+                rss.push(serde_json::json!({"http": http, "operations": n, "max_rss_mib": max_kib as f64 / 1024.0, "max_in_flight": in_flight_seen}));
             }
-            fleet.stop_workers();
-            store.bench_retire_since(phase).await?;
-            println!(
-                "worker RSS with {n} operations submitted: max {:.1} MiB (most leased at once: {in_flight_seen})",
-                max_kib as f64 / 1024.0
-            );
-            rss.push(serde_json::json!({"operations": n, "max_rss_mib": max_kib as f64 / 1024.0, "max_in_flight": in_flight_seen}));
-        }
-        // What one more call in flight costs: the growth from the smallest to the largest load.
-        let at = |i: usize| {
-            (
-                rss[i]["max_in_flight"].as_f64().unwrap_or(0.0),
-                rss[i]["max_rss_mib"].as_f64().unwrap_or(0.0),
-            )
-        };
-        if rss.len() >= 2 {
-            let ((n0, m0), (n1, m1)) = (at(0), at(rss.len() - 1));
-            if n1 > n0 {
-                rss_per_call_kib = (m1 - m0) * 1024.0 / (n1 - n0);
-                println!("worker RSS per call in flight: {rss_per_call_kib:.1} KiB");
+            // What one more call in flight costs: the growth from the smallest to the largest load.
+            if let (Some(&(n0, m0)), Some(&(n1, m1))) = (runs.first(), runs.last())
+                && n1 > n0
+            {
+                let per_call = (m1 - m0) * 1024.0 / (n1 - n0);
+                println!("worker RSS per call in flight over HTTP/{http}: {per_call:.1} KiB");
+                if http == "1.1" {
+                    rss_per_call_kib = per_call;
+                } else {
+                    rss_per_call_h2_kib = per_call;
+                }
             }
         }
+        let by_version = fleet.sim.ledger().requests_by_version;
+        println!("the simulator's requests by HTTP version: {by_version:?}");
         out.insert("worker_rss".into(), rss.into());
     }
 
@@ -878,7 +898,8 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         "transitions_vs_batched_ceiling": {"value": ratio, "target": ">= 0.60"},
         "transitions_vs_lean_ceiling": {"value": best_e2e / best_lean.max(1.0), "target": ">= 0.80"},
         "operations_updates_hot_share": {"value": hot_share, "target": ">= 0.50 (most step updates HOT)"},
-        "worker_rss_kib_per_call_in_flight": {"value": rss_per_call_kib, "target": "<= 25"},
+        "worker_rss_kib_per_call_in_flight": {"value": rss_per_call_kib, "target": "<= 25 (HTTP/1.1: a connection per call)"},
+        "worker_rss_kib_per_call_in_flight_h2": {"value": rss_per_call_h2_kib, "target": "<= 25 (HTTP/2: a stream per call)"},
         "commits_per_operation_realistic": {"value": commits_per_op, "target": "<= 8"},
         "p50_remote_end_to_local_success_secs": {"value": p50, "target": "<= 1.5 (remote duration + 1.5 s)"},
         "takeover_secs": {"value": max_take, "target": format!("<= {:.2} (lease + one claim interval)", lease.as_secs_f64() + idle.as_secs_f64())},

@@ -32,7 +32,19 @@ fn write_contracts(dir: &Path) -> std::io::Result<()> {
     for (name, text) in CONTRACTS {
         std::fs::write(dir.join(name), text)?;
     }
-    Ok(())
+    std::fs::write(dir.join("sim-h2.toml"), sim_over_http2())
+}
+
+/// `sim.toml` once more as `sim-h2`, called over HTTP/2 (h2c, the simulator serves both): the
+/// benchmark's memory phase measures a call in flight each way.
+fn sim_over_http2() -> String {
+    let sim = CONTRACTS[0].1;
+    let named = "name = \"sim\"\n";
+    assert!(
+        sim.contains(named),
+        "sim.toml names itself on a line of its own"
+    );
+    sim.replacen(named, "name = \"sim-h2\"\nhttp_version = \"2\"\n", 1)
 }
 
 /// The `application_name` of every session a fleet worker opens (set through `PGAPPNAME`).
@@ -88,6 +100,7 @@ impl Fleet {
         let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
             bearer_token: Some(token.clone()),
             webhook: None,
+            ..Default::default()
         })
         .start("127.0.0.1:0".parse().expect("loopback"))
         .await
@@ -154,7 +167,19 @@ impl Fleet {
         let base = self.sim.base_url();
         let log = std::fs::File::create(self.work.join(format!("{id}.log")))
             .map_err(|e| fail(exit::UNAVAILABLE, e))?;
-        let child = Command::new(exe)
+        // A profiler to run each worker under (`heaptrack -o /tmp/worker`): the pid returned is
+        // then the profiler's.
+        let wrapper = std::env::var("JOBTRAIL_BENCH_WORKER_WRAPPER").unwrap_or_default();
+        let mut wrapper = wrapper.split_whitespace();
+        let mut command = match wrapper.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(wrapper).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let child = command
             .args(["worker", "--id", id])
             .args(args)
             .args(&self.worker_args)
@@ -166,6 +191,7 @@ impl Fleet {
             .env("JOBTRAIL_PROVIDER_SIM_BASE_URL", &base)
             .env("JOBTRAIL_PROVIDER_SIM_CSV_BASE_URL", &base)
             .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", &base)
+            .env("JOBTRAIL_PROVIDER_SIM_H2_BASE_URL", &base)
             .env(
                 "JOBTRAIL_LOG",
                 std::env::var("JOBTRAIL_WORKER_LOG").unwrap_or_else(|_| "warn".into()),

@@ -158,6 +158,9 @@ enum Command {
 
 // Workers allocate and free many small buffers per step (requests, rows, JSON); glibc's allocator
 // spent a sixth of a worker's CPU on it under load (`perf`, the benchmark's end-to-end phase).
+// `--features system-allocator` builds with glibc's instead, for heap profilers that see only
+// `malloc` (heaptrack: docs/benchmark.md).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -106,6 +106,22 @@ pub enum ResultFormat {
     None,
 }
 
+/// Which HTTP the contract's own origins are called with (`http_version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+pub enum HttpVersion {
+    /// HTTP/1.1, or HTTP/2 where the provider's TLS offers it (ALPN).
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// HTTP/1.1 only: for a provider whose HTTP/2 misbehaves.
+    #[serde(rename = "1.1")]
+    Http1,
+    /// HTTP/2 only, every call of a worker to one origin multiplexed over one connection:
+    /// negotiated over https, by prior knowledge over plain http (h2c).
+    #[serde(rename = "2")]
+    Http2,
+}
+
 // ---- raw TOML shape (strict) -------------------------------------------------------------------
 
 #[derive(Debug, Deserialize)]
@@ -129,6 +145,8 @@ struct Raw {
     requires_approval: bool,
     #[serde(default)]
     timeouts: RawTimeouts,
+    #[serde(default)]
+    http_version: HttpVersion,
     #[serde(default)]
     auth: Option<RawAuth>,
     #[serde(default)]
@@ -881,6 +899,8 @@ pub struct Contract {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub max_response_bytes: u64,
+    /// How the contract's own origins are called (unauthenticated origins: always `Auto`).
+    pub http_version: HttpVersion,
     pub auth: Option<Auth>,
     pub query: BTreeMap<String, String>,
     /// Fixed headers on every call (not secrets: they are printed by `contract check`).
@@ -2239,6 +2259,7 @@ impl Validator<'_> {
             connect_timeout,
             request_timeout,
             max_response_bytes: t.max_response_bytes,
+            http_version: r.http_version,
             auth,
             query: r.query,
             headers,

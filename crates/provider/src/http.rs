@@ -1,6 +1,8 @@
 //! The config-driven HTTP adapter: a [`Contract`] turned into calls and closed outcomes.
 
-use crate::contract::{Access, CallName, Contract, Locator, Meaning, ResultFrom, TokenPlacement};
+use crate::contract::{
+    Access, CallName, Contract, HttpVersion, Locator, Meaning, ResultFrom, TokenPlacement,
+};
 use crate::outcome::*;
 use crate::wire::{self, Exchange, Outgoing, WireError};
 use crate::{CallCtx, Provider, ProviderFuture, text};
@@ -149,27 +151,52 @@ enum Refused {
     Foreign(url::Url),
 }
 
+/// The HTTP client for one contract's calls in one HTTP version. Redirects are not followed (a
+/// provider's URL is checked against the contract's origins before anything is sent to it).
+fn http_client(contract: &Contract, version: HttpVersion) -> Result<reqwest::Client, String> {
+    let builder = reqwest::Client::builder()
+        .connect_timeout(contract.connect_timeout)
+        .timeout(contract.request_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        // One HTTP/2 connection carries every call of this worker to an origin: a ping finds a
+        // connection that died silently before each call on it waits out its own timeout.
+        .http2_keep_alive_interval(std::time::Duration::from_secs(15))
+        .http2_keep_alive_timeout(std::time::Duration::from_secs(5))
+        .user_agent(concat!("jobtrail/", env!("CARGO_PKG_VERSION")));
+    let builder = match version {
+        HttpVersion::Auto => builder,
+        HttpVersion::Http1 => builder.http1_only(),
+        HttpVersion::Http2 => builder.http2_prior_knowledge(),
+    };
+    builder
+        .build()
+        .map_err(|e| format!("building the HTTP client for {}: {e}", contract.name))
+}
+
 /// A provider driven entirely by its contract file.
 #[derive(Debug, Clone)]
 pub struct HttpProvider {
     contract: Arc<Contract>,
+    /// For the contract's own origins, speaking its `http_version`.
     client: reqwest::Client,
+    /// For its unauthenticated origins (object storage, say), whatever HTTP they speak: HTTP/1.1,
+    /// or HTTP/2 where TLS negotiates it. The same client when the contract says `auto`.
+    anonymous: reqwest::Client,
 }
 
 impl HttpProvider {
     pub fn new(contract: Contract) -> Result<Self, String> {
         crate::install_crypto();
-        let client = reqwest::Client::builder()
-            .connect_timeout(contract.connect_timeout)
-            .timeout(contract.request_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .user_agent(concat!("jobtrail/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("building the HTTP client for {}: {e}", contract.name))?;
+        let client = http_client(&contract, contract.http_version)?;
+        let anonymous = match contract.http_version {
+            HttpVersion::Auto => client.clone(),
+            _ => http_client(&contract, HttpVersion::Auto)?,
+        };
         Ok(Self {
             contract: Arc::new(contract),
             client,
+            anonymous,
         })
     }
 
@@ -459,8 +486,12 @@ impl HttpProvider {
             secrets.extend(body_secrets);
         }
         headers.extend(extra);
+        let client = match access {
+            Access::Credentials => &self.client,
+            Access::Anonymous => &self.anonymous,
+        };
         let mut ex = wire::exchange(
-            &self.client,
+            client,
             Outgoing {
                 kind,
                 attempt: at.attempt,

@@ -2,7 +2,7 @@
 //! becomes the right closed outcome. Records come from a real PostgreSQL.
 
 use jobtrail_core::*;
-use jobtrail_provider::contract::Contract;
+use jobtrail_provider::contract::{Contract, HttpVersion};
 use jobtrail_provider::*;
 use jobtrail_store::testing::TestDb;
 use jobtrail_store::{OperationRecord, Store};
@@ -28,16 +28,24 @@ fn contract(name: &str, base: &str) -> Contract {
 }
 
 async fn harness(contract_name: &str) -> H {
+    harness_over(contract_name, HttpVersion::Auto, false).await
+}
+
+/// The contract called in `http`, against a simulator that speaks HTTP/1.1 only when `http1_only`.
+async fn harness_over(contract_name: &str, http: HttpVersion, http1_only: bool) -> H {
     // SAFETY: every test in this binary sets the same value.
     unsafe { std::env::set_var("JOBTRAIL_SIM_TOKEN", SECRET) };
     let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
         bearer_token: Some(SECRET.into()),
         webhook: None,
+        http1_only,
     })
     .start("127.0.0.1:0".parse().unwrap())
     .await
     .unwrap();
-    let provider = HttpProvider::new(contract(contract_name, &sim.base_url())).unwrap();
+    let mut c = contract(contract_name, &sim.base_url());
+    c.http_version = http;
+    let provider = HttpProvider::new(c).unwrap();
     let db = TestDb::new().await;
     let store = db.store().await;
     H {
@@ -301,6 +309,81 @@ async fn create_faults_become_the_right_outcomes() {
         } => assert!(!result.bytes.is_empty()),
         other => panic!("{other:?}"),
     }
+}
+
+/// What the provider sees is the HTTP the contract names: HTTP/2 by prior knowledge over plain
+/// http, every concurrent call a stream of one connection; HTTP/1.1 by default and with "1.1", a
+/// connection per concurrent call.
+#[tokio::test]
+async fn calls_go_in_the_http_version_the_contract_names() {
+    for (version, seen) in [
+        (HttpVersion::Http2, "HTTP/2.0"),
+        (HttpVersion::Http1, "HTTP/1.1"),
+        (HttpVersion::Auto, "HTTP/1.1"),
+    ] {
+        let h = harness_over("sim", version, false).await;
+        let mut op = h.created(serde_json::json!({"duration_ms": 200})).await;
+        let end = h.poll_to_end(&mut op).await;
+        assert_eq!(end.phase, Some(Phase::Succeeded), "{version:?}");
+        let r = h.provider.fetch_result(&op, 1.into()).await;
+        assert!(
+            matches!(r.outcome, ResultOutcome::Fetched(_)),
+            "{version:?}: {:?}",
+            r.outcome
+        );
+        // Twenty status calls at once, each held 300 ms by the provider.
+        let slow = h
+            .created(serde_json::json!({"duration_ms": 60_000, "status_delay_ms": 300}))
+            .await;
+        let before = h.sim.ledger().connections;
+        let calls = (0..20).map(|n| h.provider.status(&slow, (n + 1).into()));
+        for c in futures::future::join_all(calls).await {
+            assert!(
+                matches!(c.outcome, StatusOutcome::Observed(_)),
+                "{version:?}: {:?}",
+                c.outcome
+            );
+        }
+        let ledger = h.sim.ledger();
+        let by = &ledger.requests_by_version;
+        assert_eq!(by.keys().collect::<Vec<_>>(), [seen], "{version:?}: {by:?}");
+        assert!(by[seen] >= 24, "{version:?}: {by:?}");
+        let opened = ledger.connections - before;
+        if version == HttpVersion::Http2 {
+            assert_eq!(ledger.connections, 1, "one connection carries every call");
+        } else {
+            assert!(
+                opened >= 19,
+                "{version:?}: {opened} connections for 20 calls at once"
+            );
+        }
+    }
+}
+
+/// A contract that says HTTP/2 against a provider that speaks only HTTP/1.1 (an operator's
+/// mistake): no request reaches it, and the create fails at once, not after its timeout.
+#[tokio::test]
+async fn http2_against_a_provider_that_speaks_only_http1_fails_at_once() {
+    let h = harness_over("sim", HttpVersion::Http2, true).await;
+    let op = h.op(serde_json::json!({})).await;
+    let t0 = std::time::Instant::now();
+    let c = h.provider.create(&op, 1.into()).await;
+    assert!(
+        t0.elapsed() < h.provider.contract().request_timeout,
+        "failed only at its timeout: {:?}",
+        t0.elapsed()
+    );
+    // The request's bytes may have left: whether it was read is not ours to know, so the create is
+    // ambiguous (reconciled, never resent blind), never an answer.
+    assert_eq!(
+        c.outcome,
+        CreateOutcome::Ambiguous {
+            error_class: "connection_lost".into()
+        }
+    );
+    assert!(c.call.http_status.is_none(), "{:?}", c.call);
+    assert_eq!(h.sim.ledger().requests, 0);
+    assert!(h.sim.ledger().connections >= 1);
 }
 
 #[tokio::test]

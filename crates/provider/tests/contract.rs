@@ -2,7 +2,7 @@
 //! file, the key and what was expected.
 
 use jobtrail_core::IdempotencyMode;
-use jobtrail_provider::contract::{Contract, ReconcileMethod, load_dir};
+use jobtrail_provider::contract::{Contract, HttpVersion, ReconcileMethod, load_dir};
 use std::path::{Path, PathBuf};
 
 fn providers_dir() -> PathBuf {
@@ -149,6 +149,17 @@ fn each_invalid_field_is_refused_with_its_name() {
             "max_response_bytes = 262144\nmystery = 1",
             "mystery",
         ),
+        (
+            "trace_header = \"X-Trace-ID\"",
+            "trace_header = \"X-Trace-ID\"\nhttp_version = \"3\"",
+            "http_version",
+        ),
+        // A number where the version is a string: "2" is meant, but nothing is guessed.
+        (
+            "trace_header = \"X-Trace-ID\"",
+            "trace_header = \"X-Trace-ID\"\nhttp_version = 2",
+            "http_version",
+        ),
     ];
     for (from, to, key) in cases {
         assert!(base.contains(from), "test setup: {from:?} not in sim.toml");
@@ -159,6 +170,34 @@ fn each_invalid_field_is_refused_with_its_name() {
             "error does not name the file: {err}"
         );
         assert!(err.contains(key), "error for {key} does not name it: {err}");
+    }
+}
+
+/// `http_version` is `auto` unless said, and only what it names.
+#[test]
+fn the_http_version_is_auto_unless_the_contract_names_one() {
+    let base = sim_text();
+    assert_eq!(parse(&base).unwrap().http_version, HttpVersion::Auto);
+    for (text, version) in [
+        ("\"auto\"", HttpVersion::Auto),
+        ("\"1.1\"", HttpVersion::Http1),
+        ("\"2\"", HttpVersion::Http2),
+    ] {
+        let with = base.replacen(
+            "trace_header = \"X-Trace-ID\"",
+            &format!("trace_header = \"X-Trace-ID\"\nhttp_version = {text}"),
+            1,
+        );
+        assert_eq!(parse(&with).unwrap().http_version, version, "{text}");
+    }
+    for bad in ["\"2.0\"", "\"h2\"", "\"HTTP/2\"", "\"\"", "true"] {
+        let with = base.replacen(
+            "trace_header = \"X-Trace-ID\"",
+            &format!("trace_header = \"X-Trace-ID\"\nhttp_version = {bad}"),
+            1,
+        );
+        let err = parse(&with).expect_err(bad);
+        assert!(err.contains("http_version"), "{bad}: {err}");
     }
 }
 

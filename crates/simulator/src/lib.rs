@@ -38,6 +38,9 @@ pub struct Config {
     pub bearer_token: Option<String>,
     /// Where (and how signed) the simulator sends webhooks about its jobs; none when unset.
     pub webhook: Option<webhook::Target>,
+    /// Speak HTTP/1.1 only, as many providers do (otherwise HTTP/2 without TLS is served too, to a
+    /// client that starts with it: h2c by prior knowledge).
+    pub http1_only: bool,
 }
 
 /// What the simulator saw for one job.
@@ -79,6 +82,10 @@ pub struct Ledger {
     /// it was answered).
     pub create_requests: BTreeMap<String, u32>,
     pub requests: u64,
+    /// TCP connections accepted.
+    pub connections: u64,
+    /// Requests by HTTP version (`HTTP/1.1`, `HTTP/2.0`), whatever route they reached.
+    pub requests_by_version: BTreeMap<String, u64>,
     pub requests_without_traceparent: u64,
     /// The `traceparent` headers received, in order (the first 10 000).
     pub traceparents: Vec<String>,
@@ -241,6 +248,10 @@ impl Sim {
             .route("/_sim/ledger", get(ledger))
             .route("/healthz", get(|| async { "ok" }))
             .layer(axum::middleware::from_fn(echo_client_request_id))
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                count_http_version,
+            ))
             .with_state(self.clone())
     }
 
@@ -250,12 +261,7 @@ impl Sim {
         let addr = listener.local_addr()?;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let app = self.router();
-        let stop = shutdown.clone();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await;
-        });
+        let task = tokio::spawn(serve(listener, app, self.clone(), shutdown.clone()));
         Ok(Running {
             addr,
             sim: self,
@@ -277,6 +283,53 @@ impl Sim {
         }
         ok
     }
+}
+
+/// Streams one HTTP/2 connection may carry at once: enough for a benchmark's ten thousand
+/// held-open calls from one worker (hyper's default, 200, would queue the rest in the client).
+const H2_STREAMS: u32 = 100_000;
+
+/// Serve HTTP/1.1 and, unless the simulator is `http1_only`, HTTP/2 by prior knowledge, until
+/// `stop`; then let the connections finish for at most 4 s.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    sim: Sim,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(H2_STREAMS);
+    let builder = if sim.config.http1_only {
+        builder.http1_only()
+    } else {
+        builder
+    };
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let tcp = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                // Out of file descriptors, say: wait rather than spin.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        sim.inner.lock().expect("sim lock").ledger.connections += 1;
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = builder
+            .serve_connection(TokioIo::new(tcp), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(4), graceful.shutdown()).await;
 }
 
 /// The trace id of a W3C `traceparent` header.
@@ -400,6 +453,22 @@ async fn put_create(
         Err(_) => return error(StatusCode::BAD_REQUEST, "bad resource name"),
     }
     create(State(sim), headers, body).await
+}
+
+/// Every request counted by its HTTP version, whatever route it reaches.
+async fn count_http_version(
+    State(sim): State<Sim>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    *sim.inner
+        .lock()
+        .expect("sim lock")
+        .ledger
+        .requests_by_version
+        .entry(format!("{:?}", request.version()))
+        .or_default() += 1;
+    next.run(request).await
 }
 
 /// Azure's `x-ms-client-request-id`: every answer echoes the id its request carried (unless the

@@ -16,6 +16,10 @@ struct Cli {
     /// Require `Authorization: Bearer <value of this environment variable>` on every request.
     #[arg(long, value_name = "ENV_VAR")]
     token_env: Option<String>,
+    /// Speak HTTP/1.1 only (by default HTTP/2 without TLS is served too, to a client that starts
+    /// with it).
+    #[arg(long)]
+    http1_only: bool,
 }
 
 #[tokio::main]
@@ -34,6 +38,7 @@ async fn main() -> std::process::ExitCode {
     let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
         bearer_token,
         webhook: None,
+        http1_only: cli.http1_only,
     });
     let running = match sim.start(cli.listen).await {
         Ok(r) => r,
