@@ -835,6 +835,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         let mut rss = Vec::new();
         for (provider, http) in [("sim", "1.1"), ("sim-h2", "2")] {
             let mut runs = Vec::new();
+            let connections_before = fleet.sim.ledger().connections;
             for &n in &a.rss_in_flight {
                 let (max_kib, in_flight_seen) = worker_rss(&mut fleet, provider, n).await?;
                 println!(
@@ -844,6 +845,8 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
                 runs.push((in_flight_seen as f64, max_kib as f64 / 1024.0));
                 rss.push(serde_json::json!({"http": http, "operations": n, "max_rss_mib": max_kib as f64 / 1024.0, "max_in_flight": in_flight_seen}));
             }
+            let connections = fleet.sim.ledger().connections - connections_before;
+            println!("connections the simulator accepted over HTTP/{http}: {connections}");
             // What one more call in flight costs: the growth from the smallest to the largest load.
             if let (Some(&(n0, m0)), Some(&(n1, m1))) = (runs.first(), runs.last())
                 && n1 > n0
