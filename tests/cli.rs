@@ -271,6 +271,10 @@ async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
     assert_eq!(r["chain_breaks"], 0);
     assert_eq!(r["early_polls"], 0);
     assert_eq!(r["timed_out"], false);
+    // The report names the directory it keeps, with the workers' logs in it.
+    let work = std::path::PathBuf::from(r["work_dir"].as_str().unwrap());
+    assert!(work.join("demo-worker-0.log").is_file(), "{work:?}");
+    std::fs::remove_dir_all(&work).unwrap();
 }
 
 /// The benchmark's code paths stay alive (figures are not judged here: benchmarks print, tests don't time).

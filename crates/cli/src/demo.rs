@@ -449,6 +449,8 @@ pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
         "chain_breaks": verify.breaks.len(),
         "unexpected_outcomes": unexpected,
         "database_url": url,
+        // Kept, like the database, to look into afterwards: the workers' logs and the contracts.
+        "work_dir": fleet.work.display().to_string(),
     });
     if json {
         print_json(&report);
@@ -572,5 +574,9 @@ fn print_report(
     println!(
         "\nexplore: DATABASE_URL='{}' jobtrail-admin escalations",
         r["database_url"].as_str().unwrap_or_default()
+    );
+    println!(
+        "worker logs: {} (remove it when done)",
+        r["work_dir"].as_str().unwrap_or_default()
     );
 }

@@ -569,6 +569,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, ClusterError::NoBinaries));
+        std::fs::remove_dir_all(&empty).unwrap();
     }
 
     #[test]
