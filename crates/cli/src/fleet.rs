@@ -60,7 +60,10 @@ pub struct Fleet {
     /// Extra arguments for every worker this fleet starts.
     pub worker_args: Vec<String>,
     token: String,
-    children: Vec<(String, Child)>,
+    /// Each worker with the process id its signals go to: its own, or, for a worker started under
+    /// a wrapper (a profiler), the negated id of the process group it leads, so a stop reaches the
+    /// worker too and not only the wrapper (which need not pass signals on).
+    children: Vec<(String, Child, i32)>,
     /// The database this fleet made on the private cluster: (admin URL, name).
     private_db: Option<(String, String)>,
 }
@@ -171,13 +174,15 @@ impl Fleet {
         // then the profiler's.
         let wrapper = std::env::var("JOBTRAIL_BENCH_WORKER_WRAPPER").unwrap_or_default();
         let mut wrapper = wrapper.split_whitespace();
-        let mut command = match wrapper.next() {
+        let (mut command, grouped) = match wrapper.next() {
             Some(program) => {
                 let mut c = Command::new(program);
                 c.args(wrapper).arg(exe);
-                c
+                // Its own group, signalled whole: the wrapper and the worker under it.
+                std::os::unix::process::CommandExt::process_group(&mut c, 0);
+                (c, true)
             }
-            None => Command::new(exe),
+            None => (Command::new(exe), false),
         };
         let child = command
             .args(["worker", "--id", id])
@@ -203,24 +208,25 @@ impl Fleet {
             .spawn()
             .map_err(|e| fail(exit::UNAVAILABLE, format!("starting a worker: {e}")))?;
         let pid = child.id();
-        self.children.push((id.to_owned(), child));
+        let target = if grouped { -(pid as i32) } else { pid as i32 };
+        self.children.push((id.to_owned(), child, target));
         Ok(pid)
     }
 
     /// The process ids of the running workers.
     pub fn worker_pids(&self) -> Vec<u32> {
-        self.children.iter().map(|(_, c)| c.id()).collect()
+        self.children.iter().map(|(_, c, _)| c.id()).collect()
     }
 
     /// Send `signal` to the worker named `id` (and forget it if the signal kills it).
     pub fn signal(&mut self, id: &str, signal: i32) {
-        if let Some(pos) = self.children.iter().position(|(n, _)| n == id) {
-            // SAFETY: signalling our own child.
+        if let Some(pos) = self.children.iter().position(|(n, _, _)| n == id) {
+            // SAFETY: signalling our own child (or the process group it leads).
             unsafe {
-                libc::kill(self.children[pos].1.id() as i32, signal);
+                libc::kill(self.children[pos].2, signal);
             }
             if signal == libc::SIGKILL {
-                let (_, mut c) = self.children.remove(pos);
+                let (_, mut c, _) = self.children.remove(pos);
                 let _ = c.wait();
             }
         }
@@ -228,19 +234,27 @@ impl Fleet {
 
     /// SIGTERM every worker and wait (bounded) for them to exit.
     pub fn stop_workers(&mut self) {
-        for (_, c) in &self.children {
-            // SAFETY: signalling our own child.
+        for (_, _, target) in &self.children {
+            // SAFETY: signalling our own child (or the process group it leads).
             unsafe {
-                libc::kill(c.id() as i32, libc::SIGTERM);
+                libc::kill(*target, libc::SIGTERM);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(20);
-        for (_, c) in &mut self.children {
+        for (_, c, target) in &mut self.children {
+            let mut exited = false;
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
+                    exited = true;
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
+            }
+            if !exited && *target < 0 {
+                // SAFETY: the process group our own child leads.
+                unsafe {
+                    libc::kill(*target, libc::SIGKILL);
+                }
             }
             let _ = c.kill();
             let _ = c.wait();

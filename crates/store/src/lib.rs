@@ -84,7 +84,9 @@ pub struct Lease {
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub lease: Lease,
-    pub operation: OperationRecord,
+    /// Boxed: it moves from the claim into the task that drives it without a copy, and a task
+    /// waiting on its provider holds the record once (a record is about 1 KiB inline).
+    pub operation: Box<OperationRecord>,
     pub db_now: DateTime<Utc>,
     /// How long after it came due the claim took it (notification and scan lag, or a full fleet).
     pub late: Duration,
@@ -1123,7 +1125,7 @@ impl ClaimedRow {
                 owner: owner.to_owned(),
                 epoch: op.lease_epoch,
             },
-            operation: op,
+            operation: Box::new(op),
             db_now,
         })
     }

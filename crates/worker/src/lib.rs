@@ -293,7 +293,7 @@ impl Worker {
             },
             shutdown,
         };
-        tracing::Instrument::instrument(drive::drive(ctx, Box::new(c.operation)), span).await
+        tracing::Instrument::instrument(drive::drive(ctx, c.operation), span).await
     }
 
     /// Claim up to `limit` due operations of the providers this worker has contracts for, each
