@@ -317,6 +317,8 @@ async fn the_benchmark_runs_its_phases_and_writes_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // Read: a full test run otherwise leaves one in the temporary directory each time.
+    std::fs::remove_file(&json).unwrap();
     assert_eq!(r["end_to_end"][0]["completed"], true);
     assert_eq!(r["realistic"]["completed"], true);
     assert_eq!(r["realistic"]["states"]["succeeded"], 10);
