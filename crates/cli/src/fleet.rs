@@ -221,10 +221,7 @@ impl Fleet {
     /// Send `signal` to the worker named `id` (and forget it if the signal kills it).
     pub fn signal(&mut self, id: &str, signal: i32) {
         if let Some(pos) = self.children.iter().position(|(n, _, _)| n == id) {
-            // SAFETY: signalling our own child (or the process group it leads).
-            unsafe {
-                libc::kill(self.children[pos].2, signal);
-            }
+            send(self.children[pos].2, signal);
             if signal == libc::SIGKILL {
                 let (_, mut c, _) = self.children.remove(pos);
                 let _ = c.wait();
@@ -235,10 +232,7 @@ impl Fleet {
     /// SIGTERM every worker and wait (bounded) for them to exit.
     pub fn stop_workers(&mut self) {
         for (_, _, target) in &self.children {
-            // SAFETY: signalling our own child (or the process group it leads).
-            unsafe {
-                libc::kill(*target, libc::SIGTERM);
-            }
+            send(*target, libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         for (_, c, target) in &mut self.children {
@@ -251,15 +245,20 @@ impl Fleet {
                 std::thread::sleep(Duration::from_millis(20));
             }
             if !exited && *target < 0 {
-                // SAFETY: the process group our own child leads.
-                unsafe {
-                    libc::kill(*target, libc::SIGKILL);
-                }
+                send(*target, libc::SIGKILL);
             }
             let _ = c.kill();
             let _ = c.wait();
         }
         self.children.clear();
+    }
+}
+
+/// Send `signal` to a worker: `target` is its pid, or the negated id of the process group it leads.
+fn send(target: i32, signal: i32) {
+    // SAFETY: kill(2) on our own child (or the group it leads) touches no memory of ours.
+    unsafe {
+        libc::kill(target, signal);
     }
 }
 
