@@ -139,12 +139,25 @@ impl Ctx<'_> {
     /// operation (every worker's claim skips the provider until then). Best effort: the operation's
     /// own schedule honours the wait either way.
     async fn throttled(&self, call: &jobtrail_core::CallRecord, delay: Option<Duration>) {
-        if call.http_status != Some(429) {
-            return;
-        }
+        self.pause_fleet(self.fleet_wait(call, delay)).await
+    }
+
+    /// How long a `429` with `Retry-After` stops the fleet, if it does.
+    fn fleet_wait(
+        &self,
+        call: &jobtrail_core::CallRecord,
+        delay: Option<Duration>,
+    ) -> Option<Duration> {
         // The contract's bounds on Retry-After hold for the fleet too: a hostile or broken provider
         // cannot stop every worker for a day.
-        let Some(wait) = delay.map(|d| self.policy.retry_after.clamp(d)) else {
+        delay
+            .filter(|_| call.http_status == Some(429))
+            .map(|d| self.policy.retry_after.clamp(d))
+    }
+
+    /// Stop the fleet's calls to the provider for `wait` (see [`Ctx::throttled`]).
+    async fn pause_fleet(&self, wait: Option<Duration>) {
+        let Some(wait) = wait else {
             return;
         };
         let name = &self.provider.contract().name;
@@ -167,7 +180,7 @@ impl Ctx<'_> {
     }
 
     /// Write a step, retrying while the database is away (bounded by our lease).
-    async fn write(&mut self, step: Step) -> Result<jobtrail_store::Applied, Stop> {
+    async fn write(&mut self, step: &Step) -> Result<jobtrail_store::Applied, Stop> {
         let mut delay = Duration::from_millis(100);
         loop {
             match self.writer.apply(&self.lease, step.clone()).await {
@@ -202,7 +215,10 @@ impl Ctx<'_> {
 }
 
 /// Drive one claimed operation until it needs to wait (or is done, or the lease is lost).
-pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: Box<OperationRecord>) -> Driven {
+///
+/// `ctx` is borrowed, not moved: an async fn keeps a by-value argument twice (captured and moved
+/// in), and this future lives as long as the operation's call is in flight.
+pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Driven {
     let mut out = Driven::default();
     for round in 0..6 {
         if round > 0 && ctx.shutdown.is_cancelled() {
@@ -213,8 +229,7 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: Box<OperationRecord>) -> Dri
         // its children (their span ids are the `traceparent` the provider receives).
         let step_cx = step_context(&op);
         let planned =
-            opentelemetry::context::FutureExt::with_context(plan(&mut ctx, &op), step_cx.clone())
-                .await;
+            opentelemetry::context::FutureExt::with_context(plan(ctx, &op), step_cx.clone()).await;
         let plan = match planned {
             Ok(p) => p,
             Err(Stop::LeaseLost) => {
@@ -227,10 +242,9 @@ pub(crate) async fn drive(mut ctx: Ctx<'_>, mut op: Box<OperationRecord>) -> Dri
                 return out;
             }
         };
-        let mut steps = Vec::with_capacity(2);
-        steps.extend(plan.first);
-        steps.push(plan.step);
-        for step in steps {
+        // By reference: a step is 776 bytes, and one held here across its write would size the
+        // task of every operation in flight for it.
+        for step in plan.first.iter().chain(std::iter::once(&plan.step)) {
             if let Some(call) = &step.call {
                 out.calls += 1;
                 metrics::call(&op.provider, call);
@@ -323,6 +337,10 @@ fn step_context(op: &OperationRecord) -> opentelemetry::Context {
 }
 
 /// Ask the core what to do, do the I/O it names, and ask the core what the answer means.
+///
+/// Each call's I/O is an async fn of its own, boxed where it is awaited: a coroutine holds room
+/// for all of its arms at once (rustc overlaps their locals poorly: the single `match` this was
+/// made 2.6 KB), and every in-flight operation's task carries it, though it waits in one arm.
 async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop> {
     let call = match decide::next(op, &ctx.policy, ctx.lease.epoch, ctx.clock.now()) {
         Action::Write(mut plan) => {
@@ -340,133 +358,210 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
         _ => 1,
     };
     if calls > 0
-        && let Some(wait) = ctx.admit(calls).await?
+        && let Some(wait) = Box::pin(ctx.admit(calls)).await?
     {
         return Ok(Box::new(decide::deferred(&call, wait)));
     }
-    ctx.ensure_lease(ctx.call_budget() * calls.max(1)).await?;
-    let policy = ctx.policy.clone();
-    let provider = ctx.provider;
-    Ok(Box::new(match call {
-        Call::Create { attempt, mark } => {
-            if mark {
-                // Only when this lease's claim did not mark it (a continuation): one more commit.
-                Box::pin(ctx.write(Step {
-                    send_mark: SendMark::Set,
-                    keep_lease: true,
-                    ..Step::default()
-                }))
-                .await?;
-            }
-            fault::point("after_create_marked");
-            let called = provider.create(op, ctx.at(attempt)).await;
-            if let CreateOutcome::RetryLater { delay, .. } = &called.outcome {
-                ctx.throttled(&called.call, *delay).await;
-            }
-            let kept = match &called.outcome {
-                CreateOutcome::Completed { result, .. } => {
-                    let valid = matches!(provider.check_result(op, result), Checked::Valid { .. });
-                    Some((ctx.keep(op, result).await, valid))
-                }
-                _ => None,
-            };
-            decide::after_create(op, &policy, called, kept, ctx.clock.now(), draw())
-        }
-        Call::Lookup { attempt } => {
-            let called = provider.lookup(op, ctx.at(attempt)).await;
-            let now = ctx.clock.now();
-            // Boxed: it is kept (1.5 KB) across the resend's await below.
-            let after = Box::new(decide::after_lookup(op, &policy, called, now));
-            match *after {
-                AfterLookup::Write(plan) => plan,
-                AfterLookup::Resend {
-                    looked_up,
-                    lookup_call,
-                    context,
-                } => {
-                    let resent = provider.create(op, ctx.at(op.create_attempts + 1)).await;
-                    decide::after_resend(
-                        op,
-                        &policy,
-                        resent,
-                        Some((looked_up, lookup_call, context)),
-                        ctx.clock.now(),
-                    )
-                }
-            }
-        }
-        Call::Resend { attempt } => {
-            let resent = provider.create(op, ctx.at(attempt)).await;
-            decide::after_resend(op, &policy, resent, None, ctx.clock.now())
-        }
-        Call::Status { attempt } => {
-            let called = provider.status(op, ctx.at(attempt)).await;
-            if let StatusOutcome::RetryLater { delay, .. } = &called.outcome {
-                ctx.throttled(&called.call, *delay).await;
-            }
-            decide::after_status(op, &policy, called, ctx.clock.now(), draw())
-        }
-        Call::Cancel { attempt } => {
-            let called = provider.cancel(op, ctx.at(attempt)).await;
-            if let CancelOutcome::RetryLater { delay, .. } = &called.outcome {
-                ctx.throttled(&called.call, *delay).await;
-            }
-            decide::after_cancel(op, &policy, called, ctx.clock.now(), draw())
-        }
-        Call::FinalGet { attempt } => {
-            let called = provider.final_get(op, ctx.at(attempt)).await;
-            decide::after_final_get(op, called.call, called.context)
-        }
-        Call::FetchResult { attempt } => {
-            let called = provider.fetch_result(op, ctx.at(attempt)).await;
-            let collected = match called.outcome {
-                ResultOutcome::Fetched(f) => ctx.collected(op, f).await,
-                ResultOutcome::TooLarge { limit } => Collected::TooLarge { limit },
-                ResultOutcome::Unavailable { reason, .. } => Collected::Unavailable { reason },
-                ResultOutcome::Failed { error_class } => Collected::Failed { error_class },
-                ResultOutcome::Refused { url } => Collected::Refused { url },
-            };
-            decide::after_collect(
-                op,
-                &policy,
-                collected,
-                Some((called.call, called.context)),
-                draw(),
-            )
-        }
-        Call::NoResult => {
-            let nothing = FetchedResult {
-                bytes: bytes::Bytes::new(),
-                content_type: None,
-                checksum: None,
-            };
-            let collected = ctx.collected(op, nothing).await;
-            decide::after_collect(op, &policy, collected, None, draw())
-        }
+    Box::pin(ctx.ensure_lease(ctx.call_budget() * calls.max(1))).await?;
+    match call {
+        Call::Create { attempt, mark } => Box::pin(create(ctx, op, attempt, mark)).await,
+        Call::Lookup { attempt } => Ok(Box::pin(lookup(ctx, op, attempt)).await),
+        Call::Resend { attempt } => Ok(Box::pin(resend(ctx, op, attempt)).await),
+        Call::Status { attempt } => Ok(Box::pin(status(ctx, op, attempt)).await),
+        Call::Cancel { attempt } => Ok(Box::pin(cancel(ctx, op, attempt)).await),
+        Call::FinalGet { attempt } => Ok(Box::pin(final_get(ctx, op, attempt)).await),
+        Call::FetchResult { attempt } => Ok(Box::pin(fetch_result(ctx, op, attempt)).await),
+        Call::NoResult => Ok(Box::pin(no_result(ctx, op)).await),
         Call::SyncResult {
             location,
             sha256,
             content_type,
-        } => {
-            let collected =
-                match Box::pin(ResultStore::read_verified(ctx.store, &location, &sha256)).await {
-                    Ok(bytes) => {
-                        let fetched = FetchedResult {
-                            bytes: bytes.into(),
-                            content_type,
-                            checksum: None,
-                        };
-                        ctx.collected(op, fetched).await
-                    }
-                    // The database is away: nothing is known about the result yet; try again later.
-                    Err(ReadError::Database(e)) => return Err(Stop::Other(e)),
-                    Err(why) => Collected::Unavailable {
-                        reason: why.to_string(),
-                    },
-                };
-            decide::after_collect(op, &policy, collected, None, draw())
+        } => Box::pin(sync_result(ctx, op, location, sha256, content_type)).await,
+    }
+}
+
+async fn create(
+    ctx: &mut Ctx<'_>,
+    op: &OperationRecord,
+    attempt: i32,
+    mark: bool,
+) -> Result<Box<Plan>, Stop> {
+    if mark {
+        // Only when this lease's claim did not mark it (a continuation): one more commit.
+        Box::pin(ctx.write(&Step {
+            send_mark: SendMark::Set,
+            keep_lease: true,
+            ..Step::default()
+        }))
+        .await?;
+    }
+    fault::point("after_create_marked");
+    let called = ctx.provider.create(op, ctx.at(attempt)).await;
+    if let CreateOutcome::RetryLater { delay, .. } = &called.outcome {
+        ctx.throttled(&called.call, *delay).await;
+    }
+    let kept = match &called.outcome {
+        CreateOutcome::Completed { result, .. } => {
+            let valid = matches!(ctx.provider.check_result(op, result), Checked::Valid { .. });
+            Some((ctx.keep(op, result).await, valid))
         }
-    }))
+        _ => None,
+    };
+    let now = ctx.clock.now();
+    Ok(Box::new(decide::after_create(
+        op,
+        &ctx.policy,
+        called,
+        kept,
+        now,
+        draw(),
+    )))
+}
+
+async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
+    let called = ctx.provider.lookup(op, ctx.at(attempt)).await;
+    // Boxed: it is kept (1.5 KB) across the resend's await below.
+    let after = Box::new(decide::after_lookup(
+        op,
+        &ctx.policy,
+        called,
+        ctx.clock.now(),
+    ));
+    match *after {
+        AfterLookup::Write(plan) => Box::new(plan),
+        AfterLookup::Resend {
+            looked_up,
+            lookup_call,
+            context,
+        } => {
+            let resent = ctx
+                .provider
+                .create(op, ctx.at(op.create_attempts + 1))
+                .await;
+            Box::new(decide::after_resend(
+                op,
+                &ctx.policy,
+                resent,
+                Some((looked_up, lookup_call, context)),
+                ctx.clock.now(),
+            ))
+        }
+    }
+}
+
+async fn resend(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
+    let resent = ctx.provider.create(op, ctx.at(attempt)).await;
+    Box::new(decide::after_resend(
+        op,
+        &ctx.policy,
+        resent,
+        None,
+        ctx.clock.now(),
+    ))
+}
+
+/// The answer is decided before the fleet is paused, so the answer (half a kilobyte) is not held
+/// across that write: this future is what a status call in flight costs beyond the call itself.
+async fn status(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
+    // In a block: a moved-from local still holds its room until its scope ends.
+    let (plan, pause) = {
+        let called = ctx.provider.status(op, ctx.at(attempt)).await;
+        let pause = match &called.outcome {
+            StatusOutcome::RetryLater { delay, .. } => ctx.fleet_wait(&called.call, *delay),
+            _ => None,
+        };
+        let plan = decide::after_status(op, &ctx.policy, called, ctx.clock.now(), draw());
+        (Box::new(plan), pause)
+    };
+    ctx.pause_fleet(pause).await;
+    plan
+}
+
+/// Decided before the fleet is paused, as [`status`] is.
+async fn cancel(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
+    // In a block: a moved-from local still holds its room until its scope ends.
+    let (plan, pause) = {
+        let called = ctx.provider.cancel(op, ctx.at(attempt)).await;
+        let pause = match &called.outcome {
+            CancelOutcome::RetryLater { delay, .. } => ctx.fleet_wait(&called.call, *delay),
+            _ => None,
+        };
+        let plan = decide::after_cancel(op, &ctx.policy, called, ctx.clock.now(), draw());
+        (Box::new(plan), pause)
+    };
+    ctx.pause_fleet(pause).await;
+    plan
+}
+
+async fn final_get(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
+    let called = ctx.provider.final_get(op, ctx.at(attempt)).await;
+    Box::new(decide::after_final_get(op, called.call, called.context))
+}
+
+async fn fetch_result(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
+    let called = ctx.provider.fetch_result(op, ctx.at(attempt)).await;
+    let collected = match called.outcome {
+        ResultOutcome::Fetched(f) => ctx.collected(op, f).await,
+        ResultOutcome::TooLarge { limit } => Collected::TooLarge { limit },
+        ResultOutcome::Unavailable { reason, .. } => Collected::Unavailable { reason },
+        ResultOutcome::Failed { error_class } => Collected::Failed { error_class },
+        ResultOutcome::Refused { url } => Collected::Refused { url },
+    };
+    Box::new(decide::after_collect(
+        op,
+        &ctx.policy,
+        collected,
+        Some((called.call, called.context)),
+        draw(),
+    ))
+}
+
+async fn no_result(ctx: &Ctx<'_>, op: &OperationRecord) -> Box<Plan> {
+    let nothing = FetchedResult {
+        bytes: bytes::Bytes::new(),
+        content_type: None,
+        checksum: None,
+    };
+    let collected = ctx.collected(op, nothing).await;
+    Box::new(decide::after_collect(
+        op,
+        &ctx.policy,
+        collected,
+        None,
+        draw(),
+    ))
+}
+
+async fn sync_result(
+    ctx: &Ctx<'_>,
+    op: &OperationRecord,
+    location: String,
+    sha256: String,
+    content_type: Option<String>,
+) -> Result<Box<Plan>, Stop> {
+    let collected = match Box::pin(ResultStore::read_verified(ctx.store, &location, &sha256)).await
+    {
+        Ok(bytes) => {
+            let fetched = FetchedResult {
+                bytes: bytes.into(),
+                content_type,
+                checksum: None,
+            };
+            ctx.collected(op, fetched).await
+        }
+        // The database is away: nothing is known about the result yet; try again later.
+        Err(ReadError::Database(e)) => return Err(Stop::Other(e)),
+        Err(why) => Collected::Unavailable {
+            reason: why.to_string(),
+        },
+    };
+    Ok(Box::new(decide::after_collect(
+        op,
+        &ctx.policy,
+        collected,
+        None,
+        draw(),
+    )))
 }
 
 /// The evidence a person (or the provider's support) needs when a cancel is not confirmed: the

@@ -154,8 +154,13 @@ struct Slot {
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
+impl Slot {
+    /// Give the slot and the provider's count back (once: dropping the slot afterwards does
+    /// nothing more).
+    fn release(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
         if let Some(n) = self
             .worker
             .in_flight
@@ -165,7 +170,13 @@ impl Drop for Slot {
         {
             *n = n.saturating_sub(1);
         }
-        drop(self.permit.take());
+        drop(permit);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -278,7 +289,7 @@ impl Worker {
             trace_id = %c.operation.trace_id,
             provider = %c.operation.provider,
         );
-        let ctx = drive::Ctx {
+        let mut ctx = drive::Ctx {
             store: &self.store,
             writer: &self.writer,
             policy: provider.contract().policy(),
@@ -293,7 +304,7 @@ impl Worker {
             },
             shutdown,
         };
-        tracing::Instrument::instrument(drive::drive(ctx, c.operation), span).await
+        tracing::Instrument::instrument(drive::drive(&mut ctx, c.operation), span).await
     }
 
     /// Claim up to `limit` due operations of the providers this worker has contracts for, each
@@ -387,29 +398,29 @@ impl Worker {
             .expect("lock")
             .entry(provider.clone())
             .or_default() += 1;
-        let me = self.clone();
+        // Whatever happens to the step (a panic included), its slot and its counts go back. The
+        // slot's worker is the task's only one (a `Worker` is 200 bytes, held by every task).
+        let mut slot = Slot {
+            worker: self.clone(),
+            provider,
+            permit: Some(permit),
+        };
         let c = Box::new(c);
         tasks.spawn(async move {
-            // Whatever happens to the step (a panic included), its slot and its counts go back.
-            let slot = Slot {
-                worker: me.clone(),
-                provider,
-                permit: Some(permit),
-            };
             let id = c.lease.operation_id;
-            let d = me.drive_one(c, times, stop).await;
-            me.stats.add(d);
+            let d = slot.worker.drive_one(c, times, stop).await;
+            slot.worker.stats.add(d);
             {
-                let mut active = me.active.lock().expect("lock");
+                let mut active = slot.worker.active.lock().expect("lock");
                 active.remove(&id);
                 metrics::in_flight(active.len());
             }
-            drop(slot);
+            slot.release();
             if let Some(due) = d.due_in {
                 let at = Instant::now() + due;
-                let mut own = me.own_due.lock().expect("lock");
+                let mut own = slot.worker.own_due.lock().expect("lock");
                 *own = Some(own.map_or(at, |o| o.min(at)));
-                me.step_done.notify_one();
+                slot.worker.step_done.notify_one();
             }
         });
     }
