@@ -453,46 +453,56 @@ impl HttpProvider {
         Ok((h, secrets))
     }
 
-    async fn send(&self, op: &OperationRecord, req: Req) -> Exchange {
-        let Req {
-            kind,
-            at,
-            method,
-            url,
-            access,
-            body,
-            extra,
-            max_body,
-            mut secrets,
-        } = req;
-        let mut headers = match self.headers(op, &url, access).await {
-            Ok((h, auth)) => {
-                secrets.extend(auth);
-                h
+    /// Send a built request. The future is held as long as the provider takes to answer, so what
+    /// only the sending needs is dropped before the exchange: `req` is boxed (an async fn keeps a
+    /// by-value argument twice), and the headers and body are moved into the boxed `Outgoing` in a
+    /// block (a moved-from local keeps its room until its scope ends).
+    async fn send(&self, op: &OperationRecord, mut req: Box<Req>) -> Exchange {
+        let (kind, at, access) = (req.kind, req.at, req.access);
+        let mut secrets = std::mem::take(&mut req.secrets);
+        let out = {
+            // Moved in: the box is freed when the block ends, before the exchange.
+            let req = req;
+            let mut headers = match self.headers(op, &req.url, access).await {
+                Ok((h, auth)) => {
+                    secrets.extend(auth);
+                    h
+                }
+                Err(why) => {
+                    return wire::unsent(
+                        kind,
+                        at.attempt,
+                        &req.method,
+                        &req.url,
+                        op.trace_id,
+                        &why,
+                    );
+                }
+            };
+            // The operation's own secrets too, whatever this call sends: a provider may echo the
+            // create body in any later answer, and a caller granted a secret may have it used,
+            // never read back.
+            if kind != CallKind::Create
+                && let Ok((_, body_secrets)) = wire::resolve_body_secrets(
+                    &op.request_body,
+                    &self.contract.redact,
+                    &self.contract.secrets,
+                    &op.caller,
+                )
+                .await
+            {
+                secrets.extend(body_secrets);
             }
-            Err(why) => return wire::unsent(kind, at.attempt, &method, &url, op.trace_id, &why),
-        };
-        // The operation's own secrets too, whatever this call sends: a provider may echo the create
-        // body in any later answer, and a caller granted a secret may have it used, never read back.
-        if kind != CallKind::Create
-            && let Ok((_, body_secrets)) = wire::resolve_body_secrets(
-                &op.request_body,
-                &self.contract.redact,
-                &self.contract.secrets,
-                &op.caller,
-            )
-            .await
-        {
-            secrets.extend(body_secrets);
-        }
-        headers.extend(extra);
-        let client = match access {
-            Access::Credentials => &self.client,
-            Access::Anonymous => &self.anonymous,
-        };
-        let mut ex = wire::exchange(
-            client,
-            Outgoing {
+            let Req {
+                method,
+                url,
+                body,
+                extra,
+                max_body,
+                ..
+            } = *req;
+            headers.extend(extra);
+            Box::new(Outgoing {
                 kind,
                 attempt: at.attempt,
                 method,
@@ -509,9 +519,13 @@ impl HttpProvider {
                 max_body,
                 end_by: at.end_by,
                 budget: self.contract.call_budget(),
-            },
-        )
-        .await;
+            })
+        };
+        let client = match access {
+            Access::Credentials => &self.client,
+            Access::Anonymous => &self.anonymous,
+        };
+        let mut ex = wire::exchange(client, out).await;
         // Nothing a secret of this call was resolved to is recorded, whatever the provider echoes.
         // A result is kept exactly as sent, so one that repeats a credential is refused instead.
         ex.echoed_secret =
@@ -688,14 +702,31 @@ impl HttpProvider {
     }
 
     /// Send one call to a URL built from a template (or a URL the provider gave). A URL that cannot
-    /// be built never leaves: `Err` holds the unsent exchange.
-    async fn call(
+    /// be built never leaves: the answer is the unsent exchange.
+    ///
+    /// The request is built before the future is made, so nothing only the building needs (the
+    /// arguments, the header maps merged) is held while the call waits on the provider.
+    fn call<'a>(
+        &'a self,
+        op: &'a OperationRecord,
+        t: Target<'_>,
+        body: Option<(Vec<u8>, Vec<String>)>,
+        extra: http::HeaderMap,
+    ) -> impl Future<Output = Exchange> + use<'a> {
+        match self.request(op, t, body, extra) {
+            Ok(req) => futures::future::Either::Left(self.send(op, req)),
+            Err(unsent) => futures::future::Either::Right(std::future::ready(*unsent)),
+        }
+    }
+
+    /// The request [`HttpProvider::call`] sends, or the exchange that records why it is not sent.
+    fn request(
         &self,
         op: &OperationRecord,
         t: Target<'_>,
         body: Option<(Vec<u8>, Vec<String>)>,
         extra: http::HeaderMap,
-    ) -> Exchange {
+    ) -> Result<Box<Req>, Box<Exchange>> {
         let Target {
             kind,
             at,
@@ -721,7 +752,13 @@ impl HttpProvider {
         let extra = headers;
         if let Some(i) = target.find(UNRESOLVED) {
             let why = &target[i + UNRESOLVED.len()..];
-            return wire::not_built(kind, at.attempt, &method, op.trace_id, why);
+            return Err(Box::new(wire::not_built(
+                kind,
+                at.attempt,
+                &method,
+                op.trace_id,
+                why,
+            )));
         }
         match self.url(target) {
             // Fixed headers go only where the credentials go (not to pre-signed storage URLs).
@@ -734,26 +771,26 @@ impl HttpProvider {
                     Some((b, s)) => (Some(b), s),
                     None => (None, Vec::new()),
                 };
-                self.send(
-                    op,
-                    Req {
-                        kind,
-                        at,
-                        method,
-                        url,
-                        access,
-                        body,
-                        extra,
-                        max_body,
-                        secrets,
-                    },
-                )
-                .await
+                Ok(Box::new(Req {
+                    kind,
+                    at,
+                    method,
+                    url,
+                    access,
+                    body,
+                    extra,
+                    max_body,
+                    secrets,
+                }))
             }
-            Err(Refused::Malformed(e)) => {
-                wire::not_built(kind, at.attempt, &method, op.trace_id, &e)
-            }
-            Err(Refused::Foreign(u)) => wire::not_sent(
+            Err(Refused::Malformed(e)) => Err(Box::new(wire::not_built(
+                kind,
+                at.attempt,
+                &method,
+                op.trace_id,
+                &e,
+            ))),
+            Err(Refused::Foreign(u)) => Err(Box::new(wire::not_sent(
                 kind,
                 at.attempt,
                 &method,
@@ -761,7 +798,7 @@ impl HttpProvider {
                 op.trace_id,
                 WireError::Origin,
                 "the URL is outside the origins the contract declares",
-            ),
+            ))),
         }
     }
 

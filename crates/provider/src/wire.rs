@@ -430,8 +430,9 @@ pub struct Outgoing<'a> {
     pub budget: Duration,
 }
 
-/// Send one request and read the response up to `max_body` bytes.
-pub async fn exchange(client: &reqwest::Client, out: Outgoing<'_>) -> Exchange {
+/// Send one request and read the response up to `max_body` bytes. (`out` is boxed: an async fn
+/// keeps a by-value argument twice, and this future lives as long as the call.)
+pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Exchange {
     let span = new_span_id();
     let id = uuid::Uuid::now_v7();
     let mut headers = out.headers;
