@@ -540,43 +540,48 @@ impl HttpProvider {
         ex: &Exchange,
         hints: Option<&ResultHints>,
     ) -> Option<serde_json::Value> {
-        let mut ctx = op.provider_context.clone();
-        if !ctx.is_object() {
-            ctx = serde_json::json!({});
+        // Copied only when something changes: most calls leave the context as it was.
+        fn edit<'c>(
+            ctx: &'c mut Option<serde_json::Value>,
+            was: &serde_json::Value,
+        ) -> &'c mut serde_json::Value {
+            ctx.get_or_insert_with(|| match was {
+                c @ serde_json::Value::Object(_) => c.clone(),
+                _ => serde_json::json!({}),
+            })
         }
-        let mut changed = false;
+        let mut ctx = None;
         // Cookies from the contract's own origins only, kept with their domain, path and expiry.
-        let from = url::Url::parse(&ex.record.url).ok();
-        if self.contract.cookies
-            && let Some(from) =
-                from.filter(|u| self.contract.access(u) == Some(Access::Credentials))
-        {
+        if self.contract.cookies {
             let set: Vec<cookie::Cookie<'static>> = ex
                 .headers
                 .get_all(http::header::SET_COOKIE)
                 .iter()
                 .filter_map(|v| cookie::Cookie::parse(v.to_str().ok()?.to_owned()).ok())
                 .collect();
-            if !set.is_empty() {
+            if !set.is_empty()
+                && let Some(from) = url::Url::parse(&ex.record.url)
+                    .ok()
+                    .filter(|u| self.contract.access(u) == Some(Access::Credentials))
+            {
                 let mut jar = Self::jar(op);
                 jar.store_response_cookies(set.into_iter(), &from);
                 let mut text = Vec::new();
                 if cookie_store::serde::json::save_incl_expired_and_nonpersistent(&jar, &mut text)
                     .is_ok()
                 {
-                    ctx["cookie_jar"] =
+                    edit(&mut ctx, &op.provider_context)["cookie_jar"] =
                         serde_json::Value::String(String::from_utf8_lossy(&text).into_owned());
-                    changed = true;
                 }
             }
         }
         if let Some(h) = hints
             && *h != ResultHints::default()
         {
-            ctx["result"] = serde_json::to_value(h).unwrap_or_default();
-            changed = true;
+            edit(&mut ctx, &op.provider_context)["result"] =
+                serde_json::to_value(h).unwrap_or_default();
         }
-        changed.then_some(ctx)
+        ctx
     }
 
     /// What a complete response means for this call, by the contract's rules then the defaults.
