@@ -584,7 +584,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
                 let cpu = CpuPerTransition::of(db_cpu, 0.0, me_cpu, rps * secs, secs);
                 if batch > 1 && kind == "jobtrail" {
                     best_batched = best_batched.max(rps);
-                } else if batch > 1 && (best_lean.is_nan() || rps > best_lean) {
+                } else if batch > 1 && rps > best_lean {
                     best_lean = rps;
                     lean_cpu = Some(cpu);
                 }
@@ -644,7 +644,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
             let transitions = (h1 - h0) as f64;
             let (ops_s, tr_s) = (a.e2e_operations as f64 / secs, transitions / secs);
             let cpu = CpuPerTransition::of(db_cpu, worker_cpu, sim_cpu, transitions, secs);
-            if best_e2e.is_nan() || tr_s > best_e2e {
+            if tr_s > best_e2e {
                 best_e2e = tr_s;
                 e2e_cpu = Some(cpu);
             }
