@@ -1256,3 +1256,75 @@ async fn the_result_can_be_where_the_create_answer_said() {
     assert_eq!(done.result_summary.as_ref().unwrap()["items"]["total"], 5);
     env.stop_workers().await;
 }
+
+/// A hostile provider's text cannot make a step unwritable or the record unbounded: a status answer
+/// whose state, update time, progress and status URL hold NUL and escape characters (PostgreSQL
+/// refuses NUL in `text` and `jsonb`), a 64 KiB state and a 128 KiB progress; an answer that sets
+/// 200 cookies; a rejection whose body is binary. Each step is written (cleaned and cut), the job
+/// goes on to its end, and the cookie jar stays within its bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_provider_text_is_recorded_cleaned_and_bounded() {
+    let mut env = Env::new().await;
+    let hostile = env
+        .submit(
+            "sim",
+            serde_json::json!({
+                "duration_ms": 600,
+                "status_faults": {"1": "hostile_text", "2": "cookie_flood"},
+            }),
+            |_| {},
+        )
+        .await;
+    let binary = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": ["reject_binary"]}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+
+    let done = env.wait_settled(hostile.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{done:?}");
+    let history = env.store.history(done.id).await.unwrap();
+    let unknown = history
+        .iter()
+        .find(|h| h.cause.contains("running\u{FFFD}"))
+        .unwrap_or_else(|| panic!("the hostile state is recorded, cleaned: {history:#?}"));
+    assert!(
+        unknown.cause.len() < 1024,
+        "cut: {} bytes",
+        unknown.cause.len()
+    );
+    assert!(
+        unknown.detail.to_string().len() < 8 * 1024,
+        "progress and state cut: {} bytes",
+        unknown.detail.to_string().len()
+    );
+    for h in &history {
+        assert!(
+            !h.cause.chars().any(|c| c.is_control() && c != '\n'),
+            "{:?}",
+            h.cause
+        );
+    }
+    let calls = env.store.calls(done.id).await.unwrap();
+    assert!(
+        calls.iter().all(|c| !c.outcome.contains('\u{0}')),
+        "{calls:?}"
+    );
+    let jar = done.provider_context["cookie_jar"].as_str().unwrap_or("");
+    assert!(jar.len() <= 64 * 1024, "cookie jar of {} bytes", jar.len());
+    assert!(!jar.contains("flood199"), "a flood of cookies is not kept");
+
+    let rejected = env.wait_settled(binary.id, T).await;
+    assert_eq!(rejected.state, State::Failed, "{rejected:?}");
+    let history = env.store.history(rejected.id).await.unwrap();
+    let last = history.last().unwrap();
+    assert!(
+        last.cause.contains("r\u{FFFD}e\u{FFFD}j"),
+        "the binary rejection is kept as text: {:?}",
+        last.cause
+    );
+    env.stop_workers().await;
+}

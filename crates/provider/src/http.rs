@@ -17,6 +17,20 @@ const PATH_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
+/// The most of a provider's state (and `updated_at`) text a record keeps: longer than any state a
+/// contract names, so a longer one is recorded cut, as the unknown state it is.
+const MAX_STATE_BYTES: usize = 256;
+/// The most of a provider's progress value a record keeps, as JSON text.
+const MAX_PROGRESS_BYTES: usize = 2048;
+/// The longest URL or checksum taken from a provider's answer; a longer one is treated as absent.
+const MAX_LOCATOR_BYTES: usize = 8192;
+/// An operation's cookie jar: at most this many cookies (browsers keep about 50 per domain), each
+/// `Set-Cookie` at most this long (RFC 6265's minimum a client must support), the jar as stored at
+/// most this many bytes.
+const MAX_COOKIES: usize = 50;
+const MAX_COOKIE_BYTES: usize = 4096;
+const MAX_JAR_BYTES: usize = 64 * 1024;
+
 /// A job id or target that is a resource name (Google's `operations/123`, Azure's
 /// `subscriptions/…/resourcegroups/…`) as path segments, each encoded. An empty, `.` or `..`
 /// segment (even percent-encoded, URL parsers read `%2E` as a dot) could move the request
@@ -557,6 +571,8 @@ impl HttpProvider {
                 .headers
                 .get_all(http::header::SET_COOKIE)
                 .iter()
+                .filter(|v| v.len() <= MAX_COOKIE_BYTES)
+                .take(MAX_COOKIES)
                 .filter_map(|v| cookie::Cookie::parse(v.to_str().ok()?.to_owned()).ok())
                 .collect();
             if !set.is_empty()
@@ -567,8 +583,14 @@ impl HttpProvider {
                 let mut jar = Self::jar(op);
                 jar.store_response_cookies(set.into_iter(), &from);
                 let mut text = Vec::new();
-                if cookie_store::serde::json::save_incl_expired_and_nonpersistent(&jar, &mut text)
+                // The jar is part of the operation's row and read back on every call: a provider
+                // that sets cookie after cookie keeps the jar it had.
+                if jar.iter_any().count() <= MAX_COOKIES
+                    && cookie_store::serde::json::save_incl_expired_and_nonpersistent(
+                        &jar, &mut text,
+                    )
                     .is_ok()
+                    && text.len() <= MAX_JAR_BYTES
                 {
                     edit(&mut ctx, &op.provider_context)["cookie_jar"] =
                         serde_json::Value::String(String::from_utf8_lossy(&text).into_owned());
@@ -632,6 +654,7 @@ impl HttpProvider {
     fn reason(ex: &Exchange) -> String {
         let text = String::from_utf8_lossy(&ex.body);
         let short: String = text.chars().take(200).collect();
+        let short = text::storable(short);
         format!("HTTP {}: {}", ex.status.unwrap_or(0), short.trim())
     }
 
@@ -1074,6 +1097,7 @@ impl HttpProvider {
             .follow
             .iter()
             .filter_map(|l| self.locate(l, ex, json))
+            .filter(|s| text::usable(s, MAX_LOCATOR_BYTES))
             // A value that is no URL at all (both of Azure's headers sent, one of them broken) is
             // passed over for the next; one at a foreign origin is not: it is refused when used.
             .find(|s| followable(s) && !matches!(self.url(s), Err(Refused::Malformed(_))))
@@ -1198,6 +1222,8 @@ impl HttpProvider {
                     (None, true) => op.remote_state.clone().ok_or("missing_state")?,
                     (None, false) => spec.state_absent.clone().ok_or("missing_state")?,
                 };
+                // A state longer than any a contract names is kept cut, as an unknown one.
+                let remote_state = text::truncate(remote_state, MAX_STATE_BYTES);
                 let phase = spec.phase(&remote_state);
                 (json, remote_state, phase)
             }
@@ -1206,6 +1232,7 @@ impl HttpProvider {
             p.as_ref()
                 .and_then(|p| json.pointer(p))
                 .and_then(|v| v.as_str())
+                .filter(|s| text::usable(s, MAX_LOCATOR_BYTES))
                 .map(str::to_owned)
         };
         let mut hints = op
@@ -1233,12 +1260,12 @@ impl HttpProvider {
                 .updated_at
                 .as_ref()
                 .and_then(|p| json.pointer(p))
-                .map(text::of_json),
+                .map(|v| text::truncate(text::of_json(v), MAX_STATE_BYTES)),
             progress: spec
                 .progress
                 .as_ref()
                 .and_then(|p| json.pointer(p))
-                .cloned(),
+                .map(|v| text::bounded_json(v, MAX_PROGRESS_BYTES)),
             // An error object (Google's google.rpc.Status, Azure's error) is kept as its JSON text.
             error: spec
                 .error

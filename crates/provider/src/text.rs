@@ -1,9 +1,57 @@
-//! A provider's words as text for the record: a JSON value as text, and text cut to a length a
-//! record can carry.
+//! A provider's words as text for the record: a JSON value as text, text a record can store, and
+//! text cut to a length a record can carry. A provider is not trusted to send either.
+
+use serde_json::Value;
 
 /// A JSON value as text: a string as itself, anything else (`true`, `3`, an object) as its JSON.
-pub(crate) fn of_json(v: &serde_json::Value) -> String {
-    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+/// Storable (see [`storable`]): a provider's string may hold anything.
+pub(crate) fn of_json(v: &Value) -> String {
+    v.as_str()
+        .map_or_else(|| v.to_string(), |s| storable(s.to_owned()))
+}
+
+/// `text` as a record can store it: PostgreSQL refuses NUL in `text` and `jsonb` (a provider that
+/// sent one would make its step unwritable), and other control characters would corrupt a terminal
+/// or a log line. Each becomes U+FFFD; newline and tab stay.
+pub(crate) fn storable(text: String) -> String {
+    if !text.chars().any(unstorable) {
+        return text;
+    }
+    text.chars()
+        .map(|c| if unstorable(c) { '\u{FFFD}' } else { c })
+        .collect()
+}
+
+fn unstorable(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
+}
+
+/// Whether a provider-named locator (a URL, a checksum) can be used as it is: not empty, no control
+/// characters, and not longer than `max` bytes. One that fails is treated as not given.
+pub(crate) fn usable(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+}
+
+/// A provider's JSON (progress, say) as a record can keep it: strings and keys storable, and a value
+/// whose JSON text is longer than `max` bytes kept as that text, cut.
+pub(crate) fn bounded_json(v: &Value, max: usize) -> Value {
+    let text = v.to_string();
+    if text.len() > max {
+        return Value::String(truncate(text, max));
+    }
+    fn clean(v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(storable(s.clone())),
+            Value::Array(a) => Value::Array(a.iter().map(clean).collect()),
+            Value::Object(o) => Value::Object(
+                o.iter()
+                    .map(|(k, v)| (storable(k.clone()), clean(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    clean(v)
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary and marked with `…` (a provider's
@@ -29,6 +77,22 @@ mod tests {
         assert_eq!(truncate("short".into(), 10), "short");
         let cut = truncate("é".repeat(10), 5);
         assert_eq!(cut, "éé…");
+    }
+
+    #[test]
+    fn control_characters_never_reach_a_record() {
+        assert_eq!(
+            storable("run\u{0}ning\u{1b}[31m".into()),
+            "run\u{FFFD}ning\u{FFFD}[31m"
+        );
+        assert_eq!(storable("two\nlines\tok".into()), "two\nlines\tok");
+        assert_eq!(of_json(&serde_json::json!("a\u{0}b")), "a\u{FFFD}b");
+        let v = bounded_json(&serde_json::json!({"n\u{0}": ["x\u{0}"], "k": 1}), 100);
+        assert_eq!(v, serde_json::json!({"n\u{FFFD}": ["x\u{FFFD}"], "k": 1}));
+        let big = bounded_json(&serde_json::json!({"pad": "y".repeat(5000)}), 64);
+        assert!(big.as_str().is_some_and(|s| s.len() <= 64 + 3), "{big}");
+        assert!(!usable("/v1/jobs/a\u{0}", 100) && !usable("", 100) && !usable("/x", 1));
+        assert!(usable("/v1/jobs/a", 100));
     }
 
     #[test]

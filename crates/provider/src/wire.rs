@@ -553,7 +553,7 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
             resp_headers
                 .get(*h)
                 .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
+                .map(|v| crate::text::truncate(v.to_owned(), KEPT_HEADER_BYTES))
         }),
         error_class: error.map(|e| e.class().to_owned()),
         outcome: String::new(),
@@ -649,6 +649,9 @@ fn classify(e: &reqwest::Error) -> WireError {
     }
 }
 
+/// The most of one response header a call's record keeps.
+const KEPT_HEADER_BYTES: usize = 1024;
+
 fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     for name in KEPT_HEADERS {
@@ -660,6 +663,8 @@ fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
             } else {
                 v.to_owned()
             };
+            // Every call's record keeps these: a provider's megabyte header is kept cut.
+            let v = crate::text::truncate(v, KEPT_HEADER_BYTES);
             m.insert((*name).to_owned(), serde_json::Value::String(v));
         }
     }

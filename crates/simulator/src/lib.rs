@@ -581,6 +581,14 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                     "invalid request: rejected by policy",
                 );
             }
+            CreateAct::RejectBinary => {
+                return (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    [(header::CONTENT_TYPE, "application/octet-stream")],
+                    b"r\0e\0j\0e\0c\0t\0\x1b[31m\xff\xfe".to_vec(),
+                )
+                    .into_response();
+            }
             CreateAct::RejectEcho => {
                 return error(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -1086,6 +1094,20 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         Some(StatusFault::TooManyRequestsBare) => {
             return error(StatusCode::TOO_MANY_REQUESTS, "slow down");
         }
+        Some(StatusFault::HostileText) => {
+            return json_response(
+                StatusCode::OK,
+                serde_json::json!({
+                    "job_id": id,
+                    "state": format!("running\u{0}\u{1b}[2J{}", "x".repeat(64 * 1024)),
+                    "updated_at": "2026\u{0}-01-01",
+                    "progress": {"note\u{0}": "a\u{0}b", "pad": "y".repeat(128 * 1024)},
+                    "status_url": format!("/v1/jobs/{id}\u{0}"),
+                    "error": "\u{0}",
+                }),
+            );
+        }
+        Some(StatusFault::CookieFlood) => {}
         Some(StatusFault::UnknownState | StatusFault::OtherClientRequestId) | None => {}
     }
     let shown = if job.script.status_faults.get(&n) == Some(&StatusFault::UnknownState) {
@@ -1158,6 +1180,19 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         "x-request-id",
         HeaderValue::from_str(&format!("req_status_{id}_{n}")).expect("ascii"),
     );
+    if job.script.status_faults.get(&n) == Some(&StatusFault::CookieFlood) {
+        for i in 0..200 {
+            let value = if i == 0 {
+                "z".repeat(16 * 1024)
+            } else {
+                i.to_string()
+            };
+            r.headers_mut().append(
+                header::SET_COOKIE,
+                HeaderValue::from_str(&format!("flood{i}={value}; Path=/")).expect("ascii"),
+            );
+        }
+    }
     if job.script.status_faults.get(&n) == Some(&StatusFault::OtherClientRequestId) {
         r.headers_mut().insert(
             "x-ms-client-request-id",

@@ -36,6 +36,8 @@ pub enum CreateAct {
     /// 200 with the finished result inline, quoting the create request back inside it (a
     /// provider that echoes what it was sent, secrets included).
     SyncEcho,
+    /// 422 whose body is binary: NUL and escape bytes (a provider's error page in UTF-16, say).
+    RejectBinary,
     /// Create the job, but name it `..` in the answer (a hostile or broken provider: a URL built
     /// from that name addresses another resource).
     DotDotJobId,
@@ -91,6 +93,12 @@ pub enum StatusFault {
     /// A normal answer that echoes another request's `x-ms-client-request-id` (a proxy that
     /// mixed up its answers).
     OtherClientRequestId,
+    /// A normal answer whose every text is hostile: NUL and escape characters in the state, the
+    /// update time, the progress and the status URL, a state of 64 KiB, a progress of 128 KiB
+    /// (within the sim contract's 256 KiB answers).
+    HostileText,
+    /// A normal answer that sets 200 cookies, one of them 16 KiB long.
+    CookieFlood,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
