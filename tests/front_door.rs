@@ -284,6 +284,9 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
             .unwrap()
             .starts_with("sha-256=:")
     );
+    // The content type is the provider's word: never sniffed, never rendered in place.
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    assert_eq!(r.headers()["content-disposition"], "attachment");
     let bytes = r.bytes().await.unwrap();
     let op = env.store.get(op_id.parse().unwrap()).await.unwrap();
     assert_eq!(op.result_sha256.as_deref(), Some(sha.as_str()));
@@ -1137,4 +1140,85 @@ async fn a_batch_submits_all_or_nothing() {
             .caller,
         "agent-cli"
     );
+}
+
+/// Text the record keeps for ever is checked at the door: a target, approver or approval reference
+/// that is too long or holds a control character is refused as bad input with nothing written, and
+/// so is a cancel reason. A cancel asked again while the first is still only noted (the create is
+/// in flight) writes nothing: no new history link, and the first request stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
+    let mut env = Env::new().await;
+    let server = env.serve("api");
+    let c = support::http();
+    let alice = env
+        .token("agent-alice", &["submit", "read", "cancel"])
+        .await;
+    let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7());
+    let good = json!({
+        "id": id.to_string(), "provider": "sim", "target": "reports", "approved_by": "alice",
+        "request": body(json!({"create": ["slow_accept"], "create_delay_ms": 60000})),
+    });
+    let submit = |req: Value| {
+        c.post(server.url("/v1/operations"))
+            .bearer_auth(&alice)
+            .json(&req)
+            .send()
+    };
+    for (field, value) in [
+        ("target", "t".repeat(1025)),
+        ("approved_by", "alice\nbob".to_owned()),
+        ("approval_ref", "ref\u{7f}".to_owned()),
+    ] {
+        let mut req = good.clone();
+        req[field] = json!(value);
+        let p = problem(
+            submit(req).await.unwrap(),
+            StatusCode::BAD_REQUEST,
+            "bad-input",
+        )
+        .await;
+        assert!(p["detail"].as_str().unwrap().contains(field), "{p}");
+    }
+    assert!(env.store.get(id).await.is_err(), "nothing written");
+    assert_eq!(submit(good).await.unwrap().status(), StatusCode::CREATED);
+
+    // The create leaves and hangs: a cancel can only be noted until the job id is known.
+    env.start_worker("w1", Duration::from_secs(30));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while env.sim.ledger().create_requests.values().sum::<u32>() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the create never left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancel = |reason: String| {
+        c.post(server.url(&format!("/v1/operations/{id}/cancel")))
+            .bearer_auth(&alice)
+            .json(&json!({"reason": reason}))
+            .send()
+    };
+    let p = problem(
+        cancel("r".repeat(4097)).await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad-input",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("reason"), "{p}");
+    let r = cancel("over budget".into()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let first = env.store.get(id).await.unwrap();
+    assert_eq!(first.state, jobtrail_core::State::CreatePending);
+    assert_eq!(first.cancel_reason.as_deref(), Some("over budget"));
+    for _ in 0..3 {
+        let r = cancel("again, louder".into()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+        let v: Value = r.json().await.unwrap();
+        assert!(v["note"].as_str().unwrap().contains("cancel noted"), "{v}");
+    }
+    let after = env.store.get(id).await.unwrap();
+    assert_eq!(after.history_seq, first.history_seq, "nothing written");
+    assert_eq!(after.cancel_reason.as_deref(), Some("over budget"));
+    env.stop_workers().await;
 }

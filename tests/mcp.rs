@@ -208,6 +208,45 @@ async fn plain_session(env: &Env, client: &Client, caller: &str) {
     )
     .await;
     assert_eq!(r.is_error, Some(true), "a caller field is refused: {r:?}");
+
+    // Text PostgreSQL cannot store (NUL), a terminal escape, or a novel as a name: refused as bad
+    // input at this door as at the HTTP one (not "unavailable", and never the database's words),
+    // with nothing written.
+    let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    for (field, value) in [
+        ("target", "rep\u{0}orts".to_owned()),
+        ("approved_by", "alice\u{1b}[2J".to_owned()),
+        ("approval_ref", "x".repeat(5000)),
+    ] {
+        let mut args = json!({"id": id, "provider": "sim", "target": "reports",
+                              "approved_by": "alice", "request": request(json!({}))});
+        args[field] = json!(value);
+        let r = call(client, "submit_operation", args).await;
+        assert_eq!(r.is_error, Some(true), "{field}: {r:?}");
+        let e = structured(&r);
+        assert_eq!(e["error"], "bad-input", "{field}: {e}");
+        let message = e["message"].as_str().unwrap();
+        // (Through the HTTP API, stdio's way, a NUL is already refused by its strict JSON reader.)
+        assert!(
+            message.contains(field) || message.contains("NUL character"),
+            "{field}: {message}"
+        );
+        assert!(
+            !message.contains("22021") && !message.contains("database"),
+            "{message}"
+        );
+    }
+    assert!(
+        env.store.get(id.parse().unwrap()).await.is_err(),
+        "nothing written"
+    );
+    let r = call(
+        client,
+        "cancel_operation",
+        json!({"operation_id": long, "reason": "stop\u{0}"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["error"], "bad-input", "{r:?}");
 }
 
 /// submit_operation as a task; the MCP server restarted (`restart` gives a new session on a new

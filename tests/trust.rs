@@ -435,18 +435,38 @@ async fn credentials_and_cookies_never_follow_a_url_the_provider_names_elsewhere
     env.stop_workers().await;
 }
 
-/// Item 9: terminal escapes and line breaks in a caller name, a provider's state or an error text are
-/// shown escaped in every human rendering, never obeyed (no cleared screen, no forged line).
+/// Item 9: terminal escapes and line breaks never reach a terminal: in a caller name they are refused
+/// at the door, in a provider's text they are stored replaced (U+FFFD); and every human rendering
+/// still escapes what a record holds (records written before these checks), never obeys it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminal_escapes_from_callers_and_providers_are_shown_not_obeyed() {
     let env = Env::new().await;
+    // A caller with an escape and a forged second line never reaches the record: refused at the
+    // door (every door validates the same way), nothing written.
+    let forged = jobtrail_core::Submission {
+        provider: "sim".into(),
+        target: "reports".into(),
+        body: br#"{"report": "usage"}"#.to_vec(),
+        caller: "agent\u{1b}[2J\napproved by security team".into(),
+        approved_by: "tester".into(),
+        ..Default::default()
+    };
+    let err = env
+        .store
+        .submit_new(
+            &forged,
+            &env.registry.terms(),
+            jobtrail_core::SubmitLimits::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("control character"), "{err}");
+    // A provider's escapes (a binary rejection body) are stored replaced, and shown as such.
     let op = env
         .submit(
             "sim",
-            serde_json::json!({"create": ["reject_echo"], "note": "\u{1b}[2J\u{1b}[H"}),
-            |s| {
-                s.caller = "agent\u{1b}[2J\napproved by security team".into();
-            },
+            serde_json::json!({"create": ["reject_binary"]}),
+            |_| {},
         )
         .await;
     let _w = env.spawn_worker("w1", "5s", &[]);
@@ -468,10 +488,7 @@ async fn terminal_escapes_from_callers_and_providers_are_shown_not_obeyed() {
         "an escape reached the terminal:\n{text}"
     );
     assert!(
-        !text
-            .lines()
-            .any(|l| l.trim_start().starts_with("approved by security team")),
-        "a forged line:\n{text}"
+        text.contains("r\u{FFFD}e\u{FFFD}j"),
+        "shown replaced:\n{text}"
     );
-    assert!(text.contains("\\u{1b}[2J"), "shown escaped:\n{text}");
 }

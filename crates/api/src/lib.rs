@@ -139,7 +139,7 @@ pub fn router(service: Arc<Service>) -> axum::Router {
     };
     let (routes, doc) = api_router().split_for_parts();
     let doc = Arc::new(doc);
-    routes
+    let routes = routes
         .route(
             "/openapi.json",
             axum::routing::get(move || {
@@ -153,8 +153,15 @@ pub fn router(service: Arc<Service>) -> axum::Router {
                 "no such route (see /openapi.json for the API)",
             )
         })
-        .with_state(state)
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .with_state(state);
+    protected(routes)
+}
+
+/// `app` behind the layers every route of the server has (the API's own, and routes other crates
+/// serve beside it, such as `/mcp`): the request body limit, a panic answered as a 503 problem
+/// rather than a dropped connection, and the `Authorization` header marked sensitive (never logged).
+pub fn protected(app: axum::Router) -> axum::Router {
+    app.layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
                 Problem::new(Kind::Unavailable, "internal error").into_response()

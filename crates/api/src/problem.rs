@@ -52,11 +52,7 @@ impl Problem {
             type_: format!("urn:jobtrail:problem:{}", k.as_str()),
             title: k.title().to_owned(),
             status: k.http_status(),
-            detail: if self.0.internal {
-                "the service could not complete this request; try again later (the server's log has the cause)".to_owned()
-            } else {
-                self.0.message.clone()
-            },
+            detail: self.0.shown().to_owned(),
             kind: k.as_str().to_owned(),
             exit_code: k.exit_code(),
             extra: self.0.detail.clone(),

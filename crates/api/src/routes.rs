@@ -333,6 +333,15 @@ async fn result(
     }
     // Results are caller data: never cached by an intermediary.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // The type is the provider's word: a browser must not sniff a page out of it, nor render it.
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment"),
+    );
     Ok(resp)
 }
 

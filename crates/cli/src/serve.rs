@@ -75,15 +75,17 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         };
         ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;
     }
-    let mcp = axum::Router::new()
-        .nest_service(
-            "/mcp",
-            jobtrail_mcp::http_service(service.clone(), shutdown.clone(), a.mcp_allowed_hosts),
-        )
-        .layer(axum::middleware::from_fn_with_state(
-            service.clone(),
-            jobtrail_api::require_bearer,
-        ));
+    let mcp = jobtrail_api::protected(
+        axum::Router::new()
+            .nest_service(
+                "/mcp",
+                jobtrail_mcp::http_service(service.clone(), shutdown.clone(), a.mcp_allowed_hosts),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                service.clone(),
+                jobtrail_api::require_bearer,
+            )),
+    );
     let app = jobtrail_api::router(service).merge(mcp);
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await

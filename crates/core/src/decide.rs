@@ -177,7 +177,7 @@ fn pending_cancel(op: &OperationRecord) -> Option<CancelRequest> {
     if !op.has_pending_cancel() {
         return None;
     }
-    CancelRequest::new(
+    CancelRequest::recorded(
         op.cancel_requested_by.as_deref()?,
         op.cancel_reason.as_deref()?,
     )

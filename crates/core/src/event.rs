@@ -4,6 +4,7 @@
 //! constructors, so "succeeded without a validated result" or "cancelled because we sent DELETE" cannot
 //! even be expressed.
 
+use crate::text::{self, TextError};
 use serde::{Deserialize, Serialize};
 
 /// Evidence was missing or malformed; the event was not built.
@@ -28,7 +29,16 @@ pub struct CancelRequest {
 }
 
 impl CancelRequest {
-    pub fn new(actor: &str, reason: &str) -> Result<Self, MissingEvidence> {
+    /// A new request from a person or an agent: actor and reason bounded, printable text.
+    pub fn new(actor: &str, reason: &str) -> Result<Self, TextError> {
+        Ok(Self {
+            actor: text::ACTOR.check(actor)?,
+            reason: text::REASON.check(reason)?,
+        })
+    }
+    /// A request already recorded on the operation's row, read back to act on: only present. (A
+    /// bound added later must never drop a pending cancel.)
+    pub fn recorded(actor: &str, reason: &str) -> Result<Self, MissingEvidence> {
         Ok(Self {
             actor: required(actor, "a cancel request needs an actor")?,
             reason: required(reason, "a cancel request needs a reason")?,
@@ -50,10 +60,11 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub fn new(actor: &str, reason: &str) -> Result<Self, MissingEvidence> {
+    /// A person's decision: actor and reason bounded, printable text.
+    pub fn new(actor: &str, reason: &str) -> Result<Self, TextError> {
         Ok(Self {
-            actor: required(actor, "a decision needs an actor")?,
-            reason: required(reason, "a decision needs a reason")?,
+            actor: text::ACTOR.check(actor)?,
+            reason: text::REASON.check(reason)?,
         })
     }
     pub fn actor(&self) -> &str {

@@ -23,6 +23,7 @@ pub mod request;
 pub mod schedule;
 pub mod state;
 pub mod step;
+pub mod text;
 pub mod when;
 
 pub use event::{CancelConfirmation, CancelRequest, Decision, Event, EventKind, ValidatedResult};

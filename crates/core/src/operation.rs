@@ -6,6 +6,7 @@
 
 use crate::ids::{IdempotencyToken, OperationId, TraceId};
 use crate::request::{Fingerprint, SecretGrant, SensitiveFieldError, check_sensitive_fields};
+use crate::text;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -216,8 +217,8 @@ pub enum SubmitError {
     BodyTooLarge { size: usize, limit: usize },
     #[error("unknown provider {name:?}; known providers: {known}")]
     UnknownProvider { name: String, known: String },
-    #[error("{field} is required")]
-    Missing { field: &'static str },
+    #[error(transparent)]
+    Text(#[from] text::TextError),
     #[error("{field} is {at}, which is not in the future (now {now})")]
     DeadlineInPast {
         field: &'static str,
@@ -284,17 +285,10 @@ impl Submission {
                 found: crate::json::kind_of(&body),
             });
         }
-        let non_empty = |v: &str, field: &'static str| {
-            let v = v.trim();
-            if v.is_empty() {
-                Err(SubmitError::Missing { field })
-            } else {
-                Ok(v.to_owned())
-            }
-        };
-        let target = non_empty(&self.target, "target")?;
-        let caller = non_empty(&self.caller, "caller")?;
-        let approved_by = non_empty(&self.approved_by, "approved_by")?;
+        let target = text::TARGET.check(&self.target)?;
+        let caller = text::CALLER.check(&self.caller)?;
+        let approved_by = text::APPROVED_BY.check(&self.approved_by)?;
+        let approval_ref = text::APPROVAL_REF.check_optional(self.approval_ref.as_deref())?;
         check_sensitive_fields(
             &body,
             &terms.sensitive_fields,
@@ -390,12 +384,7 @@ impl Submission {
             trace_id: self.trace_id.unwrap_or(TraceId::from_random(entropy.trace)),
             caller,
             approved_by,
-            approval_ref: self
-                .approval_ref
-                .as_deref()
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned),
+            approval_ref,
             created_at: now,
             create_deadline,
             result_deadline,
@@ -507,7 +496,9 @@ mod tests {
         s.caller = " ".into();
         assert!(matches!(
             v(s),
-            Err(SubmitError::Missing { field: "caller" })
+            Err(SubmitError::Text(text::TextError::Missing {
+                field: "caller"
+            }))
         ));
     }
 

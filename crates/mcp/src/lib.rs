@@ -115,9 +115,10 @@ fn to_value<T: serde::Serialize>(v: &T) -> serde_json::Value {
 
 /// A service error as a tool result the agent reads (not a protocol error it never sees).
 fn tool_error(e: ServiceError) -> CallToolResult {
+    logged(&e);
     let mut v = serde_json::json!({
         "error": e.kind.as_str(),
-        "message": e.message,
+        "message": e.shown(),
     });
     if let Some(d) = e.detail {
         v["detail"] = d;
@@ -193,7 +194,20 @@ fn as_object(v: serde_json::Value) -> JsonObject {
     }
 }
 
+/// An error about our insides is logged here and never shown to the agent (see
+/// [`ServiceError::shown`]).
+fn logged(e: &ServiceError) {
+    if e.internal {
+        tracing::warn!(kind = e.kind.as_str(), detail = %e.message, "MCP request failed");
+    }
+}
+
 fn mcp_error(e: ServiceError) -> McpError {
+    logged(&e);
+    let e = ServiceError {
+        message: e.shown().to_owned(),
+        ..e
+    };
     match e.kind {
         Kind::NotFound => McpError::invalid_params("Failed to retrieve task: Task not found", None),
         Kind::BadInput | Kind::Conflict => McpError::invalid_params(e.message, None),
@@ -517,8 +531,11 @@ pub fn http_service(
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
-    let mut config =
-        StreamableHttpServerConfig::default().with_cancellation_token(shutdown.child_token());
+    // The HTTP API's limit: a request a provider accepts is never refused only for its door.
+    let max_body = jobtrail_core::operation::MAX_BODY_BYTES + 64 * 1024;
+    let mut config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(shutdown.child_token())
+        .with_max_request_body_bytes(max_body);
     if !allowed_hosts.is_empty() {
         config = config.with_allowed_hosts(allowed_hosts);
     }

@@ -495,17 +495,31 @@ impl HttpProvider {
             };
             // The operation's own secrets too, whatever this call sends: a provider may echo the
             // create body in any later answer, and a caller granted a secret may have it used,
-            // never read back.
-            if kind != CallKind::Create
-                && let Ok((_, body_secrets)) = wire::resolve_body_secrets(
+            // never read back. A secret that cannot be read now could not be kept out of the
+            // record: nothing is sent (the call is tried again later, as any unsent one).
+            if kind != CallKind::Create {
+                match wire::resolve_body_secrets(
                     &op.request_body,
                     &self.contract.redact,
                     &self.contract.secrets,
                     &op.caller,
                 )
                 .await
-            {
-                secrets.extend(body_secrets);
+                {
+                    Ok((_, body_secrets)) => secrets.extend(body_secrets),
+                    Err(why) => {
+                        return wire::unsent(
+                            kind,
+                            at.attempt,
+                            &req.method,
+                            &req.url,
+                            op.trace_id,
+                            &format!(
+                                "the operation's secrets could not be read to keep them out of the record: {why}"
+                            ),
+                        );
+                    }
+                }
             }
             let Req {
                 method,

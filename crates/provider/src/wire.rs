@@ -166,15 +166,22 @@ pub struct Scrubber {
 pub const SCRUBBED: &str = "[secret]";
 
 impl Scrubber {
+    /// Each value, as sent and in the spellings a provider's echo commonly takes: JSON-quoted, JSON
+    /// with `/` escaped (PHP's `json_encode`), percent-encoded (a URL or a form). A JSON body is
+    /// also read as JSON (see [`Scrubber::exchange`]), which catches every other JSON escape.
     pub fn new(values: &[String]) -> Self {
+        use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
         let mut needles: Vec<Vec<u8>> = Vec::new();
         for v in values.iter().filter(|v| !v.is_empty()) {
-            needles.push(v.as_bytes().to_vec());
             let quoted = serde_json::to_string(v).unwrap_or_default();
-            let inner = &quoted[1..quoted.len().saturating_sub(1).max(1)];
-            if inner != v {
-                needles.push(inner.as_bytes().to_vec());
-            }
+            let inner = quoted[1..quoted.len().saturating_sub(1).max(1)].to_owned();
+            let spellings = [
+                v.clone(),
+                inner.replace('/', "\\/"),
+                utf8_percent_encode(v, NON_ALPHANUMERIC).to_string(),
+                inner,
+            ];
+            needles.extend(spellings.into_iter().map(String::into_bytes));
         }
         // Longest first, so a value containing another is replaced whole.
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
@@ -189,23 +196,23 @@ impl Scrubber {
     pub fn contains(&self, hay: &[u8]) -> bool {
         self.needles
             .iter()
-            .any(|n| hay.windows(n.len()).any(|w| w == n.as_slice()))
+            .any(|n| memchr::memmem::find(hay, n).is_some())
     }
 
     pub fn bytes(&self, hay: &[u8]) -> Vec<u8> {
         let mut out = hay.to_vec();
         for n in &self.needles {
-            let mut next = Vec::with_capacity(out.len());
-            let mut i = 0;
-            while i < out.len() {
-                if out[i..].starts_with(n) {
-                    next.extend_from_slice(SCRUBBED.as_bytes());
-                    i += n.len();
-                } else {
-                    next.push(out[i]);
-                    i += 1;
-                }
+            if memchr::memmem::find(&out, n).is_none() {
+                continue;
             }
+            let mut next = Vec::with_capacity(out.len());
+            let mut last = 0;
+            for at in memchr::memmem::find_iter(&out, n) {
+                next.extend_from_slice(&out[last..at]);
+                next.extend_from_slice(SCRUBBED.as_bytes());
+                last = at + n.len();
+            }
+            next.extend_from_slice(&out[last..]);
             out = next;
         }
         out
@@ -222,9 +229,40 @@ impl Scrubber {
         match v {
             serde_json::Value::String(s) => *s = self.text(s),
             serde_json::Value::Array(a) => a.iter_mut().for_each(|x| self.json(x)),
-            serde_json::Value::Object(m) => m.values_mut().for_each(|x| self.json(x)),
+            serde_json::Value::Object(m) => {
+                if m.keys().any(|k| self.contains(k.as_bytes())) {
+                    *m = std::mem::take(m)
+                        .into_iter()
+                        .map(|(k, v)| (self.text(&k), v))
+                        .collect();
+                }
+                m.values_mut().for_each(|x| self.json(x));
+            }
             _ => {}
         }
+    }
+
+    /// Whether any string or key of `v`, as decoded, holds a secret.
+    fn json_contains(&self, v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::String(s) => self.contains(s.as_bytes()),
+            serde_json::Value::Array(a) => a.iter().any(|x| self.json_contains(x)),
+            serde_json::Value::Object(m) => m
+                .iter()
+                .any(|(k, x)| self.contains(k.as_bytes()) || self.json_contains(x)),
+            _ => false,
+        }
+    }
+
+    /// A JSON body's secret behind escapes no byte search knows (`\u0061`): read as JSON, scrubbed
+    /// as JSON. Only a body with a backslash can hide one; others are not parsed.
+    fn escaped_in_json(&self, body: &[u8]) -> Option<serde_json::Value> {
+        let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+        if !matches!(first, b'{' | b'[' | b'"') || memchr::memchr(b'\\', body).is_none() {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+        self.json_contains(&v).then_some(v)
     }
 
     /// Scrub an exchange: its record, its headers and — unless `keep_body` (a result, kept exactly as
@@ -233,9 +271,16 @@ impl Scrubber {
         if self.is_empty() {
             return false;
         }
-        let echoed = self.contains(&ex.body);
+        let mut echoed = self.contains(&ex.body);
         if echoed && !keep_body {
             ex.body = self.bytes(&ex.body).into();
+        }
+        if let Some(mut v) = self.escaped_in_json(&ex.body) {
+            echoed = true;
+            if !keep_body {
+                self.json(&mut v);
+                ex.body = serde_json::to_vec(&v).unwrap_or_default().into();
+            }
         }
         let mut headers = http::HeaderMap::new();
         for (name, value) in ex.headers.iter() {
@@ -843,6 +888,40 @@ mod tests {
         s.json(&mut v);
         assert!(!v.to_string().contains("4111"));
         assert_eq!(Scrubber::new(&[String::new()]).text("anything"), "anything");
+    }
+
+    fn exchange_with_body(body: &str) -> Exchange {
+        let trace = jobtrail_core::TraceId::from_random([7; 16]);
+        let mut ex = not_built(CallKind::Status, 1, &http::Method::GET, trace, "test");
+        ex.status = Some(200);
+        ex.error = None;
+        ex.body = bytes::Bytes::from(body.to_owned());
+        ex
+    }
+
+    #[test]
+    fn secrets_echoed_in_other_spellings_are_caught() {
+        let s = Scrubber::new(&["ab/cd+ef=".into()]);
+        // PHP's json_encode escapes the slash; a URL or a form percent-encodes it.
+        for echo in [
+            r#"{"error":"token ab\/cd+ef= refused"}"#,
+            "https://p.example/cb?token=ab%2Fcd%2Bef%3D",
+        ] {
+            assert!(s.contains(echo.as_bytes()), "{echo}");
+            assert!(!s.text(echo).contains("cd"), "{}", s.text(echo));
+        }
+        // Any other JSON escape: read as JSON, scrubbed as JSON (keys too).
+        let mut ex = exchange_with_body(r#"{"error": "\u0061b/cd+ef= refused", "ab\/cd+ef=": 1}"#);
+        assert!(s.exchange(&mut ex, false));
+        let body = String::from_utf8(ex.body.to_vec()).unwrap();
+        assert!(!body.contains("cd+ef") && body.contains(SCRUBBED), "{body}");
+        // A kept result is not rewritten, but the echo is reported (and the result refused).
+        let mut ex = exchange_with_body(r#"["\u0061b/cd+ef="]"#);
+        assert!(s.exchange(&mut ex, true));
+        assert_eq!(&ex.body[..], br#"["\u0061b/cd+ef="]"#);
+        // No backslash, no secret: the body is left alone, unparsed.
+        let mut ex = exchange_with_body(r#"{"ok": true}"#);
+        assert!(!s.exchange(&mut ex, false));
     }
 
     #[tokio::test]

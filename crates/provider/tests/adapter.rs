@@ -805,3 +805,60 @@ async fn request_values_in_a_url_are_one_segment_or_the_call_is_not_sent() {
     }
     assert_eq!(h.sim.ledger().requests, before, "no request left");
 }
+
+/// A later call scrubs the operation's own secrets from whatever the provider answers; a secret
+/// that can no longer be read (rotated, removed, the grant narrowed) could not be scrubbed, so the
+/// call is not sent at all (tried again later) rather than sent with its answer unscrubbed.
+#[tokio::test]
+async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
+    let h = harness("sim").await;
+    // SAFETY: the only test in this binary that reads or sets it.
+    unsafe { std::env::set_var("JOBTRAIL_SIM_CARD", "4111-1111-1111-1111") };
+    let mut terms = std::collections::BTreeMap::new();
+    terms.insert("sim".to_owned(), h.provider.contract().terms());
+    let body = serde_json::json!({
+        "report": "usage", "payment": {"card_number": {"$secret": "customer_card"}},
+        "sim": {"never_finish": true},
+    });
+    let s = Submission {
+        provider: "sim".into(),
+        target: "reports".into(),
+        body: serde_json::to_vec(&body).unwrap(),
+        caller: "test".into(),
+        approved_by: "tester".into(),
+        ..Default::default()
+    };
+    let mut op = h
+        .store
+        .submit_new(&s, &terms, SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    match h.provider.create(&op, 1.into()).await.outcome {
+        CreateOutcome::Accepted { job_id, .. } => op.remote_job_id = Some(job_id),
+        other => panic!("create: {other:?}"),
+    }
+    assert!(matches!(
+        h.provider.status(&op, 1.into()).await.outcome,
+        StatusOutcome::Observed(_)
+    ));
+
+    let mut c = contract("sim", &h.sim.base_url());
+    c.secrets.get_mut("customer_card").unwrap().from =
+        SecretRef::Env("JOBTRAIL_TEST_UNSET_CARD".into());
+    let p = HttpProvider::new(c).unwrap();
+    let before = h.sim.ledger().requests;
+    let called = p.status(&op, 2.into()).await;
+    assert!(
+        matches!(called.outcome, StatusOutcome::Failed { .. }),
+        "{:?}",
+        called.outcome
+    );
+    assert!(
+        called.call.outcome.contains("could not be read"),
+        "{}",
+        called.call.outcome
+    );
+    assert!(!called.call.outcome.contains("4111"));
+    assert_eq!(h.sim.ledger().requests, before, "nothing sent");
+}

@@ -115,6 +115,16 @@ pub struct ServiceError {
 }
 
 impl ServiceError {
+    /// What a network door (HTTP, MCP) tells the caller: the message, unless it describes our
+    /// insides; then only that the request failed (the door logs the message).
+    pub fn shown(&self) -> &str {
+        if self.internal {
+            "the service could not complete this request; try again later (the server's log has the cause)"
+        } else {
+            &self.message
+        }
+    }
+
     pub fn new(kind: Kind, message: impl Into<String>) -> Self {
         Self {
             kind,

@@ -149,10 +149,10 @@ impl Service {
                         "evidence must say what the confirmation rests on",
                     ));
                 }
-                Step::event(jobtrail_core::Event::ConfirmCancellation {
-                    decision,
-                    evidence: evidence.trim().to_owned(),
-                })
+                let evidence = jobtrail_core::text::EVIDENCE
+                    .check(&evidence)
+                    .map_err(|e| ServiceError::bad_input(e.to_string()))?;
+                Step::event(jobtrail_core::Event::ConfirmCancellation { decision, evidence })
             }
             Decision::ChooseJob { job_id } => {
                 let op = store.get(id).await?;

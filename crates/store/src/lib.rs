@@ -808,6 +808,20 @@ impl Store {
         // Withdrawn only when no create can have created a job: every attempt so far was
         // definitively not created (the state says so) and no send is marked in flight. A worker
         // holding the lease decides for itself once its call is answered.
+        // A cancel already noted where the state cannot move yet: asking again writes nothing.
+        // (Each request would be a permanent history link, and would make a person's STATE@SEQ
+        // stale.) The first request stands, with its actor and reason.
+        let noted_only =
+            jobtrail_core::machine::rule_for(state, jobtrail_core::EventKind::CancelRequested)
+                .is_some_and(|r| r.to == jobtrail_core::machine::To::Same);
+        if noted_only && locked.row_cancel_requested() {
+            let record: OperationRecord = locked.row.try_into()?;
+            tx.rollback().await?;
+            return Ok(Applied {
+                record,
+                transition: None,
+            });
+        }
         let never_sent = state == State::CreatePending
             && locked.row_create_sent_epoch().is_none()
             && locked.row_lease_owner().is_none();

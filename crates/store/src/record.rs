@@ -330,6 +330,9 @@ impl LockedRow {
     pub(crate) fn row_create_sent_epoch(&self) -> Option<i64> {
         self.row.create_sent_epoch
     }
+    pub(crate) fn row_cancel_requested(&self) -> bool {
+        self.row.cancel_requested_at.is_some()
+    }
     pub(crate) fn row_lease_owner(&self) -> Option<&str> {
         self.row.lease_owner.as_deref()
     }

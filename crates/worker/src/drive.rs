@@ -208,9 +208,25 @@ impl Ctx<'_> {
     /// Check fetched bytes against the contract and keep them (valid ones as the result, invalid
     /// ones for inspection).
     async fn collected(&self, op: &OperationRecord, fetched: FetchedResult) -> Collected {
-        let checked = self.provider.check_result(op, &fetched);
+        let checked = off_runtime(fetched.bytes.len(), || {
+            self.provider.check_result(op, &fetched)
+        });
         let kept = self.keep(op, &fetched).await;
         Collected::from_fetched(&fetched, checked, kept)
+    }
+}
+
+/// Checking a result (digest, parse, schema, secret search) costs CPU in proportion to its size: a
+/// large one is checked with this runtime thread handed over to the others first
+/// (`block_in_place`), so the calls and steps of every other operation on the worker go on.
+fn off_runtime<T>(size: usize, check: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let multi =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if size >= 256 << 10 && multi {
+        tokio::task::block_in_place(check)
+    } else {
+        check()
     }
 }
 
@@ -402,7 +418,9 @@ async fn create(
     }
     let kept = match &called.outcome {
         CreateOutcome::Completed { result, .. } => {
-            let valid = matches!(ctx.provider.check_result(op, result), Checked::Valid { .. });
+            let valid = off_runtime(result.bytes.len(), || {
+                matches!(ctx.provider.check_result(op, result), Checked::Valid { .. })
+            });
             Some((ctx.keep(op, result).await, valid))
         }
         _ => None,

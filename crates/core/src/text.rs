@@ -1,0 +1,153 @@
+//! Text that people and agents hand jobtrail (a target, who approved, a reason): bounded, and free
+//! of control characters. It is kept for ever in the evidence chain, shown in terminals and log
+//! lines, and PostgreSQL refuses NUL in it; so it is checked here, where every door (HTTP, MCP, the
+//! CLI, the admin binary) passes, before anything is written.
+
+/// What a field may hold besides printable characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One line: no control character at all (a name, a reference).
+    Line,
+    /// Prose: newlines and tabs too (a reason, evidence).
+    Prose,
+}
+
+/// A bounded text field: its name (as the caller spelled it), most characters, and shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub name: &'static str,
+    pub max_chars: usize,
+    pub shape: Shape,
+}
+
+pub const TARGET: Field = Field::line("target", 1024);
+pub const CALLER: Field = Field::line("caller", 256);
+pub const APPROVED_BY: Field = Field::line("approved_by", 256);
+pub const APPROVAL_REF: Field = Field::line("approval_ref", 1024);
+pub const ACTOR: Field = Field::line("actor", 256);
+pub const REASON: Field = Field::prose("reason", 4096);
+pub const EVIDENCE: Field = Field::prose("evidence", 4096);
+
+/// Why a text was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TextError {
+    #[error("{field} is required")]
+    Missing { field: &'static str },
+    #[error("{field} is {chars} characters long; at most {max} are accepted")]
+    TooLong {
+        field: &'static str,
+        chars: usize,
+        max: usize,
+    },
+    #[error("{field} holds the control character U+{code:04X} at character {at}; {allowed}")]
+    Control {
+        field: &'static str,
+        code: u32,
+        at: usize,
+        allowed: &'static str,
+    },
+}
+
+impl Field {
+    const fn line(name: &'static str, max_chars: usize) -> Self {
+        Self {
+            name,
+            max_chars,
+            shape: Shape::Line,
+        }
+    }
+    const fn prose(name: &'static str, max_chars: usize) -> Self {
+        Self {
+            name,
+            max_chars,
+            shape: Shape::Prose,
+        }
+    }
+
+    /// `value` trimmed, if it is not empty, not too long and has no control character its shape
+    /// refuses.
+    pub fn check(&self, value: &str) -> Result<String, TextError> {
+        let v = value.trim();
+        if v.is_empty() {
+            return Err(TextError::Missing { field: self.name });
+        }
+        // A byte count at most the limit is at most that many characters: no count needed.
+        if v.len() > self.max_chars {
+            let chars = v.chars().count();
+            if chars > self.max_chars {
+                return Err(TextError::TooLong {
+                    field: self.name,
+                    chars,
+                    max: self.max_chars,
+                });
+            }
+        }
+        let allowed = |c: char| self.shape == Shape::Prose && (c == '\n' || c == '\t');
+        if let Some((at, c)) = v
+            .chars()
+            .enumerate()
+            .find(|&(_, c)| c.is_control() && !allowed(c))
+        {
+            return Err(TextError::Control {
+                field: self.name,
+                code: u32::from(c),
+                at,
+                allowed: match self.shape {
+                    Shape::Line => "it must be one line of printable text",
+                    Shape::Prose => "only newlines and tabs are accepted",
+                },
+            });
+        }
+        Ok(v.to_owned())
+    }
+
+    /// As [`Field::check`], with an absent or blank value as `None`.
+    pub fn check_optional(&self, value: Option<&str>) -> Result<Option<String>, TextError> {
+        match value.map(str::trim).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => self.check(v).map(Some),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_trimmed_bounded_and_printable() {
+        assert_eq!(TARGET.check("  reports ").unwrap(), "reports");
+        assert_eq!(
+            TARGET.check("   "),
+            Err(TextError::Missing { field: "target" })
+        );
+        assert!(matches!(
+            ACTOR.check(&"é".repeat(257)),
+            Err(TextError::TooLong {
+                chars: 257,
+                max: 256,
+                ..
+            })
+        ));
+        assert!(
+            ACTOR.check(&"é".repeat(256)).is_ok(),
+            "characters, not bytes"
+        );
+        assert!(matches!(
+            TARGET.check("a\u{0}b"),
+            Err(TextError::Control { code: 0, at: 1, .. })
+        ));
+        assert!(TARGET.check("two\nlines").is_err());
+        assert!(TARGET.check("esc\u{1b}[2J").is_err());
+        assert!(REASON.check("two\nlines\tand a tab").is_ok());
+        assert!(REASON.check("bell\u{7}").is_err());
+        assert_eq!(APPROVAL_REF.check_optional(Some("  ")), Ok(None));
+        assert_eq!(APPROVAL_REF.check_optional(None), Ok(None));
+        assert!(APPROVAL_REF.check_optional(Some("x\u{0}")).is_err());
+        let msg = TARGET.check("a\u{0}b").unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "target holds the control character U+0000 at character 1; it must be one line of printable text"
+        );
+    }
+}
