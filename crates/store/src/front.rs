@@ -100,7 +100,8 @@ impl StateListener {
 }
 
 impl Store {
-    /// One page of operations, newest first.
+    /// One page of operations, newest first, each **without its request body** (`null`): a page is
+    /// for listing; read an operation on its own for its request.
     pub async fn list_page(
         &self,
         filter: &ListFilter,
