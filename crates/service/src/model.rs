@@ -40,7 +40,8 @@ pub struct SubmitRequest {
     /// How long a cancel may take to be confirmed (`90s`, `5m`). Default: the provider's.
     #[serde(default)]
     pub cancel_window: Option<String>,
-    /// The finished operation this one retries.
+    /// The finished operation (yours) this one retries. Linked both ways in the same write: its
+    /// `superseded_by` names this one. An operation is retried once: another retry of it is refused.
     #[serde(default)]
     pub supersedes: Option<String>,
 }

@@ -336,10 +336,16 @@ impl Store {
             let intent = submission
                 .validate(terms, limits, now, draw_entropy().map_err(at)?)
                 .map_err(|e| at(e.into()))?;
-            if let Some(old) = intent.supersedes {
-                may_supersede(&mut tx, old).await.map_err(at)?;
-            }
+            let superseded = match intent.supersedes {
+                Some(old) => lock_superseded(&mut tx, old, intent.operation_id)
+                    .await
+                    .map_err(at)?,
+                None => None,
+            };
             let created = insert_intent(&mut tx, &intent).await.map_err(at)?;
+            if let (true, Some(old)) = (created, superseded) {
+                link_superseded(&mut tx, old, &intent).await.map_err(at)?;
+            }
             if !created {
                 let existing: OperationRecord = lock(&mut tx, intent.operation_id)
                     .await
@@ -391,9 +397,10 @@ impl Store {
         mut tx: Transaction<'_, Postgres>,
         intent: &Intent,
     ) -> Result<Submitted, StoreError> {
-        if let Some(old) = intent.supersedes {
-            may_supersede(&mut tx, old).await?;
-        }
+        let superseded = match intent.supersedes {
+            Some(old) => lock_superseded(&mut tx, old, intent.operation_id).await?,
+            None => None,
+        };
         if !insert_intent(&mut tx, intent).await? {
             tx.rollback().await?;
             let existing = self.get(intent.operation_id).await?;
@@ -409,6 +416,9 @@ impl Store {
                 operation: existing,
                 created: false,
             });
+        }
+        if let Some(old) = superseded {
+            link_superseded(&mut tx, old, intent).await?;
         }
         sqlx::query(include_str!("sql/notify_work.sql"))
             .bind(intent.operation_id.to_string())
@@ -916,18 +926,20 @@ impl Store {
     }
 }
 
-/// A retry may link only to a finished operation not retried yet.
-async fn may_supersede(
+/// A retry may link only to a finished operation not retried yet: the operation `new` would
+/// supersede, locked until the link is written. `None` when it already names `new` (the same
+/// submission again: nothing more to write).
+async fn lock_superseded(
     tx: &mut Transaction<'_, Postgres>,
     old: OperationId,
-) -> Result<(), StoreError> {
-    let row: Option<(String, Option<uuid::Uuid>)> =
-        sqlx::query_as(include_str!("sql/operation_lock_supersedable.sql"))
-            .bind(old.as_uuid())
-            .fetch_optional(&mut **tx)
-            .await?;
-    let (state, by) = row.ok_or(SubmitError::SupersededMissing(old))?;
-    let state: State = state
+    new: OperationId,
+) -> Result<Option<LockedRow>, StoreError> {
+    let locked = match lock(tx, old).await {
+        Err(StoreError::NotFound(_)) => return Err(SubmitError::SupersededMissing(old).into()),
+        other => other?,
+    };
+    let state: State = locked
+        .row_state()
         .parse()
         .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
     if !state.is_terminal() {
@@ -935,13 +947,35 @@ async fn may_supersede(
             "{old} is {state}, not finished: a new operation may supersede only a finished one (cancel it, or wait)"
         )));
     }
-    if let Some(by) = by {
-        return Err(StoreError::Conflict(format!(
+    match locked.row_superseded_by() {
+        Some(by) if by == new.as_uuid() => Ok(None),
+        Some(by) => Err(StoreError::Conflict(format!(
             "{old} was already retried as {}",
             OperationId::from_uuid(by)
-        )));
+        ))),
+        None => Ok(Some(locked)),
     }
-    Ok(())
+}
+
+/// The superseded operation's side of a retry an agent submitted: its `superseded` link and
+/// `superseded_by`, written after the new operation (which it names) and in the same transaction,
+/// exactly as a person's retry writes them. One operation is superseded by one other, or none.
+async fn link_superseded(
+    tx: &mut Transaction<'_, Postgres>,
+    old: LockedRow,
+    intent: &Intent,
+) -> Result<(), StoreError> {
+    let decision = jobtrail_core::Decision::new(
+        &intent.caller,
+        &format!("submitted {} to supersede it", intent.operation_id),
+    )
+    .map_err(|e| StoreError::Submit(e.into()))?;
+    let step = Step::event(Event::Superseded {
+        decision,
+        new_operation_id: intent.operation_id.to_string(),
+    });
+    let planned = write::plan(old, &intent.caller, &step)?;
+    write::execute(tx, &planned).await
 }
 
 /// A person may adopt a job only if no other operation of the provider already holds it.

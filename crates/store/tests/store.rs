@@ -1251,3 +1251,71 @@ async fn claims_read_the_due_index_in_order_whatever_the_statistics() {
         "ten claims of ten read {read} rows of operations and operation_schedule"
     );
 }
+
+/// An agent's retry (`supersedes` in a submission) links both ways in one transaction, as a
+/// person's retry does: the old operation gets its `superseded` link and `superseded_by`. The same
+/// submission again is the same operation; any other retry of the same operation is refused, alone
+/// or in a batch, with nothing written. (Before, each agent retry left the old operation unlinked,
+/// so any number of operations could claim to supersede it.)
+#[tokio::test]
+async fn an_agents_retry_links_both_ways_and_only_once() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let old = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    store
+        .request_cancel(
+            old.id,
+            CancelRequest::new("agent-7", "wrong range").unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.get(old.id).await.unwrap().state, State::Withdrawn);
+
+    let mut retry = submission(r#"{"range": "2026"}"#);
+    retry.supersedes = Some(old.id);
+    retry.operation_id = Some(OperationId::from_uuid(uuid::Uuid::now_v7()));
+    let new = store
+        .submit_new(&retry, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
+    assert!(new.created);
+    let linked = store.get(old.id).await.unwrap();
+    assert_eq!(linked.superseded_by, Some(new.operation.id));
+    let history = store.history(old.id).await.unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(
+        (last.event.as_str(), last.actor.as_str()),
+        ("superseded", "agent-7")
+    );
+    assert!(store.verify_operation(old.id).await.unwrap().is_clean());
+
+    let again = store
+        .submit_new(&retry, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(again.operation.id, new.operation.id);
+    assert_eq!(store.history(old.id).await.unwrap().len(), history.len());
+
+    let mut other = submission(r#"{"range": "2025"}"#);
+    other.supersedes = Some(old.id);
+    let refused = store
+        .submit_new(&other, &providers(), SubmitLimits::default())
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict(_))),
+        "{refused:?}"
+    );
+    let refused = store
+        .submit_new_batch(&[other], &providers(), SubmitLimits::default())
+        .await;
+    assert!(
+        matches!(refused, Err((0, StoreError::Conflict(_)))),
+        "{refused:?}"
+    );
+    assert_eq!(count(&db, "operations").await, 2, "nothing written");
+}
