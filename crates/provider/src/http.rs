@@ -477,21 +477,14 @@ impl HttpProvider {
         let out = {
             // Moved in: the box is freed when the block ends, before the exchange.
             let req = req;
+            let unsent =
+                |why: &str| wire::unsent(kind, at.attempt, &req.method, &req.url, op.trace_id, why);
             let mut headers = match self.headers(op, &req.url, access).await {
                 Ok((h, auth)) => {
                     secrets.extend(auth);
                     h
                 }
-                Err(why) => {
-                    return wire::unsent(
-                        kind,
-                        at.attempt,
-                        &req.method,
-                        &req.url,
-                        op.trace_id,
-                        &why,
-                    );
-                }
+                Err(why) => return unsent(&why),
             };
             // The operation's own secrets too, whatever this call sends: a provider may echo the
             // create body in any later answer, and a caller granted a secret may have it used,
@@ -508,16 +501,9 @@ impl HttpProvider {
                 {
                     Ok((_, body_secrets)) => secrets.extend(body_secrets),
                     Err(why) => {
-                        return wire::unsent(
-                            kind,
-                            at.attempt,
-                            &req.method,
-                            &req.url,
-                            op.trace_id,
-                            &format!(
-                                "the operation's secrets could not be read to keep them out of the record: {why}"
-                            ),
-                        );
+                        return unsent(&format!(
+                            "the operation's secrets could not be read to keep them out of the record: {why}"
+                        ));
                     }
                 }
             }

@@ -58,12 +58,16 @@ async fn harness_over(contract_name: &str, http: HttpVersion, http1_only: bool) 
 
 impl H {
     async fn op(&self, sim_script: serde_json::Value) -> OperationRecord {
+        self.op_with_body(serde_json::json!({"report": "usage", "sim": sim_script}))
+            .await
+    }
+
+    async fn op_with_body(&self, body: serde_json::Value) -> OperationRecord {
         let mut terms = std::collections::BTreeMap::new();
         terms.insert(
             self.provider.contract().name.clone(),
             self.provider.contract().terms(),
         );
-        let body = serde_json::json!({"report": "usage", "sim": sim_script});
         let s = Submission {
             provider: self.provider.contract().name.clone(),
             target: "reports".into(),
@@ -814,26 +818,12 @@ async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
     let h = harness("sim").await;
     // SAFETY: the only test in this binary that reads or sets it.
     unsafe { std::env::set_var("JOBTRAIL_SIM_CARD", "4111-1111-1111-1111") };
-    let mut terms = std::collections::BTreeMap::new();
-    terms.insert("sim".to_owned(), h.provider.contract().terms());
-    let body = serde_json::json!({
-        "report": "usage", "payment": {"card_number": {"$secret": "customer_card"}},
-        "sim": {"never_finish": true},
-    });
-    let s = Submission {
-        provider: "sim".into(),
-        target: "reports".into(),
-        body: serde_json::to_vec(&body).unwrap(),
-        caller: "test".into(),
-        approved_by: "tester".into(),
-        ..Default::default()
-    };
     let mut op = h
-        .store
-        .submit_new(&s, &terms, SubmitLimits::default())
-        .await
-        .unwrap()
-        .operation;
+        .op_with_body(serde_json::json!({
+            "report": "usage", "payment": {"card_number": {"$secret": "customer_card"}},
+            "sim": {"never_finish": true},
+        }))
+        .await;
     match h.provider.create(&op, 1.into()).await.outcome {
         CreateOutcome::Accepted { job_id, .. } => op.remote_job_id = Some(job_id),
         other => panic!("create: {other:?}"),
