@@ -1282,6 +1282,13 @@ async fn hostile_provider_text_is_recorded_cleaned_and_bounded() {
             |_| {},
         )
         .await;
+    let created = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": ["hostile_state"], "duration_ms": 300}),
+            |_| {},
+        )
+        .await;
     env.start_worker("w1", Duration::from_secs(10));
 
     let done = env.wait_settled(hostile.id, T).await;
@@ -1316,6 +1323,18 @@ async fn hostile_provider_text_is_recorded_cleaned_and_bounded() {
     let jar = done.provider_context["cookie_jar"].as_str().unwrap_or("");
     assert!(jar.len() <= 64 * 1024, "cookie jar of {} bytes", jar.len());
     assert!(!jar.contains("flood199"), "a flood of cookies is not kept");
+
+    // A create answer's hostile state: the job is adopted, its state stored cleaned and cut.
+    let adopted = env.wait_settled(created.id, T).await;
+    assert_eq!(adopted.state, State::Succeeded, "{adopted:?}");
+    let history = env.store.history(adopted.id).await.unwrap();
+    let accepted = history
+        .iter()
+        .find(|h| h.event == "create_accepted")
+        .unwrap();
+    let state = accepted.detail["remote_state"].as_str().unwrap();
+    assert!(state.starts_with("queued\u{FFFD}\u{FFFD}[2J"), "{state:?}");
+    assert!(state.len() < 1024, "cut: {} bytes", state.len());
 
     let rejected = env.wait_settled(binary.id, T).await;
     assert_eq!(rejected.state, State::Failed, "{rejected:?}");

@@ -894,7 +894,7 @@ impl HttpProvider {
                 let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok();
                 self.locate(l, &ex, json.as_ref())
             })
-            .filter(|u| followable(u))
+            .filter(|u| followable(u) && text::usable(u, MAX_LOCATOR_BYTES))
             .map(|u| ResultHints {
                 result_url: Some(u),
                 ..ResultHints::default()
@@ -957,7 +957,8 @@ impl HttpProvider {
         let remote_state = spec
             .initial_state
             .as_ref()
-            .and_then(|l| self.locate(l, ex, json.as_ref()));
+            .and_then(|l| self.locate(l, ex, json.as_ref()))
+            .map(|s| text::truncate(text::storable(s), MAX_STATE_BYTES));
         if let Some(Err(why)) = job_id
             .as_deref()
             .map(jobtrail_core::ids::check_remote_job_id)

@@ -730,8 +730,13 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         .unwrap_or_else(|| format!("/v1/jobs/{named}"));
     let (mut r, location) = match script.protocol {
         Protocol::Native => {
+            let state = if act == CreateAct::HostileState {
+                format!("queued\u{0}\u{1b}[2J{}", "q".repeat(64 * 1024))
+            } else {
+                "queued".to_owned()
+            };
             let mut body =
-                serde_json::json!({"job_id": named, "state": "queued", "status_url": status_url});
+                serde_json::json!({"job_id": named, "state": state, "status_url": status_url});
             if script.partial_output {
                 body["result"] = serde_json::json!({"job_id": named, "items": []});
             }

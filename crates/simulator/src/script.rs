@@ -38,6 +38,8 @@ pub enum CreateAct {
     SyncEcho,
     /// 422 whose body is binary: NUL and escape bytes (a provider's error page in UTF-16, say).
     RejectBinary,
+    /// Create the job; the answer's state holds NUL and escape characters and is 64 KiB long.
+    HostileState,
     /// Create the job, but name it `..` in the answer (a hostile or broken provider: a URL built
     /// from that name addresses another resource).
     DotDotJobId,
