@@ -711,6 +711,7 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
         .json()
         .await
         .unwrap();
+    assert_eq!(q["more"], false, "{q}");
     let entry = q["escalations"]
         .as_array()
         .unwrap()

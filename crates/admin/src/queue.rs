@@ -54,7 +54,16 @@ pub async fn escalations(
         }
         None => None,
     };
-    let ops = store.escalations(state, provider.as_deref()).await?;
+    let shown = jobtrail_service::operator::ESCALATIONS_SHOWN;
+    let mut ops = store
+        .escalations(state, provider.as_deref(), shown + 1)
+        .await?;
+    if ops.len() > shown as usize {
+        ops.truncate(shown as usize);
+        eprintln!(
+            "more than {shown} operations are held: the oldest {shown} are shown; decide these first, or narrow with --state or --provider"
+        );
+    }
     let mut entries = Vec::new();
     for op in &ops {
         let calls = store.recent_calls(op.id, 3).await?;

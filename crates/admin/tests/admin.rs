@@ -233,6 +233,12 @@ async fn escalations_list_exactly_the_operations_that_need_a_person() {
         assert!(!e["decisions"].as_array().unwrap().is_empty());
     }
     assert_eq!(list[1]["conflicting_remote_job_id"], "job_b");
+    // A listing is bounded (the API and this binary show the oldest 500 and say there are more),
+    // and never loads request bodies.
+    let first_two = store.escalations(None, None, 2).await.unwrap();
+    let first_two_ids: Vec<String> = first_two.iter().map(|o| o.id.to_string()).collect();
+    assert_eq!(first_two_ids, want[..2]);
+    assert!(first_two.iter().all(|o| o.request_body.is_null()));
     let filtered = json(&admin(
         &db,
         &["escalations", "--state", "result_timed_out", "--json"],

@@ -309,7 +309,11 @@ pub struct Escalation {
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
 pub struct EscalationList {
+    /// Oldest first, at most 500.
     pub escalations: Vec<Escalation>,
+    /// More operations are held than shown: decide these first, or narrow by state or provider.
+    #[serde(default)]
+    pub more: bool,
 }
 
 /// What an agent should do, per state.

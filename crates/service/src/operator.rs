@@ -14,6 +14,9 @@ use crate::model::{
 };
 use crate::{Principal, Scope, Service, parse_id};
 
+/// The most held operations one escalation listing shows (oldest first).
+pub const ESCALATIONS_SHOWN: i64 = 500;
+
 /// The decisions that fit an operation in `state`, from the transition table (the names of
 /// [`Decision`]'s kinds; `cancel` is a cancel request).
 pub fn decisions_for(state: State) -> Vec<&'static str> {
@@ -80,7 +83,8 @@ impl Service {
         self.operator_store.as_ref().unwrap_or(&self.store)
     }
 
-    /// Operations held for a person, oldest first, with the decisions that fit each.
+    /// Operations held for a person, oldest first (at most [`ESCALATIONS_SHOWN`]), with the
+    /// decisions that fit each.
     pub async fn escalations(
         &self,
         p: &Principal,
@@ -101,8 +105,14 @@ impl Service {
                 Ok(st)
             })
             .transpose()?;
-        let ops = self.operator().escalations(state, provider).await?;
+        let mut ops = self
+            .operator()
+            .escalations(state, provider, ESCALATIONS_SHOWN + 1)
+            .await?;
+        let more = ops.len() > ESCALATIONS_SHOWN as usize;
+        ops.truncate(ESCALATIONS_SHOWN as usize);
         Ok(EscalationList {
+            more,
             escalations: ops
                 .iter()
                 .map(|op| Escalation {

@@ -16,16 +16,19 @@ pub struct LeaseHolder {
 }
 
 impl Store {
-    /// Operations held for a person, oldest first.
+    /// Operations held for a person, oldest first, at most `limit`, each **without its request
+    /// body** (`null`, as [`Store::list_page`]).
     pub async fn escalations(
         &self,
         state: Option<State>,
         provider: Option<&str>,
+        limit: i64,
     ) -> Result<Vec<OperationRecord>, StoreError> {
         let rows: Vec<OperationRow> =
             sqlx::query_as(include_str!("sql/operation_list_escalated.sql"))
                 .bind(state.map(|s| s.as_str()))
                 .bind(provider)
+                .bind(limit)
                 .fetch_all(&self.pool)
                 .await?;
         rows.into_iter().map(TryInto::try_into).collect()
