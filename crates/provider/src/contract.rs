@@ -1507,7 +1507,11 @@ impl Validator<'_> {
     }
 
     fn secret(&self, key: &str, s: &str) -> Result<SecretRef, ContractError> {
-        SecretRef::parse(s).map_err(|e| self.err(key, e))
+        let r = SecretRef::parse(s).map_err(|e| self.err(key, e))?;
+        if let Some(why) = own_credential(&r) {
+            return Err(self.err(key, why));
+        }
+        Ok(r)
     }
 
     /// A duration in milliseconds within `[min, max]`: a typo of extra zeros is an error at load,
@@ -2757,5 +2761,31 @@ impl Validator<'_> {
             expected_count: r.expected_count,
             max_failed_items: r.max_failed_items,
         })
+    }
+}
+
+/// Why `r` is not a provider's secret but jobtrail's own: its database logins and libpq's password
+/// variables, its anchor signing key, or a kernel file (`/proc/self/environ` reads as a regular file
+/// and holds every variable above). A contract naming one would send it to the provider.
+fn own_credential(r: &SecretRef) -> Option<String> {
+    match r {
+        SecretRef::Env(name) => {
+            let n = name.to_ascii_uppercase();
+            let own = n == "DATABASE_URL"
+                || n.ends_with("_DATABASE_URL")
+                || matches!(n.as_str(), "PGPASSWORD" | "PGPASSFILE" | "JOBTRAIL_TOKEN")
+                || n.starts_with("JOBTRAIL_ANCHOR_");
+            own.then(|| {
+                format!(
+                    "env:{name} holds jobtrail's own credential: it is never sent to a provider"
+                )
+            })
+        }
+        // Devices and FIFOs are refused when read (not regular files); kernel files pass as
+        // regular ones, so they are refused here.
+        SecretRef::File(path) => ["/proc/", "/sys/"]
+            .iter()
+            .any(|p| path.starts_with(p))
+            .then(|| format!("file:{path} is a kernel file, not a secret file")),
     }
 }

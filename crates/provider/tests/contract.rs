@@ -1076,6 +1076,23 @@ fn what_the_review_found_is_refused_at_load() {
             ),
             "result.formats.raw.url",
         ),
+        // jobtrail's own credentials are never a provider's secret.
+        (
+            sim.replacen("secret = \"env:JOBTRAIL_SIM_TOKEN\"", "secret = \"env:DATABASE_URL\"", 1),
+            "auth.secret",
+        ),
+        (
+            sim.replacen(
+                "secret = \"env:JOBTRAIL_SIM_TOKEN\"",
+                "secret = \"file:/proc/self/environ\"",
+                1,
+            ),
+            "auth.secret",
+        ),
+        (
+            sim.replacen("from = \"env:JOBTRAIL_SIM_CARD\"", "from = \"env:JOBTRAIL_OPERATOR_DATABASE_URL\"", 1),
+            "secrets.customer_card",
+        ),
     ];
     for (text, key) in cases {
         let err = parse(&text).unwrap_err();
