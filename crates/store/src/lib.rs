@@ -815,9 +815,6 @@ impl Store {
             .row_state()
             .parse()
             .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
-        // Withdrawn only when no create can have created a job: every attempt so far was
-        // definitively not created (the state says so) and no send is marked in flight. A worker
-        // holding the lease decides for itself once its call is answered.
         // A cancel already noted where the state cannot move yet: asking again writes nothing.
         // (Each request would be a permanent history link, and would make a person's STATE@SEQ
         // stale.) The first request stands, with its actor and reason.
@@ -832,6 +829,9 @@ impl Store {
                 transition: None,
             });
         }
+        // Withdrawn only when no create can have created a job: every attempt so far was
+        // definitively not created (the state says so) and no send is marked in flight. A worker
+        // holding the lease decides for itself once its call is answered.
         let never_sent = state == State::CreatePending
             && locked.row_create_sent_epoch().is_none()
             && locked.row_lease_owner().is_none();
