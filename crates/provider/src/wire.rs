@@ -255,8 +255,13 @@ impl Scrubber {
     }
 
     /// A JSON body's secret behind escapes no byte search knows (`\u0061`): read as JSON, scrubbed
-    /// as JSON. Only a body with a backslash can hide one; others are not parsed.
+    /// as JSON. Only a body with a backslash can hide one; others are not parsed, and neither is one
+    /// over 4 MiB (a large result would be held twice over as parsed JSON; the byte search above
+    /// still covers it in every spelling it knows).
     fn escaped_in_json(&self, body: &[u8]) -> Option<serde_json::Value> {
+        if body.len() > 4 << 20 {
+            return None;
+        }
         let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
         if !matches!(first, b'{' | b'[' | b'"') || memchr::memchr(b'\\', body).is_none() {
             return None;
