@@ -247,6 +247,19 @@ async fn plain_session(env: &Env, client: &Client, caller: &str) {
     )
     .await;
     assert_eq!(structured(&r)["error"], "bad-input", "{r:?}");
+
+    // A request over the provider's size limit (1 MiB for sim) but under the HTTP API's is refused
+    // by jobtrail with a reason the agent can read, not cut off by the transport (rmcp's own limit
+    // was 4 MiB).
+    let r = call(
+        client,
+        "submit_operation",
+        json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+               "request": {"report": "usage", "pad": "x".repeat(5 << 20)}}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(structured(&r)["error"], "too-large", "{:?}", structured(&r));
 }
 
 /// submit_operation as a task; the MCP server restarted (`restart` gives a new session on a new
