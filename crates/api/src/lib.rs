@@ -25,9 +25,7 @@ pub use problem::{Problem, ProblemDoc};
 
 /// Bound on a request's handling, waits excepted (they carry their own bound).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest request body: the largest provider request any contract may allow, plus room for
-/// the envelope.
-pub const MAX_REQUEST_BYTES: usize = jobtrail_core::operation::MAX_BODY_BYTES + 64 * 1024;
+pub use jobtrail_service::MAX_REQUEST_BYTES;
 
 /// What every handler shares.
 #[derive(Clone)]

@@ -532,10 +532,9 @@ pub fn http_service(
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
     // The HTTP API's limit: a request a provider accepts is never refused only for its door.
-    let max_body = jobtrail_core::operation::MAX_BODY_BYTES + 64 * 1024;
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(shutdown.child_token())
-        .with_max_request_body_bytes(max_body);
+        .with_max_request_body_bytes(jobtrail_service::MAX_REQUEST_BYTES);
     if !allowed_hosts.is_empty() {
         config = config.with_allowed_hosts(allowed_hosts);
     }

@@ -35,6 +35,9 @@ pub use model::*;
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
 /// The header that carries a served result's sha256 (as the evidence chain records it).
 pub const RESULT_SHA256_HEADER: &str = "jobtrail-result-sha256";
+/// The largest request body a network door (HTTP, MCP) reads: the largest provider request any
+/// contract may allow, plus room for the envelope.
+pub const MAX_REQUEST_BYTES: usize = jobtrail_core::operation::MAX_BODY_BYTES + 64 * 1024;
 /// Default and largest page sizes.
 pub const DEFAULT_PAGE: u32 = 50;
 pub const MAX_PAGE: u32 = 200;

@@ -223,7 +223,7 @@ fn off_runtime<T>(size: usize, check: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     let multi =
         Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
-    if size >= 256 << 10 && multi {
+    if size >= crate::results::BLOCKING_BYTES && multi {
         tokio::task::block_in_place(check)
     } else {
         check()

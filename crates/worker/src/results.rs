@@ -126,11 +126,15 @@ pub enum ReadError {
     Altered(String),
 }
 
+/// Bytes from which hashing or checking them is taken off the runtime's threads: work in proportion
+/// to the size that would otherwise stall every other operation on the thread.
+pub(crate) const BLOCKING_BYTES: usize = 256 << 10;
+
 /// The lowercase hex sha256 of `bytes` (and the bytes back), computed on a blocking thread when
 /// they are large enough to stall the async threads.
 async fn sha256_hex(bytes: bytes::Bytes) -> Result<(String, bytes::Bytes), String> {
     let digest = |b: bytes::Bytes| (hex::encode(Sha256::digest(&b)), b);
-    if bytes.len() < 256 << 10 {
+    if bytes.len() < BLOCKING_BYTES {
         return Ok(digest(bytes));
     }
     tokio::task::spawn_blocking(move || digest(bytes))
