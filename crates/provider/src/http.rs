@@ -60,6 +60,21 @@ fn followable(s: &str) -> bool {
         || lower.starts_with("https://")
 }
 
+/// A URL a provider named ([`followable`]) as one to call: an absolute path is resolved against the
+/// URL of the request it answered (RFC 3986 §5.2, as RFC 9110 says of `Location`), so a provider
+/// behind a path prefix (`https://host/ogcapi`, naming `/ogcapi/jobs/1`) is called at
+/// `https://host/ogcapi/jobs/1`, not under its base URL again. A contract's own paths are
+/// different: they extend the base URL's path (see `url`).
+fn resolved(ex: &Exchange, given: String) -> String {
+    if !given.starts_with('/') {
+        return given;
+    }
+    url::Url::parse(&ex.record.url)
+        .and_then(|request| request.join(&given))
+        .map(String::from)
+        .unwrap_or(given)
+}
+
 /// A status URL as a job id for the record: credentials and secret-looking query values blanked
 /// (as every recorded URL), a relative one kept relative.
 fn job_id_of_url(u: &str) -> String {
@@ -896,7 +911,7 @@ impl HttpProvider {
             })
             .filter(|u| followable(u) && text::usable(u, MAX_LOCATOR_BYTES))
             .map(|u| ResultHints {
-                result_url: Some(u),
+                result_url: Some(resolved(&ex, u)),
                 ..ResultHints::default()
             });
         let ctx = self.context_after(op, &ex, hints.as_ref());
@@ -951,7 +966,7 @@ impl HttpProvider {
             // auditors; the full URL is kept only as the status URL. Other query values stay (a
             // provider may name the job there: `?id=A` and `?id=B` are two jobs).
             None => self
-                .status_url_in(ex, json.as_ref())
+                .status_url_given(ex, json.as_ref())
                 .map(|u| job_id_of_url(&u)),
         };
         let remote_state = spec
@@ -1091,8 +1106,14 @@ impl HttpProvider {
         )
     }
 
-    /// A status URL the provider gave in this response, by the contract's precedence.
+    /// A status URL the provider gave in this response, by the contract's precedence, resolved
+    /// against the request's URL (see [`resolved`]).
     fn status_url_in(&self, ex: &Exchange, json: Option<&serde_json::Value>) -> Option<String> {
+        self.status_url_given(ex, json).map(|u| resolved(ex, u))
+    }
+
+    /// A status URL the provider gave in this response, as it gave it.
+    fn status_url_given(&self, ex: &Exchange, json: Option<&serde_json::Value>) -> Option<String> {
         self.contract
             .status
             .follow
@@ -1241,8 +1262,8 @@ impl HttpProvider {
             .get("result")
             .and_then(|r| serde_json::from_value::<ResultHints>(r.clone()).ok())
             .unwrap_or_default();
-        if let Some(u) = get_str(&spec.result_url) {
-            hints.result_url = Some(u);
+        if let Some(u) = get_str(&spec.result_url).filter(|u| followable(u)) {
+            hints.result_url = Some(resolved(ex, u));
         }
         if let Some(c) = get_str(&spec.checksum) {
             hints.checksum = Some(c);

@@ -33,19 +33,31 @@ async fn harness(contract_name: &str) -> H {
 
 /// The contract called in `http`, against a simulator that speaks HTTP/1.1 only when `http1_only`.
 async fn harness_over(contract_name: &str, http: HttpVersion, http1_only: bool) -> H {
+    let config = jobtrail_sim::Config {
+        http1_only,
+        ..Default::default()
+    };
+    harness_with(config, |base| {
+        let mut c = contract(contract_name, base);
+        c.http_version = http;
+        c
+    })
+    .await
+}
+
+/// The contract `make` builds for the simulator's base URL, against a simulator started with
+/// `config` and the test's bearer token.
+async fn harness_with(config: jobtrail_sim::Config, make: impl FnOnce(&str) -> Contract) -> H {
     // SAFETY: every test in this binary sets the same value.
     unsafe { std::env::set_var("JOBTRAIL_SIM_TOKEN", SECRET) };
     let sim = jobtrail_sim::Sim::new(jobtrail_sim::Config {
         bearer_token: Some(SECRET.into()),
-        webhook: None,
-        http1_only,
+        ..config
     })
     .start("127.0.0.1:0".parse().unwrap())
     .await
     .unwrap();
-    let mut c = contract(contract_name, &sim.base_url());
-    c.http_version = http;
-    let provider = HttpProvider::new(c).unwrap();
+    let provider = HttpProvider::new(make(&sim.base_url())).unwrap();
     let db = TestDb::new().await;
     let store = db.store().await;
     H {
@@ -470,6 +482,98 @@ async fn status_faults_and_retry_after_become_the_right_outcomes() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A provider behind a path prefix (`http://host/gateway`) names its URLs as absolute paths that
+/// carry the prefix (`/gateway/v1/jobs/1`): they are resolved against the request they answered
+/// (RFC 3986), not put under the base URL's path a second time, while the contract's own paths
+/// (`/v1/jobs`) still extend it. Status URLs from a body, a header and a moving monitor, a result
+/// URL from a status body, and OGC's `Location`.
+#[tokio::test]
+async fn urls_a_provider_names_under_a_path_prefix_are_resolved_not_nested() {
+    let prefixed = || jobtrail_sim::Config {
+        path_prefix: "/gateway/api".into(),
+        ..Default::default()
+    };
+    let h = harness_with(prefixed(), |base| contract("sim", base)).await;
+    let base = h.sim.base_url();
+    assert!(base.ends_with("/gateway/api"), "{base}");
+    for script in [
+        serde_json::json!({"duration_ms": 300}),
+        serde_json::json!({"duration_ms": 400, "moving_status_url": true}),
+        serde_json::json!({"duration_ms": 300, "status_via_header": true}),
+    ] {
+        let mut op = h.created(script.clone()).await;
+        let job = op.remote_job_id.clone().unwrap();
+        let followed = op.status_url.clone().unwrap();
+        assert!(
+            followed.starts_with(&format!("{base}/v1/")),
+            "{script}: {followed}"
+        );
+        let end = h.poll_to_end(&mut op).await;
+        assert_eq!(end.phase, Some(Phase::Succeeded), "{script}");
+        assert_eq!(
+            end.hints.result_url.as_deref(),
+            Some(format!("{base}/v1/jobs/{job}/result").as_str()),
+            "{script}"
+        );
+        let r = h.provider.fetch_result(&op, 1.into()).await;
+        let ResultOutcome::Fetched(f) = r.outcome else {
+            panic!("{script}: {:?}", r.outcome)
+        };
+        assert!(
+            matches!(h.provider.check_result(&op, &f), Checked::Valid { .. }),
+            "{script}"
+        );
+        let paths = &h.sim.ledger().jobs[&job].status_paths;
+        assert!(
+            !paths.is_empty(),
+            "{script}: no status read reached the job"
+        );
+    }
+
+    let ogc = |base: &str| {
+        let text = format!(
+            r#"
+protocol = "ogc-processes"
+name = "ogc"
+base_url = "{base}"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/processes/{{target}}/execution"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+[result]
+content_type = "application/json"
+items = "/items"
+"#
+        );
+        Contract::parse(&text, Path::new("ogc.toml")).unwrap()
+    };
+    let h = harness_with(prefixed(), ogc).await;
+    let base = h.sim.base_url();
+    let mut op = h
+        .created(serde_json::json!({"protocol": "ogc", "duration_ms": 300}))
+        .await;
+    // The job is known by its `Location` as given; it is called where that resolves.
+    let job = op.remote_job_id.clone().unwrap();
+    assert!(job.starts_with("/gateway/api/jobs/"), "{job}");
+    assert_eq!(
+        op.status_url.as_deref(),
+        Some(format!("http://{}{job}", h.sim.addr).as_str())
+    );
+    assert!(base.ends_with("/gateway/api"));
+    let end = h.poll_to_end(&mut op).await;
+    assert_eq!(end.phase, Some(Phase::Succeeded));
+    let r = h.provider.fetch_result(&op, 1.into()).await;
+    assert!(
+        matches!(r.outcome, ResultOutcome::Fetched(_)),
+        "{:?}",
+        r.outcome
+    );
 }
 
 #[tokio::test]

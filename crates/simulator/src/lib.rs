@@ -41,6 +41,10 @@ pub struct Config {
     /// Speak HTTP/1.1 only, as many providers do (otherwise HTTP/2 without TLS is served too, to a
     /// client that starts with it: h2c by prior knowledge).
     pub http1_only: bool,
+    /// Serve the API under this path (`/gateway/ogcapi`, say), as a provider behind a gateway
+    /// does: every route and every URL the simulator names (`Location`, status and result URLs)
+    /// starts with it. Empty: served at the root.
+    pub path_prefix: String,
 }
 
 /// What the simulator saw for one job.
@@ -180,8 +184,9 @@ pub struct Running {
 }
 
 impl Running {
+    /// The address, and the path prefix the API is served under (a contract's `base_url`).
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}{}", self.addr, self.sim.config.path_prefix)
     }
     pub fn ledger(&self) -> Ledger {
         self.sim.ledger()
@@ -193,7 +198,14 @@ impl Running {
 }
 
 impl Sim {
-    pub fn new(config: Config) -> Self {
+    /// A simulator with `config`; a path prefix is served as `/a/b` whatever slashes it came with.
+    pub fn new(mut config: Config) -> Self {
+        let prefix = config.path_prefix.trim_matches('/');
+        config.path_prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("/{prefix}")
+        };
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 webhook: config.webhook.clone(),
@@ -226,7 +238,7 @@ impl Sim {
     }
 
     pub fn router(&self) -> Router {
-        Router::new()
+        let api = Router::new()
             .route("/v1/jobs", post(create).get(lookup))
             .route(
                 "/v1/resources/{name}",
@@ -244,8 +256,14 @@ impl Sim {
             // A workflow engine's style: every call a POST with a JSON body naming the run.
             .route("/v2/runs:stop", post(workflow_stop))
             .route("/v2/runs:output", post(workflow_output))
-            .route("/v2/runs:lookup", post(workflow_lookup))
-            .route("/_sim/ledger", get(ledger))
+            .route("/v2/runs:lookup", post(workflow_lookup));
+        let prefix = self.config.path_prefix.as_str();
+        let api = if prefix.is_empty() {
+            api
+        } else {
+            Router::new().nest(prefix, api)
+        };
+        api.route("/_sim/ledger", get(ledger))
             .route("/healthz", get(|| async { "ok" }))
             .layer(axum::middleware::from_fn(echo_client_request_id))
             .layer(axum::middleware::from_fn_with_state(
@@ -516,13 +534,14 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
     let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return error(StatusCode::BAD_REQUEST, "body is not JSON");
     };
-    let script: Script = match doc.get("sim") {
+    let mut script: Script = match doc.get("sim") {
         Some(s) => match serde_json::from_value(s.clone()) {
             Ok(s) => s,
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad sim script: {e}")),
         },
         None => Script::default(),
     };
+    script.path_prefix.clone_from(&sim.config.path_prefix);
     if script.protocol == Protocol::Ogc
         && headers.get("prefer").and_then(|v| v.to_str().ok()) != Some("respond-async")
     {
@@ -727,7 +746,7 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
     let status_url = script
         .status_url_elsewhere
         .clone()
-        .unwrap_or_else(|| format!("/v1/jobs/{named}"));
+        .unwrap_or_else(|| script.at(format_args!("/v1/jobs/{named}")));
     let (mut r, location) = match script.protocol {
         Protocol::Native => {
             let state = if act == CreateAct::HostileState {
@@ -747,11 +766,11 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                 StatusCode::OK,
                 serde_json::json!({"name": format!("operations/{named}"), "metadata": {"progress": 0}}),
             ),
-            format!("/v1/operations/{named}"),
+            script.at(format_args!("/v1/operations/{named}")),
         ),
         Protocol::Location => (
             json_response(StatusCode::ACCEPTED, serde_json::json!({"job_id": named})),
-            format!("/v1/monitors/{named}/0"),
+            script.at(format_args!("/v1/monitors/{named}/0")),
         ),
         Protocol::Ogc => {
             let mut r = (StatusCode::CREATED, "").into_response();
@@ -763,7 +782,7 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             let location = script
                 .status_url_elsewhere
                 .clone()
-                .unwrap_or_else(|| format!("/jobs/{named}"));
+                .unwrap_or_else(|| script.at(format_args!("/jobs/{named}")));
             (r, location)
         }
         Protocol::AzureResource => {
@@ -772,7 +791,7 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                 .and_then(|t| t.strip_prefix("put:"))
                 .unwrap_or(&named)
                 .to_owned();
-            let location = format!("/v1/resources/{name}");
+            let location = script.at(format_args!("/v1/resources/{name}"));
             (
                 json_response(
                     StatusCode::CREATED,
@@ -788,7 +807,8 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             );
             r.headers_mut().insert(
                 "operation-location",
-                HeaderValue::from_str(&format!("/v1/operations/{named}/0")).expect("ascii"),
+                HeaderValue::from_str(&script.at(format_args!("/v1/operations/{named}/0")))
+                    .expect("ascii"),
             );
             if script.bogus_async_header {
                 r.headers_mut().insert(
@@ -799,16 +819,19 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             if script.async_operation_header {
                 r.headers_mut().insert(
                     "azure-asyncoperation",
-                    HeaderValue::from_str(&format!("/v1/operations/{named}/0")).expect("ascii"),
+                    HeaderValue::from_str(&script.at(format_args!("/v1/operations/{named}/0")))
+                        .expect("ascii"),
                 );
                 r.headers_mut().insert(
                     "operation-location",
-                    HeaderValue::from_str(&format!("/v1/operations/{named}-nowhere/0"))
-                        .expect("ascii"),
+                    HeaderValue::from_str(
+                        &script.at(format_args!("/v1/operations/{named}-nowhere/0")),
+                    )
+                    .expect("ascii"),
                 );
             }
             // Where the final result will be (Azure's final-state-via: location).
-            (r, format!("/v1/jobs/{named}/result"))
+            (r, script.at(format_args!("/v1/jobs/{named}/result")))
         }
     };
     let h = r.headers_mut();
@@ -836,7 +859,8 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
     if script.status_via_header {
         h.insert(
             "operation-location",
-            HeaderValue::from_str(&format!("/v1/operations/{id}/0")).expect("ascii"),
+            HeaderValue::from_str(&script.at(format_args!("/v1/operations/{id}/0")))
+                .expect("ascii"),
         );
     }
     if replay {
@@ -930,7 +954,7 @@ fn location_monitor(id: &str, state: &str, n: u32, script: &Script) -> Response 
     match state {
         "succeeded" => json_response(
             StatusCode::OK,
-            serde_json::json!({"job_id": id, "result_url": format!("/v1/jobs/{id}/result")}),
+            serde_json::json!({"job_id": id, "result_url": script.at(format_args!("/v1/jobs/{id}/result"))}),
         ),
         "failed" | "cancelled" => json_response(
             StatusCode::BAD_REQUEST,
@@ -941,7 +965,8 @@ fn location_monitor(id: &str, state: &str, n: u32, script: &Script) -> Response 
             if script.moving_status_url {
                 r.headers_mut().insert(
                     header::LOCATION,
-                    HeaderValue::from_str(&format!("/v1/monitors/{id}/{}", n + 1)).expect("ascii"),
+                    HeaderValue::from_str(&script.at(format_args!("/v1/monitors/{id}/{}", n + 1)))
+                        .expect("ascii"),
                 );
             }
             r
@@ -1132,7 +1157,7 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
             job.script
                 .result_url_elsewhere
                 .clone()
-                .unwrap_or_else(|| format!("/v1/jobs/{id}/result"))
+                .unwrap_or_else(|| job.script.at(format_args!("/v1/jobs/{id}/result")))
         );
         body["expected_items"] = serde_json::json!(job.script.items);
     }
@@ -1140,7 +1165,8 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         body["error"] = serde_json::json!("the job failed: simulated failure");
     }
     if job.script.moving_status_url {
-        body["status_url"] = serde_json::json!(format!("/v1/operations/{id}/{}", n + 1));
+        body["status_url"] =
+            serde_json::json!(job.script.at(format_args!("/v1/operations/{id}/{}", n + 1)));
     }
     let mut r = match job.script.protocol {
         Protocol::Native => json_response(StatusCode::OK, body),

@@ -20,6 +20,23 @@ struct Cli {
     /// with it).
     #[arg(long)]
     http1_only: bool,
+    /// Serve the API under this path, as a provider behind a gateway does (`/gateway/v2`): every
+    /// route and every URL the simulator names starts with it.
+    #[arg(long, value_name = "PATH", value_parser = path_prefix)]
+    path_prefix: Option<String>,
+}
+
+fn path_prefix(s: &str) -> Result<String, String> {
+    let ok = s.starts_with('/')
+        && s.len() > 1
+        && !s.ends_with('/')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b));
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("a path such as /gateway/v2: starts with /, no trailing /, letters, digits and -._~ only".into())
+    }
 }
 
 #[tokio::main]
@@ -39,6 +56,7 @@ async fn main() -> std::process::ExitCode {
         bearer_token,
         webhook: None,
         http1_only: cli.http1_only,
+        path_prefix: cli.path_prefix.unwrap_or_default(),
     });
     let running = match sim.start(cli.listen).await {
         Ok(r) => r,
@@ -62,4 +80,15 @@ async fn main() -> std::process::ExitCode {
     }
     running.stop().await;
     std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_path_prefix_is_a_plain_absolute_path() {
+        assert_eq!(super::path_prefix("/gateway/v2").unwrap(), "/gateway/v2");
+        for bad in ["", "/", "gateway", "/gateway/", "/a?b", "/a b", "/a#b", "/%2e%2e"] {
+            assert!(super::path_prefix(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -211,6 +211,10 @@ pub struct Script {
     pub partial_output: bool,
     /// The webhooks this job's provider sends (when the simulator has a webhook target).
     pub webhooks: WebhookPlan,
+    /// The simulator's path prefix (set by the simulator, never by a script): every URL it names
+    /// for this job starts with it.
+    #[serde(skip)]
+    pub path_prefix: String,
 }
 
 /// Which webhook deliveries a job makes: the honest one when it ends, and the bad ones a receiver
@@ -274,11 +278,17 @@ impl Default for Script {
             result_url_elsewhere: None,
             partial_output: false,
             webhooks: WebhookPlan::default(),
+            path_prefix: String::new(),
         }
     }
 }
 
 impl Script {
+    /// A path of the simulator's API as it names it: under its prefix.
+    pub fn at(&self, path: impl std::fmt::Display) -> String {
+        format!("{}{path}", self.path_prefix)
+    }
+
     /// The act for create attempt `n` (1-based) under one token: the list, then `Ok`.
     pub fn create_act(&self, n: usize) -> CreateAct {
         self.create
