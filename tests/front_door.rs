@@ -1228,3 +1228,132 @@ async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
     assert_eq!(after.cancel_reason.as_deref(), Some("over budget"));
     env.stop_workers().await;
 }
+
+/// An operation observed for days has tens of thousands of history links: the API answers them a
+/// page (200) at a time, newest first, and says where the earlier ones start; the CLI through the
+/// API pages back to the first link. A careless page number is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_history_is_read_a_page_at_a_time() {
+    use jobtrail_core::{CallKind, CallRecord, Event, Step};
+    let env = Env::new().await;
+    let op = env
+        .submit("sim", json!({}), |s| s.caller = "agent-pages".into())
+        .await;
+    // A job accepted, then 249 progress observations (each a link, as a long job's polls make).
+    let due_now = |step: Step| Step {
+        next_in: Some((Duration::ZERO, "test")),
+        ..step
+    };
+    let accepted = CallRecord {
+        id: uuid::Uuid::now_v7(),
+        kind: CallKind::Create,
+        attempt: 1,
+        started_at: chrono::Utc::now(),
+        duration_ms: 1.0,
+        method: "POST".into(),
+        url: "http://127.0.0.1:1/v1/jobs".into(),
+        http_status: Some(202),
+        response_headers: json!({}),
+        provider_request_id: None,
+        error_class: None,
+        outcome: "accepted".into(),
+        trace_id: op.trace_id.to_string(),
+        span_id: "00f067aa0ba902b7".into(),
+        response_sha256: None,
+    };
+    let mut step = Some(
+        Step::event(Event::CreateAccepted {
+            remote_job_id: "job_pages".into(),
+            remote_state: None,
+        })
+        .with_call(accepted),
+    );
+    for _ in 0..250 {
+        let claimed = env
+            .store
+            .claim_due("w", 1, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let lease = claimed.into_iter().next().expect("due again at once").lease;
+        let next = step.take().unwrap_or_else(|| {
+            Step::event(Event::RemoteProgress {
+                remote_state: "running".into(),
+                known: true,
+            })
+        });
+        env.store.apply(&lease, due_now(next)).await.unwrap();
+    }
+    let links = env.store.history(op.id).await.unwrap().len() as i64;
+    assert_eq!(links, 251);
+
+    let server = env.serve("api");
+    let c = support::http();
+    let token = env.token("agent-pages", &["read"]).await;
+    let get = |query: String| {
+        c.get(server.url(&format!("/v1/operations/{}{query}", op.id)))
+            .bearer_auth(&token)
+            .send()
+    };
+    let seqs = |v: &Value| -> Vec<i64> {
+        v["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["seq"].as_i64().unwrap())
+            .collect()
+    };
+    let newest: Value = get("?timeline=true".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seqs(&newest), (52..=251).collect::<Vec<_>>());
+    assert_eq!(newest["timeline_earlier"], 52);
+    let earlier: Value = get("?timeline_before=52".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seqs(&earlier), (1..=51).collect::<Vec<_>>());
+    assert!(earlier.get("timeline_earlier").is_none(), "{earlier}");
+    let plain: Value = get(String::new()).await.unwrap().json().await.unwrap();
+    assert!(plain.get("timeline").is_none() && plain.get("timeline_earlier").is_none());
+    for bad in [
+        "?timeline_before=0",
+        "?timeline_before=-3",
+        "?timeline_before=ten",
+    ] {
+        problem(
+            get(bad.into()).await.unwrap(),
+            StatusCode::BAD_REQUEST,
+            "bad-input",
+        )
+        .await;
+    }
+
+    // The CLI through the API shows every link, oldest first.
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["show", &op.id.to_string()])
+        .env_remove("DATABASE_URL")
+        .env("JOBTRAIL_PROVIDERS", env.dir.join("no-contracts-here"))
+        .env("JOBTRAIL_API", &server.base)
+        .env("JOBTRAIL_TOKEN", &token)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let shown: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with('#'))
+        .collect();
+    assert_eq!(shown.len(), 251, "{text}");
+    assert!(shown[0].trim_start().starts_with("#1 "), "{}", shown[0]);
+    assert!(!text.contains("earlier links not shown"), "{text}");
+}

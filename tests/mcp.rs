@@ -146,6 +146,18 @@ async fn plain_session(env: &Env, client: &Client, caller: &str) {
         .await,
     );
     assert!(g["timeline"].as_array().unwrap().len() >= 3);
+    assert!(g.get("timeline_earlier").is_none(), "{g}");
+    // A page before a link: only the links before it.
+    let g = structured(
+        &call(
+            client,
+            "get_operation",
+            json!({"operation_id": id, "timeline": true, "timeline_before": 2}),
+        )
+        .await,
+    );
+    assert_eq!(g["timeline"].as_array().unwrap().len(), 1, "{g}");
+    assert_eq!(g["timeline"][0]["seq"], 1);
 
     // A cancel: recorded at once, cancelled when the provider confirms.
     let long = structured(

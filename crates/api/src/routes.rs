@@ -170,9 +170,12 @@ async fn submit_batch(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct GetParams {
-    /// Include the history, oldest first.
+    /// Include the history, oldest first: its newest 200 links (`timeline_earlier` in the
+    /// answer says when there are more).
     #[serde(default)]
     timeline: bool,
+    /// The 200 links before this sequence number instead (implies `timeline`).
+    timeline_before: Option<i64>,
 }
 
 #[utoipa::path(
@@ -193,7 +196,8 @@ async fn get_operation(
     q: Result<Query<GetParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<OperationView>, Problem> {
     let q = query(q)?;
-    Ok(Json(s.service.get(&p, &id, q.timeline).await?))
+    let timeline = Timeline::of(q.timeline, q.timeline_before)?;
+    Ok(Json(s.service.get(&p, &id, timeline).await?))
 }
 
 #[utoipa::path(

@@ -5,7 +5,7 @@
 
 use jobtrail_console::shell::{self, CmdResult, Failure, exit, fail, print_json};
 use jobtrail_service::{
-    Door, ListQuery, OperationView, Operations, Principal, ServiceError, SubmitRequest,
+    Door, ListQuery, OperationView, Operations, Principal, ServiceError, SubmitRequest, Timeline,
 };
 use std::io::Read;
 use std::process::ExitCode;
@@ -290,7 +290,17 @@ pub async fn show(door: &Door, id: &str, json: bool) -> CmdResult {
             }
         }
         Door::Remote(c) => {
-            let v = c.get(id, true).await.map_err(failure)?;
+            let mut v = c.get(id, Timeline::Newest).await.map_err(failure)?;
+            // The API answers a page at a time, newest first: page back to the first link, up to
+            // SHOWN_PAGES pages (what is left unshown is said).
+            for _ in 1..SHOWN_PAGES {
+                let Some(seq) = v.timeline_earlier else { break };
+                let older = c.get(id, Timeline::Before(seq)).await.map_err(failure)?;
+                let mut links = older.timeline.unwrap_or_default();
+                links.extend(v.timeline.take().unwrap_or_default());
+                v.timeline = Some(links);
+                v.timeline_earlier = older.timeline_earlier;
+            }
             if json {
                 print_json(&v);
             } else {
@@ -300,6 +310,9 @@ pub async fn show(door: &Door, id: &str, json: bool) -> CmdResult {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Pages of history `show` reads over the API at most (200 links each).
+const SHOWN_PAGES: usize = 50;
 
 /// An operation as the API gives it (no provider calls: those stay with operators).
 fn render_view(v: &OperationView) -> String {
@@ -322,6 +335,13 @@ fn render_view(v: &OperationView) -> String {
         let _ = writeln!(s, "  held because {}", text(r));
     }
     let _ = writeln!(s, "  trace {}", v.trace_id);
+    if let Some(seq) = v.timeline_earlier {
+        let _ = writeln!(
+            s,
+            "  … {} earlier links not shown (jobtrail-admin show has them all)",
+            seq - 1
+        );
+    }
     for t in v.timeline.iter().flatten() {
         let _ = writeln!(
             s,

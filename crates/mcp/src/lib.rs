@@ -23,7 +23,7 @@ use base64::Engine;
 use jobtrail_service::client::ApiClient;
 use jobtrail_service::{
     Door, Kind, ListQuery, OperationView, Operations, Principal, Service, ServiceError,
-    SubmitRequest,
+    SubmitRequest, Timeline,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -63,9 +63,13 @@ pub struct JobtrailMcp {
 pub struct OperationRef {
     /// The operation id `submit_operation` returned.
     pub operation_id: String,
-    /// Include the operation's history (get_operation only).
+    /// Include the operation's history (get_operation only): its newest 200 links, oldest first.
     #[serde(default)]
     pub timeline: bool,
+    /// With `timeline`: the links before this sequence number instead (the answer's
+    /// `timeline_earlier` says when there are any).
+    #[serde(default)]
+    pub timeline_before: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -285,7 +289,10 @@ impl JobtrailMcp {
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         match self.ops(&ctx) {
-            Ok(ops) => answer(ops.get(&a.operation_id, a.timeline).await),
+            Ok(ops) => answer(match Timeline::of(a.timeline, a.timeline_before) {
+                Ok(t) => ops.get(&a.operation_id, t).await,
+                Err(e) => Err(e),
+            }),
             Err(e) => tool_error(e),
         }
     }
@@ -434,7 +441,10 @@ impl ServerHandler for JobtrailMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
         let ops = self.ops(&ctx).map_err(mcp_error)?;
-        let op = ops.get(&p.task_id, false).await.map_err(mcp_error)?;
+        let op = ops
+            .get(&p.task_id, Timeline::Omit)
+            .await
+            .map_err(mcp_error)?;
         Ok(GetTaskResult::new(task_of(&op)))
     }
 
@@ -446,7 +456,9 @@ impl ServerHandler for JobtrailMcp {
         // jobtrail never asks the client for input (people decide through jobtrail-admin): the task
         // must exist; its answers are ignored, as the extension asks for keys never issued.
         let ops = self.ops(&ctx).map_err(mcp_error)?;
-        ops.get(&p.task_id, false).await.map_err(mcp_error)?;
+        ops.get(&p.task_id, Timeline::Omit)
+            .await
+            .map_err(mcp_error)?;
         Ok(())
     }
 
@@ -456,7 +468,10 @@ impl ServerHandler for JobtrailMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let ops = self.ops(&ctx).map_err(mcp_error)?;
-        let op = ops.get(&p.task_id, false).await.map_err(mcp_error)?;
+        let op = ops
+            .get(&p.task_id, Timeline::Omit)
+            .await
+            .map_err(mcp_error)?;
         if op.settled && !op.needs_human {
             // Already terminal: an ack, nothing to cancel.
             return Ok(());

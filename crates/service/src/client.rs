@@ -237,11 +237,14 @@ impl Operations for ApiClient {
         Ok(r.operations)
     }
 
-    async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {
-        let q = if timeline {
-            vec![("timeline", "true".to_owned())]
-        } else {
-            vec![]
+    async fn get(&self, id: &str, timeline: Timeline) -> Result<OperationView, ServiceError> {
+        let q = match timeline {
+            Timeline::Omit => vec![],
+            Timeline::Newest => vec![("timeline", "true".to_owned())],
+            Timeline::Before(seq) => vec![
+                ("timeline", "true".to_owned()),
+                ("timeline_before", seq.to_string()),
+            ],
         };
         self.json(
             Method::GET,

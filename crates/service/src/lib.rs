@@ -316,16 +316,26 @@ impl Service {
         &self,
         p: &Principal,
         id: &str,
-        timeline: bool,
+        timeline: Timeline,
     ) -> Result<OperationView, ServiceError> {
         p.require(Scope::Read)?;
         let op = self.visible(p, id).await?;
         let view = OperationView::of(&op);
-        Ok(if timeline {
-            view.with_timeline(&self.store.history(op.id).await?)
-        } else {
-            view
-        })
+        let before = match timeline {
+            Timeline::Omit => return Ok(view),
+            Timeline::Newest => None,
+            Timeline::Before(seq) => Some(seq),
+        };
+        // One more than a page: whether earlier links exist, without counting them.
+        let mut page = self
+            .store
+            .history_before(op.id, before, TIMELINE_PAGE + 1)
+            .await?;
+        let earlier = page.len() as i64 > TIMELINE_PAGE;
+        if earlier {
+            page.remove(0);
+        }
+        Ok(view.with_timeline(&page, earlier))
     }
 
     /// The operation's record, history and provider calls (the CLI's `show`).
@@ -620,7 +630,7 @@ pub trait Operations: Send + Sync {
     fn get(
         &self,
         id: &str,
-        timeline: bool,
+        timeline: Timeline,
     ) -> impl Future<Output = Result<OperationView, ServiceError>> + Send;
     fn list(
         &self,
@@ -658,7 +668,7 @@ impl Operations for Bound {
             .submit_batch(&self.principal, reqs, trace)
             .await
     }
-    async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {
+    async fn get(&self, id: &str, timeline: Timeline) -> Result<OperationView, ServiceError> {
         self.service.get(&self.principal, id, timeline).await
     }
     async fn list(&self, q: ListQuery) -> Result<OperationPage, ServiceError> {
@@ -712,7 +722,7 @@ impl Operations for Door {
             Door::Remote(c) => c.submit_batch(reqs, trace).await,
         }
     }
-    async fn get(&self, id: &str, timeline: bool) -> Result<OperationView, ServiceError> {
+    async fn get(&self, id: &str, timeline: Timeline) -> Result<OperationView, ServiceError> {
         match self {
             Door::Local(b) => b.get(id, timeline).await,
             Door::Remote(c) => c.get(id, timeline).await,

@@ -118,9 +118,42 @@ pub struct OperationView {
     pub result: Option<ResultInfo>,
     pub supersedes: Option<String>,
     pub superseded_by: Option<String>,
-    /// The history, oldest first (only when asked for).
+    /// The history, oldest first (only when asked for): its newest [`TIMELINE_PAGE`] links, or
+    /// those before `timeline_before`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<TimelineEntry>>,
+    /// Earlier links exist: ask again with `timeline_before` set to this (the first link shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_earlier: Option<i64>,
+}
+
+/// Links of history one answer carries at most: an operation polled for days has tens of
+/// thousands, and an agent reading them over MCP pays for each in its context.
+pub const TIMELINE_PAGE: i64 = 200;
+
+/// Which of an operation's history to include with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Timeline {
+    #[default]
+    Omit,
+    /// The newest [`TIMELINE_PAGE`] links.
+    Newest,
+    /// The [`TIMELINE_PAGE`] links before this sequence number.
+    Before(i64),
+}
+
+impl Timeline {
+    /// From the doors' two parameters (`timeline_before` implies `timeline`).
+    pub fn of(timeline: bool, before: Option<i64>) -> Result<Self, crate::ServiceError> {
+        match before {
+            Some(seq) if seq < 1 => Err(crate::ServiceError::bad_input(format!(
+                "timeline_before is a history sequence number, 1 or more (got {seq})"
+            ))),
+            Some(seq) => Ok(Self::Before(seq)),
+            None if timeline => Ok(Self::Newest),
+            None => Ok(Self::Omit),
+        }
+    }
 }
 
 /// The validated result of a succeeded operation (fetch the bytes with `result`).
@@ -403,10 +436,13 @@ impl OperationView {
             supersedes: op.supersedes.map(|s| s.to_string()),
             superseded_by: op.superseded_by.map(|s| s.to_string()),
             timeline: None,
+            timeline_earlier: None,
         }
     }
 
-    pub fn with_timeline(mut self, history: &[HistoryRecord]) -> Self {
+    /// With `history` (a page, in chain order) as its timeline; `earlier`: links before it exist.
+    pub fn with_timeline(mut self, history: &[HistoryRecord], earlier: bool) -> Self {
+        self.timeline_earlier = history.first().filter(|_| earlier).map(|h| h.seq);
         self.timeline = Some(
             history
                 .iter()

@@ -87,7 +87,16 @@ mod tests {
     #[test]
     fn a_path_prefix_is_a_plain_absolute_path() {
         assert_eq!(super::path_prefix("/gateway/v2").unwrap(), "/gateway/v2");
-        for bad in ["", "/", "gateway", "/gateway/", "/a?b", "/a b", "/a#b", "/%2e%2e"] {
+        for bad in [
+            "",
+            "/",
+            "gateway",
+            "/gateway/",
+            "/a?b",
+            "/a b",
+            "/a#b",
+            "/%2e%2e",
+        ] {
             assert!(super::path_prefix(bad).is_err(), "{bad:?}");
         }
     }

@@ -451,6 +451,23 @@ impl Store {
         Ok(rows.into_iter().map(HistoryRecord::from).collect())
     }
 
+    /// Up to `limit` of an operation's history links before `before` (the newest when `None`), in
+    /// chain order.
+    pub async fn history_before(
+        &self,
+        id: OperationId,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let rows: Vec<HistoryRow> = sqlx::query_as(include_str!("sql/history_before.sql"))
+            .bind(id.as_uuid())
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().rev().map(HistoryRecord::from).collect())
+    }
+
     /// Operations per (state, provider).
     pub async fn count_by_state(&self) -> Result<Vec<(String, String, i64)>, StoreError> {
         Ok(
