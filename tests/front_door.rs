@@ -1357,3 +1357,109 @@ async fn a_long_history_is_read_a_page_at_a_time() {
     assert!(shown[0].trim_start().starts_with("#1 "), "{}", shown[0]);
     assert!(!text.contains("earlier links not shown"), "{text}");
 }
+
+/// Rates at the door. Past its address's rate a request is refused before its token is looked up
+/// (a made-up token gets 429, not 401: no database read); past its token's rate one agent is
+/// refused while another is still served; a 429 says when to come back and nothing is written.
+/// A careless rate is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_door_limits_rates_per_address_and_per_token() {
+    let env = Env::new().await;
+    let c = support::http();
+    let made_up = format!("jtk_{}", "ab".repeat(32));
+
+    let server = env.serve_with(
+        "per-address",
+        &[
+            ("JOBTRAIL_RATE_PER_ADDRESS", "5/s,5"),
+            ("JOBTRAIL_RATE_PER_TOKEN", "off"),
+        ],
+    );
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let r = c
+            .get(server.url("/v1/operations"))
+            .bearer_auth(&made_up)
+            .send()
+            .await
+            .unwrap();
+        answers.push(r.status());
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            let wait: u64 = r.headers()[reqwest::header::RETRY_AFTER]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=2).contains(&wait), "{wait}");
+            let p = problem(r, StatusCode::TOO_MANY_REQUESTS, "rate-limited").await;
+            assert_eq!(p["exit_code"], 5);
+            assert_eq!(p["extra"]["retry_after_secs"], wait);
+        }
+    }
+    assert_eq!(answers[0], StatusCode::UNAUTHORIZED, "{answers:?}");
+    assert!(
+        answers.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "20 requests at once from one address, 5/s allowed: {answers:?}"
+    );
+
+    let server = env.serve_with(
+        "per-token",
+        &[
+            ("JOBTRAIL_RATE_PER_ADDRESS", "off"),
+            ("JOBTRAIL_RATE_PER_TOKEN", "1/s,3"),
+        ],
+    );
+    let alice = env.token("agent-alice", &["submit", "read"]).await;
+    let bob = env.token("agent-bob", &["read"]).await;
+    let list = |token: &str| {
+        c.get(server.url("/v1/operations"))
+            .bearer_auth(token)
+            .send()
+    };
+    let mut refused = 0;
+    for _ in 0..10 {
+        match list(&alice).await.unwrap().status() {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("{other}"),
+        }
+    }
+    assert!(
+        refused >= 6,
+        "10 requests at once, a burst of 3 at 1/s allowed: {refused} refused"
+    );
+    assert_eq!(list(&bob).await.unwrap().status(), StatusCode::OK);
+    // A submission refused for its rate writes nothing.
+    let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7());
+    let submitted = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .json(
+            &json!({"id": id.to_string(), "provider": "sim", "target": "reports",
+                      "approved_by": "alice", "request": body(json!({}))}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(env.store.get(id).await.is_err(), "nothing written");
+
+    for (bad, says) in [
+        ("0/s", "at least 1/s"),
+        ("lots", "RATE/s"),
+        ("5/s,0", "RATE/s"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--rate-per-token", bad])
+            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says) && err.contains("--rate-per-token"),
+            "{bad}: {err}"
+        );
+    }
+}

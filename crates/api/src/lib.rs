@@ -5,6 +5,7 @@
 //! field of the request. Errors are RFC 9457 problems ([`problem`]); the OpenAPI 3.1 document is
 //! generated from the handlers' annotations ([`openapi`]) and committed as `docs/openapi.json`.
 
+pub mod limit;
 pub mod problem;
 mod routes;
 pub mod webhook;
@@ -181,6 +182,8 @@ pub async fn serve(
     drain: Duration,
 ) -> std::io::Result<()> {
     let stop = shutdown.clone();
+    // The peer's address reaches the handlers (the rate limit per address reads it).
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         stop.cancelled().await;
     });

@@ -21,7 +21,7 @@ pub struct ProblemDoc {
     /// What happened, for a person or an agent to act on.
     pub detail: String,
     /// The kind (bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded,
-    /// tampered, unavailable, too-large); the CLI exits with the matching code.
+    /// tampered, unavailable, too-large, rate-limited); the CLI exits with the matching code.
     pub kind: String,
     /// The CLI's exit code for this kind.
     pub exit_code: u8,

@@ -29,6 +29,15 @@ pub struct ServeArgs {
     /// off the Ingress). Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
     pub ops_listen: Option<std::net::SocketAddr>,
+    /// Requests one client address may make (`RATE/s`, `RATE/s,BURST`, or `off`), counted before
+    /// the token is looked up: past it, 429 with Retry-After. Behind a proxy or an Ingress every
+    /// client has the proxy's address: raise it, or set off and limit at the proxy.
+    #[arg(long, env = "JOBTRAIL_RATE_PER_ADDRESS", default_value = "500/s,1000")]
+    pub rate_per_address: jobtrail_api::limit::Rate,
+    /// Requests one bearer token may make (`RATE/s`, `RATE/s,BURST`, or `off`): one runaway agent
+    /// cannot take the database from the others. Each server process counts on its own.
+    #[arg(long, env = "JOBTRAIL_RATE_PER_TOKEN", default_value = "100/s,200")]
+    pub rate_per_token: jobtrail_api::limit::Rate,
 }
 
 /// Cancel `token` on SIGTERM or Ctrl-C.
@@ -86,7 +95,8 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
                 jobtrail_api::require_bearer,
             )),
     );
-    let app = jobtrail_api::router(service).merge(mcp);
+    let gate = jobtrail_api::limit::Gate::new(a.rate_per_address, a.rate_per_token);
+    let app = gate.around(jobtrail_api::router(service).merge(mcp));
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, format!("--listen {}: {e}", a.listen)))?;

@@ -191,6 +191,7 @@ async fn problem(resp: reqwest::Response) -> ServiceError {
             StatusCode::NOT_FOUND => Kind::NotFound,
             StatusCode::CONFLICT => Kind::Conflict,
             StatusCode::PAYLOAD_TOO_LARGE => Kind::TooLarge,
+            StatusCode::TOO_MANY_REQUESTS => Kind::RateLimited,
             _ => Kind::Unavailable,
         });
     let message = p

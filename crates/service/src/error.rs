@@ -25,6 +25,8 @@ pub enum Kind {
     Unavailable,
     /// The request body is larger than the limit.
     TooLarge,
+    /// Too many requests from this address or token: slow down (`Retry-After` says how long).
+    RateLimited,
 }
 
 impl Kind {
@@ -35,7 +37,7 @@ impl Kind {
             Kind::BadInput | Kind::TooLarge => 2,
             Kind::NotFound => 3,
             Kind::Conflict => 4,
-            Kind::Unavailable | Kind::Unauthenticated | Kind::Forbidden => 5,
+            Kind::Unavailable | Kind::Unauthenticated | Kind::Forbidden | Kind::RateLimited => 5,
             Kind::Tampered => 8,
         }
     }
@@ -49,6 +51,7 @@ impl Kind {
             Kind::NotFound => 404,
             Kind::Conflict | Kind::NotSucceeded => 409,
             Kind::TooLarge => 413,
+            Kind::RateLimited => 429,
             Kind::Tampered => 500,
             Kind::Unavailable => 503,
         }
@@ -66,6 +69,7 @@ impl Kind {
             Kind::Tampered => "tampered",
             Kind::Unavailable => "unavailable",
             Kind::TooLarge => "too-large",
+            Kind::RateLimited => "rate-limited",
         }
     }
 
@@ -85,11 +89,12 @@ impl Kind {
             Kind::Tampered => "Evidence disagrees with its chain",
             Kind::Unavailable => "Temporarily unavailable",
             Kind::TooLarge => "Request body too large",
+            Kind::RateLimited => "Too many requests: slow down",
         }
     }
 }
 
-pub const ALL: [Kind; 9] = [
+pub const ALL: [Kind; 10] = [
     Kind::BadInput,
     Kind::Unauthenticated,
     Kind::Forbidden,
@@ -99,6 +104,7 @@ pub const ALL: [Kind; 9] = [
     Kind::Tampered,
     Kind::Unavailable,
     Kind::TooLarge,
+    Kind::RateLimited,
 ];
 
 /// A refused or failed request, with a message for the person or agent who sent it.

@@ -1,0 +1,191 @@
+//! Request rates at the door, checked before anything else is done with a request: per client
+//! address (so a flood of made-up tokens costs no database read past its address's rate) and per
+//! bearer token (so one runaway agent cannot take the database pool from the others). Past either:
+//! `429 rate-limited` with `Retry-After`; nothing is read or written. Each server process keeps its
+//! own counts: a fleet of N API pods admits N times the rate in all.
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
+use jobtrail_service::{Kind, ServiceError, auth};
+
+use crate::Problem;
+
+/// Requests between two sweeps of keys that have been quiet long enough to forget (the maps'
+/// memory is bounded by the rates, not by how many addresses or tokens were ever seen).
+const SWEEP_EVERY: u64 = 4096;
+
+/// A rate and its burst, from `RATE/s` or `RATE/s,BURST` (the burst defaults to twice the rate);
+/// `off` is no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate(Option<Quota>);
+
+impl Rate {
+    pub const OFF: Rate = Rate(None);
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_rate(s).map(Rate)
+    }
+}
+
+fn parse_rate(s: &str) -> Result<Option<Quota>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let usage = || format!("{s:?}: a rate is RATE/s or RATE/s,BURST (50/s, 50/s,200) or off");
+    let (rate, burst) = match s.split_once(',') {
+        Some((r, b)) => (r.trim(), Some(b.trim())),
+        None => (s, None),
+    };
+    let rate: u32 = rate
+        .strip_suffix("/s")
+        .and_then(|r| r.trim().parse().ok())
+        .ok_or_else(usage)?;
+    let rate =
+        NonZeroU32::new(rate).ok_or_else(|| format!("{s:?}: a rate is at least 1/s (or off)"))?;
+    let burst = match burst {
+        None => rate.saturating_mul(NonZeroU32::MIN.saturating_add(1)),
+        Some(b) => b
+            .parse::<u32>()
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(usage)?,
+    };
+    Ok(Some(Quota::per_second(rate).allow_burst(burst)))
+}
+
+/// The door's rate limits (clone freely: one set of counts).
+#[derive(Clone)]
+pub struct Gate(Arc<Limits>);
+
+struct Limits {
+    addresses: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    tokens: Option<DefaultKeyedRateLimiter<[u8; 32]>>,
+    seen: AtomicU64,
+}
+
+impl Gate {
+    pub fn new(per_address: Rate, per_token: Rate) -> Self {
+        Self(Arc::new(Limits {
+            addresses: per_address.0.map(RateLimiter::keyed),
+            tokens: per_token.0.map(RateLimiter::keyed),
+            seen: AtomicU64::new(0),
+        }))
+    }
+
+    /// `app` with every request counted against its address and its bearer token. The server must
+    /// give the peer's address (`jobtrail_api::serve` does); without it only tokens are counted.
+    pub fn around(self, app: axum::Router) -> axum::Router {
+        app.layer(axum::middleware::from_fn_with_state(self, admit))
+    }
+
+    fn sweep(&self) {
+        if self.0.seen.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            if let Some(l) = &self.0.addresses {
+                l.retain_recent();
+                l.shrink_to_fit();
+            }
+            if let Some(l) = &self.0.tokens {
+                l.retain_recent();
+                l.shrink_to_fit();
+            }
+        }
+    }
+}
+
+/// The key an address is counted under: an IPv6 client by its /64, which one machine commonly
+/// holds whole (counting each of its addresses apart would be no limit at all).
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
+}
+
+async fn admit(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    gate.sweep();
+    if let (Some(l), Some(ConnectInfo(peer))) = (
+        &gate.0.addresses,
+        req.extensions().get::<ConnectInfo<SocketAddr>>(),
+    ) && let Err(wait) = l.check_key(&address_key(peer.ip()))
+    {
+        return refused(&wait, "this address");
+    }
+    // Only a token-shaped one is counted (anything else is refused without a lookup anyway), by
+    // its digest: the map never holds a token.
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim())
+        .filter(|t| auth::token_shaped(t));
+    if let (Some(l), Some(t)) = (&gate.0.tokens, token)
+        && let Err(wait) = l.check_key(&auth::token_digest(t))
+    {
+        return refused(&wait, "this token");
+    }
+    next.run(req).await
+}
+
+fn refused(wait: &NotUntil<<DefaultClock as Clock>::Instant>, whose: &str) -> Response {
+    let secs = wait
+        .wait_time_from(DefaultClock::default().now())
+        .as_secs_f64()
+        .ceil()
+        .max(1.0) as u64;
+    let mut r = Problem(
+        ServiceError::new(
+            Kind::RateLimited,
+            format!("too many requests from {whose}: try again in {secs} s"),
+        )
+        .with_detail(serde_json::json!({ "retry_after_secs": secs })),
+    )
+    .into_response();
+    r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_and_careless_ones_are_refused() {
+        assert!(parse_rate("off").unwrap().is_none());
+        let q = parse_rate("50/s").unwrap().unwrap();
+        assert_eq!(q.burst_size().get(), 100);
+        let q = parse_rate(" 5/s, 7 ").unwrap().unwrap();
+        assert_eq!(q.burst_size().get(), 7);
+        for bad in ["", "0/s", "50", "50/m", "-1/s", "5/s,0", "5/s,x", "5/s,"] {
+            assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_ipv6_client_is_counted_by_its_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(address_key(a), address_key(b));
+        assert_ne!(address_key(a), address_key(c));
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        assert_eq!(address_key(mapped), "127.0.0.1".parse::<IpAddr>().unwrap());
+    }
+}
