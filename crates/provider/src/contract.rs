@@ -139,6 +139,9 @@ struct Raw {
     #[serde(default)]
     description: Option<String>,
     base_url: String,
+    /// Credentials (`auth`, `secrets`) may go over plain http to a host that is not loopback.
+    #[serde(default)]
+    allow_plain_http: bool,
     #[serde(default)]
     untested: bool,
     #[serde(default)]
@@ -2253,6 +2256,20 @@ impl Validator<'_> {
         if let (Some(c), Some(rc)) = (cancel.as_mut(), r.cancel.as_ref()) {
             c.headers = self.fixed_headers("cancel.headers", &rc.headers, &reserved)?;
         }
+        // A credential sent over plain http can be read on the way: only to this machine, or where
+        // the contract says the network between is the operator's own.
+        if (auth.is_some() || !secrets.is_empty()) && !r.allow_plain_http {
+            let trusted = origins.clone().unwrap_or_else(|| vec![base_url.origin()]);
+            if let Some(o) = trusted.iter().find(|o| plain_and_remote(o)) {
+                return Err(self.err(
+                    if r.origins.is_some() { "origins" } else { "base_url" },
+                    format!(
+                        "https where credentials (auth, secrets) are sent, or a loopback host; got {} (set allow_plain_http = true only where the network between is your own, a cluster-internal service say)",
+                        o.ascii_serialization()
+                    ),
+                ));
+            }
+        }
         let c = Contract {
             file: path.to_path_buf(),
             name: r.name,
@@ -2762,6 +2779,19 @@ impl Validator<'_> {
             max_failed_items: r.max_failed_items,
         })
     }
+}
+
+/// An `http://` origin on a host other than this machine's loopback.
+fn plain_and_remote(o: &url::Origin) -> bool {
+    let url::Origin::Tuple(scheme, host, _) = o else {
+        return false;
+    };
+    scheme == "http"
+        && !match host {
+            url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+            url::Host::Ipv4(ip) => ip.is_loopback(),
+            url::Host::Ipv6(ip) => ip.is_loopback(),
+        }
 }
 
 /// Why `r` is not a provider's secret but jobtrail's own: its database logins and libpq's password

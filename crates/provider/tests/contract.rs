@@ -1179,3 +1179,65 @@ fn a_request_value_never_alone_chooses_the_job_a_call_is_about() {
     );
     parse(&ok).unwrap();
 }
+
+/// Credentials go over plain http only to this machine, or where the contract says the network
+/// between is the operator's own (`allow_plain_http`): a tired operator's `http://api…` is refused
+/// at load, naming the origin; https, loopback, a provider that gets no credentials, and an
+/// unauthenticated origin (no credentials go there) are not.
+#[test]
+fn credentials_never_go_over_plain_http_to_another_host_unless_the_contract_says_so() {
+    let sim = sim_text().replace("allow_plain_http = true\n", "");
+    let with_base = |base: &str| {
+        sim.replacen(
+            "base_url = \"http://127.0.0.1:8700\"",
+            &format!("base_url = \"{base}\""),
+            1,
+        )
+    };
+    for base in [
+        "http://api.provider.example",
+        "http://10.0.0.7:8700",
+        "http://[2001:db8::1]",
+    ] {
+        let err = parse(&with_base(base)).unwrap_err();
+        assert!(
+            err.contains("base_url") && err.contains("https where credentials"),
+            "{base}: {err}"
+        );
+    }
+    for base in [
+        "https://api.provider.example",
+        "http://127.0.0.1:8700",
+        "http://127.8.9.10",
+        "http://localhost:8700",
+        "http://[::1]:8700",
+    ] {
+        parse(&with_base(base)).unwrap_or_else(|e| panic!("{base}: {e}"));
+    }
+    let opted_in = with_base("http://sim:8700").replacen(
+        "name = \"sim\"",
+        "name = \"sim\"\nallow_plain_http = true",
+        1,
+    );
+    parse(&opted_in).unwrap();
+    // Another trusted origin in plain http is refused the same way.
+    let origins = with_base("https://api.provider.example").replacen(
+        "name = \"sim\"",
+        "name = \"sim\"\norigins = [\"https://api.provider.example\", \"http://files.provider.example\"]",
+        1,
+    );
+    let err = parse(&origins).unwrap_err();
+    assert!(
+        err.contains("origins") && err.contains("http://files.provider.example"),
+        "{err}"
+    );
+    // No credentials at all: plain http is the provider's business.
+    let anonymous = with_base("http://api.provider.example")
+        .replace(
+            "[auth]\nheader = \"Authorization\"\nscheme = \"Bearer\"\nsecret = \"env:JOBTRAIL_SIM_TOKEN\"\n",
+            "",
+        )
+        .replace("redact = [\"/payment/card_number\"]\n", "");
+    let anonymous = anonymous.split("[secrets.").next().unwrap().to_owned();
+    parse(&anonymous).unwrap_or_else(|e| panic!("{e}"));
+}
