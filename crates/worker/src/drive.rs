@@ -210,20 +210,34 @@ impl Ctx<'_> {
     async fn collected(&self, op: &OperationRecord, fetched: FetchedResult) -> Collected {
         let checked = off_runtime(fetched.bytes.len(), || {
             self.provider.check_result(op, &fetched)
-        });
+        })
+        .await;
         let kept = self.keep(op, &fetched).await;
         Collected::from_fetched(&fetched, checked, kept)
     }
 }
 
-/// Checking a result (digest, parse, schema, secret search) costs CPU in proportion to its size: a
-/// large one is checked with this runtime thread handed over to the others first
-/// (`block_in_place`), so the calls and steps of every other operation on the worker go on.
-fn off_runtime<T>(size: usize, check: impl FnOnce() -> T) -> T {
+/// Large results a worker checks at once. Parsing one for validation holds its tree, which for a
+/// JSON list of small numbers is some thirty times its bytes (16 MiB of `[0,0,…]`, half a GiB): a
+/// provider answering many operations at once with such results could otherwise exhaust the worker.
+pub(crate) const LARGE_CHECKS: usize = 2;
+
+static LARGE_CHECKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LARGE_CHECKS);
+
+/// Checking a result (digest, parse, schema, secret search) costs CPU and memory in proportion to
+/// its size: a large one waits for one of [`LARGE_CHECKS`] turns, then is checked with this runtime
+/// thread handed over to the others first (`block_in_place`), so the calls and steps of every other
+/// operation on the worker go on.
+async fn off_runtime<T>(size: usize, check: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
+    if size < crate::results::BLOCKING_BYTES {
+        return check();
+    }
+    // The semaphore is never closed: a failed acquire cannot happen, and would only skip the bound.
+    let _turn = LARGE_CHECKING.acquire().await.ok();
     let multi =
         Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
-    if size >= crate::results::BLOCKING_BYTES && multi {
+    if multi {
         tokio::task::block_in_place(check)
     } else {
         check()
@@ -420,7 +434,8 @@ async fn create(
         CreateOutcome::Completed { result, .. } => {
             let valid = off_runtime(result.bytes.len(), || {
                 matches!(ctx.provider.check_result(op, result), Checked::Valid { .. })
-            });
+            })
+            .await;
             Some((ctx.keep(op, result).await, valid))
         }
         _ => None,
@@ -597,4 +612,36 @@ async fn evidence_bundle(store: &Store, op: &OperationRecord) -> serde_json::Val
             "provider_request_id": c.provider_request_id, "outcome": c.outcome,
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Many large results arriving at once are checked LARGE_CHECKS at a time (their parse trees
+    /// are what bounds a worker's memory); small ones are not held back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_results_are_checked_a_few_at_a_time() {
+        static NOW: AtomicUsize = AtomicUsize::new(0);
+        static MOST: AtomicUsize = AtomicUsize::new(0);
+        let check = || {
+            let n = NOW.fetch_add(1, Ordering::SeqCst) + 1;
+            MOST.fetch_max(n, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            NOW.fetch_sub(1, Ordering::SeqCst);
+        };
+        let large = crate::results::BLOCKING_BYTES;
+        let tasks: Vec<_> = (0..8)
+            .map(|_| tokio::spawn(async move { off_runtime(large, check).await }))
+            .collect();
+        for t in tasks {
+            tokio::time::timeout(std::time::Duration::from_secs(10), t)
+                .await
+                .expect("bounded")
+                .unwrap();
+        }
+        let most = MOST.load(Ordering::SeqCst);
+        assert!((1..=LARGE_CHECKS).contains(&most), "{most} at once");
+    }
 }
