@@ -427,7 +427,7 @@ impl Service {
         let mut wake = self
             .watcher
             .get_or_init(|| watch::Watcher::start(self.store.clone()))
-            .subscribe();
+            .subscribe(parse_id(id)?);
         let op = self.visible(p, id).await?;
         // What the caller saw: a state, and with `@SEQ` the history position (so a state left and
         // come back to — observing, held, resumed, observing — counts as a change).
@@ -446,7 +446,7 @@ impl Service {
         }
         let deadline = tokio::time::Instant::now() + timeout.min(MAX_WAIT);
         loop {
-            match tokio::time::timeout_at(deadline, wake.changed(op.id)).await {
+            match tokio::time::timeout_at(deadline, wake.changed()).await {
                 Err(_) => {
                     let op = self.store.get(op.id).await?;
                     return Ok(WaitResponse {
