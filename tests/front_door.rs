@@ -1234,7 +1234,7 @@ async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
 /// API pages back to the first link. A careless page number is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_history_is_read_a_page_at_a_time() {
-    use jobtrail_core::{CallKind, CallRecord, Event, Step};
+    use jobtrail_core::{Event, Step};
     let env = Env::new().await;
     let op = env
         .submit("sim", json!({}), |s| s.caller = "agent-pages".into())
@@ -1244,23 +1244,7 @@ async fn a_long_history_is_read_a_page_at_a_time() {
         next_in: Some((Duration::ZERO, "test")),
         ..step
     };
-    let accepted = CallRecord {
-        id: uuid::Uuid::now_v7(),
-        kind: CallKind::Create,
-        attempt: 1,
-        started_at: chrono::Utc::now(),
-        duration_ms: 1.0,
-        method: "POST".into(),
-        url: "http://127.0.0.1:1/v1/jobs".into(),
-        http_status: Some(202),
-        response_headers: json!({}),
-        provider_request_id: None,
-        error_class: None,
-        outcome: "accepted".into(),
-        trace_id: op.trace_id.to_string(),
-        span_id: "00f067aa0ba902b7".into(),
-        response_sha256: None,
-    };
+    let accepted = jobtrail_store::testing::accepted_create("http://127.0.0.1:1/v1/jobs");
     let mut step = Some(
         Step::event(Event::CreateAccepted {
             remote_job_id: "job_pages".into(),

@@ -2259,7 +2259,14 @@ impl Validator<'_> {
         // A credential sent over plain http can be read on the way: only to this machine, or where
         // the contract says the network between is the operator's own.
         if (auth.is_some() || !secrets.is_empty()) && !r.allow_plain_http {
-            let trusted = origins.clone().unwrap_or_else(|| vec![base_url.origin()]);
+            let mut trusted = origins.clone().unwrap_or_else(|| vec![base_url.origin()]);
+            // Granted secrets go in the create's body wherever it is sent, an origin that gets
+            // no credentials included.
+            if !secrets.is_empty()
+                && let Ok(u) = url::Url::parse(&create.path)
+            {
+                trusted.push(u.origin());
+            }
             if let Some(o) = trusted.iter().find(|o| plain_and_remote(o)) {
                 return Err(self.err(
                     if r.origins.is_some() { "origins" } else { "base_url" },

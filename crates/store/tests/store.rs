@@ -747,25 +747,7 @@ async fn submit_and_claim(store: &Store, n: usize, key: &str) -> Vec<Claimed> {
 }
 
 /// The call log's record of a create the provider accepted (202).
-fn accepted_create(url: &str) -> CallRecord {
-    CallRecord {
-        id: uuid::Uuid::now_v7(),
-        kind: CallKind::Create,
-        attempt: 1,
-        started_at: chrono::Utc::now(),
-        duration_ms: 1.0,
-        method: "POST".into(),
-        url: url.into(),
-        http_status: Some(202),
-        response_headers: serde_json::json!({}),
-        provider_request_id: None,
-        error_class: None,
-        outcome: "accepted".into(),
-        trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
-        span_id: "00f067aa0ba902b7".into(),
-        response_sha256: None,
-    }
-}
+use jobtrail_store::testing::accepted_create;
 
 /// Make `lease` stale, as if it had expired and been taken over.
 async fn take_over(db: &TestDb, lease: &Lease) {
