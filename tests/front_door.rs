@@ -1360,10 +1360,12 @@ async fn the_door_limits_rates_per_address_and_per_token() {
         ],
     );
     let mut answers = Vec::new();
-    for _ in 0..20 {
+    for n in 0..20 {
+        // X-Forwarded-For from a client that is no trusted proxy changes nothing.
         let r = c
             .get(server.url("/v1/operations"))
             .bearer_auth(&made_up)
+            .header("x-forwarded-for", format!("198.51.100.{n}"))
             .send()
             .await
             .unwrap();
@@ -1384,6 +1386,34 @@ async fn the_door_limits_rates_per_address_and_per_token() {
     assert!(
         answers.contains(&StatusCode::TOO_MANY_REQUESTS),
         "20 requests at once from one address, 5/s allowed: {answers:?}"
+    );
+
+    // Behind a trusted proxy each client is counted by the address the proxy names.
+    let server = env.serve_with(
+        "behind-a-proxy",
+        &[
+            ("JOBTRAIL_RATE_PER_ADDRESS", "1/s,3"),
+            ("JOBTRAIL_RATE_PER_TOKEN", "off"),
+            ("JOBTRAIL_TRUSTED_PROXIES", "127.0.0.0/8"),
+        ],
+    );
+    let from = |client: &'static str| {
+        c.get(server.url("/v1/operations"))
+            .bearer_auth(&made_up)
+            .header("x-forwarded-for", format!("6.6.6.6, {client}"))
+            .send()
+    };
+    let mut limited = 0;
+    for _ in 0..10 {
+        if from("203.0.113.7").await.unwrap().status() == StatusCode::TOO_MANY_REQUESTS {
+            limited += 1;
+        }
+    }
+    assert!(limited >= 6, "a burst of 3 at 1/s: {limited} of 10 refused");
+    assert_eq!(
+        from("203.0.113.8").await.unwrap().status(),
+        StatusCode::UNAUTHORIZED,
+        "another client behind the same proxy is not held back"
     );
 
     let server = env.serve_with(

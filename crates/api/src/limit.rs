@@ -66,19 +66,74 @@ fn parse_rate(s: &str) -> Result<Option<Quota>, String> {
     Ok(Some(Quota::per_second(rate).allow_burst(burst)))
 }
 
+/// Proxies whose `X-Forwarded-For` names the client (an Ingress controller's pod range, say):
+/// `10.0.0.0/8,192.168.1.7`; empty: none, every client is the connection's peer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Proxies(Vec<ipnet::IpNet>);
+
+impl std::str::FromStr for Proxies {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.parse::<ipnet::IpNet>()
+                    .or_else(|_| p.parse::<IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| format!("{p:?}: an address or a range (10.0.0.0/8, fd00::/8)"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Proxies)
+    }
+}
+
+impl Proxies {
+    fn trust(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|n| n.contains(&ip))
+    }
+
+    /// Who is asking: the peer, unless it is a trusted proxy; then the right-most address in
+    /// `X-Forwarded-For` that is not one (each proxy appends whom it heard from, so entries left of
+    /// the first untrusted one are whatever the client wrote). An entry that is not an address
+    /// where one was expected: the peer.
+    fn client(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> IpAddr {
+        if !self.trust(peer) {
+            return peer;
+        }
+        let hops: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
+        let mut client = peer;
+        for hop in hops.iter().rev() {
+            match hop.parse::<IpAddr>() {
+                Ok(ip) if self.trust(ip) => client = ip,
+                Ok(ip) => return ip,
+                Err(_) => return peer,
+            }
+        }
+        client
+    }
+}
+
 /// The door's rate limits (clone freely: one set of counts).
 #[derive(Clone)]
 pub struct Gate(Arc<Limits>);
 
 struct Limits {
+    proxies: Proxies,
     addresses: Option<DefaultKeyedRateLimiter<IpAddr>>,
     tokens: Option<DefaultKeyedRateLimiter<[u8; 32]>>,
     seen: AtomicU64,
 }
 
 impl Gate {
-    pub fn new(per_address: Rate, per_token: Rate) -> Self {
+    pub fn new(per_address: Rate, per_token: Rate, proxies: Proxies) -> Self {
         Self(Arc::new(Limits {
+            proxies,
             addresses: per_address.0.map(RateLimiter::keyed),
             tokens: per_token.0.map(RateLimiter::keyed),
             seen: AtomicU64::new(0),
@@ -122,8 +177,9 @@ async fn admit(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     if let (Some(l), Some(ConnectInfo(peer))) = (
         &gate.0.addresses,
         req.extensions().get::<ConnectInfo<SocketAddr>>(),
-    ) && let Err(wait) = l.check_key(&address_key(peer.ip()))
-    {
+    ) && let Err(wait) = l.check_key(&address_key(
+        gate.0.proxies.client(peer.ip(), req.headers()),
+    )) {
         return refused(&wait, "this address");
     }
     // Only a token-shaped one is counted (anything else is refused without a lookup anyway), by
@@ -175,6 +231,41 @@ mod tests {
         assert_eq!(q.burst_size().get(), 7);
         for bad in ["", "0/s", "50", "50/m", "-1/s", "5/s,0", "5/s,x", "5/s,"] {
             assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_client_behind_trusted_proxies_is_the_right_most_untrusted_hop() {
+        let proxies: Proxies = "10.0.0.0/8, 192.168.1.7".parse().unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let xff = |v: &[&str]| {
+            let mut h = axum::http::HeaderMap::new();
+            for x in v {
+                h.append("x-forwarded-for", x.parse().unwrap());
+            }
+            h
+        };
+        // Not from a proxy: the header is the client's own writing.
+        assert_eq!(
+            proxies.client(ip("203.0.113.9"), &xff(&["1.2.3.4"])),
+            ip("203.0.113.9")
+        );
+        // Through two proxies, with a forged entry on the left.
+        let h = xff(&["6.6.6.6, 198.51.100.4", "10.1.2.3"]);
+        assert_eq!(proxies.client(ip("192.168.1.7"), &h), ip("198.51.100.4"));
+        // All hops trusted: the left-most; none: the peer; garbage where an address belongs: the peer.
+        assert_eq!(
+            proxies.client(ip("10.0.0.1"), &xff(&["10.9.9.9"])),
+            ip("10.9.9.9")
+        );
+        assert_eq!(proxies.client(ip("10.0.0.1"), &xff(&[])), ip("10.0.0.1"));
+        assert_eq!(
+            proxies.client(ip("10.0.0.1"), &xff(&["1.2.3.4, junk"])),
+            ip("10.0.0.1")
+        );
+        assert!("".parse::<Proxies>().unwrap().0.is_empty());
+        for bad in ["10.0.0.0/33", "ingress", "10.0.0.1/8/8"] {
+            assert!(bad.parse::<Proxies>().is_err(), "{bad}");
         }
     }
 

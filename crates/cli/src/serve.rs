@@ -31,13 +31,17 @@ pub struct ServeArgs {
     pub ops_listen: Option<std::net::SocketAddr>,
     /// Requests one client address may make (`RATE/s`, `RATE/s,BURST`, or `off`), counted before
     /// the token is looked up: past it, 429 with Retry-After. Behind a proxy or an Ingress every
-    /// client has the proxy's address: raise it, or set off and limit at the proxy.
+    /// client has the proxy's address: name the proxy in --trusted-proxies.
     #[arg(long, env = "JOBTRAIL_RATE_PER_ADDRESS", default_value = "500/s,1000")]
     pub rate_per_address: jobtrail_api::limit::Rate,
     /// Requests one bearer token may make (`RATE/s`, `RATE/s,BURST`, or `off`): one runaway agent
     /// cannot take the database from the others. Each server process counts on its own.
     #[arg(long, env = "JOBTRAIL_RATE_PER_TOKEN", default_value = "100/s,200")]
     pub rate_per_token: jobtrail_api::limit::Rate,
+    /// Proxies whose X-Forwarded-For names the client, for --rate-per-address (addresses or ranges,
+    /// comma-separated: your Ingress controller's pod range). From anyone else the header is ignored.
+    #[arg(long, env = "JOBTRAIL_TRUSTED_PROXIES", default_value = "")]
+    pub trusted_proxies: jobtrail_api::limit::Proxies,
 }
 
 /// Cancel `token` on SIGTERM or Ctrl-C.
@@ -95,7 +99,8 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
                 jobtrail_api::require_bearer,
             )),
     );
-    let gate = jobtrail_api::limit::Gate::new(a.rate_per_address, a.rate_per_token);
+    let gate =
+        jobtrail_api::limit::Gate::new(a.rate_per_address, a.rate_per_token, a.trusted_proxies);
     let app = gate.around(jobtrail_api::router(service).merge(mcp));
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
