@@ -538,3 +538,62 @@ async fn an_agent_over_stdio_needs_only_the_api_and_a_token() {
     let _ = bad.cancel().await;
     env.stop_workers().await;
 }
+
+/// A caller holds at most `--mcp-sessions-per-caller` MCP sessions open at once (each is a task
+/// and its channels until closed or idle for 5 minutes): past it, opening another is refused with
+/// 429 `rate-limited`, while another caller still opens one; closing one makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
+    let env = Env::new().await;
+    let server = env.serve_with("api", &[("JOBTRAIL_MCP_SESSIONS_PER_CALLER", "2")]);
+    let alice = env.token("agent-alice", &["read"]).await;
+    let bob = env.token("agent-bob", &["read"]).await;
+    let c = support::http();
+    let open = |token: &str| {
+        c.post(server.url("/mcp"))
+            .bearer_auth(token)
+            .header("accept", "application/json, text/event-stream")
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"}}}),
+            )
+            .send()
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let r = open(&alice).await.unwrap();
+        assert_eq!(r.status(), reqwest::StatusCode::OK);
+        sessions.push(r.headers()["mcp-session-id"].to_str().unwrap().to_owned());
+    }
+    let refused = open(&alice).await.unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key("retry-after"));
+    let p: Value = refused.json().await.unwrap();
+    assert_eq!(p["kind"], "rate-limited", "{p}");
+    assert_eq!(
+        open(&bob).await.unwrap().status(),
+        reqwest::StatusCode::OK,
+        "another caller is not held back"
+    );
+    let closed = c
+        .delete(server.url("/mcp"))
+        .bearer_auth(&alice)
+        .header("mcp-session-id", &sessions[0])
+        .send()
+        .await
+        .unwrap();
+    assert!(closed.status().is_success(), "{}", closed.status());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = open(&alice).await.unwrap();
+        if r.status() == reqwest::StatusCode::OK {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no room after closing a session"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

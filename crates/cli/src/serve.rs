@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// comma-separated: your Ingress controller's pod range). From anyone else the header is ignored.
     #[arg(long, env = "JOBTRAIL_TRUSTED_PROXIES", default_value = "")]
     pub trusted_proxies: jobtrail_api::limit::Proxies,
+    /// MCP sessions one caller may hold open at once over /mcp (each lives until closed or idle
+    /// for 5 minutes); past it, opening another is refused (429).
+    #[arg(long, env = "JOBTRAIL_MCP_SESSIONS_PER_CALLER",
+          default_value_t = jobtrail_mcp::SESSIONS_PER_CALLER,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub mcp_sessions_per_caller: u32,
 }
 
 /// Cancel `token` on SIGTERM or Ctrl-C.
@@ -90,10 +96,12 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     }
     let mcp = jobtrail_api::protected(
         axum::Router::new()
-            .nest_service(
-                "/mcp",
-                jobtrail_mcp::http_service(service.clone(), shutdown.clone(), a.mcp_allowed_hosts),
-            )
+            .merge(jobtrail_mcp::http_router(
+                service.clone(),
+                shutdown.clone(),
+                a.mcp_allowed_hosts,
+                a.mcp_sessions_per_caller as usize,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 service.clone(),
                 jobtrail_api::require_bearer,

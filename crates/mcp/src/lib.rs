@@ -534,15 +534,20 @@ pub async fn serve_stdio(backend: Backend) -> Result<(), String> {
     Ok(())
 }
 
-/// The Streamable HTTP endpoint, to mount (behind bearer authentication) in the API server.
-pub fn http_service(
+/// MCP sessions a caller may hold open at once over Streamable HTTP by default (each is a task and
+/// its channels until the client closes it or it idles for 5 minutes).
+pub const SESSIONS_PER_CALLER: u32 = 32;
+
+/// `/mcp`: MCP over Streamable HTTP for the API server. Requests must reach it authenticated (the
+/// [`Principal`] in their extensions: `jobtrail_api::require_bearer`); a caller opens at most
+/// `sessions_per_caller` sessions at once (a few more only when it opens several at the same
+/// instant), past which opening one more is refused with 429 `rate-limited`.
+pub fn http_router(
     service: Arc<Service>,
     shutdown: tokio_util::sync::CancellationToken,
     allowed_hosts: Vec<String>,
-) -> rmcp::transport::streamable_http_server::StreamableHttpService<
-    JobtrailMcp,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
+    sessions_per_caller: usize,
+) -> axum::Router {
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
@@ -553,9 +558,82 @@ pub fn http_service(
     if !allowed_hosts.is_empty() {
         config = config.with_allowed_hosts(allowed_hosts);
     }
-    StreamableHttpService::new(
+    let manager = Arc::new(LocalSessionManager::default());
+    let mcp = StreamableHttpService::new(
         move || Ok(JobtrailMcp::new(Backend::Service(service.clone()))),
-        Arc::new(LocalSessionManager::default()),
+        manager.clone(),
         config,
-    )
+    );
+    let limit = SessionLimit {
+        manager,
+        per_caller: sessions_per_caller,
+        open: Arc::default(),
+    };
+    axum::Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(limit, limit_sessions))
+}
+
+/// The sessions each caller opened that may still be open (pruned against the session manager's
+/// own table, which drops a session when it closes or idles out).
+#[derive(Clone)]
+struct SessionLimit {
+    manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+    per_caller: usize,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<Arc<str>>>>>,
+}
+
+async fn limit_sessions(
+    axum::extract::State(l): axum::extract::State<SessionLimit>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    const SESSION: &str = "mcp-session-id";
+    // Only a POST without a session id opens one (an `initialize`).
+    let opening = req.method() == http::Method::POST && !req.headers().contains_key(SESSION);
+    let caller = req
+        .extensions()
+        .get::<Principal>()
+        .map(|p| p.caller().to_owned());
+    let Some(caller) = caller.filter(|_| opening) else {
+        return next.run(req).await;
+    };
+    {
+        let live = l.manager.sessions.read().await;
+        let mut open = l.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|_, ids| {
+            ids.retain(|id| live.contains_key(id));
+            !ids.is_empty()
+        });
+        let held = open.get(&caller).map_or(0, Vec::len);
+        if held >= l.per_caller {
+            let mut r = jobtrail_api::Problem::new(
+                Kind::RateLimited,
+                format!(
+                    "caller {caller} holds {held} MCP sessions open, the most it may: close one (DELETE /mcp with its Mcp-Session-Id) or let one idle out (5 minutes)"
+                ),
+            )
+            .into_response();
+            r.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("60"),
+            );
+            return r;
+        }
+    }
+    let response = next.run(req).await;
+    if let Some(id) = response
+        .headers()
+        .get(SESSION)
+        .and_then(|v| v.to_str().ok())
+    {
+        l.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(caller)
+            .or_default()
+            .push(Arc::from(id));
+    }
+    response
 }
