@@ -1477,3 +1477,55 @@ async fn the_door_limits_rates_per_address_and_per_token() {
         );
     }
 }
+
+/// A caller holds at most `--waits-per-caller` waits open at once: past it, another is refused at
+/// once (429 `rate-limited`, Retry-After), another caller still waits, and a wait that ends gives
+/// its turn back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_holds_a_bounded_number_of_waits() {
+    let env = Env::new().await;
+    let server = env.serve_with("api", &[("JOBTRAIL_WAITS_PER_CALLER", "2")]);
+    let c = support::http();
+    let mut ids = Vec::new();
+    for caller in ["agent-alice", "agent-bob"] {
+        let op = env
+            .submit("sim", json!({}), |s| s.caller = caller.into())
+            .await;
+        ids.push(op.id);
+    }
+    let alice = env.token("agent-alice", &["read"]).await;
+    let bob = env.token("agent-bob", &["read"]).await;
+    let wait = |token: &str, id: jobtrail_core::OperationId, secs: u32| {
+        c.get(server.url(&format!("/v1/operations/{id}/wait?timeout={secs}s")))
+            .bearer_auth(token)
+            .send()
+    };
+    // No worker runs: the operations stay submitted, so each wait holds until its timeout.
+    let first = tokio::spawn(wait(&alice, ids[0], 3));
+    let second = tokio::spawn(wait(&alice, ids[0], 3));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let refused = wait(&alice, ids[0], 3).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused at once"
+    );
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    problem(refused, StatusCode::TOO_MANY_REQUESTS, "rate-limited").await;
+    let other = wait(&bob, ids[1], 1).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK, "another caller still waits");
+    for w in [first, second] {
+        let r = tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("bounded")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    assert_eq!(
+        wait(&alice, ids[0], 1).await.unwrap().status(),
+        StatusCode::OK,
+        "the turns came back"
+    );
+}

@@ -206,16 +206,14 @@ fn refused(wait: &NotUntil<<DefaultClock as Clock>::Instant>, whose: &str) -> Re
         .as_secs_f64()
         .ceil()
         .max(1.0) as u64;
-    let mut r = Problem(
+    Problem(
         ServiceError::new(
             Kind::RateLimited,
             format!("too many requests from {whose}: try again in {secs} s"),
         )
         .with_detail(serde_json::json!({ "retry_after_secs": secs })),
     )
-    .into_response();
-    r.headers_mut().insert(header::RETRY_AFTER, secs.into());
-    r
+    .into_response()
 }
 
 #[cfg(test)]

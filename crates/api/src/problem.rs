@@ -77,6 +77,16 @@ impl IntoResponse for Problem {
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        // When to come back, as the refusal says it.
+        if self.0.kind == Kind::RateLimited {
+            let secs = self
+                .0
+                .detail
+                .as_ref()
+                .and_then(|d| d["retry_after_secs"].as_u64())
+                .unwrap_or(1);
+            r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+        }
         if self.0.kind == Kind::Unauthenticated {
             r.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -48,6 +48,11 @@ pub struct ServeArgs {
           default_value_t = jobtrail_mcp::SESSIONS_PER_CALLER,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub mcp_sessions_per_caller: u32,
+    /// Waits (HTTP and MCP) one caller may hold open at once; past it, another is refused (429).
+    #[arg(long, env = "JOBTRAIL_WAITS_PER_CALLER",
+          default_value_t = jobtrail_service::WAITS_PER_CALLER as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub waits_per_caller: u32,
 }
 
 /// Cancel `token` on SIGTERM or Ctrl-C.
@@ -83,6 +88,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         }
         None => jobtrail_service::Service::new(store, registry),
     };
+    service.set_waits_per_caller(a.waits_per_caller as usize);
     let shutdown = tokio_util::sync::CancellationToken::new();
     on_signal(shutdown.clone());
     if let Some(addr) = a.ops_listen {

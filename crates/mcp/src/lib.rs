@@ -608,18 +608,16 @@ async fn limit_sessions(
         });
         let held = open.get(&caller).map_or(0, Vec::len);
         if held >= l.per_caller {
-            let mut r = jobtrail_api::Problem::new(
-                Kind::RateLimited,
-                format!(
-                    "caller {caller} holds {held} MCP sessions open, the most it may: close one (DELETE /mcp with its Mcp-Session-Id) or let one idle out (5 minutes)"
-                ),
+            return jobtrail_api::Problem(
+                ServiceError::new(
+                    Kind::RateLimited,
+                    format!(
+                        "caller {caller} holds {held} MCP sessions open, the most it may: close one (DELETE /mcp with its Mcp-Session-Id) or let one idle out (5 minutes)"
+                    ),
+                )
+                .with_detail(serde_json::json!({ "retry_after_secs": 60 })),
             )
             .into_response();
-            r.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from_static("60"),
-            );
-            return r;
         }
     }
     let response = next.run(req).await;

@@ -52,6 +52,31 @@ pub struct Service {
     terms: BTreeMap<String, ProviderTerms>,
     /// Started by the first wait (a one-shot CLI command never opens the listening connection).
     watcher: std::sync::OnceLock<watch::Watcher>,
+    /// Waits open now, by caller, and how many one caller may hold.
+    waiting: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    waits_per_caller: std::sync::atomic::AtomicUsize,
+}
+
+/// Waits one caller may hold open at once by default (each holds a request, a connection and a
+/// subscription for up to [`MAX_WAIT`]).
+pub const WAITS_PER_CALLER: usize = 64;
+
+/// One open wait of a caller, given back when dropped.
+struct WaitSlot<'a> {
+    service: &'a Service,
+    caller: String,
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.service.waiting();
+        if let Some(n) = waiting.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(&self.caller);
+            }
+        }
+    }
 }
 
 impl Service {
@@ -60,10 +85,46 @@ impl Service {
         let terms = registry.terms();
         Arc::new(Self {
             watcher: std::sync::OnceLock::new(),
+            waiting: Default::default(),
+            waits_per_caller: WAITS_PER_CALLER.into(),
             store,
             operator_store: None,
             registry: Arc::new(registry),
             terms,
+        })
+    }
+
+    /// Waits one caller may hold open at once from now on (at least 1).
+    pub fn set_waits_per_caller(&self, n: usize) {
+        self.waits_per_caller
+            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        // Every change is one counter: a panic while holding the lock leaves the map whole.
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A wait slot for `caller`, or refused when it holds as many as it may.
+    fn wait_slot(&self, caller: &str) -> Result<WaitSlot<'_>, ServiceError> {
+        let most = self
+            .waits_per_caller
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut waiting = self.waiting();
+        let n = waiting.entry(caller.to_owned()).or_default();
+        if *n >= most {
+            return Err(ServiceError::new(
+                Kind::RateLimited,
+                format!(
+                    "caller {caller} has {n} waits open, the most it may: wait for fewer operations at once (list_operations shows many states in one read)"
+                ),
+            )
+            .with_detail(serde_json::json!({ "retry_after_secs": 1 })));
+        }
+        *n += 1;
+        Ok(WaitSlot {
+            service: self,
+            caller: caller.to_owned(),
         })
     }
 
@@ -72,6 +133,8 @@ impl Service {
         let terms = registry.terms();
         Arc::new(Self {
             watcher: std::sync::OnceLock::new(),
+            waiting: Default::default(),
+            waits_per_caller: WAITS_PER_CALLER.into(),
             store,
             operator_store: Some(operator),
             registry: Arc::new(registry),
@@ -422,6 +485,7 @@ impl Service {
         timeout: Duration,
     ) -> Result<WaitResponse, ServiceError> {
         p.require(Scope::Read)?;
+        let _slot = self.wait_slot(p.caller())?;
         let seen = seen.map(operator::parse_seen).transpose()?;
         // Subscribe before the first read: a change between the two is not missed.
         let mut wake = self
