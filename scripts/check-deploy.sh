@@ -57,7 +57,7 @@ echo "== helm template + Kubernetes schemas (defaults; every option on)"
   --set database.caSecret=db-ca \
   --set otel.endpoint=http://otel-collector:4318 \
   --set 'api.mcpAllowedHosts={jobtrail.example}' \
-  --set 'api.trustedProxies={10.0.0.0/8}' \
+  --set 'api.trustedProxies={10.0.0.0/8}' --set 'api.ratePerAddress=500/s\,1000' \
   --set 'providerSecrets[0].name=JOBTRAIL_SIM_TOKEN,providerSecrets[0].secretName=sim,providerSecrets[0].key=token' \
   --set autoscaling.keda.enabled=true --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
 "$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true --set database.maxConnections=200 \
@@ -77,7 +77,7 @@ for kind in ScaledObject ServiceMonitor HorizontalPodAutoscaler; do
   grep -q "^kind: $kind" "$out/full.yaml" "$out/hpa.yaml" || { echo "no $kind rendered" >&2; exit 1; }
 done
 grep -q 'helm.sh/hook: pre-install,pre-upgrade' "$out/default.yaml"
-# The per-address rate counts each client only behind a proxy the chart is told to trust.
+# The per-address rate is off unless set (with the proxies to trust, behind an Ingress).
 grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' "$out/default.yaml" | grep -q '"off"'
 grep -A1 'name: JOBTRAIL_TRUSTED_PROXIES' "$out/full.yaml" | grep -q '10.0.0.0/8'
 grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' "$out/full.yaml" | grep -q '"500/s,1000"'

@@ -571,6 +571,34 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
     assert!(refused.headers().contains_key("retry-after"));
     let p: Value = refused.json().await.unwrap();
     assert_eq!(p["kind"], "rate-limited", "{p}");
+    // A session id that is not text is no session id to rmcp: still an opening, still refused.
+    let junk = c
+        .post(server.url("/mcp"))
+        .bearer_auth(&alice)
+        .header("accept", "application/json, text/event-stream")
+        .header(
+            "mcp-session-id",
+            reqwest::header::HeaderValue::from_bytes(b"\x80junk").unwrap(),
+        )
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(junk.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
+    // What opens no session is not counted (rmcp answers it as it does).
+    let other = c
+        .post(server.url("/mcp"))
+        .bearer_auth(&alice)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(other.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         open(&bob).await.unwrap().status(),
         reqwest::StatusCode::OK,

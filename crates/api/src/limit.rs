@@ -89,7 +89,7 @@ impl std::str::FromStr for Proxies {
 
 impl Proxies {
     fn trust(&self, ip: IpAddr) -> bool {
-        self.0.iter().any(|n| n.contains(&ip))
+        self.0.iter().any(|n| n.contains(&ip.to_canonical()))
     }
 
     /// Who is asking: the peer, unless it is a trusted proxy; then the right-most address in
@@ -97,6 +97,7 @@ impl Proxies {
     /// the first untrusted one are whatever the client wrote). An entry that is not an address
     /// where one was expected: the peer.
     fn client(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
         if !self.trust(peer) {
             return peer;
         }
@@ -109,7 +110,12 @@ impl Proxies {
             .collect();
         let mut client = peer;
         for hop in hops.iter().rev() {
-            match hop.parse::<IpAddr>() {
+            // Some balancers write a port too (`1.2.3.4:5678`, `[2001:db8::1]:443`).
+            let parsed = hop
+                .parse::<IpAddr>()
+                .or_else(|_| hop.parse::<SocketAddr>().map(|s| s.ip()))
+                .map(|ip| ip.to_canonical());
+            match parsed {
                 Ok(ip) if self.trust(ip) => client = ip,
                 Ok(ip) => return ip,
                 Err(_) => return peer,
@@ -260,6 +266,15 @@ mod tests {
         assert_eq!(
             proxies.client(ip("10.0.0.1"), &xff(&["1.2.3.4, junk"])),
             ip("10.0.0.1")
+        );
+        // A dual-stack listener sees IPv4 peers mapped; a balancer may add ports.
+        assert_eq!(
+            proxies.client(ip("::ffff:10.0.0.1"), &xff(&["1.2.3.4:5678"])),
+            ip("1.2.3.4")
+        );
+        assert_eq!(
+            proxies.client(ip("10.0.0.1"), &xff(&["[2001:db8::1]:443"])),
+            ip("2001:db8::1")
         );
         assert!("".parse::<Proxies>().unwrap().0.is_empty());
         for bad in ["10.0.0.0/33", "ingress", "10.0.0.1/8/8"] {

@@ -539,9 +539,9 @@ pub async fn serve_stdio(backend: Backend) -> Result<(), String> {
 pub const SESSIONS_PER_CALLER: u32 = 32;
 
 /// `/mcp`: MCP over Streamable HTTP for the API server. Requests must reach it authenticated (the
-/// [`Principal`] in their extensions: `jobtrail_api::require_bearer`); a caller opens at most
-/// `sessions_per_caller` sessions at once (a few more only when it opens several at the same
-/// instant), past which opening one more is refused with 429 `rate-limited`.
+/// [`Principal`] in their extensions: `jobtrail_api::require_bearer`); a caller holds at most
+/// `sessions_per_caller` sessions, open or opening, past which an `initialize` is refused with 429
+/// `rate-limited`.
 pub fn http_router(
     service: Arc<Service>,
     shutdown: tokio_util::sync::CancellationToken,
@@ -575,12 +575,50 @@ pub fn http_router(
 }
 
 /// The sessions each caller opened that may still be open (pruned against the session manager's
-/// own table, which drops a session when it closes or idles out).
+/// own table, which drops a session when it closes or idles out), and the openings in flight.
 #[derive(Clone)]
 struct SessionLimit {
     manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
     per_caller: usize,
-    open: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<Arc<str>>>>>,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<String, Held>>>,
+}
+
+#[derive(Default)]
+struct Held {
+    sessions: Vec<Arc<str>>,
+    opening: usize,
+}
+
+impl SessionLimit {
+    fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Held>> {
+        // Every change is one push or one counter: a panic while holding the lock leaves it whole.
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An opening in flight, counted against its caller until it ends (a cancelled request too).
+struct Opening {
+    limit: SessionLimit,
+    caller: String,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(h) = self.limit.held().get_mut(&self.caller) {
+            h.opening = h.opening.saturating_sub(1);
+        }
+    }
+}
+
+/// Whether `body` is an MCP `initialize`: the one request that opens a session (others without a
+/// session id are stateless, or refused by rmcp).
+fn initializes(body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow)]
+        method: Option<&'a str>,
+    }
+    serde_json::from_slice::<Message>(body).is_ok_and(|m| m.method == Some("initialize"))
 }
 
 async fn limit_sessions(
@@ -590,23 +628,50 @@ async fn limit_sessions(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     const SESSION: &str = "mcp-session-id";
-    // Only a POST without a session id opens one (an `initialize`).
-    let opening = req.method() == http::Method::POST && !req.headers().contains_key(SESSION);
+    // A POST without a usable session id (rmcp reads a header that is not text as none) may open
+    // one; only an `initialize` does, which its body says.
+    let unnamed = req
+        .headers()
+        .get(SESSION)
+        .and_then(|v| v.to_str().ok())
+        .is_none();
     let caller = req
         .extensions()
         .get::<Principal>()
         .map(|p| p.caller().to_owned());
-    let Some(caller) = caller.filter(|_| opening) else {
+    let (Some(caller), true) = (caller, req.method() == http::Method::POST && unnamed) else {
         return next.run(req).await;
     };
-    {
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, jobtrail_service::MAX_REQUEST_BYTES).await {
+        Ok(b) => b,
+        Err(_) => {
+            return jobtrail_api::Problem::new(
+                Kind::TooLarge,
+                format!(
+                    "an MCP request is at most {} bytes",
+                    jobtrail_service::MAX_REQUEST_BYTES
+                ),
+            )
+            .into_response();
+        }
+    };
+    let opens = initializes(&body);
+    let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(body));
+    if !opens {
+        return next.run(req).await;
+    }
+    // Counted before it is served (sessions held and openings in flight), so openings sent at once
+    // cannot all pass a count of zero.
+    let _opening = {
         let live = l.manager.sessions.read().await;
-        let mut open = l.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.retain(|_, ids| {
-            ids.retain(|id| live.contains_key(id));
-            !ids.is_empty()
+        let mut open = l.held();
+        open.retain(|_, h| {
+            h.sessions.retain(|id| live.contains_key(id));
+            !h.sessions.is_empty() || h.opening > 0
         });
-        let held = open.get(&caller).map_or(0, Vec::len);
+        let h = open.entry(caller.clone()).or_default();
+        let held = h.sessions.len() + h.opening;
         if held >= l.per_caller {
             return jobtrail_api::Problem(
                 ServiceError::new(
@@ -619,18 +684,22 @@ async fn limit_sessions(
             )
             .into_response();
         }
-    }
+        h.opening += 1;
+        Opening {
+            limit: l.clone(),
+            caller: caller.clone(),
+        }
+    };
     let response = next.run(req).await;
     if let Some(id) = response
         .headers()
         .get(SESSION)
         .and_then(|v| v.to_str().ok())
     {
-        l.open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        l.held()
             .entry(caller)
             .or_default()
+            .sessions
             .push(Arc::from(id));
     }
     response
