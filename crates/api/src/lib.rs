@@ -49,21 +49,24 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
-async fn authenticate(parts: &Parts, service: &Service) -> Result<Principal, Problem> {
-    let token = parts
-        .headers
+/// The token of an `Authorization: Bearer <token>` header, if the request has one.
+pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             let (scheme, rest) = v.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
         })
-        .ok_or_else(|| {
-            Problem::new(
-                Kind::Unauthenticated,
-                "send Authorization: Bearer <token> (jobtrail-admin tokens create)",
-            )
-        })?;
+}
+
+async fn authenticate(parts: &Parts, service: &Service) -> Result<Principal, Problem> {
+    let token = bearer(&parts.headers).ok_or_else(|| {
+        Problem::new(
+            Kind::Unauthenticated,
+            "send Authorization: Bearer <token> (jobtrail-admin tokens create)",
+        )
+    })?;
     Ok(service.authenticate(token).await?)
 }
 

@@ -10,12 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
-use jobtrail_service::{Kind, ServiceError, auth};
+use jobtrail_service::{ServiceError, auth};
 
 use crate::Problem;
 
@@ -190,14 +189,7 @@ async fn admit(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     }
     // Only a token-shaped one is counted (anything else is refused without a lookup anyway), by
     // its digest: the map never holds a token.
-    let token = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim())
-        .filter(|t| auth::token_shaped(t));
+    let token = crate::bearer(req.headers()).filter(|t| auth::token_shaped(t));
     if let (Some(l), Some(t)) = (&gate.0.tokens, token)
         && let Err(wait) = l.check_key(&auth::token_digest(t))
     {
@@ -212,13 +204,10 @@ fn refused(wait: &NotUntil<<DefaultClock as Clock>::Instant>, whose: &str) -> Re
         .as_secs_f64()
         .ceil()
         .max(1.0) as u64;
-    Problem(
-        ServiceError::new(
-            Kind::RateLimited,
-            format!("too many requests from {whose}: try again in {secs} s"),
-        )
-        .with_detail(serde_json::json!({ "retry_after_secs": secs })),
-    )
+    Problem(ServiceError::rate_limited(
+        format!("too many requests from {whose}: try again in {secs} s"),
+        secs,
+    ))
     .into_response()
 }
 

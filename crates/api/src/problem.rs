@@ -79,13 +79,8 @@ impl IntoResponse for Problem {
         }
         // When to come back, as the refusal says it.
         if self.0.kind == Kind::RateLimited {
-            let secs = self
-                .0
-                .detail
-                .as_ref()
-                .and_then(|d| d["retry_after_secs"].as_u64())
-                .unwrap_or(1);
-            r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, self.0.retry_after_secs().into());
         }
         if self.0.kind == Kind::Unauthenticated {
             r.headers_mut().insert(

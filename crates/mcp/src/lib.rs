@@ -673,15 +673,12 @@ async fn limit_sessions(
         let h = open.entry(caller.clone()).or_default();
         let held = h.sessions.len() + h.opening;
         if held >= l.per_caller {
-            return jobtrail_api::Problem(
-                ServiceError::new(
-                    Kind::RateLimited,
-                    format!(
-                        "caller {caller} holds {held} MCP sessions open, the most it may: close one (DELETE /mcp with its Mcp-Session-Id) or let one idle out (5 minutes)"
-                    ),
-                )
-                .with_detail(serde_json::json!({ "retry_after_secs": 60 })),
-            )
+            return jobtrail_api::Problem(ServiceError::rate_limited(
+                format!(
+                    "caller {caller} holds {held} MCP sessions open, the most it may: close one (DELETE /mcp with its Mcp-Session-Id) or let one idle out (5 minutes)"
+                ),
+                60,
+            ))
             .into_response();
         }
         h.opening += 1;

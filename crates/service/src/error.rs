@@ -155,6 +155,19 @@ impl ServiceError {
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(Kind::Unavailable, message)
     }
+    /// Too many requests: come back in `secs` seconds (carried as `retry_after_secs`).
+    pub fn rate_limited(message: impl Into<String>, secs: u64) -> Self {
+        Self::new(Kind::RateLimited, message)
+            .with_detail(serde_json::json!({ "retry_after_secs": secs }))
+    }
+    /// When a rate-limited caller may come back (at least a second).
+    pub fn retry_after_secs(&self) -> u64 {
+        self.detail
+            .as_ref()
+            .and_then(|d| d["retry_after_secs"].as_u64())
+            .unwrap_or(1)
+            .max(1)
+    }
 }
 
 impl From<StoreError> for ServiceError {

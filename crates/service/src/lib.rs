@@ -113,13 +113,12 @@ impl Service {
         let mut waiting = self.waiting();
         let n = waiting.entry(caller.to_owned()).or_default();
         if *n >= most {
-            return Err(ServiceError::new(
-                Kind::RateLimited,
+            return Err(ServiceError::rate_limited(
                 format!(
                     "caller {caller} has {n} waits open, the most it may: wait for fewer operations at once (list_operations shows many states in one read)"
                 ),
-            )
-            .with_detail(serde_json::json!({ "retry_after_secs": 1 })));
+                1,
+            ));
         }
         *n += 1;
         Ok(WaitSlot {
