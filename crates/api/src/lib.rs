@@ -22,7 +22,7 @@ use jobtrail_service::{Kind, Principal, Service};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use problem::{Problem, ProblemDoc};
+pub use problem::{PROBLEM_JSON, Problem, ProblemDoc};
 
 /// Bound on a request's handling, waits excepted (they carry their own bound).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,9 +128,74 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(routes::router())
 }
 
+/// The routes and their OpenAPI document.
+fn api_parts() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
+    let (routes, mut doc) = api_router().split_for_parts();
+    every_route_may_answer(&mut doc);
+    (routes, doc)
+}
+
 /// The OpenAPI document, generated from the routes.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_router().split_for_parts().1
+    api_parts().1
+}
+
+/// What any route may answer whatever it does: a refusal by the door's rate limits (or a bound on
+/// waits or MCP sessions held at once), with `Retry-After`; and an unreachable database or an
+/// internal error. Written once here rather than on every route, so no route can leave them out.
+fn every_route_may_answer(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{
+        ContentBuilder, HeaderBuilder, ObjectBuilder, Ref, ResponseBuilder, Type,
+    };
+    let problem = || {
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("ProblemDoc")))
+            .build()
+    };
+    let limited = ResponseBuilder::new()
+        .description(
+            "Rate-limited: too many requests from this address or token, or too many waits or MCP sessions held at once. Nothing was done: try again after `Retry-After` seconds (also `extra.retry_after_secs`)",
+        )
+        .content(PROBLEM_JSON, problem())
+        .header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(1)),
+                ))
+                .description(Some("Seconds to wait before trying again"))
+                .build(),
+        )
+        .build();
+    let unavailable = ResponseBuilder::new()
+        .description(
+            "Unavailable: the database could not be reached, or an internal error. Try again later (a submit with the same `id` is safe to repeat)",
+        )
+        .content(PROBLEM_JSON, problem())
+        .build();
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ];
+        for op in operations.into_iter().flatten() {
+            let answers = &mut op.responses.responses;
+            answers
+                .entry("429".into())
+                .or_insert_with(|| limited.clone().into());
+            answers
+                .entry("503".into())
+                .or_insert_with(|| unavailable.clone().into());
+        }
+    }
 }
 
 /// The API's router (with `/openapi.json`), ready to serve.
@@ -139,7 +204,7 @@ pub fn router(service: Arc<Service>) -> axum::Router {
         webhooks: webhook::Receiver::new(service.clone()),
         service,
     };
-    let (routes, doc) = api_router().split_for_parts();
+    let (routes, doc) = api_parts();
     let doc = Arc::new(doc);
     let routes = routes
         .route(

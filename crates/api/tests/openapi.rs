@@ -95,5 +95,18 @@ fn the_document_names_every_route_and_only_those() {
                 .any(|k| k.starts_with('2')),
             "{method} {path}"
         );
+        // Any route may be refused by the door's rate limits, and any may find the database
+        // down: both are problems, and a rate-limited one says when to come back.
+        for code in ["429", "503"] {
+            assert_eq!(
+                op["responses"][code]["content"]["application/problem+json"]["schema"]["$ref"],
+                "#/components/schemas/ProblemDoc",
+                "{method} {path} {code}"
+            );
+        }
+        assert_eq!(
+            op["responses"]["429"]["headers"]["Retry-After"]["schema"]["type"], "integer",
+            "{method} {path}"
+        );
     }
 }
