@@ -1311,6 +1311,21 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Contract>, ContractError>
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
+/// The shortest wait between calls a contract may set (backoff, `Retry-After`'s floor, reconcile).
+const MIN_WAIT_MS: u64 = 10;
+/// The largest status, create or cancel answer a contract may allow: each is read whole into a
+/// worker's memory, once per call in flight (a typo of a few zeros must not allow gigabytes).
+const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
+/// The largest result a contract may allow: read whole before it is checked, and PostgreSQL keeps
+/// at most 1 GB in one value (results in the database are held to less when a worker starts).
+const MAX_RESULT_BYTES: u64 = 1024 * 1024 * 1024;
+/// The most failed calls a contract may tolerate (a count the database keeps as an integer).
+const MAX_FAILURES: u32 = 1_000_000;
+
+/// A character of an HTTP token (RFC 9110 §5.6.2).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
 
 struct Validator<'a> {
     file: &'a str,
@@ -1528,6 +1543,12 @@ impl Validator<'_> {
     fn ms(&self, key: &str, v: u64, min: u64) -> Result<Duration, ContractError> {
         self.ms_within(key, v, min, DAY_MS)
     }
+    fn bytes_within(&self, key: &str, v: u64, max: u64) -> Result<(), ContractError> {
+        if v == 0 || v > max {
+            return Err(self.err(key, format!("1 to {max} bytes, got {v}")));
+        }
+        Ok(())
+    }
 
     fn contract(&self, r: Raw, path: &Path) -> Result<Contract, ContractError> {
         if r.name.is_empty()
@@ -1628,14 +1649,26 @@ impl Validator<'_> {
         let t = &r.timeouts;
         let connect_timeout = self.ms_within("timeouts.connect_ms", t.connect_ms, 1, HOUR_MS)?;
         let request_timeout = self.ms_within("timeouts.request_ms", t.request_ms, 1, HOUR_MS)?;
-        if t.max_response_bytes == 0 {
-            return Err(self.err("timeouts.max_response_bytes", "a positive number of bytes"));
-        }
+        self.bytes_within(
+            "timeouts.max_response_bytes",
+            t.max_response_bytes,
+            MAX_RESPONSE_BYTES,
+        )?;
 
         let auth = match &r.auth {
             Some(a) => Some(Auth {
                 header: self.header("auth.header", &a.header)?,
-                scheme: a.scheme.clone(),
+                scheme: match &a.scheme {
+                    // RFC 9110's auth-scheme is a token: anything else (a space, CR/LF) would make
+                    // every call unsendable, found only when the first one is tried.
+                    Some(s) if s.is_empty() || !s.bytes().all(is_tchar) => {
+                        return Err(self.err(
+                            "auth.scheme",
+                            format!("an authentication scheme such as \"Bearer\", got {s:?}"),
+                        ));
+                    }
+                    s => s.clone(),
+                },
                 secret: self.secret("auth.secret", &a.secret)?,
             }),
             None => None,
@@ -1936,12 +1969,24 @@ impl Validator<'_> {
                 format!("a fraction from 0 to 1, got {}", p.jitter),
             ));
         }
-        let initial = self.ms("polling.initial_ms", p.initial_ms, 1)?;
-        let cap = self.ms("polling.cap_ms", p.cap_ms, 1)?;
+        let initial = self.ms("polling.initial_ms", p.initial_ms, MIN_WAIT_MS)?;
+        let cap = self.ms("polling.cap_ms", p.cap_ms, MIN_WAIT_MS)?;
         if cap < initial {
             return Err(self.err("polling.cap_ms", "at least polling.initial_ms"));
         }
-        let ra_min = Duration::from_millis(p.retry_after_min_ms);
+        // A provider's `Retry-After: 0` (or one in the past) waits at least this long: never a
+        // loop of reads as fast as the worker can send them.
+        let ra_min = self.ms(
+            "polling.retry_after_min_ms",
+            p.retry_after_min_ms,
+            MIN_WAIT_MS,
+        )?;
+        if p.max_failures > MAX_FAILURES {
+            return Err(self.err(
+                "polling.max_failures",
+                format!("at most {MAX_FAILURES}, got {}", p.max_failures),
+            ));
+        }
         let ra_max = self.ms("polling.retry_after_max_ms", p.retry_after_max_ms, 1)?;
         if ra_max < ra_min {
             return Err(self.err(
@@ -2055,7 +2100,7 @@ impl Validator<'_> {
             lookup_body: self.body_template("reconcile.lookup_body", &rc.lookup_body)?,
             lookup_jobs: self.pointer("reconcile.lookup_jobs", &rc.lookup_jobs)?,
             lookup_job_id: self.pointer("reconcile.lookup_job_id", &rc.lookup_job_id)?,
-            interval: self.ms("reconcile.interval_ms", rc.interval_ms, 1)?,
+            interval: self.ms("reconcile.interval_ms", rc.interval_ms, MIN_WAIT_MS)?,
         };
         if reconcile.method == ReconcileMethod::Lookup && reconcile.lookup_url.is_none() {
             return Err(self.err(
@@ -2696,9 +2741,7 @@ impl Validator<'_> {
                 "format = \"json\" (a pointer into a JSON document)",
             ));
         }
-        if r.max_bytes == 0 {
-            return Err(self.err("result.max_bytes", "a positive number of bytes"));
-        }
+        self.bytes_within("result.max_bytes", r.max_bytes, MAX_RESULT_BYTES)?;
         if r.checksum_algorithm != "sha256" {
             return Err(self.err(
                 "result.checksum_algorithm",

@@ -33,23 +33,30 @@ pub fn check(spec: &ResultSpec, fetched: &FetchedResult, hints: &ResultHints) ->
         checks.push(format!("size<={}", spec.max_bytes));
     }
 
+    // Every checksum given must match: the one the result's own answer carries (from storage the
+    // contract may name as unauthenticated) never stands in for the one the provider's
+    // credentialed status answer gave.
     let digest = hex::encode(Sha256::digest(&fetched.bytes));
-    let expected = fetched.checksum.as_deref().or(hints.checksum.as_deref());
-    match expected {
-        Some(want) => {
-            let want = want
-                .trim()
-                .trim_start_matches("sha256:")
-                .to_ascii_lowercase();
-            if want == digest {
-                checks.push("sha256 matches the provider's checksum".into());
-            } else {
-                violations.push(format!(
-                    "sha256 is {digest}, the provider's checksum says {want}"
-                ));
-            }
+    let given = [
+        ("the result's checksum header", fetched.checksum.as_deref()),
+        ("the provider's status answer", hints.checksum.as_deref()),
+    ];
+    for (whose, want) in given {
+        let Some(want) = want else { continue };
+        let want = want
+            .trim()
+            .trim_start_matches("sha256:")
+            .to_ascii_lowercase();
+        if want == digest {
+            checks.push(format!("sha256 matches the checksum {whose} gave"));
+        } else {
+            violations.push(format!(
+                "sha256 is {digest}, the checksum {whose} gave says {want}"
+            ));
         }
-        None => checks.push("sha256 recorded (provider gave no checksum)".into()),
+    }
+    if given.iter().all(|(_, w)| w.is_none()) {
+        checks.push("sha256 recorded (provider gave no checksum)".into());
     }
 
     let mut summary = serde_json::json!({ "bytes": size, "sha256": digest });
@@ -108,6 +115,14 @@ fn expected_count(spec: &ResultSpec, hints: &ResultHints) -> Option<u64> {
 /// How many failed items the summary describes one by one (all are counted).
 const DESCRIBED_FAILURES: usize = 20;
 
+/// The most failed items the summary names in `failed_refs` (all are counted, and the result's
+/// bytes name every one): a hostile or broken provider's millions of failed rows must not become
+/// millions of strings in a worker's memory and a history link.
+const LISTED_FAILURES: usize = 1000;
+
+/// How much of an item's reference the summary keeps.
+const REF_BYTES: usize = 200;
+
 /// One failed item: its reference (the item's id, or its place: `#3`, `line 7`) and why, in the
 /// provider's words (status value, error), cut to a readable length.
 struct Failure {
@@ -115,11 +130,37 @@ struct Failure {
     why: String,
 }
 
+/// The failed items of a result: every one counted, the first [`LISTED_FAILURES`] named and the
+/// first [`DESCRIBED_FAILURES`] described.
+#[derive(Default)]
+struct Failures {
+    count: u64,
+    refs: Vec<String>,
+    described: Vec<Failure>,
+}
+
+impl Failures {
+    fn add(&mut self, reference: impl FnOnce() -> String, why: String) {
+        self.count += 1;
+        if self.refs.len() >= LISTED_FAILURES {
+            return;
+        }
+        let reference = crate::text::truncate(reference(), REF_BYTES);
+        if self.described.len() < DESCRIBED_FAILURES {
+            self.described.push(Failure {
+                reference: reference.clone(),
+                why,
+            });
+        }
+        self.refs.push(reference);
+    }
+}
+
 fn judge_items(
     spec: &ResultSpec,
     hints: &ResultHints,
     total: u64,
-    failed: Vec<Failure>,
+    failed: Failures,
     checks: &mut Vec<String>,
     violations: &mut Vec<String>,
     summary: &mut serde_json::Value,
@@ -131,20 +172,23 @@ fn judge_items(
             violations.push(format!("{total} items, expected {want}"));
         }
     }
-    let n_failed = failed.len() as u64;
+    let n_failed = failed.count;
     let described: Vec<serde_json::Value> = failed
+        .described
         .iter()
-        .take(DESCRIBED_FAILURES)
         .map(|f| serde_json::json!({"ref": f.reference, "why": f.why}))
         .collect();
-    let refs: Vec<&str> = failed.iter().map(|f| f.reference.as_str()).collect();
+    let omitted = n_failed - failed.refs.len() as u64;
     summary["items"] = serde_json::json!({
         "total": total,
         "succeeded": total - n_failed.min(total),
         "failed": n_failed,
-        "failed_refs": refs,
+        "failed_refs": failed.refs,
         "failures": described,
     });
+    if omitted > 0 {
+        summary["items"]["failed_refs_omitted"] = omitted.into();
+    }
     if n_failed > 0 {
         checks.push(format!(
             "{n_failed} of {total} items failed (partly failed batch)"
@@ -213,20 +257,19 @@ fn check_json(
         violations.push(format!("no item array at {ptr}"));
         return;
     };
-    let failed: Vec<Failure> = items
-        .iter()
-        .enumerate()
-        .filter_map(|(i, item)| {
-            let why = item_failure(spec, item)?;
-            let reference = spec
-                .item_ref
-                .as_ref()
-                .and_then(|p| item.pointer(p))
-                .map(crate::text::of_json)
-                .unwrap_or_else(|| format!("#{i}"));
-            Some(Failure { reference, why })
-        })
-        .collect();
+    let mut failed = Failures::default();
+    for (i, item) in items.iter().enumerate() {
+        if let Some(why) = item_failure(spec, item) {
+            let reference = || {
+                spec.item_ref
+                    .as_ref()
+                    .and_then(|p| item.pointer(p))
+                    .map(crate::text::of_json)
+                    .unwrap_or_else(|| format!("#{i}"))
+            };
+            failed.add(reference, why);
+        }
+    }
     judge_items(
         spec,
         hints,
@@ -312,7 +355,7 @@ fn check_csv(
         None => None,
     };
     let mut total = 0u64;
-    let mut failed = Vec::new();
+    let mut failed = Failures::default();
     for rec in reader.records() {
         let rec = match rec {
             Ok(r) => r,
@@ -331,10 +374,10 @@ fn check_csv(
             // The line the row starts on in the provider's file (a quoted field may span lines,
             // so the row's index is not its line).
             let line = rec.position().map(|p| p.line()).unwrap_or(0);
-            failed.push(Failure {
-                reference: format!("line {line}"),
-                why: cut(format!("{} = {value:?}", headers.get(col).unwrap_or(""))),
-            });
+            failed.add(
+                || format!("line {line}"),
+                cut(format!("{} = {value:?}", headers.get(col).unwrap_or(""))),
+            );
         }
     }
     checks.push("csv".into());
@@ -467,6 +510,75 @@ item_failed_values = ["bad"]"#,
             why.starts_with("status \"bad\"; error: xxx") && why.len() <= 204,
             "{why}"
         );
+    }
+
+    #[test]
+    fn every_checksum_given_must_match() {
+        let spec = spec(r#"format = "bytes""#);
+        let bytes = bytes::Bytes::from_static(b"the report");
+        let right = hex::encode(Sha256::digest(&bytes));
+        let wrong = "0".repeat(64);
+        let judge = |header: Option<&str>, status: Option<&str>| {
+            let fetched = FetchedResult {
+                bytes: bytes.clone(),
+                content_type: None,
+                checksum: header.map(str::to_owned),
+            };
+            let hints = ResultHints {
+                checksum: status.map(str::to_owned),
+                ..ResultHints::default()
+            };
+            matches!(check(&spec, &fetched, &hints), Checked::Valid { .. })
+        };
+        assert!(judge(None, None));
+        assert!(judge(Some(&right), None));
+        assert!(judge(
+            None,
+            Some(&format!("sha256:{}", right.to_uppercase()))
+        ));
+        assert!(judge(Some(&right), Some(&right)));
+        // Storage that serves other bytes with a checksum of its own does not overrule the
+        // checksum the provider's (credentialed) status answer gave.
+        assert!(!judge(Some(&right), Some(&wrong)));
+        assert!(!judge(Some(&wrong), Some(&right)));
+        assert!(!judge(None, Some(&wrong)));
+    }
+
+    #[test]
+    fn a_result_of_many_failed_items_is_counted_whole_and_named_in_part() {
+        // 200 000 failed rows (a hostile provider's 1.2 MB; the default limit allows 16 MiB):
+        // every one counted, a thousand named, the summary a few tens of KiB.
+        let csv = spec(
+            r#"format = "csv"
+csv_status_column = "s"
+csv_error_values = ["E"]"#,
+        );
+        let body = format!("s\n{}", "E\n".repeat(200_000));
+        let s = summary(&csv, &body);
+        assert_eq!(s["items"]["failed"], 200_000);
+        assert_eq!(
+            s["items"]["failed_refs"].as_array().unwrap().len(),
+            LISTED_FAILURES
+        );
+        assert_eq!(
+            s["items"]["failed_refs_omitted"],
+            200_000 - LISTED_FAILURES as u64
+        );
+        assert!(s.to_string().len() < 64 * 1024, "{}", s.to_string().len());
+        // A provider's megabyte item id is cut in what the summary keeps.
+        let json = spec(
+            r#"items = "/items"
+item_ref = "/id"
+item_status = "/s"
+item_failed_values = ["bad"]"#,
+        );
+        let body =
+            serde_json::json!({"items": [{"id": "i".repeat(1 << 20), "s": "bad"}]}).to_string();
+        let s = summary(&json, &body);
+        let r = s["items"]["failed_refs"][0].as_str().unwrap();
+        assert!(r.len() <= REF_BYTES + 3, "{}", r.len());
+        assert!(s.to_string().len() < 4096);
+        assert!(s["items"].get("failed_refs_omitted").is_none());
     }
 
     #[test]

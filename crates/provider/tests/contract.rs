@@ -154,6 +154,45 @@ fn each_invalid_field_is_refused_with_its_name() {
             "trace_header = \"X-Trace-ID\"\nhttp_version = \"3\"",
             "http_version",
         ),
+        // Limits a typo of a few zeros would make dangerous, and waits of nothing.
+        (
+            "max_response_bytes = 262144",
+            "max_response_bytes = 1099511627776",
+            "timeouts.max_response_bytes",
+        ),
+        (
+            "max_bytes = 1048576",
+            "max_bytes = 2147483648",
+            "result.max_bytes",
+        ),
+        (
+            "retry_after_min_ms = 100",
+            "retry_after_min_ms = 0",
+            "polling.retry_after_min_ms",
+        ),
+        ("initial_ms = 200", "initial_ms = 1", "polling.initial_ms"),
+        (
+            "max_failures = 6",
+            "max_failures = 4294967295",
+            "polling.max_failures",
+        ),
+        (
+            "interval_ms = 300",
+            "interval_ms = 0",
+            "reconcile.interval_ms",
+        ),
+        // An authentication scheme is a token: no header can carry the rest.
+        (
+            "scheme = \"Bearer\"",
+            "scheme = \"Bearer\\r\\nX-Injected: y\"",
+            "auth.scheme",
+        ),
+        (
+            "scheme = \"Bearer\"",
+            "scheme = \"Bearer x\"",
+            "auth.scheme",
+        ),
+        ("scheme = \"Bearer\"", "scheme = \"\"", "auth.scheme"),
         // A number where the version is a string: "2" is meant, but nothing is guessed.
         (
             "trace_header = \"X-Trace-ID\"",
