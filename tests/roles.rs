@@ -270,6 +270,19 @@ async fn each_role_runs_its_commands_and_nothing_else() {
         "INSERT INTO provider_calls (id) VALUES (gen_random_uuid())",
     )
     .await;
+    // A call logged outside its operation's chain (no seq, no hashes) is refused: `audit verify`
+    // could only have counted it, never checked it.
+    let e = sql_refused(
+        &worker,
+        &format!(
+            "INSERT INTO provider_calls (id, operation_id, kind, attempt, actor, lease_epoch, started_at, \
+             duration_ms, method, url, outcome, trace_id, span_id) \
+             SELECT gen_random_uuid(), id, 'cancel', 1, 'w', lease_epoch, now(), 1, 'POST', \
+             'https://x.example/cancel', 'cancelled', trace_id, '0123456789abcdef' FROM operations WHERE id = {some}"
+        ),
+    )
+    .await;
+    assert!(e.contains("provider_calls_chained"), "{e}");
     // The schedule's trigger runs with the owner's rights: a temporary table of the same name (with
     // a trigger of its own, which would run as the owner) must not be what it writes to.
     for url in [&worker, &operator, &api] {

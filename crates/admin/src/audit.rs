@@ -99,6 +99,13 @@ fn expected_digest(
                 format!("{v}: the signature does not verify with the given public key"),
             )
         })?;
+    } else if let Some(sig) = &file.signature {
+        // Checked against the key the file itself names, a signature proves nothing (whoever
+        // rewrote the file could sign it): only a key the auditor holds does.
+        eprintln!(
+            "warning: {v} is signed (ed25519 key {}) but its signature was not checked: pass --anchor-public-key with the key you trust",
+            sig.public_key
+        );
     }
     Ok(file.anchor.digest.to_ascii_lowercase())
 }

@@ -951,6 +951,14 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
     );
     assert_eq!(json(&clean)["results"], 2);
     assert_eq!(json(&clean)["unanchored"]["links"], 0);
+    // A signed file checked without a key the auditor holds says its signature went unchecked.
+    let unkeyed = admin(&db, &["audit", "verify", "--all", "--expect-anchor", kept]);
+    assert_eq!(code(&unkeyed), 0);
+    let said = String::from_utf8_lossy(&unkeyed.stderr);
+    assert!(
+        said.contains("signature was not checked") && said.contains(&public),
+        "{said}"
+    );
     // An anchor file whose signature another key made is refused.
     let wrong = ed25519_public_of(&"8".repeat(64));
     assert_eq!(
@@ -1063,6 +1071,127 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
     );
     let _ = std::fs::remove_file(&keep);
     let _ = std::fs::remove_file(&key);
+}
+
+/// Append a well-hashed link to `op`'s history as the API's role (which may append and move the
+/// row's state and head), as an agent's credentials could.
+async fn append_as_api(
+    db: &TestDb,
+    store: &Store,
+    op: OperationId,
+    from: &str,
+    event: &str,
+    to: &str,
+) {
+    let last = store.history(op).await.unwrap().pop().unwrap();
+    let entry = chain::ChainEntry {
+        operation_id: op.to_string(),
+        seq: last.seq + 1,
+        at: chain::storable(chrono::Utc::now()),
+        actor: "alice".into(),
+        from_state: Some(from.into()),
+        to_state: to.into(),
+        event: event.into(),
+        cause: "withdrawn by alice".into(),
+        remote_job_id: last.remote_job_id.clone(),
+        call_id: None,
+        detail: serde_json::json!({}),
+    };
+    let hash = entry.hash(&last.hash.clone().try_into().unwrap());
+    let (id, seq) = (op.as_uuid(), entry.seq);
+    let job = entry
+        .remote_job_id
+        .as_deref()
+        .map(|j| format!("'{j}'"))
+        .unwrap_or_else(|| "NULL".into());
+    exec(db, &format!(
+        "SET ROLE jobtrail_api;          INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, remote_job_id, call_id, detail, prev_hash, hash)          VALUES ('{id}', {seq}, '{}', 'alice', '{from}', '{to}', '{event}', 'withdrawn by alice', {job}, NULL, '{{}}', decode('{}', 'hex'), decode('{}', 'hex'));          UPDATE operations SET state = '{to}', cancel_requested_at = now(), cancel_requested_by = 'alice',          cancel_reason = 'withdrawn by alice', cancel_deadline = now(), history_seq = {seq},          history_head = decode('{}', 'hex') WHERE id = '{id}'",
+        entry.at.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
+        hex::encode(&last.hash),
+        hex::encode(hash),
+        hex::encode(hash),
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let done = succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
+    let jumped = succeeded_with_result(&store, 2, br#"{"items":[2]}"#).await;
+    let emptied = succeeded_with_result(&store, 3, br#"{"items":[3]}"#).await;
+    let intact = succeeded_with_result(&store, 4, br#"{"items":[4]}"#).await;
+    let quiet = succeeded_with_result(&store, 5, br#"{"items":[5]}"#).await;
+    let asked = unconfirmed(&store, 6).await;
+    let asked_too = unconfirmed(&store, 7).await;
+    let out = admin(&db, &["audit", "verify", "--all", "--json"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+
+    // Hashes, heads and the row all agree, but the moves are ones no engine makes: a succeeded
+    // operation withdrawn, and one "withdrawn" from a state it was not in.
+    append_as_api(&db, &store, done.id, "succeeded", "withdraw", "withdrawn").await;
+    append_as_api(
+        &db,
+        &store,
+        jumped.id,
+        "create_pending",
+        "withdraw",
+        "withdrawn",
+    )
+    .await;
+    // The validated result's bytes deleted (an owner with triggers off).
+    exec(&db, &format!(
+        "SET session_replication_role = replica; DELETE FROM operation_results WHERE operation_id = '{}'",
+        emptied.id.as_uuid()
+    ))
+    .await;
+
+    // Who asked for a cancel, edited on the row by the API's role: named on an operation nobody
+    // asked to cancel, and renamed on one somebody did.
+    exec(&db, &format!(
+        "SET ROLE jobtrail_api; UPDATE operations SET cancel_requested_at = now(), cancel_requested_by = 'mallory', cancel_reason = 'policy', cancel_deadline = now() WHERE id = '{}'; UPDATE operations SET cancel_requested_by = 'mallory' WHERE id = '{}'",
+        quiet.id.as_uuid(),
+        asked.id.as_uuid()
+    ))
+    .await;
+
+    let out = admin(&db, &["audit", "verify", "--all", "--json"]);
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stdout));
+    let breaks = json(&out)["breaks"].as_array().unwrap().clone();
+    let named = |op: OperationId, words: &str| {
+        breaks.iter().any(|x| {
+            x["operation_id"] == op.to_string() && x["problem"].as_str().unwrap().contains(words)
+        })
+    };
+    assert!(
+        named(done.id, "does not allow withdraw in succeeded"),
+        "{breaks:#?}"
+    );
+    assert!(
+        named(jumped.id, "does not start where the previous link led"),
+        "{breaks:#?}"
+    );
+    assert!(named(emptied.id, "stored bytes are missing"), "{breaks:#?}");
+    assert!(named(quiet.id, "cancel request differs"), "{breaks:#?}");
+    assert!(named(asked.id, "cancel request differs"), "{breaks:#?}");
+    for untouched in [intact.id, asked_too.id] {
+        assert!(
+            !breaks
+                .iter()
+                .any(|x| x["operation_id"] == untouched.to_string()),
+            "an untouched operation has no break: {breaks:#?}"
+        );
+    }
+    // One operation at a time too.
+    assert_eq!(
+        code(&admin(&db, &["audit", "verify", &done.id.to_string()])),
+        1
+    );
+    assert_eq!(
+        code(&admin(&db, &["audit", "verify", &intact.id.to_string()])),
+        0
+    );
 }
 
 fn ed25519_public_of(seed_hex: &str) -> String {

@@ -277,6 +277,89 @@ pub fn verify<E: Linked>(links: &[StoredLink<E>]) -> Vec<ChainBreak> {
     breaks
 }
 
+/// Every link that is not a move the engine could have made, in `seq` order: a first link that is
+/// not a submission into `create_pending`, a link that does not start where the previous one led, an
+/// event the state machine does not allow in the state it starts from, or one leading elsewhere than
+/// the machine says. The hashes show a chain was not changed after it was anchored; this shows each
+/// link is a legal move, so a role that may append (the API's, a worker's) cannot record one that
+/// is not — withdrawing a running job, say — and have `audit verify` call the record intact.
+pub fn illegal_moves(entries: &[ChainEntry]) -> Vec<ChainBreak> {
+    use crate::event::EventKind;
+    use crate::machine::{To, rule_for};
+    use crate::state::State;
+    let mut breaks = Vec::new();
+    let mut led_to: Option<&str> = None;
+    for e in entries {
+        let mut br = |problem: String, expected: String, stored: String| {
+            breaks.push(ChainBreak {
+                operation_id: e.operation_id.clone(),
+                seq: e.seq,
+                problem,
+                expected,
+                stored,
+            })
+        };
+        let from = e.from_state.as_deref().unwrap_or("none");
+        match led_to {
+            None => {
+                let submission = format!("submitted: none -> {}", State::CreatePending.as_str());
+                let stored = format!("{}: {from} -> {}", e.event, e.to_state);
+                if stored != submission {
+                    br(
+                        "the first link is not a submission into create_pending".into(),
+                        submission,
+                        stored,
+                    );
+                }
+            }
+            Some(prev) => {
+                if from != prev {
+                    br(
+                        "the link does not start where the previous link led".into(),
+                        prev.to_owned(),
+                        from.to_owned(),
+                    );
+                }
+                let (Ok(state), Ok(on)) = (from.parse::<State>(), e.event.parse::<EventKind>())
+                else {
+                    br(
+                        "the link names a state or event the state machine does not know".into(),
+                        "a known state and event".into(),
+                        format!("{} in {from}", e.event),
+                    );
+                    led_to = Some(&e.to_state);
+                    continue;
+                };
+                match rule_for(state, on) {
+                    None => br(
+                        format!("the state machine does not allow {} in {from}", e.event),
+                        "an allowed event".into(),
+                        e.event.clone(),
+                    ),
+                    Some(rule) => {
+                        let to = match rule.to {
+                            To::State(s) => s,
+                            To::Same => state,
+                        };
+                        if to.as_str() != e.to_state {
+                            br(
+                                format!(
+                                    "{} in {from} leads elsewhere than the state machine says",
+                                    e.event
+                                ),
+                                to.as_str().to_owned(),
+                                e.to_state.clone(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        led_to = Some(&e.to_state);
+    }
+    breaks
+}
+
 fn prev_array(v: &[u8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     if v.len() == 32 {
@@ -405,6 +488,58 @@ mod tests {
             b.iter()
                 .any(|b| b.seq == 3 && b.problem.contains("sequence"))
         );
+    }
+
+    fn moved(seq: i64, from: &str, event: &str, to: &str) -> ChainEntry {
+        ChainEntry {
+            from_state: Some(from.into()),
+            event: event.into(),
+            to_state: to.into(),
+            ..entry(seq, "")
+        }
+    }
+
+    #[test]
+    fn a_history_is_replayed_through_the_state_machine() {
+        let legal = vec![
+            entry(1, "submitted"),
+            moved(2, "create_pending", "create_accepted", "accepted"),
+            moved(3, "accepted", "remote_progress", "observing"),
+            moved(4, "observing", "remote_progress", "observing"),
+        ];
+        assert_eq!(illegal_moves(&legal), vec![]);
+        // Withdrawn while the remote job runs: the machine allows withdraw only before a create.
+        let mut withdrawn = legal.clone();
+        withdrawn.push(moved(5, "observing", "withdraw", "withdrawn"));
+        let b = illegal_moves(&withdrawn);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert_eq!(b[0].seq, 5);
+        assert!(
+            b[0].problem
+                .contains("does not allow withdraw in observing")
+        );
+        // A link that starts from a state the previous one did not lead to.
+        let mut jumped = legal.clone();
+        jumped.push(moved(5, "create_pending", "withdraw", "withdrawn"));
+        let b = illegal_moves(&jumped);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(b[0].problem.contains("does not start where"));
+        assert_eq!(
+            (b[0].expected.as_str(), b[0].stored.as_str()),
+            ("observing", "create_pending")
+        );
+        // An allowed event recorded as leading somewhere else.
+        let mut elsewhere = legal.clone();
+        elsewhere.push(moved(5, "observing", "remote_progress", "succeeded"));
+        let b = illegal_moves(&elsewhere);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert_eq!(b[0].expected, "observing");
+        // Names the machine does not know, and a first link that is no submission.
+        let mut unknown = legal.clone();
+        unknown.push(moved(5, "observing", "teleported", "succeeded"));
+        assert!(illegal_moves(&unknown)[0].problem.contains("does not know"));
+        let b = illegal_moves(&legal[1..]);
+        assert!(b[0].problem.contains("not a submission"), "{b:?}");
     }
 
     #[test]

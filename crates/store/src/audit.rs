@@ -20,10 +20,10 @@
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use futures::stream::BoxStream;
-use jobtrail_core::OperationId;
 use jobtrail_core::chain::{
     self, ANCHOR_VERSION, ChainBreak, GENESIS, HeadsHasher, SubmittedFacts,
 };
+use jobtrail_core::{OperationId, ResultBytes};
 
 use crate::record::{HistoryRecord, HistoryRow, StoredCall};
 use crate::{Store, StoreError};
@@ -107,6 +107,9 @@ struct Facts {
     state: String,
     remote_job_id: Option<String>,
     result_sha256: Option<String>,
+    cancel_requested_at: Option<DateTime<Utc>>,
+    cancel_requested_by: Option<String>,
+    cancel_reason: Option<String>,
     history_seq: i64,
     history_head: Vec<u8>,
     calls_seq: i64,
@@ -178,45 +181,92 @@ impl Store {
 
     /// Verify one operation: both chains, its row's facts, its stored results.
     pub async fn verify_operation(&self, id: OperationId) -> Result<VerifyReport, StoreError> {
+        // All four reads as of one instant (see `one_snapshot`).
+        let [mut tx] = self.one_snapshot().await?;
         let facts: Facts = sqlx::query_as(include_str!("sql/operation_get_facts.sql"))
             .bind(id.as_uuid())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound(id))?;
-        let history = self.history(id).await?;
-        let calls = self.calls(id).await?;
+        let history: Vec<HistoryRow> = sqlx::query_as(include_str!("sql/history_list.sql"))
+            .bind(id.as_uuid())
+            .fetch_all(&mut *tx)
+            .await?;
+        let history: Vec<HistoryRecord> = history.into_iter().map(HistoryRecord::from).collect();
+        let calls: Vec<StoredCall> = sqlx::query_as(include_str!("sql/call_list.sql"))
+            .bind(id.as_uuid())
+            .fetch_all(&mut *tx)
+            .await?;
         let results: Vec<ResultDigest> =
             sqlx::query_as(include_str!("sql/result_list_digests.sql"))
                 .bind(Some(id.as_uuid()))
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *tx)
                 .await?;
         let mut report = VerifyReport::default();
         check_operation(&facts, &history, &calls, &results, &mut report);
         Ok(report)
     }
 
+    /// Read-only transactions that all see one snapshot: evidence read through them is as of one
+    /// instant, so a step that commits while `verify` reads (a link and the head that names it)
+    /// is seen whole or not at all, never as a break.
+    async fn one_snapshot<const N: usize>(
+        &self,
+    ) -> Result<[sqlx::Transaction<'static, sqlx::Postgres>; N], StoreError> {
+        let mut first = self.pool.begin().await?;
+        sqlx::query(include_str!("sql/snapshot_begin.sql"))
+            .execute(&mut *first)
+            .await?;
+        let (id,): (String,) = sqlx::query_as(include_str!("sql/snapshot_export.sql"))
+            .fetch_one(&mut *first)
+            .await?;
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return Err(StoreError::Corrupt(format!(
+                "the database named its snapshot {id:?}"
+            )));
+        }
+        let mut all = vec![first];
+        while all.len() < N {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query(include_str!("sql/snapshot_begin.sql"))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SET TRANSACTION SNAPSHOT '{id}'"
+            )))
+            .execute(&mut *tx)
+            .await?;
+            all.push(tx);
+        }
+        Ok(all
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N transactions")))
+    }
+
     /// Verify every operation (streamed, so memory stays flat however large history grows): a merge
-    /// of the operation rows with their history, calls and result digests, all in operation order.
+    /// of the operation rows with their history, calls and result digests, all in operation order,
+    /// all read as of one instant.
     pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
         let mut report = VerifyReport::default();
+        let [mut t_ops, mut t_history, mut t_calls, mut t_results] = self.one_snapshot().await?;
         let mut ops = sqlx::query_as::<_, Facts>(include_str!("sql/operation_list_facts.sql"))
-            .fetch(&self.pool);
+            .fetch(&mut *t_ops);
         let mut history = PerOperation::new(
             sqlx::query_as::<_, HistoryRow>(include_str!("sql/history_list_all.sql"))
-                .fetch(&self.pool),
+                .fetch(&mut *t_history),
             HistoryRow::operation_uuid,
         )
         .await?;
         let mut calls = PerOperation::new(
             sqlx::query_as::<_, StoredCall>(include_str!("sql/call_list_all.sql"))
-                .fetch(&self.pool),
+                .fetch(&mut *t_calls),
             |c: &StoredCall| c.operation_id,
         )
         .await?;
         let mut results = PerOperation::new(
             sqlx::query_as::<_, ResultDigest>(include_str!("sql/result_list_digests.sql"))
                 .bind(None::<uuid::Uuid>)
-                .fetch(&self.pool),
+                .fetch(&mut *t_results),
             |r: &ResultDigest| r.operation_id,
         )
         .await?;
@@ -513,8 +563,11 @@ fn check_operation(
         ));
     }
 
-    // The row's facts against the chain.
+    // Every link a move the state machine allows, each from where the last one led.
     let entries: Vec<_> = links.iter().map(|l| l.entry.clone()).collect();
+    report.breaks.extend(chain::illegal_moves(&entries));
+
+    // The row's facts against the chain.
     match entries.first().and_then(SubmittedFacts::from_first_link) {
         Some(chained) => {
             let stored = SubmittedFacts {
@@ -562,6 +615,38 @@ fn check_operation(
             ));
         }
     }
+    // Who asked for a cancel, why and when (what "cancelled by a person" queries read) against the
+    // first cancel request the history records: a row edited after the fact disagrees.
+    let asked = entries
+        .iter()
+        .find(|e| e.event == "cancel_requested" || e.event == "withdraw");
+    let recorded = f.cancel_requested_by.as_ref().map(|by| {
+        let cause = format!(
+            "cancel requested by {by}: {}",
+            f.cancel_reason.as_deref().unwrap_or("")
+        );
+        (cause, f.cancel_requested_at.map(chain::storable))
+    });
+    let differs = match (asked, &recorded) {
+        (None, None) => None,
+        (Some(link), Some((cause, at))) if *cause == link.cause && *at == Some(link.at) => None,
+        (Some(link), _) => Some((link.seq, format!("{} at {}", link.cause, link.at))),
+        (None, Some(_)) => Some((last_seq, "no cancel request".to_owned())),
+    };
+    if let Some((seq, expected)) = differs {
+        report.breaks.push(br(
+            seq,
+            "the operation's cancel request differs from the one its history records".into(),
+            expected,
+            recorded
+                .map(|(cause, at)| match at {
+                    Some(at) => format!("{cause} at {at}"),
+                    None => cause,
+                })
+                .unwrap_or_else(|| "no cancel request".into()),
+        ));
+    }
+
     let validated = chain::validated_result_digest(&entries);
     if f.result_sha256 != validated {
         report.breaks.push(br(
@@ -599,6 +684,20 @@ fn check_operation(
                 "none".into(),
             ));
         }
+    }
+
+    // The validated result's bytes, where the chain says the database keeps them, are there.
+    if let Some(last) = entries.iter().rev().find(|e| e.event == "result_validated")
+        && let Some(location) = last.detail.get("location").and_then(|v| v.as_str())
+        && let Some((_, sha)) = ResultBytes::parse_location(location)
+        && !results.iter().any(|r| r.sha256 == sha)
+    {
+        report.breaks.push(br(
+            last.seq,
+            "the validated result's stored bytes are missing (deleted out of band)".into(),
+            sha.to_owned(),
+            "none".into(),
+        ));
     }
 
     // Stored result bytes: intact, and named by the chain.

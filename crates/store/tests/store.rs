@@ -1301,3 +1301,78 @@ async fn an_agents_retry_links_both_ways_and_only_once() {
     );
     assert_eq!(count(&db, "operations").await, 2, "nothing written");
 }
+
+#[tokio::test]
+async fn verify_reads_one_instant_while_steps_commit() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let n = 8;
+    let due_now = |step: Step| Step {
+        next_in: Some((Duration::ZERO, "test")),
+        ..step
+    };
+    let claimed = submit_and_claim(&store, n, "busy").await;
+    let first = claimed[0].lease.operation_id;
+    let writes = claimed
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let step = Step::event(Event::CreateAccepted {
+                remote_job_id: format!("job_{i}"),
+                remote_state: None,
+            })
+            .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"));
+            (c.lease, due_now(step))
+        })
+        .collect();
+    for r in store.apply_many(writes).await {
+        r.unwrap();
+    }
+    // A worker's progress steps commit without pause (each a link and the head that names it)
+    // while the whole record is verified again and again: every verification reads one instant.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && rounds < 5_000 {
+                let writes = store
+                    .claim_due("w", 100, Duration::from_secs(60))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|c| {
+                        let step = Step::event(Event::RemoteProgress {
+                            remote_state: "running".into(),
+                            known: true,
+                        });
+                        (c.lease, due_now(step))
+                    })
+                    .collect();
+                for r in store.apply_many(writes).await {
+                    r.unwrap();
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let mut verified = 0;
+    for _ in 0..40 {
+        let report = store.verify_all().await.unwrap();
+        assert!(report.breaks.is_empty(), "{:#?}", report.breaks);
+        verified += report.rows;
+        let one = store.verify_operation(first).await.unwrap();
+        assert!(one.breaks.is_empty(), "{:#?}", one.breaks);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = tokio::time::timeout(Duration::from_secs(30), writer)
+        .await
+        .expect("the writer stops")
+        .unwrap();
+    assert!(
+        rounds > 10,
+        "steps committed while verifying: {rounds} rounds"
+    );
+    assert!(verified > 0);
+}
