@@ -124,6 +124,15 @@ pub async fn verify(
             "name one operation or --all, not both",
         ));
     }
+    if operation.is_none() && !store.can_verify_all() {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!(
+                "audit verify --all reads {} streams at once, each on its own connection: --db-pool must be at least {0}",
+                Store::VERIFY_ALL_CONNECTIONS
+            ),
+        ));
+    }
     let expected = expect_anchor
         .as_deref()
         .map(|v| expected_digest(v, anchor_public_key.as_deref()))

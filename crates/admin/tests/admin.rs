@@ -951,6 +951,52 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
     );
     assert_eq!(json(&clean)["results"], 2);
     assert_eq!(json(&clean)["unanchored"]["links"], 0);
+    // One operation against the anchor says what of it lies after the anchor: nothing of one it
+    // covers, all of one submitted since.
+    let later = submit(&store, 9).await;
+    let after = admin(
+        &db,
+        &[
+            "audit",
+            "verify",
+            &later.id.to_string(),
+            "--expect-anchor",
+            kept,
+            "--json",
+        ],
+    );
+    assert_eq!(
+        code(&after),
+        0,
+        "{}",
+        String::from_utf8_lossy(&after.stdout)
+    );
+    assert_eq!(json(&after)["unanchored"]["operations"], 1);
+    assert_eq!(json(&after)["unanchored"]["links"], 1);
+    let covered = admin(
+        &db,
+        &[
+            "audit",
+            "verify",
+            &op.id.to_string(),
+            "--expect-anchor",
+            kept,
+            "--json",
+        ],
+    );
+    assert_eq!(json(&covered)["unanchored"]["operations"], 0);
+    assert_eq!(json(&covered)["unanchored"]["links"], 0);
+    // A pool too small for the four streams of --all is refused at once, not waited out.
+    let small = admin(&db, &["audit", "verify", "--all", "--db-pool", "3"]);
+    assert_eq!(code(&small), 2);
+    assert!(String::from_utf8_lossy(&small.stderr).contains("--db-pool must be at least 4"));
+    assert_eq!(
+        code(&admin(
+            &db,
+            &["audit", "verify", &op.id.to_string(), "--db-pool", "1"]
+        )),
+        0
+    );
     // A signed file checked without a key the auditor holds says its signature went unchecked.
     let unkeyed = admin(&db, &["audit", "verify", "--all", "--expect-anchor", kept]);
     assert_eq!(code(&unkeyed), 0);

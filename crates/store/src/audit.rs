@@ -243,12 +243,23 @@ impl Store {
             .unwrap_or_else(|_| unreachable!("N transactions")))
     }
 
+    /// The connections [`verify_all`](Self::verify_all) holds at once (one per stream it merges).
+    pub const VERIFY_ALL_CONNECTIONS: u32 = 4;
+
+    /// Whether this store's pool can hold what [`verify_all`](Self::verify_all) needs at once
+    /// (with fewer it would wait for a connection it holds itself until the pool's timeout).
+    pub fn can_verify_all(&self) -> bool {
+        self.pool.options().get_max_connections() >= Self::VERIFY_ALL_CONNECTIONS
+    }
+
     /// Verify every operation (streamed, so memory stays flat however large history grows): a merge
     /// of the operation rows with their history, calls and result digests, all in operation order,
     /// all read as of one instant.
     pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
         let mut report = VerifyReport::default();
-        let [mut t_ops, mut t_history, mut t_calls, mut t_results] = self.one_snapshot().await?;
+        let [mut t_ops, mut t_history, mut t_calls, mut t_results] = self
+            .one_snapshot::<{ Self::VERIFY_ALL_CONNECTIONS as usize }>()
+            .await?;
         let mut ops = sqlx::query_as::<_, Facts>(include_str!("sql/operation_list_facts.sql"))
             .fetch(&mut *t_ops);
         let mut history = PerOperation::new(
@@ -428,11 +439,17 @@ impl Store {
         Ok(breaks)
     }
 
-    /// How much evidence lies after `anchor` (all of it without one).
-    pub async fn unanchored(&self, anchor: Option<&Anchor>) -> Result<Unanchored, StoreError> {
+    /// How much evidence lies after `anchor` (all of it without one): of operation `only`, or of
+    /// every operation.
+    pub async fn unanchored(
+        &self,
+        anchor: Option<&Anchor>,
+        only: Option<OperationId>,
+    ) -> Result<Unanchored, StoreError> {
         Ok(
             sqlx::query_as(include_str!("sql/anchor_count_unanchored.sql"))
                 .bind(anchor.map(|a| a.id))
+                .bind(only.map(|o| o.as_uuid()))
                 .fetch_one(&self.pool)
                 .await?,
         )
@@ -451,7 +468,7 @@ impl Store {
                 .breaks
                 .extend(self.verify_anchor(anchor, None).await?);
         }
-        report.unanchored = Some(self.unanchored(anchor.as_ref()).await?);
+        report.unanchored = Some(self.unanchored(anchor.as_ref(), None).await?);
         report.anchor = anchor;
         Ok(report)
     }
@@ -472,6 +489,7 @@ impl Store {
                     .filter(|b| b.operation_id == id.to_string() || b.seq == 0),
             );
         }
+        report.unanchored = Some(self.unanchored(anchor.as_ref(), Some(id)).await?);
         report.anchor = anchor;
         Ok(report)
     }
