@@ -9,10 +9,20 @@
 use jobtrail_store::{HistoryRecord, OperationRecord, StoredCall};
 use std::borrow::Cow;
 
-/// Would a terminal act on this character instead of printing it?
+/// Would a terminal act on this character instead of printing it, or print nothing a person could
+/// see? Controls; direction marks, embeddings, overrides and isolates (which reorder what is read);
+/// the line and paragraph separators (which break a line as `\n` does); and the zero-width
+/// characters (which make two ids that read alike differ: `job_1` and `job\u{200b}_1`).
 fn acts(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{feff}'
+        )
 }
 
 /// `s` with every control, line-break and direction-override character shown escaped (`\u{1b}`,
@@ -118,5 +128,15 @@ mod tests {
         assert_eq!(text("\u{202e}evil"), "\\u{202e}evil");
         assert_eq!(text("tab\there"), "tab\\there");
         assert_eq!(text("żółw ✓"), "żółw ✓", "printable text is untouched");
+        // Characters that read as nothing, or break a line without a control character.
+        for (hidden, shown) in [
+            ("job\u{200b}_1", "job\\u{200b}_1"),
+            ("a\u{2028}approved", "a\\u{2028}approved"),
+            ("\u{2067}x\u{2069}", "\\u{2067}x\\u{2069}"),
+            ("\u{feff}id", "\\u{feff}id"),
+            ("\u{061c}id", "\\u{61c}id"),
+        ] {
+            assert_eq!(text(hidden), shown);
+        }
     }
 }

@@ -82,8 +82,11 @@ pub fn check_remote_job_id(id: &str) -> Result<(), String> {
     if id.is_empty() {
         return Err("an empty job id".into());
     }
-    if id.len() > 1024 {
-        return Err(format!("a job id of {} bytes (at most 1024)", id.len()));
+    if id.len() > MAX_LOCATOR_BYTES {
+        return Err(format!(
+            "a job id of {} bytes (at most {MAX_LOCATOR_BYTES})",
+            id.len()
+        ));
     }
     if id == "." || id == ".." {
         return Err(format!(
@@ -98,6 +101,10 @@ pub fn check_remote_job_id(id: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The longest job id, or URL a provider names (a status URL, a result URL), jobtrail keeps. One
+/// limit for both: a job known only by its status URL has that URL as its id.
+pub const MAX_LOCATOR_BYTES: usize = 8192;
 
 /// The idempotency token sent with every create of one operation: `idem_` + 32 hex (128 bits from a
 /// CSPRNG, drawn by the caller). Bound to exactly one fingerprint.
@@ -223,7 +230,9 @@ mod tests {
         for bad in ["", ".", "..", "job\n2", "job\u{1b}[2J"] {
             assert!(check_remote_job_id(bad).is_err(), "{bad:?}");
         }
-        assert!(check_remote_job_id(&"x".repeat(2000)).is_err());
+        // As long as a status URL may be (a job known by its URL has it as its id), no longer.
+        assert!(check_remote_job_id(&"x".repeat(MAX_LOCATOR_BYTES)).is_ok());
+        assert!(check_remote_job_id(&"x".repeat(MAX_LOCATOR_BYTES + 1)).is_err());
     }
 
     #[test]

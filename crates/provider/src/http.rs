@@ -23,7 +23,7 @@ const MAX_STATE_BYTES: usize = 256;
 /// The most of a provider's progress value a record keeps, as JSON text.
 const MAX_PROGRESS_BYTES: usize = 2048;
 /// The longest URL or checksum taken from a provider's answer; a longer one is treated as absent.
-const MAX_LOCATOR_BYTES: usize = 8192;
+use jobtrail_core::ids::MAX_LOCATOR_BYTES;
 /// An operation's cookie jar: at most this many cookies (browsers keep about 50 per domain), each
 /// `Set-Cookie` at most this long (RFC 6265's minimum a client must support), the jar as stored at
 /// most this many bytes.

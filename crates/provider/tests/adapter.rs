@@ -576,6 +576,45 @@ items = "/items"
     );
 }
 
+/// A job known only by its status URL, and that URL long (a gateway's deep path): accepted and
+/// followed, not refused as a job id longer than a URL may be.
+#[tokio::test]
+async fn a_job_known_by_a_long_status_url_is_followed() {
+    let deep = jobtrail_sim::Config {
+        path_prefix: format!("/{}", "segment/".repeat(250).trim_end_matches('/')),
+        ..Default::default()
+    };
+    let ogc = |base: &str| {
+        let text = format!(
+            r#"
+protocol = "ogc-processes"
+name = "ogc"
+base_url = "{base}"
+[auth]
+header = "Authorization"
+scheme = "Bearer"
+secret = "env:JOBTRAIL_SIM_TOKEN"
+[create]
+path = "/processes/{{target}}/execution"
+idempotency = "header"
+idempotency_header = "Idempotency-Key"
+[result]
+content_type = "application/json"
+items = "/items"
+"#
+        );
+        Contract::parse(&text, Path::new("ogc.toml")).unwrap()
+    };
+    let h = harness_with(deep, ogc).await;
+    let mut op = h
+        .created(serde_json::json!({"protocol": "ogc", "duration_ms": 300}))
+        .await;
+    let job = op.remote_job_id.clone().expect("the create was accepted");
+    assert!(job.len() > 2000, "{}", job.len());
+    let end = h.poll_to_end(&mut op).await;
+    assert_eq!(end.phase, Some(Phase::Succeeded));
+}
+
 #[tokio::test]
 async fn failing_jobs_moving_status_urls_and_cookies() {
     let h = harness("sim").await;
