@@ -532,28 +532,7 @@ async fn urls_a_provider_names_under_a_path_prefix_are_resolved_not_nested() {
         );
     }
 
-    let ogc = |base: &str| {
-        let text = format!(
-            r#"
-protocol = "ogc-processes"
-name = "ogc"
-base_url = "{base}"
-[auth]
-header = "Authorization"
-scheme = "Bearer"
-secret = "env:JOBTRAIL_SIM_TOKEN"
-[create]
-path = "/processes/{{target}}/execution"
-idempotency = "header"
-idempotency_header = "Idempotency-Key"
-[result]
-content_type = "application/json"
-items = "/items"
-"#
-        );
-        Contract::parse(&text, Path::new("ogc.toml")).unwrap()
-    };
-    let h = harness_with(prefixed(), ogc).await;
+    let h = harness_with(prefixed(), ogc_contract).await;
     let base = h.sim.base_url();
     let mut op = h
         .created(serde_json::json!({"protocol": "ogc", "duration_ms": 300}))
@@ -576,17 +555,10 @@ items = "/items"
     );
 }
 
-/// A job known only by its status URL, and that URL long (a gateway's deep path): accepted and
-/// followed, not refused as a job id longer than a URL may be.
-#[tokio::test]
-async fn a_job_known_by_a_long_status_url_is_followed() {
-    let deep = jobtrail_sim::Config {
-        path_prefix: format!("/{}", "segment/".repeat(250).trim_end_matches('/')),
-        ..Default::default()
-    };
-    let ogc = |base: &str| {
-        let text = format!(
-            r#"
+/// An OGC API – Processes contract: the job is known by the `Location` its create answers.
+fn ogc_contract(base: &str) -> Contract {
+    let text = format!(
+        r#"
 protocol = "ogc-processes"
 name = "ogc"
 base_url = "{base}"
@@ -602,10 +574,19 @@ idempotency_header = "Idempotency-Key"
 content_type = "application/json"
 items = "/items"
 "#
-        );
-        Contract::parse(&text, Path::new("ogc.toml")).unwrap()
+    );
+    Contract::parse(&text, Path::new("ogc.toml")).unwrap()
+}
+
+/// A job known only by its status URL, and that URL long (a gateway's deep path): accepted and
+/// followed, not refused as a job id longer than a URL may be.
+#[tokio::test]
+async fn a_job_known_by_a_long_status_url_is_followed() {
+    let deep = jobtrail_sim::Config {
+        path_prefix: format!("/{}", "segment/".repeat(250).trim_end_matches('/')),
+        ..Default::default()
     };
-    let h = harness_with(deep, ogc).await;
+    let h = harness_with(deep, ogc_contract).await;
     let mut op = h
         .created(serde_json::json!({"protocol": "ogc", "duration_ms": 300}))
         .await;

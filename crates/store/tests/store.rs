@@ -749,6 +749,28 @@ async fn submit_and_claim(store: &Store, n: usize, key: &str) -> Vec<Claimed> {
 /// The call log's record of a create the provider accepted (202).
 use jobtrail_store::testing::accepted_create;
 
+/// Each claimed operation's create accepted (`job_<i>`), the operation due again at once.
+async fn accept_every_create(store: &Store, claimed: Vec<Claimed>) {
+    let writes = claimed
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let step = Step {
+                next_in: Some((Duration::ZERO, "test")),
+                ..Step::event(Event::CreateAccepted {
+                    remote_job_id: format!("job_{i}"),
+                    remote_state: None,
+                })
+                .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"))
+            };
+            (c.lease, step)
+        })
+        .collect();
+    for r in store.apply_many(writes).await {
+        r.unwrap();
+    }
+}
+
 /// Make `lease` stale, as if it had expired and been taken over.
 async fn take_over(db: &TestDb, lease: &Lease) {
     exec(
@@ -1047,22 +1069,7 @@ async fn claims_and_progress_steps_are_hot_updates_and_the_schedule_follows_ever
     };
     // Accept every create (the step that learns the job id, indexed: not HOT), then six rounds of
     // claim and progress (every row due again at once): the updates a long-running job makes.
-    let writes = claim(&store)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let step = Step::event(Event::CreateAccepted {
-                remote_job_id: format!("job_{i}"),
-                remote_state: None,
-            })
-            .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"));
-            (c.lease, due_now(step))
-        })
-        .collect();
-    for r in store.apply_many(writes).await {
-        r.unwrap();
-    }
+    accept_every_create(&store, claim(&store).await).await;
     for _ in 0..6 {
         let writes = claim(&store)
             .await
@@ -1313,21 +1320,7 @@ async fn verify_reads_one_instant_while_steps_commit() {
     };
     let claimed = submit_and_claim(&store, n, "busy").await;
     let first = claimed[0].lease.operation_id;
-    let writes = claimed
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let step = Step::event(Event::CreateAccepted {
-                remote_job_id: format!("job_{i}"),
-                remote_state: None,
-            })
-            .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"));
-            (c.lease, due_now(step))
-        })
-        .collect();
-    for r in store.apply_many(writes).await {
-        r.unwrap();
-    }
+    accept_every_create(&store, claimed).await;
     // A worker's progress steps commit without pause (each a link and the head that names it)
     // while the whole record is verified again and again: every verification reads one instant.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
