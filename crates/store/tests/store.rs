@@ -749,6 +749,32 @@ async fn submit_and_claim(store: &Store, n: usize, key: &str) -> Vec<Claimed> {
 /// The call log's record of a create the provider accepted (202).
 use jobtrail_store::testing::accepted_create;
 
+/// One round of a long-running job's updates: every due operation claimed, a progress step written
+/// for each, each due again at once. How many there were.
+async fn progress_round(store: &Store) -> usize {
+    let writes: Vec<_> = store
+        .claim_due("w", 100, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| {
+            let step = Step {
+                next_in: Some((Duration::ZERO, "test")),
+                ..Step::event(Event::RemoteProgress {
+                    remote_state: "running".into(),
+                    known: true,
+                })
+            };
+            (c.lease, step)
+        })
+        .collect();
+    let n = writes.len();
+    for r in store.apply_many(writes).await {
+        r.unwrap();
+    }
+    n
+}
+
 /// Each claimed operation's create accepted (`job_<i>`), the operation due again at once.
 async fn accept_every_create(store: &Store, claimed: Vec<Claimed>) {
     let writes = claimed
@@ -1063,28 +1089,15 @@ async fn claims_and_progress_steps_are_hot_updates_and_the_schedule_follows_ever
             c
         }
     };
-    let due_now = |step: Step| Step {
-        next_in: Some((Duration::ZERO, "test")),
-        ..step
-    };
     // Accept every create (the step that learns the job id, indexed: not HOT), then six rounds of
     // claim and progress (every row due again at once): the updates a long-running job makes.
     accept_every_create(&store, claim(&store).await).await;
     for _ in 0..6 {
-        let writes = claim(&store)
-            .await
-            .into_iter()
-            .map(|c| {
-                let step = Step::event(Event::RemoteProgress {
-                    remote_state: "running".into(),
-                    known: true,
-                });
-                (c.lease, due_now(step))
-            })
-            .collect();
-        for r in store.apply_many(writes).await {
-            r.unwrap();
-        }
+        assert_eq!(
+            progress_round(&store).await,
+            n,
+            "every operation is due again"
+        );
         assert_eq!(schedule_mismatches(&db).await, 0, "after a round of steps");
     }
     // Leases given back for later, one operation held for a person and then abandoned, one failed:
@@ -1314,10 +1327,6 @@ async fn verify_reads_one_instant_while_steps_commit() {
     let db = TestDb::new().await;
     let store = db.store().await;
     let n = 8;
-    let due_now = |step: Step| Step {
-        next_in: Some((Duration::ZERO, "test")),
-        ..step
-    };
     let claimed = submit_and_claim(&store, n, "busy").await;
     let first = claimed[0].lease.operation_id;
     accept_every_create(&store, claimed).await;
@@ -1329,22 +1338,7 @@ async fn verify_reads_one_instant_while_steps_commit() {
         tokio::spawn(async move {
             let mut rounds = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && rounds < 5_000 {
-                let writes = store
-                    .claim_due("w", 100, Duration::from_secs(60))
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .map(|c| {
-                        let step = Step::event(Event::RemoteProgress {
-                            remote_state: "running".into(),
-                            known: true,
-                        });
-                        (c.lease, due_now(step))
-                    })
-                    .collect();
-                for r in store.apply_many(writes).await {
-                    r.unwrap();
-                }
+                progress_round(&store).await;
                 rounds += 1;
             }
             rounds
