@@ -1171,6 +1171,7 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
     let quiet = succeeded_with_result(&store, 5, br#"{"items":[5]}"#).await;
     let asked = unconfirmed(&store, 6).await;
     let asked_too = unconfirmed(&store, 7).await;
+    let asked_when = unconfirmed(&store, 8).await;
     let out = admin(&db, &["audit", "verify", "--all", "--json"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
 
@@ -1201,6 +1202,12 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
         asked.id.as_uuid()
     ))
     .await;
+    // ... and only when it was asked for.
+    exec(&db, &format!(
+        "SET ROLE jobtrail_api; UPDATE operations SET cancel_requested_at = cancel_requested_at + interval '1 hour' WHERE id = '{}'",
+        asked_when.id.as_uuid()
+    ))
+    .await;
 
     let out = admin(&db, &["audit", "verify", "--all", "--json"]);
     assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stdout));
@@ -1221,6 +1228,10 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
     assert!(named(emptied.id, "stored bytes are missing"), "{breaks:#?}");
     assert!(named(quiet.id, "cancel request differs"), "{breaks:#?}");
     assert!(named(asked.id, "cancel request differs"), "{breaks:#?}");
+    assert!(
+        named(asked_when.id, "cancel request differs"),
+        "{breaks:#?}"
+    );
     for untouched in [intact.id, asked_too.id] {
         assert!(
             !breaks

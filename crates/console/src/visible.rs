@@ -11,17 +11,25 @@ use std::borrow::Cow;
 
 /// Would a terminal act on this character instead of printing it, or print nothing a person could
 /// see? Controls; direction marks, embeddings, overrides and isolates (which reorder what is read);
-/// the line and paragraph separators (which break a line as `\n` does); and the zero-width
-/// characters (which make two ids that read alike differ: `job_1` and `job\u{200b}_1`).
+/// the line and paragraph separators (which break a line as `\n` does); and the characters that
+/// print as nothing — zero-width ones, the soft hyphen, the Hangul fillers, tags — which make two
+/// ids that read alike differ (`job_1` and `job\u{200b}_1`).
 fn acts(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
-            '\u{061c}'
+            '\u{00ad}'
+                | '\u{061c}'
+                | '\u{115f}'
+                | '\u{1160}'
+                | '\u{180e}'
                 | '\u{200b}'..='\u{200f}'
                 | '\u{2028}'..='\u{202e}'
                 | '\u{2060}'..='\u{2069}'
+                | '\u{3164}'
                 | '\u{feff}'
+                | '\u{ffa0}'
+                | '\u{e0000}'..='\u{e007f}'
         )
 }
 
@@ -135,6 +143,9 @@ mod tests {
             ("\u{2067}x\u{2069}", "\\u{2067}x\\u{2069}"),
             ("\u{feff}id", "\\u{feff}id"),
             ("\u{061c}id", "\\u{61c}id"),
+            ("job\u{00ad}_1", "job\\u{ad}_1"),
+            ("\u{3164}", "\\u{3164}"),
+            ("id\u{e0041}", "id\\u{e0041}"),
         ] {
             assert_eq!(text(hidden), shown);
         }

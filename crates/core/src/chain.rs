@@ -285,7 +285,7 @@ pub fn verify<E: Linked>(links: &[StoredLink<E>]) -> Vec<ChainBreak> {
 /// is not — withdrawing a running job, say — and have `audit verify` call the record intact.
 pub fn illegal_moves(entries: &[ChainEntry]) -> Vec<ChainBreak> {
     use crate::event::EventKind;
-    use crate::machine::{To, rule_for};
+    use crate::machine::{To, rule_ever};
     use crate::state::State;
     let mut breaks = Vec::new();
     let mut led_to: Option<&str> = None;
@@ -330,7 +330,7 @@ pub fn illegal_moves(entries: &[ChainEntry]) -> Vec<ChainBreak> {
                     led_to = Some(&e.to_state);
                     continue;
                 };
-                match rule_for(state, on) {
+                match rule_ever(state, on) {
                     None => br(
                         format!("the state machine does not allow {} in {from}", e.event),
                         "an allowed event".into(),
@@ -534,6 +534,34 @@ mod tests {
         let b = illegal_moves(&elsewhere);
         assert_eq!(b.len(), 1, "{b:?}");
         assert_eq!(b[0].expected, "observing");
+        // A move an earlier build made by a rule since retired is still legal history.
+        let retired = vec![
+            entry(1, "submitted"),
+            moved(
+                2,
+                "create_pending",
+                "reconciliation_exhausted",
+                "create_unresolved",
+            ),
+        ];
+        assert_eq!(illegal_moves(&retired), vec![]);
+        // A rule that keeps the state: an observation recorded as a move is found.
+        let mut cancelling = legal.clone();
+        cancelling.push(moved(
+            5,
+            "observing",
+            "cancel_requested",
+            "cancel_requested",
+        ));
+        cancelling.push(moved(
+            6,
+            "cancel_requested",
+            "remote_progress",
+            "cancel_requested",
+        ));
+        assert_eq!(illegal_moves(&cancelling), vec![]);
+        cancelling.push(moved(7, "cancel_requested", "remote_progress", "observing"));
+        assert_eq!(illegal_moves(&cancelling)[0].expected, "cancel_requested");
         // Names the machine does not know, and a first link that is no submission.
         let mut unknown = legal.clone();
         unknown.push(moved(5, "observing", "teleported", "succeeded"));

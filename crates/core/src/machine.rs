@@ -360,6 +360,24 @@ pub fn rule_for(from: State, on: EventKind) -> Option<&'static Rule> {
     RULES.iter().find(|r| r.on == on && r.from.contains(&from))
 }
 
+/// Rules an earlier build applied and this one no longer does. The links they recorded stay legal
+/// history: `audit verify` replays a chain against [`RULES`] and these ([`rule_ever`]).
+pub static RETIRED: &[Rule] = &[Rule {
+    on: EventKind::ReconciliationExhausted,
+    from: &[CreatePending],
+    to: To::State(CreateUnresolved),
+    why: "before 2026-12-01: a create deadline passed before any send was held for a person (now create_expired leads to not_created)",
+}];
+
+/// The rule that applies, or once applied, to `on` in `from`: today's, else a retired one.
+pub fn rule_ever(from: State, on: EventKind) -> Option<&'static Rule> {
+    rule_for(from, on).or_else(|| {
+        RETIRED
+            .iter()
+            .find(|r| r.on == on && r.from.contains(&from))
+    })
+}
+
 /// Every event kind the table allows in `state`, in table order.
 pub fn allowed_events(state: State) -> Vec<EventKind> {
     let mut out = Vec::new();

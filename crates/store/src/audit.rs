@@ -188,15 +188,8 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound(id))?;
-        let history: Vec<HistoryRow> = sqlx::query_as(include_str!("sql/history_list.sql"))
-            .bind(id.as_uuid())
-            .fetch_all(&mut *tx)
-            .await?;
-        let history: Vec<HistoryRecord> = history.into_iter().map(HistoryRecord::from).collect();
-        let calls: Vec<StoredCall> = sqlx::query_as(include_str!("sql/call_list.sql"))
-            .bind(id.as_uuid())
-            .fetch_all(&mut *tx)
-            .await?;
+        let history = crate::history_of(&mut *tx, id).await?;
+        let calls = crate::calls_of(&mut *tx, id).await?;
         let results: Vec<ResultDigest> =
             sqlx::query_as(include_str!("sql/result_list_digests.sql"))
                 .bind(Some(id.as_uuid()))
@@ -231,9 +224,11 @@ impl Store {
             sqlx::query(include_str!("sql/snapshot_begin.sql"))
                 .execute(&mut *tx)
                 .await?;
+            // Not prepared: each verification names another snapshot.
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "SET TRANSACTION SNAPSHOT '{id}'"
             )))
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
             all.push(tx);
@@ -256,6 +251,15 @@ impl Store {
     /// of the operation rows with their history, calls and result digests, all in operation order,
     /// all read as of one instant.
     pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
+        if !self.can_verify_all() {
+            // Refused at once: it would wait for a connection it holds itself until the pool's
+            // timeout, and hold the rest of the pool meanwhile.
+            return Err(StoreError::Unavailable(format!(
+                "verifying every operation reads {} streams at once, each on its own connection: this pool holds {}",
+                Self::VERIFY_ALL_CONNECTIONS,
+                self.pool.options().get_max_connections()
+            )));
+        }
         let mut report = VerifyReport::default();
         let [mut t_ops, mut t_history, mut t_calls, mut t_results] = self
             .one_snapshot::<{ Self::VERIFY_ALL_CONNECTIONS as usize }>()

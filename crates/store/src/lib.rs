@@ -444,11 +444,7 @@ impl Store {
     }
 
     pub async fn history(&self, id: OperationId) -> Result<Vec<HistoryRecord>, StoreError> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(include_str!("sql/history_list.sql"))
-            .bind(id.as_uuid())
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.into_iter().map(HistoryRecord::from).collect())
+        history_of(&self.pool, id).await
     }
 
     /// Up to `limit` of an operation's history links before `before` (the newest when `None`), in
@@ -541,10 +537,7 @@ impl Store {
     }
 
     pub async fn calls(&self, id: OperationId) -> Result<Vec<StoredCall>, StoreError> {
-        Ok(sqlx::query_as(include_str!("sql/call_list.sql"))
-            .bind(id.as_uuid())
-            .fetch_all(&self.pool)
-            .await?)
+        calls_of(&self.pool, id).await
     }
 
     // ----------------------------------------------------------------------------------------------
@@ -1290,4 +1283,27 @@ async fn lock(
         .fetch_optional(&mut **tx)
         .await?;
     row.ok_or(StoreError::NotFound(id))
+}
+
+/// An operation's whole history, in chain order, read through `exec` (the pool, or a transaction).
+pub(crate) async fn history_of<'c, E: sqlx::PgExecutor<'c>>(
+    exec: E,
+    id: OperationId,
+) -> Result<Vec<HistoryRecord>, StoreError> {
+    let rows: Vec<HistoryRow> = sqlx::query_as(include_str!("sql/history_list.sql"))
+        .bind(id.as_uuid())
+        .fetch_all(exec)
+        .await?;
+    Ok(rows.into_iter().map(HistoryRecord::from).collect())
+}
+
+/// An operation's provider calls, in chain order, read through `exec`.
+pub(crate) async fn calls_of<'c, E: sqlx::PgExecutor<'c>>(
+    exec: E,
+    id: OperationId,
+) -> Result<Vec<StoredCall>, StoreError> {
+    Ok(sqlx::query_as(include_str!("sql/call_list.sql"))
+        .bind(id.as_uuid())
+        .fetch_all(exec)
+        .await?)
 }

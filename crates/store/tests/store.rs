@@ -1363,3 +1363,49 @@ async fn verify_reads_one_instant_while_steps_commit() {
     );
     assert!(verified > 0);
 }
+
+#[tokio::test]
+async fn a_job_id_as_long_as_a_status_url_is_recorded_and_found() {
+    use sha2::Digest;
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let claimed = submit_and_claim(&store, 1, "long").await;
+    let lease = claimed[0].lease.clone();
+    // 8 KiB that do not compress (a signed URL's query string): past a btree entry's ~2.7 KB.
+    let mut job = String::new();
+    let mut h = sha2::Sha256::digest(b"seed").to_vec();
+    while job.len() < jobtrail_core::ids::MAX_LOCATOR_BYTES {
+        job.push_str(&hex::encode(&h));
+        h = sha2::Sha256::digest(&h).to_vec();
+    }
+    job.truncate(jobtrail_core::ids::MAX_LOCATOR_BYTES);
+    let step = Step::event(Event::CreateAccepted {
+        remote_job_id: job.clone(),
+        remote_state: None,
+    })
+    .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"));
+    store.apply(&lease, step).await.unwrap();
+    assert_eq!(
+        store.get(lease.operation_id).await.unwrap().remote_job_id,
+        Some(job.clone())
+    );
+    // A webhook naming the job finds its operation.
+    match store
+        .webhook_delivered("sim", "evt-long", Some(&job), Duration::from_secs(3600))
+        .await
+        .unwrap()
+    {
+        Delivery::New { operation_id, .. } => assert_eq!(operation_id, Some(lease.operation_id)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn verifying_everything_refuses_a_pool_too_small_for_its_streams() {
+    let db = TestDb::new().await;
+    let small = Store::connect_with(&db.url, 3).await.unwrap();
+    let e = small.verify_all().await.unwrap_err().to_string();
+    assert!(e.contains("4 streams") && e.contains("holds 3"), "{e}");
+    let enough = Store::connect_with(&db.url, 4).await.unwrap();
+    assert!(enough.verify_all().await.unwrap().is_clean());
+}
