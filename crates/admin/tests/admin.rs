@@ -1172,6 +1172,7 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
     let asked = unconfirmed(&store, 6).await;
     let asked_too = unconfirmed(&store, 7).await;
     let asked_when = unconfirmed(&store, 8).await;
+    let resized = succeeded_with_result(&store, 9, br#"{"items":[9]}"#).await;
     let out = admin(&db, &["audit", "verify", "--all", "--json"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
 
@@ -1202,6 +1203,12 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
         asked.id.as_uuid()
     ))
     .await;
+    // The validated result's size, edited by the worker's role.
+    exec(&db, &format!(
+        "SET ROLE jobtrail_worker; UPDATE operations SET result_size = result_size + 1 WHERE id = '{}'",
+        resized.id.as_uuid()
+    ))
+    .await;
     // ... and only when it was asked for.
     exec(&db, &format!(
         "SET ROLE jobtrail_api; UPDATE operations SET cancel_requested_at = cancel_requested_at + interval '1 hour' WHERE id = '{}'",
@@ -1228,6 +1235,10 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
     assert!(named(emptied.id, "stored bytes are missing"), "{breaks:#?}");
     assert!(named(quiet.id, "cancel request differs"), "{breaks:#?}");
     assert!(named(asked.id, "cancel request differs"), "{breaks:#?}");
+    assert!(
+        named(resized.id, "result location and size differs"),
+        "{breaks:#?}"
+    );
     assert!(
         named(asked_when.id, "cancel request differs"),
         "{breaks:#?}"

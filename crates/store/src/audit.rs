@@ -104,8 +104,14 @@ struct Facts {
     approval_ref: Option<String>,
     trace_id: String,
     idempotency_mode: String,
+    at_most_once: bool,
+    created_at: DateTime<Utc>,
+    supersedes: Option<uuid::Uuid>,
+    superseded_by: Option<uuid::Uuid>,
     state: String,
     remote_job_id: Option<String>,
+    result_location: Option<String>,
+    result_size: Option<i64>,
     result_sha256: Option<String>,
     cancel_requested_at: Option<DateTime<Utc>>,
     cancel_requested_by: Option<String>,
@@ -667,6 +673,91 @@ fn check_operation(
                 })
                 .unwrap_or_else(|| "no cancel request".into()),
         ));
+    }
+
+    // What else the row says it was submitted with (links written before a field was recorded
+    // leave it unchecked), where the validated result is, and what retried it.
+    let public = |id: Option<uuid::Uuid>| {
+        id.map(|i| OperationId::from_uuid(i).to_string())
+            .unwrap_or_else(|| "none".into())
+    };
+    let mut facts: Vec<(i64, &str, Option<String>, String)> = Vec::new();
+    if let Some(first) = entries.first().filter(|e| e.event == "submitted") {
+        let d = &first.detail;
+        facts.push((
+            1,
+            "created_at",
+            Some(first.at.to_rfc3339()),
+            chain::storable(f.created_at).to_rfc3339(),
+        ));
+        facts.push((
+            1,
+            "at_most_once",
+            d.get("at_most_once")
+                .and_then(|v| v.as_bool())
+                .map(|b| b.to_string()),
+            f.at_most_once.to_string(),
+        ));
+        facts.push((
+            1,
+            "supersedes",
+            d.get("supersedes")
+                .map(|v| v.as_str().unwrap_or("none").to_owned()),
+            public(f.supersedes),
+        ));
+    }
+    let last_of = |event: &str| entries.iter().rev().find(|e| e.event == event);
+    let validated_at = last_of("result_validated");
+    facts.push((
+        validated_at.map_or(last_seq, |e| e.seq),
+        "result location and size",
+        Some(validated_at.map_or_else(
+            || "none".to_owned(),
+            |e| {
+                let d = &e.detail;
+                format!(
+                    "{} ({} bytes)",
+                    d.get("location").and_then(|v| v.as_str()).unwrap_or("?"),
+                    d.get("size").and_then(|v| v.as_i64()).unwrap_or(-1)
+                )
+            },
+        )),
+        match (&f.result_location, f.result_size) {
+            (None, None) => "none".to_owned(),
+            (l, s) => format!(
+                "{} ({} bytes)",
+                l.as_deref().unwrap_or("?"),
+                s.unwrap_or(-1)
+            ),
+        },
+    ));
+    let superseded = last_of("superseded");
+    facts.push((
+        superseded.map_or(last_seq, |e| e.seq),
+        "superseded_by",
+        Some(superseded.map_or_else(
+            || "none".to_owned(),
+            |e| {
+                e.detail
+                    .get("new_operation_id")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("?")
+                    .to_owned()
+            },
+        )),
+        public(f.superseded_by),
+    ));
+    for (seq, field, chained, stored) in facts {
+        if let Some(chained) = chained
+            && chained != stored
+        {
+            report.breaks.push(br(
+                seq,
+                format!("the operation's {field} differs from what its history records"),
+                chained,
+                stored,
+            ));
+        }
     }
 
     let validated = chain::validated_result_digest(&entries);

@@ -1294,6 +1294,13 @@ async fn an_agents_retry_links_both_ways_and_only_once() {
         ("superseded", "agent-7")
     );
     assert!(store.verify_operation(old.id).await.unwrap().is_clean());
+    assert!(
+        store
+            .verify_operation(new.operation.id)
+            .await
+            .unwrap()
+            .is_clean()
+    );
 
     let again = store
         .submit_new(&retry, &providers(), SubmitLimits::default())
@@ -1320,6 +1327,26 @@ async fn an_agents_retry_links_both_ways_and_only_once() {
         "{refused:?}"
     );
     assert_eq!(count(&db, "operations").await, 2, "nothing written");
+
+    // Which operation retried it is checked against the link that records the retry.
+    exec(
+        &db,
+        &format!(
+            "UPDATE operations SET superseded_by = NULL WHERE id = '{}'",
+            old.id.as_uuid()
+        ),
+    )
+    .await
+    .unwrap();
+    let report = store.verify_operation(old.id).await.unwrap();
+    assert!(
+        report
+            .breaks
+            .iter()
+            .any(|b| b.problem.contains("superseded_by differs")),
+        "{:?}",
+        report.breaks
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 -- One operation's chain heads and the facts its chain commits to (what `audit verify` compares;
 -- an auditor may read these columns and no others).
 SELECT id, provider, target, request_fingerprint, caller, approved_by, approval_ref, trace_id,
-       idempotency_mode, state, remote_job_id, result_sha256, cancel_requested_at,
-       cancel_requested_by, cancel_reason, history_seq, history_head, calls_seq, calls_head
+       idempotency_mode, at_most_once, created_at, supersedes, superseded_by, state, remote_job_id,
+       result_location, result_size, result_sha256, cancel_requested_at, cancel_requested_by,
+       cancel_reason, history_seq, history_head, calls_seq, calls_head
 FROM operations WHERE id = $1

@@ -1,5 +1,6 @@
 -- Every operation's chain heads and chained facts, in id order (the other audit streams use it too).
 SELECT id, provider, target, request_fingerprint, caller, approved_by, approval_ref, trace_id,
-       idempotency_mode, state, remote_job_id, result_sha256, cancel_requested_at,
-       cancel_requested_by, cancel_reason, history_seq, history_head, calls_seq, calls_head
+       idempotency_mode, at_most_once, created_at, supersedes, superseded_by, state, remote_job_id,
+       result_location, result_size, result_sha256, cancel_requested_at, cancel_requested_by,
+       cancel_reason, history_seq, history_head, calls_seq, calls_head
 FROM operations ORDER BY id
