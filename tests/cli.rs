@@ -496,3 +496,82 @@ fn api_on_a_command_that_works_on_the_database_is_refused_not_ignored() {
         assert!(err.contains("--api applies to"), "{cmd:?}: {err}");
     }
 }
+
+/// A reader that goes away ends the command as it ends any Unix tool: no panic, no backtrace,
+/// no exit 101.
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    use std::process::Stdio;
+    let contract = concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers/sim.toml");
+    for args in [
+        vec!["contract", "check", contract],
+        vec!["--json", "contract", "check", contract],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(101), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+/// `submit` without `--body` at a terminal says what it wants instead of waiting without a word,
+/// and writes nothing.
+#[tokio::test]
+async fn submit_at_a_terminal_without_a_body_asks_for_one() {
+    let Ok(script) = which_script() else {
+        eprintln!("skipped: no `script` to give the command a terminal");
+        return;
+    };
+    let env = Env::new().await;
+    for cmd in [
+        "submit --provider sim --target t --approved-by a --caller c",
+        "submit-batch --caller c",
+    ] {
+        let line = format!("{} {cmd}", env!("CARGO_BIN_EXE_jobtrail"));
+        let mut child = Command::new(&script)
+            .args(["-qec", &line, "/dev/null"])
+            .env("DATABASE_URL", &env.url)
+            .env("JOBTRAIL_PROVIDERS", support::providers_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                child.kill().unwrap();
+                panic!("{cmd}: still waiting for input at a terminal");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(status.code(), Some(2), "{cmd}: {said}");
+        assert!(said.contains("stdin is a terminal"), "{cmd}: {said}");
+    }
+    assert_eq!(
+        env.store.totals().await.unwrap().0,
+        0,
+        "nothing was written"
+    );
+}
+
+fn which_script() -> Result<std::path::PathBuf, ()> {
+    ["/usr/bin/script", "/bin/script"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or(())
+}

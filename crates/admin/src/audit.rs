@@ -211,6 +211,9 @@ pub async fn anchor(
     json: bool,
 ) -> CmdResult {
     // Everything that can be refused is refused before the anchor is recorded.
+    let actor = jobtrail_core::text::ACTOR
+        .check(actor)
+        .map_err(|e| fail(exit::BAD_INPUT, format!("--actor: {e}")))?;
     let key = match &signing_key {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
@@ -226,18 +229,35 @@ pub async fn anchor(
         }
         None => None,
     };
-    if let Some(path) = &out
-        && path.exists()
-    {
-        return Err(fail(
-            exit::BAD_INPUT,
-            format!(
-                "--out {}: the file exists; anchors are never overwritten",
-                path.display()
-            ),
-        ));
-    }
-    let a = store.anchor(actor).await?;
+    // The file is made (never over an existing one) before the anchor is recorded: a directory
+    // that is not there, or not writable, records nothing.
+    let mut file_out = match &out {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| {
+                    let why = if e.kind() == std::io::ErrorKind::AlreadyExists {
+                        "the file exists; anchors are never overwritten".to_owned()
+                    } else {
+                        e.to_string()
+                    };
+                    fail(exit::BAD_INPUT, format!("--out {}: {why}", path.display()))
+                })?,
+        ),
+        None => None,
+    };
+    let a = match store.anchor(&actor).await {
+        Ok(a) => a,
+        Err(e) => {
+            if let Some(path) = &out {
+                drop(file_out.take());
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e.into());
+        }
+    };
     let signature = key.map(|k| Signature {
         alg: "ed25519".into(),
         public_key: hex::encode(k.verifying_key().to_bytes()),
@@ -248,13 +268,10 @@ pub async fn anchor(
         anchor: a,
         signature,
     };
-    if let Some(path) = &out {
+    if let (Some(path), Some(f)) = (&out, file_out.as_mut()) {
         let text = serde_json::to_string_pretty(&file).expect("an anchor serialises");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        std::io::Write::write_all(f, text.as_bytes())
+            .and_then(|()| f.sync_all())
             .map_err(|e| fail(exit::UNAVAILABLE, format!("--out {}: {e} (the anchor is recorded in the database; rerun to write a new one)", path.display())))?;
     }
     let a = &file.anchor;

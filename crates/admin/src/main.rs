@@ -225,6 +225,7 @@ enum AuditCmd {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    shell::end_quietly_when_stdout_closes();
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
     shell::exit_with(run(cli).await)

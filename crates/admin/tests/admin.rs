@@ -1515,3 +1515,54 @@ fn without_database_url_it_refuses_and_starts_no_database_of_its_own() {
     assert!(err.contains("DATABASE_URL is not set"), "{err}");
     assert!(!data.exists(), "a private cluster was started");
 }
+
+#[tokio::test]
+async fn an_anchor_that_cannot_be_kept_or_named_is_not_recorded() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
+    let anchors = || async {
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_anchors")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+    };
+    let missing = std::env::temp_dir()
+        .join(format!("no-such-dir-{}", uuid::Uuid::now_v7().simple()))
+        .join("anchor.json");
+    let out = admin(
+        &db,
+        &["audit", "anchor", "--out", missing.to_str().unwrap()],
+    );
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--out"));
+    for actor in ["", "  ", "jane\u{7}"] {
+        let out = admin(&db, &["audit", "anchor", "--actor", actor]);
+        assert_eq!(
+            code(&out),
+            2,
+            "{actor:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--actor"));
+    }
+    assert_eq!(anchors().await, 0, "nothing was recorded");
+    // An existing file is never overwritten, and refusing it records nothing either.
+    let kept = std::env::temp_dir().join(format!("anchor-{}.json", uuid::Uuid::now_v7().simple()));
+    std::fs::write(&kept, "keep me").unwrap();
+    let out = admin(&db, &["audit", "anchor", "--out", kept.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "keep me");
+    assert_eq!(anchors().await, 0);
+    std::fs::remove_file(&kept).unwrap();
+    let out = admin(&db, &["audit", "anchor", "--out", kept.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        std::fs::read_to_string(&kept)
+            .unwrap()
+            .contains("\"digest\"")
+    );
+    assert_eq!(anchors().await, 1);
+    std::fs::remove_file(&kept).unwrap();
+}

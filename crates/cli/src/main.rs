@@ -166,6 +166,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    jobtrail_console::shell::end_quietly_when_stdout_closes();
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
     jobtrail_telemetry::logs::init(match cli.command {

@@ -116,6 +116,7 @@ fn read_body(path: &Option<std::path::PathBuf>) -> Result<Vec<u8>, Failure> {
                 .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?;
         }
         _ => {
+            piped_unless_asked("--body", path.as_deref())?;
             std::io::stdin()
                 .take(limit)
                 .read_to_end(&mut body)
@@ -123,6 +124,21 @@ fn read_body(path: &Option<std::path::PathBuf>) -> Result<Vec<u8>, Failure> {
         }
     }
     Ok(body)
+}
+
+/// Without `flag`, input comes from stdin: refused when stdin is a terminal, where the command
+/// would wait without a word for input nobody meant to type (`flag -` asks for it on purpose).
+fn piped_unless_asked(flag: &str, given: Option<&std::path::Path>) -> Result<(), shell::Failure> {
+    use std::io::IsTerminal;
+    if given.is_none() && std::io::stdin().is_terminal() {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!(
+                "no {flag} and stdin is a terminal: give {flag} FILE, pipe the JSON in, or say {flag} - to type it"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -143,10 +159,13 @@ pub async fn submit_batch(door: &Door, a: BatchArgs, json: bool) -> CmdResult {
         Some(p) if p.as_os_str() != "-" => std::fs::File::open(p)
             .and_then(|f| f.take(limit + 1).read_to_end(&mut text))
             .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?,
-        _ => std::io::stdin()
-            .take(limit + 1)
-            .read_to_end(&mut text)
-            .map_err(|e| fail(exit::BAD_INPUT, format!("reading stdin: {e}")))?,
+        _ => {
+            piped_unless_asked("--file", a.file.as_deref())?;
+            std::io::stdin()
+                .take(limit + 1)
+                .read_to_end(&mut text)
+                .map_err(|e| fail(exit::BAD_INPUT, format!("reading stdin: {e}")))?
+        }
     };
     if text.len() as u64 > limit {
         return Err(fail(

@@ -26,6 +26,28 @@ pub struct Common {
     pub json: bool,
 }
 
+/// A reader that goes away (`jobtrail list | head -1`) ends the command as it ends any Unix tool,
+/// by SIGPIPE, instead of with a panic, a backtrace and exit 101. Only a write to stdout is
+/// concerned: the signal stays ignored otherwise, so a socket whose peer went away is an error
+/// as before. Call first in `main`.
+pub fn end_quietly_when_stdout_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let said = info.to_string();
+        if said.contains("failed printing to stdout") && said.contains("Broken pipe") {
+            // SAFETY: restoring a signal's default action and raising it; nothing else runs
+            // after this in this process.
+            #[cfg(unix)]
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+            }
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 /// Documented exit codes (README "Exit codes").
 pub mod exit {
     pub const OK: u8 = 0;
