@@ -241,6 +241,14 @@ fn contract_check_expands_the_profile_and_names_the_problem() {
     );
     std::fs::write(&bad, "name = ").unwrap();
     assert_eq!(code(&check(&[bad.to_str().unwrap()])), 2);
+    // Not TOML at all, with --json: still a document naming the problem.
+    let out = check(&["--json", bad.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        doc["problems"][0].as_str().unwrap().contains("bad.toml"),
+        "{doc}"
+    );
     assert_eq!(
         code(&check(&[dir.join("absent.toml").to_str().unwrap()])),
         2
@@ -574,4 +582,26 @@ fn which_script() -> Result<std::path::PathBuf, ()> {
         .map(std::path::PathBuf::from)
         .find(|p| p.exists())
         .ok_or(())
+}
+
+/// Numbers a typo makes absurd are refused before anything starts: a demo of a hundred thousand
+/// worker processes, a wait of centuries, a benchmark phase that does not exist (it ran nothing).
+#[test]
+fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
+    for args in [
+        vec!["demo", "--workers", "100000"],
+        vec!["demo", "--operations", "0"],
+        vec!["demo", "--timeout-secs", "18446744073709551615"],
+        vec!["bench", "--phases", "claim,e2"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 }

@@ -63,7 +63,7 @@ pub struct BenchArgs {
     #[arg(long)]
     quick: bool,
     /// Phases to run (claim, ceiling, e2e, realistic, hol, idle, takeover, rss, large); default all.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = PHASES)]
     phases: Vec<String>,
     /// Keep the benchmark's database (on the private cluster) and its work directory afterwards; by
     /// default both are removed (a full run leaves about 1.5 GB).
@@ -487,6 +487,19 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .parse()
         .ok()
 }
+
+/// The benchmark's phases, by name (a misspelt one is refused, not silently skipped).
+const PHASES: [&str; 9] = [
+    "claim",
+    "ceiling",
+    "e2e",
+    "realistic",
+    "hol",
+    "idle",
+    "takeover",
+    "rss",
+    "large",
+];
 
 pub async fn run(mut a: BenchArgs) -> CmdResult {
     if a.quick {

@@ -12,8 +12,24 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
     let name = file.display().to_string();
     let text =
         std::fs::read_to_string(file).map_err(|e| fail(exit::BAD_INPUT, format!("{name}: {e}")))?;
-    let table: toml::Table =
-        toml::from_str(&text).map_err(|e| fail(exit::BAD_INPUT, format!("{name}: {e}")))?;
+    let table: toml::Table = match toml::from_str(&text) {
+        Ok(t) => t,
+        // Not TOML at all: in JSON too, the problem is a document a script can read.
+        Err(e) => {
+            let problem = format!("{name}: {e}");
+            if json {
+                let doc = serde_json::json!({
+                    "file": name,
+                    "protocol": null,
+                    "effective": null,
+                    "timings": null,
+                    "problems": [problem],
+                });
+                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            }
+            return Err(fail(exit::BAD_INPUT, problem));
+        }
+    };
     let profile = table
         .get("protocol")
         .and_then(|p| p.as_str())

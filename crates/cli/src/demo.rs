@@ -269,11 +269,20 @@ fn scenarios() -> Vec<Scenario> {
     v
 }
 
+/// The most worker processes a demo starts.
+const MAX_DEMO_WORKERS: usize = 32;
+
 pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
-    if args.operations == 0 || args.workers == 0 {
+    // Bounds a typo cannot cross: each worker is a process, each second a wait.
+    if !(1..=100_000).contains(&args.operations)
+        || !(1..=MAX_DEMO_WORKERS).contains(&args.workers)
+        || !(1..=86_400).contains(&args.timeout_secs)
+    {
         return Err(fail(
             exit::BAD_INPUT,
-            "--operations and --workers must be at least 1",
+            format!(
+                "--operations must be 1 to 100000, --workers 1 to {MAX_DEMO_WORKERS}, --timeout-secs 1 to 86400"
+            ),
         ));
     }
     let started = Instant::now();
