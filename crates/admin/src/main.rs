@@ -58,7 +58,7 @@ enum Command {
         after_help = "Examples:\n  jobtrail-admin escalations\n  jobtrail-admin escalations --state cancellation_unconfirmed --provider sim --json"
     )]
     Escalations {
-        /// Only this state (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out).
+        /// Only this state (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused).
         #[arg(long)]
         state: Option<String>,
         #[arg(long)]
@@ -110,7 +110,9 @@ enum Command {
         #[command(flatten)]
         decided: Decided,
     },
-    /// Resume automation with a new deadline (result_timed_out, cancellation_unconfirmed, create_unresolved).
+    /// Resume automation: result_timed_out takes --result-deadline, cancellation_unconfirmed
+    /// --cancel-window, create_unresolved --create-deadline; url_refused takes none (its contract
+    /// now declares the origin).
     #[command(
         after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed --actor bob --reason \"give it time\""
     )]

@@ -46,7 +46,13 @@ pub async fn escalations(
                 return Err(fail(
                     exit::BAD_INPUT,
                     format!(
-                        "{st} is not an escalation state (those are create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out)"
+                        "{st} is not an escalation state (those are {})",
+                        State::ALL
+                            .iter()
+                            .filter(|s| s.needs_human())
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
             }

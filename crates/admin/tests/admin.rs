@@ -1474,6 +1474,32 @@ async fn careless_decisions_are_refused_and_write_nothing() {
     ]));
     assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
 
+    // A deadline the resumed state does not use is refused, not ignored.
+    for (flag, value) in [("--result-deadline", "+2h"), ("--create-deadline", "+2h")] {
+        let out = decide(&with(&[
+            "resume",
+            &u.id.to_string(),
+            flag,
+            value,
+            "--cancel-window",
+            "10m",
+            "--seen",
+            "cancellation_unconfirmed",
+        ]));
+        assert_eq!(
+            code(&out),
+            2,
+            "{flag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains(flag));
+    }
+    assert_eq!(
+        store.get(u.id).await.unwrap().history_seq,
+        u.history_seq,
+        "nothing written"
+    );
+
     // A new operation may supersede only a finished one.
     let live = timed_out(&store, 5).await;
     let mut s = Submission {

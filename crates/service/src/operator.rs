@@ -190,6 +190,27 @@ impl Service {
                 create_deadline,
             } => {
                 let mut step = Step::event(jobtrail_core::Event::Resume { decision });
+                // What each held state's resume takes: anything else given would be ignored
+                // without a word, so it is refused.
+                let takes: Option<&[&str]> = match seen {
+                    State::ResultTimedOut => Some(&["result_deadline"]),
+                    State::CancellationUnconfirmed => Some(&["cancel_window"]),
+                    State::CreateUnresolved => Some(&["create_deadline"]),
+                    State::UrlRefused => Some(&[]),
+                    _ => None,
+                };
+                for (name, given) in [
+                    ("result_deadline", result_deadline.is_some()),
+                    ("cancel_window", cancel_window.is_some()),
+                    ("create_deadline", create_deadline.is_some()),
+                ] {
+                    if given && takes.is_some_and(|t| !t.contains(&name)) {
+                        return Err(ServiceError::bad_input(format!(
+                            "resuming {seen} takes no {name} (--{}): it would be ignored",
+                            name.replace('_', "-")
+                        )));
+                    }
+                }
                 match seen {
                     State::ResultTimedOut => {
                         let t = result_deadline.ok_or_else(|| ServiceError::bad_input("resuming result_timed_out needs a result deadline (else it times out again at once)"))?;
