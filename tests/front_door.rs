@@ -895,6 +895,29 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
             vec!["tokens", "revoke", "not-a-uuid", "--actor", "alice"],
             "invalid",
         ),
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "agent-7",
+                "--scopes",
+                "read",
+                "--created-by",
+                "ali\u{7}ce",
+            ],
+            "--created-by",
+        ),
+        (
+            vec![
+                "tokens",
+                "revoke",
+                "01234567-89ab-cdef-0123-456789abcdef",
+                "--actor",
+                "\u{1b}[2J",
+            ],
+            "--actor",
+        ),
     ] {
         let out = run(&args);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -79,12 +79,12 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
                     "--caller: 1 to 200 characters, no control characters",
                 ));
             }
-            if created_by.trim().is_empty() {
-                return Err(fail(
+            let created_by = jobtrail_core::text::ACTOR.check(&created_by).map_err(|e| {
+                fail(
                     exit::BAD_INPUT,
-                    "--created-by must name who creates it",
-                ));
-            }
+                    format!("--created-by must name who creates it: {e}"),
+                )
+            })?;
             let scopes = auth::parse_scopes(&scopes)
                 .map_err(|e| fail(exit::BAD_INPUT, format!("--scopes: {e}")))?;
             let expires_at = expires
@@ -107,7 +107,7 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
                     scopes: &names,
                     sha256,
                     note: note.as_deref(),
-                    created_by: created_by.trim(),
+                    created_by: &created_by,
                     expires_at,
                 })
                 .await?;
@@ -136,11 +136,14 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
             }
         }
         TokensCmd::Revoke { id, actor } => {
-            if actor.trim().is_empty() {
-                return Err(fail(exit::BAD_INPUT, "--actor must name who revokes it"));
-            }
+            let actor = jobtrail_core::text::ACTOR.check(&actor).map_err(|e| {
+                fail(
+                    exit::BAD_INPUT,
+                    format!("--actor must name who revokes it: {e}"),
+                )
+            })?;
             let t = store
-                .revoke_token(id, actor.trim())
+                .revoke_token(id, &actor)
                 .await?
                 .ok_or_else(|| fail(exit::NOT_FOUND, format!("no token {id}")))?;
             if json {
