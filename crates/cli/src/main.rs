@@ -21,7 +21,8 @@ const EXIT_CODES: &str = "Exit codes:
   2  bad input or usage: nothing was written
   3  operation not found
   4  conflict: another request under this id, a stale view, or a move the state machine refuses
-  5  database or provider configuration unavailable
+  5  database or provider configuration unavailable; through the API also: the token is refused,
+     or the API asked to slow down (rate-limited)
   6  wait timed out
   7  the operation is held for a person (see jobtrail-admin escalations)
   8  evidence disagrees with its chain (a result refused as tampered)

@@ -10,12 +10,14 @@ use std::process::ExitCode;
 /// The options every jobtrail command line shares.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
-    /// PostgreSQL URL (required by every command but demo, bench, dev-db and contract check). TLS: add
-    /// `sslmode=require`, or `sslmode=verify-full&sslrootcert=/path/ca.pem`.
+    /// PostgreSQL URL (required by every command that reads or writes operations; `jobtrail demo`,
+    /// `bench`, `dev-db` and `contract check` need none). TLS: add `sslmode=require`, or
+    /// `sslmode=verify-full&sslrootcert=/path/ca.pem`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
-    /// Most database connections per pool (a process opens one pool per login, plus one connection
-    /// for notifications and, with --ops-listen, two for its probes).
+    /// Most database connections per pool (a process opens one pool per login; a worker or an API
+    /// server also one connection for notifications and, with --ops-listen, two for its probes;
+    /// `audit verify --all` needs at least 4).
     #[arg(long, env = "JOBTRAIL_DB_POOL", global = true, default_value_t = 16)]
     pub db_pool: u32,
     /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.

@@ -1285,7 +1285,9 @@ fn index<'a>(mut v: &'a mut toml::Value, idx: &[usize]) -> Option<&'a mut toml::
 pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Contract>, ContractError> {
     let entries = std::fs::read_dir(dir).map_err(|e| ContractError::Io {
         file: dir.display().to_string(),
-        message: format!("cannot read the providers directory: {e}"),
+        message: format!(
+            "cannot read the providers directory: {e} (name the directory of contracts with --providers or JOBTRAIL_PROVIDERS)"
+        ),
     })?;
     let mut paths: Vec<PathBuf> = entries
         .flatten()
