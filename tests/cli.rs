@@ -78,6 +78,14 @@ async fn submit_show_wait_result_and_exit_codes() {
     assert_eq!(code(&result), 0);
     let doc: serde_json::Value = serde_json::from_slice(&result.stdout).unwrap();
     assert_eq!(doc["items"].as_array().unwrap().len(), 5);
+    // An output path that cannot be written is the caller's mistake: exit 2.
+    let nowhere = std::env::temp_dir().join(format!("no-dir-{}/r.json", std::process::id()));
+    let out = jobtrail(
+        &env,
+        &["result", &id, "-o", nowhere.to_str().unwrap()],
+        None,
+    );
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
 
     // Cancelling a finished operation is refused (4); unknown ids are 3; bad input is 2, nothing written.
     assert_eq!(

@@ -432,8 +432,13 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
     let r = door.result(id).await.map_err(failure)?;
     match output {
         Some(p) if p.as_os_str() != "-" => {
-            std::fs::write(p, &r.bytes)
-                .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", p.display())))?;
+            // A path that cannot be written is the caller's to fix (bad input), not an outage.
+            std::fs::write(p, &r.bytes).map_err(|e| {
+                fail(
+                    exit::BAD_INPUT,
+                    format!("-o {}: {e} (nothing was written)", p.display()),
+                )
+            })?;
             eprintln!(
                 "wrote {} bytes (sha256 {}) to {}",
                 r.bytes.len(),
