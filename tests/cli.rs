@@ -593,7 +593,8 @@ fn which_script() -> Result<std::path::PathBuf, ()> {
 }
 
 /// Numbers a typo makes absurd are refused before anything starts: a demo of a hundred thousand
-/// worker processes, a wait of centuries, a benchmark phase that does not exist (it ran nothing).
+/// worker processes, a wait of centuries, a benchmark phase that does not exist (it ran nothing),
+/// a page of nothing, a pool of no connections.
 #[test]
 fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
     for args in [
@@ -601,6 +602,10 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["demo", "--operations", "0"],
         vec!["demo", "--timeout-secs", "18446744073709551615"],
         vec!["bench", "--phases", "claim,e2"],
+        // Checked before a database is looked for (none is set here: that would be exit 5).
+        vec!["list", "--limit", "0"],
+        vec!["list", "--limit", "201"],
+        vec!["list", "--db-pool", "0"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
             .args(&args)

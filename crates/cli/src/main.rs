@@ -100,7 +100,7 @@ enum Command {
         #[arg(long)]
         cursor: Option<String>,
         /// Page size, 1-200.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=i64::from(jobtrail_service::MAX_PAGE)))]
         limit: u32,
     },
     /// The providers you can submit to, and what a request to each needs.

@@ -157,16 +157,17 @@ pub async fn store_migrated(common: &Common) -> Result<Store, Failure> {
 pub const NO_DATABASE: &str = "DATABASE_URL is not set: point it at the PostgreSQL jobtrail runs on (postgres://user@host/db?sslmode=verify-full&sslrootcert=ca.pem). To try jobtrail on this machine: export DATABASE_URL=$(jobtrail dev-db)";
 
 async fn connect(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
-    let url = url
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .ok_or_else(|| fail(exit::UNAVAILABLE, NO_DATABASE))?;
+    // Bad input is named before anything is looked for (a missing URL is exit 5).
     if !(1..=MAX_DB_POOL).contains(&pool) {
         return Err(fail(
             exit::BAD_INPUT,
             format!("--db-pool must be between 1 and {MAX_DB_POOL}, not {pool}"),
         ));
     }
+    let url = url
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| fail(exit::UNAVAILABLE, NO_DATABASE))?;
     Store::connect_with(url, pool)
         .await
         .context("connecting to the database")
