@@ -71,7 +71,8 @@ pub struct SubmitArgs {
     /// What the operation acts on (part of the fingerprint).
     #[arg(long)]
     pub target: String,
-    /// Request body (JSON) file; `-` or absent: stdin.
+    /// Request body (JSON) file; `-` or absent: stdin (absent at a terminal is refused: pipe the
+    /// JSON in, or say `-` to type it).
     #[arg(long)]
     pub body: Option<std::path::PathBuf>,
     /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a no-op.
@@ -143,7 +144,8 @@ fn piped_unless_asked(flag: &str, given: Option<&std::path::Path>) -> Result<(),
 
 #[derive(clap::Args)]
 pub struct BatchArgs {
-    /// JSON lines file, one submission per line; `-` or absent: stdin. Blank lines are skipped.
+    /// JSON lines file, one submission per line; `-` or absent: stdin (absent at a terminal is
+    /// refused). Blank lines are skipped.
     #[arg(long)]
     pub file: Option<std::path::PathBuf>,
     /// Who asks. With --api the token decides.
