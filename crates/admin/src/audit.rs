@@ -7,7 +7,7 @@
 //! must still hash to its digest, and every link and call it anchored must still be there.
 
 use ed25519_dalek::{Signer, Verifier};
-use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
+use jobtrail_console::shell::{self, CmdResult, exit, fail, print_json};
 use jobtrail_core::OperationId;
 use jobtrail_store::{Anchor, Store, StoreError};
 use std::path::PathBuf;
@@ -211,9 +211,7 @@ pub async fn anchor(
     json: bool,
 ) -> CmdResult {
     // Everything that can be refused is refused before the anchor is recorded.
-    let actor = jobtrail_core::text::ACTOR
-        .check(actor)
-        .map_err(|e| fail(exit::BAD_INPUT, format!("--actor: {e}")))?;
+    let actor = shell::actor("--actor", actor)?;
     let key = match &signing_key {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
@@ -229,35 +227,14 @@ pub async fn anchor(
         }
         None => None,
     };
-    // The file is made (never over an existing one) before the anchor is recorded: a directory
-    // that is not there, or not writable, records nothing.
-    let mut file_out = match &out {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(|e| {
-                    let why = if e.kind() == std::io::ErrorKind::AlreadyExists {
-                        "the file exists; anchors are never overwritten".to_owned()
-                    } else {
-                        e.to_string()
-                    };
-                    fail(exit::BAD_INPUT, format!("--out {}: {why}", path.display()))
-                })?,
-        ),
+    // The file is started (beside where it goes, as `<out>.partial`) before the anchor is recorded:
+    // a directory that is not there, or not writable, records nothing. It takes its name only
+    // once it is whole, and never over an existing file.
+    let partial = match &out {
+        Some(path) => Some(Partial::start(path)?),
         None => None,
     };
-    let a = match store.anchor(&actor).await {
-        Ok(a) => a,
-        Err(e) => {
-            if let Some(path) = &out {
-                drop(file_out.take());
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(e.into());
-        }
-    };
+    let a = store.anchor(&actor).await?;
     let signature = key.map(|k| Signature {
         alg: "ed25519".into(),
         public_key: hex::encode(k.verifying_key().to_bytes()),
@@ -268,11 +245,17 @@ pub async fn anchor(
         anchor: a,
         signature,
     };
-    if let (Some(path), Some(f)) = (&out, file_out.as_mut()) {
+    if let Some(partial) = partial {
         let text = serde_json::to_string_pretty(&file).expect("an anchor serialises");
-        std::io::Write::write_all(f, text.as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(|e| fail(exit::UNAVAILABLE, format!("--out {}: {e} (the anchor is recorded in the database; rerun to write a new one)", path.display())))?;
+        partial.finish(text.as_bytes()).map_err(|e| {
+            fail(
+                exit::UNAVAILABLE,
+                format!(
+                    "{e} (anchor #{} is recorded in the database; rerun to record and keep a new one)",
+                    file.anchor.id
+                ),
+            )
+        })?;
     }
     let a = &file.anchor;
     if json {
@@ -297,4 +280,51 @@ pub async fn anchor(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An anchor file being written: `<out>.partial`, removed unless it becomes `<out>`.
+struct Partial {
+    out: PathBuf,
+    tmp: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl Partial {
+    fn start(out: &std::path::Path) -> Result<Self, jobtrail_console::shell::Failure> {
+        let refused =
+            |why: String| fail(exit::BAD_INPUT, format!("--out {}: {why}", out.display()));
+        if out.exists() {
+            return Err(refused(
+                "the file exists; anchors are never overwritten".into(),
+            ));
+        }
+        let mut tmp = out.as_os_str().to_owned();
+        tmp.push(".partial");
+        let tmp = PathBuf::from(tmp);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| refused(format!("{e} (making {})", tmp.display())))?;
+        Ok(Self {
+            out: out.to_owned(),
+            tmp,
+            file: Some(file),
+        })
+    }
+
+    /// Write, sync, then give the file its name (a hard link refuses an existing name).
+    fn finish(mut self, bytes: &[u8]) -> Result<(), String> {
+        let mut f = self.file.take().expect("started");
+        std::io::Write::write_all(&mut f, bytes)
+            .and_then(|()| f.sync_all())
+            .and_then(|()| std::fs::hard_link(&self.tmp, &self.out))
+            .map_err(|e| format!("--out {}: {e}", self.out.display()))
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
 }

@@ -2,7 +2,7 @@
 //! kept), listed, revoked.
 
 use clap::Subcommand;
-use jobtrail_console::shell::{CmdResult, exit, fail, print_json};
+use jobtrail_console::shell::{self, CmdResult, exit, fail, print_json};
 use jobtrail_service::auth;
 use jobtrail_store::{NewToken, Store, TokenRecord};
 use std::process::ExitCode;
@@ -79,12 +79,7 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
                     "--caller: 1 to 200 characters, no control characters",
                 ));
             }
-            let created_by = jobtrail_core::text::ACTOR.check(&created_by).map_err(|e| {
-                fail(
-                    exit::BAD_INPUT,
-                    format!("--created-by must name who creates it: {e}"),
-                )
-            })?;
+            let created_by = shell::actor("--created-by", &created_by)?;
             let scopes = auth::parse_scopes(&scopes)
                 .map_err(|e| fail(exit::BAD_INPUT, format!("--scopes: {e}")))?;
             let expires_at = expires
@@ -136,12 +131,7 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
             }
         }
         TokensCmd::Revoke { id, actor } => {
-            let actor = jobtrail_core::text::ACTOR.check(&actor).map_err(|e| {
-                fail(
-                    exit::BAD_INPUT,
-                    format!("--actor must name who revokes it: {e}"),
-                )
-            })?;
+            let actor = shell::actor("--actor", &actor)?;
             let t = store
                 .revoke_token(id, &actor)
                 .await?

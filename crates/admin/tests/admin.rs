@@ -1475,12 +1475,15 @@ async fn careless_decisions_are_refused_and_write_nothing() {
     assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
 
     // A deadline the resumed state does not use is refused, not ignored.
-    for (flag, value) in [("--result-deadline", "+2h"), ("--create-deadline", "+2h")] {
+    for (flag, field) in [
+        ("--result-deadline", "result_deadline"),
+        ("--create-deadline", "create_deadline"),
+    ] {
         let out = decide(&with(&[
             "resume",
             &u.id.to_string(),
             flag,
-            value,
+            "+2h",
             "--cancel-window",
             "10m",
             "--seen",
@@ -1492,7 +1495,7 @@ async fn careless_decisions_are_refused_and_write_nothing() {
             "{flag}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(String::from_utf8_lossy(&out.stderr).contains(flag));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(field));
     }
     assert_eq!(
         store.get(u.id).await.unwrap().history_seq,

@@ -10,26 +10,17 @@ use std::time::Duration;
 
 pub fn check(file: &Path, json: bool) -> CmdResult {
     let name = file.display().to_string();
-    let text =
-        std::fs::read_to_string(file).map_err(|e| fail(exit::BAD_INPUT, format!("{name}: {e}")))?;
-    let table: toml::Table = match toml::from_str(&text) {
-        Ok(t) => t,
-        // Not TOML at all: in JSON too, the problem is a document a script can read.
-        Err(e) => {
-            let problem = format!("{name}: {e}");
-            if json {
-                let doc = serde_json::json!({
-                    "file": name,
-                    "protocol": null,
-                    "effective": null,
-                    "timings": null,
-                    "problems": [problem],
-                });
-                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-            }
-            return Err(fail(exit::BAD_INPUT, problem));
+    // A file that cannot be read, or is not TOML at all: in JSON too, the problem is a document a
+    // script can read.
+    let unreadable = |problem: String| {
+        if json {
+            print_doc(&name, None, None, None, std::slice::from_ref(&problem));
         }
+        fail(exit::BAD_INPUT, problem)
     };
+    let text = std::fs::read_to_string(file).map_err(|e| unreadable(format!("{name}: {e}")))?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| unreadable(format!("{name}: {e}")))?;
     let profile = table
         .get("protocol")
         .and_then(|p| p.as_str())
@@ -49,14 +40,13 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
     };
     let effective = effective.ok();
     if json {
-        let doc = serde_json::json!({
-            "file": name,
-            "protocol": profile,
-            "effective": effective,
-            "timings": timings,
-            "problems": problems,
-        });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        print_doc(
+            &name,
+            profile.as_deref(),
+            effective.as_ref(),
+            timings.as_ref(),
+            &problems,
+        );
     } else {
         match (&profile, &effective) {
             (Some(p), Some(_)) => {
@@ -94,6 +84,24 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
             problems.join("\n")
         ),
     ))
+}
+
+/// `contract check --json`'s document.
+fn print_doc(
+    file: &str,
+    protocol: Option<&str>,
+    effective: Option<&toml::Table>,
+    timings: Option<&serde_json::Value>,
+    problems: &[String],
+) {
+    let doc = serde_json::json!({
+        "file": file,
+        "protocol": protocol,
+        "effective": effective,
+        "timings": timings,
+        "problems": problems,
+    });
+    println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
 }
 
 fn ms(d: Duration) -> String {

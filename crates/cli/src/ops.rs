@@ -434,13 +434,19 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
     let r = door.result(id).await.map_err(failure)?;
     match output {
         Some(p) if p.as_os_str() != "-" => {
-            // A path that cannot be written is the caller's to fix (bad input), not an outage.
-            std::fs::write(p, &r.bytes).map_err(|e| {
-                fail(
-                    exit::BAD_INPUT,
-                    format!("-o {}: {e} (nothing was written)", p.display()),
-                )
-            })?;
+            // A path that cannot be made is the caller's to fix (bad input); a write that fails
+            // part way (a full disk) is not, and leaves no part of the result behind.
+            if let Err(e) = std::fs::write(p, &r.bytes) {
+                use std::io::ErrorKind::{IsADirectory, NotADirectory, NotFound, PermissionDenied};
+                let code = match e.kind() {
+                    NotFound | PermissionDenied | IsADirectory | NotADirectory => exit::BAD_INPUT,
+                    _ => {
+                        let _ = std::fs::remove_file(p);
+                        exit::UNAVAILABLE
+                    }
+                };
+                return Err(fail(code, format!("-o {}: {e}", p.display())));
+            }
             eprintln!(
                 "wrote {} bytes (sha256 {}) to {}",
                 r.bytes.len(),
@@ -450,9 +456,13 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
         }
         _ => {
             use std::io::Write;
-            std::io::stdout()
-                .write_all(&r.bytes)
-                .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+            let mut out = std::io::stdout();
+            if let Err(e) = out.write_all(&r.bytes).and_then(|()| out.flush()) {
+                if e.kind() == std::io::ErrorKind::BrokenPipe {
+                    shell::stdout_closed();
+                }
+                return Err(fail(exit::UNAVAILABLE, e));
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -36,18 +36,37 @@ pub fn end_quietly_when_stdout_closes() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let said = info.to_string();
-        if said.contains("failed printing to stdout") && said.contains("Broken pipe") {
-            // SAFETY: restoring a signal's default action and raising it; nothing else runs
-            // after this in this process.
-            #[cfg(unix)]
-            unsafe {
-                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                libc::raise(libc::SIGPIPE);
-            }
-            std::process::exit(141);
+        // The error's code, not its text (which follows the locale).
+        if said.contains("failed printing to stdout")
+            && said.contains(&format!("(os error {})", libc::EPIPE))
+        {
+            stdout_closed();
         }
         default(info);
     }));
+}
+
+/// The reader of stdout went away: end as a Unix tool does, by SIGPIPE (exit 141 where signals
+/// cannot be raised). For writes to stdout that do not go through `print!` (which the panic hook
+/// of [`end_quietly_when_stdout_closes`] covers). Nothing after this runs, `Drop`s included: call
+/// it only where nothing is left to clean up.
+pub fn stdout_closed() -> ! {
+    // SAFETY: restoring a signal's default action and raising it; nothing else runs after this in
+    // this process.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(141)
+}
+
+/// Who a flag names as acting (an actor, a creator): checked like a decision's actor — printable,
+/// one line, bounded — and refused as bad input naming the flag.
+pub fn actor(flag: &str, value: &str) -> Result<String, Failure> {
+    jobtrail_core::text::ACTOR
+        .check(value)
+        .map_err(|e| fail(exit::BAD_INPUT, format!("{flag} must name who acts: {e}")))
 }
 
 /// Documented exit codes (README "Exit codes").

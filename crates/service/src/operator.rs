@@ -206,8 +206,7 @@ impl Service {
                 ] {
                     if given && takes.is_some_and(|t| !t.contains(&name)) {
                         return Err(ServiceError::bad_input(format!(
-                            "resuming {seen} takes no {name} (--{}): it would be ignored",
-                            name.replace('_', "-")
+                            "resuming {seen} takes no {name}: it would be ignored"
                         )));
                     }
                 }
