@@ -79,15 +79,12 @@ async fn submit_show_wait_result_and_exit_codes() {
     let doc: serde_json::Value = serde_json::from_slice(&result.stdout).unwrap();
     assert_eq!(doc["items"].as_array().unwrap().len(), 5);
     // The result to a reader that went away: ended by SIGPIPE, not an error (it was exit 5).
-    let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
-        .args(["result", &id])
-        .env("DATABASE_URL", &env.url)
-        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_piped(
+        Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(["result", &id])
+            .env("DATABASE_URL", &env.url)
+            .env("JOBTRAIL_PROVIDERS", support::providers_dir()),
+    );
     drop(child.stdout.take());
     ended_by_sigpipe(&bounded_wait(child), "result");
     // An output path that cannot be written is the caller's mistake: exit 2.
@@ -536,23 +533,26 @@ fn api_on_a_command_that_works_on_the_database_is_refused_not_ignored() {
 /// no exit 101.
 #[test]
 fn a_closed_pipe_ends_the_command_quietly() {
-    use std::process::Stdio;
     let contract = concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers/sim.toml");
     for args in [
         vec!["contract", "check", contract],
         vec!["--json", "contract", "check", contract],
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_piped(Command::new(env!("CARGO_BIN_EXE_jobtrail")).args(&args));
         drop(child.stdout.take());
         let out = bounded_wait(child);
         ended_by_sigpipe(&out, &format!("{args:?}"));
     }
+}
+
+/// Started with no stdin and both outputs captured.
+fn spawn_piped(command: &mut Command) -> std::process::Child {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// The child's output, killing it if it has not ended within 20 s.
@@ -595,29 +595,15 @@ async fn submit_at_a_terminal_without_a_body_asks_for_one() {
         "submit-batch --caller c",
     ] {
         let line = format!("{} {cmd}", env!("CARGO_BIN_EXE_jobtrail"));
-        let mut child = Command::new(&script)
-            .args(["-qec", &line, "/dev/null"])
-            .env("DATABASE_URL", &env.url)
-            .env("JOBTRAIL_PROVIDERS", support::providers_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let started = std::time::Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if started.elapsed() > Duration::from_secs(20) {
-                child.kill().unwrap();
-                panic!("{cmd}: still waiting for input at a terminal");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        let out = child.wait_with_output().unwrap();
+        // A kill after 20 s (still waiting at the terminal) fails the exit-code check.
+        let out = bounded_wait(spawn_piped(
+            Command::new(&script)
+                .args(["-qec", &line, "/dev/null"])
+                .env("DATABASE_URL", &env.url)
+                .env("JOBTRAIL_PROVIDERS", support::providers_dir()),
+        ));
         let said = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(status.code(), Some(2), "{cmd}: {said}");
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {said}");
         assert!(said.contains("stdin is a terminal"), "{cmd}: {said}");
     }
     assert_eq!(

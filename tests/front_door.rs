@@ -7,6 +7,7 @@ mod support;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use sqlx::Connection;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use support::Env;
@@ -779,6 +780,62 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
         .unwrap();
     assert_eq!(v["breaks"].as_array().unwrap().len(), 0, "{v}");
     assert!(v["operations"].as_u64().unwrap() >= 2);
+    // One verify of everything at a time: a second is refused at once while the first reads (held
+    // here behind a lock on the history), instead of taking more database connections.
+    let mut lock = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE operation_history IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let first = tokio::spawn(
+        c.get(server.url("/v1/audit/verify"))
+            .bearer_auth(&auditor)
+            .send(),
+    );
+    let mut blocked = false;
+    for _ in 0..200 {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'operation_history' AND NOT l.granted",
+        )
+        .fetch_one(&mut lock)
+        .await
+        .unwrap();
+        if n > 0 {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(blocked, "the first verify reached the history within 10 s");
+    let second = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.get(server.url("/v1/audit/verify"))
+            .bearer_auth(&auditor)
+            .send(),
+    )
+    .await
+    .expect("a second verify is answered at once, not queued behind the first")
+    .unwrap();
+    assert_eq!(second.headers()[reqwest::header::RETRY_AFTER], "10");
+    let p = problem(second, StatusCode::TOO_MANY_REQUESTS, "rate-limited").await;
+    assert!(
+        p["detail"].as_str().unwrap().contains("already running"),
+        "{p}"
+    );
+    sqlx::raw_sql("ROLLBACK").execute(&mut lock).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the first verify ends once the lock is gone")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let again = c
+        .get(server.url("/v1/audit/verify"))
+        .bearer_auth(&auditor)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::OK, "the slot is given back");
     // An auditor reads every operation, but cannot submit.
     let r = c
         .post(server.url("/v1/operations"))

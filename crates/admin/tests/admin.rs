@@ -1262,6 +1262,147 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
     );
 }
 
+/// The columns a step sets beside the state (when it changed and finished, why it waits for a
+/// person, the job id not chosen, the deadlines) are replayed from the chain: a resume records
+/// the deadlines it moved, and a row edited beside its chain by a role that may update it is found.
+#[tokio::test]
+async fn a_step_column_edited_beside_the_chain_is_found() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let decide = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend([
+            "--actor",
+            "alice",
+            "--reason",
+            "provider confirmed by phone",
+        ]);
+        let out = admin(&db, &all);
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    // Resumes that move each deadline, through the operator's door.
+    let windowed = unconfirmed(&store, 1).await;
+    decide(&[
+        "resume",
+        &windowed.id.to_string(),
+        "--cancel-window",
+        "10m",
+        "--seen",
+        "cancellation_unconfirmed",
+    ]);
+    let recreated = unresolved(&store, 2).await;
+    decide(&[
+        "resume",
+        &recreated.id.to_string(),
+        "--create-deadline",
+        "+30d",
+        "--seen",
+        "create_unresolved",
+    ]);
+    let escalated = timed_out(&store, 3).await;
+    let finished = succeeded_with_result(&store, 4, br#"{"items":[4]}"#).await;
+    let intact = succeeded_with_result(&store, 5, br#"{"items":[5]}"#).await;
+    let moved = |id: OperationId| {
+        let store = store.clone();
+        async move { store.history(id).await.unwrap().pop().unwrap().detail }
+    };
+    let set = moved(windowed.id).await;
+    let now = store.get(windowed.id).await.unwrap();
+    assert_eq!(
+        set[chain::DEADLINES_SET]["cancel_deadline"],
+        serde_json::json!(now.cancel_deadline.unwrap()),
+        "the resume link says to what the cancel deadline moved: {set}"
+    );
+    let set = moved(recreated.id).await;
+    let now = store.get(recreated.id).await.unwrap();
+    assert_eq!(
+        (
+            &set[chain::DEADLINES_SET]["create_deadline"],
+            &set[chain::DEADLINES_SET]["result_deadline"]
+        ),
+        (
+            &serde_json::json!(now.create_deadline),
+            &serde_json::json!(now.result_deadline)
+        ),
+        "{set}"
+    );
+    let out = admin(&db, &["audit", "verify", "--all", "--json"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+
+    // Each column edited by a role that may update it, no link written.
+    let edits = [
+        (
+            windowed.id,
+            "cancel_deadline = cancel_deadline + interval '1 day'",
+            "cancel_deadline",
+        ),
+        (
+            recreated.id,
+            "result_deadline = result_deadline + interval '1 day'",
+            "result_deadline",
+        ),
+        (
+            recreated.id,
+            "create_deadline = create_deadline - interval '1 day'",
+            "create_deadline",
+        ),
+        (
+            escalated.id,
+            "escalation_reason = 'routine'",
+            "escalation_reason",
+        ),
+        (
+            escalated.id,
+            "escalated_at = escalated_at - interval '1 hour'",
+            "escalated_at",
+        ),
+        (
+            finished.id,
+            "finished_at = finished_at + interval '1 hour'",
+            "finished_at",
+        ),
+        (finished.id, "state_changed_at = now()", "state_changed_at"),
+        (
+            finished.id,
+            "conflicting_remote_job_id = 'job_other'",
+            "conflicting_remote_job_id",
+        ),
+    ];
+    for (id, set, _) in &edits {
+        exec(
+            &db,
+            &format!(
+                "SET ROLE jobtrail_worker; UPDATE operations SET {set} WHERE id = '{}'",
+                id.as_uuid()
+            ),
+        )
+        .await;
+    }
+    let out = admin(&db, &["audit", "verify", "--all", "--json"]);
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stdout));
+    let breaks = json(&out)["breaks"].as_array().unwrap().clone();
+    for (id, _, field) in edits {
+        assert!(
+            breaks.iter().any(|x| x["operation_id"] == id.to_string()
+                && x["problem"]
+                    == format!("the operation's {field} differs from what its history records")),
+            "{field} on {id}: {breaks:#?}"
+        );
+    }
+    assert!(
+        !breaks
+            .iter()
+            .any(|x| x["operation_id"] == intact.id.to_string()),
+        "{breaks:#?}"
+    );
+    // The auditor's role reads what it compares (verify runs as the owner here).
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("SET ROLE jobtrail_auditor; SELECT state_changed_at, finished_at, escalated_at, escalation_reason, conflicting_remote_job_id, create_deadline, result_deadline, cancel_deadline FROM operations")
+        .execute(&mut c)
+        .await
+        .unwrap();
+}
+
 fn ed25519_public_of(seed_hex: &str) -> String {
     let seed: [u8; 32] = hex::decode(seed_hex).unwrap().try_into().unwrap();
     hex::encode(

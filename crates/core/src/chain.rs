@@ -204,15 +204,147 @@ pub fn named_result_digests(entries: &[ChainEntry]) -> Vec<String> {
     out
 }
 
-/// The digest of the validated result the chain records last (what `jobtrail result` must serve).
-pub fn validated_result_digest(entries: &[ChainEntry]) -> Option<String> {
-    entries
+/// The result a chain stands behind: what its last `result_validated` link records (what
+/// `jobtrail result` may serve). A field the link lacks is `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainedResult<'a> {
+    pub seq: i64,
+    pub location: Option<&'a str>,
+    pub size: Option<i64>,
+    pub sha256: Option<&'a str>,
+}
+
+/// The validated result the chain records last, if any.
+pub fn validated_result(entries: &[ChainEntry]) -> Option<ChainedResult<'_>> {
+    let e = entries
         .iter()
         .rev()
-        .find(|e| e.event == "result_validated")
-        .and_then(|e| e.detail.get("sha256"))
-        .and_then(|v| v.as_str())
-        .map(str::to_owned)
+        .find(|e| e.event == "result_validated")?;
+    Some(ChainedResult {
+        seq: e.seq,
+        location: e.detail.get("location").and_then(|v| v.as_str()),
+        size: e.detail.get("size").and_then(|v| v.as_i64()),
+        sha256: e.detail.get("sha256").and_then(|v| v.as_str()),
+    })
+}
+
+/// The operation columns a chain determines beyond the submitted facts, replayed link by link the
+/// way the store applies each step: when the state last changed, when the operation finished, why
+/// and since when it waits for a person, the job id it did not choose, and its deadlines. A row
+/// whose column was edited without a link (a worker's login moving a deadline, clearing an
+/// escalation's reason) then disagrees with its own chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainedColumns {
+    pub state_changed_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub escalated_at: Option<DateTime<Utc>>,
+    pub escalation_reason: Option<String>,
+    pub conflicting_remote_job_id: Option<String>,
+    /// `None` where a link written before deadlines were recorded in the chain moved them (or the
+    /// submission predates them): then they are not checked.
+    pub deadlines: Option<Deadlines>,
+}
+
+/// An operation's deadlines as its chain sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    pub create: DateTime<Utc>,
+    pub result: DateTime<Utc>,
+    pub cancel: Option<DateTime<Utc>>,
+}
+
+/// The detail key under which a link records the deadlines its step set (a resume's, even none).
+pub const DEADLINES_SET: &str = "deadlines_set";
+
+/// Replay a chain into the columns it determines; `None` if it does not open with a submission.
+pub fn chained_columns(entries: &[ChainEntry]) -> Option<ChainedColumns> {
+    use crate::state::State;
+    let first = entries
+        .first()
+        .filter(|e| e.seq == 1 && e.event == "submitted")?;
+    let time = |v: &serde_json::Value, k: &str| {
+        v.get(k)
+            .and_then(|t| t.as_str())
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| storable(t.with_timezone(&Utc)))
+    };
+    let d = &first.detail;
+    let cancel_window = d
+        .get("cancel_window_ms")
+        .and_then(|v| v.as_i64())
+        .map(chrono::Duration::milliseconds);
+    let mut deadlines = match (time(d, "create_deadline"), time(d, "result_deadline")) {
+        (Some(create), Some(result)) => Some(Deadlines {
+            create,
+            result,
+            cancel: None,
+        }),
+        _ => None,
+    };
+    let mut out = ChainedColumns {
+        state_changed_at: storable(first.at),
+        finished_at: None,
+        escalated_at: None,
+        escalation_reason: None,
+        conflicting_remote_job_id: None,
+        deadlines: None,
+    };
+    let mut remote_job_id = first.remote_job_id.as_deref();
+    for e in &entries[1..] {
+        let d = &e.detail;
+        let from = e.from_state.as_deref().unwrap_or("none");
+        let moved = from != e.to_state;
+        // The deadlines the step set, then the event's own effects: the store's order.
+        match (d.get(DEADLINES_SET), &mut deadlines) {
+            (Some(set), Some(dl)) => {
+                dl.create = time(set, "create_deadline").unwrap_or(dl.create);
+                dl.result = time(set, "result_deadline").unwrap_or(dl.result);
+                dl.cancel = time(set, "cancel_deadline").or(dl.cancel);
+            }
+            (None, _) if e.event == "resume" => deadlines = None,
+            _ => {}
+        }
+        match e.event.as_str() {
+            "choose_remote_job" => {
+                let chosen = d.get("remote_job_id").and_then(|v| v.as_str());
+                if chosen.is_some() && out.conflicting_remote_job_id.as_deref() == chosen {
+                    out.conflicting_remote_job_id = remote_job_id.map(str::to_owned);
+                }
+            }
+            "contract_violated" => {
+                out.conflicting_remote_job_id = d
+                    .get("other_job_id")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned);
+            }
+            "cancel_requested" | "withdraw" => {
+                if let Some(dl) = &mut deadlines
+                    && (moved || dl.cancel.is_none())
+                {
+                    match cancel_window {
+                        Some(w) => dl.cancel = Some(storable(e.at) + w),
+                        None => deadlines = None,
+                    }
+                }
+            }
+            _ => {}
+        }
+        if moved {
+            out.state_changed_at = storable(e.at);
+            let to = e.to_state.parse::<State>().ok();
+            if to.is_some_and(State::is_terminal) {
+                out.finished_at = Some(storable(e.at));
+            }
+            (out.escalated_at, out.escalation_reason) = if to.is_some_and(State::needs_human) {
+                (Some(storable(e.at)), Some(e.cause.clone()))
+            } else {
+                (None, None)
+            };
+        }
+        remote_job_id = e.remote_job_id.as_deref();
+    }
+    out.deadlines = deadlines;
+    Some(out)
 }
 
 /// A stored row as read back for verification.
@@ -497,6 +629,121 @@ mod tests {
             to_state: to.into(),
             ..entry(seq, "")
         }
+    }
+
+    #[test]
+    fn the_columns_a_step_sets_are_replayed_from_the_chain() {
+        let at = |secs: i64| storable(DateTime::from_timestamp(1_700_000_000 + secs, 0).unwrap());
+        let link =
+            |seq: i64, from: &str, event: &str, to: &str, job: Option<&str>, detail| ChainEntry {
+                at: at(seq),
+                remote_job_id: job.map(str::to_owned),
+                detail,
+                cause: format!("cause {seq}"),
+                ..moved(seq, from, event, to)
+            };
+        let submitted = ChainEntry {
+            detail: serde_json::json!({
+                "create_deadline": at(100), "result_deadline": at(200), "cancel_window_ms": 5000,
+            }),
+            ..entry(1, "submitted")
+        };
+        let mut c = vec![
+            submitted,
+            link(
+                2,
+                "create_pending",
+                "contract_violated",
+                "contract_violation",
+                Some("job_a"),
+                serde_json::json!({"recorded_job_id": "job_a", "other_job_id": "job_b"}),
+            ),
+        ];
+        let held = chained_columns(&c).unwrap();
+        assert_eq!(
+            (held.escalated_at, held.escalation_reason.as_deref()),
+            (Some(at(2)), Some("cause 2"))
+        );
+        assert_eq!(held.conflicting_remote_job_id.as_deref(), Some("job_b"));
+        // A person chooses the other answer: the one not chosen is kept; the hold ends.
+        c.push(link(
+            3,
+            "contract_violation",
+            "choose_remote_job",
+            "observing",
+            Some("job_b"),
+            serde_json::json!({"remote_job_id": "job_b"}),
+        ));
+        let chosen = chained_columns(&c).unwrap();
+        assert_eq!(chosen.conflicting_remote_job_id.as_deref(), Some("job_a"));
+        assert_eq!(
+            (chosen.escalated_at, chosen.state_changed_at),
+            (None, at(3))
+        );
+        // A progress read moves nothing; a cancel request opens the cancel window.
+        c.push(link(
+            4,
+            "observing",
+            "remote_progress",
+            "observing",
+            Some("job_b"),
+            serde_json::json!({}),
+        ));
+        c.push(link(
+            5,
+            "observing",
+            "cancel_requested",
+            "cancel_requested",
+            Some("job_b"),
+            serde_json::json!({}),
+        ));
+        let asked = chained_columns(&c).unwrap();
+        assert_eq!(asked.state_changed_at, at(5));
+        assert_eq!(
+            asked.deadlines,
+            Some(Deadlines {
+                create: at(100),
+                result: at(200),
+                cancel: Some(at(5) + chrono::Duration::seconds(5))
+            })
+        );
+        // A resume records what it moved; one that does not (an older build's) leaves the
+        // deadlines unchecked.
+        c.push(link(
+            6,
+            "cancel_requested",
+            "resume",
+            "observing",
+            Some("job_b"),
+            serde_json::json!({DEADLINES_SET: {"result_deadline": at(900)}}),
+        ));
+        assert_eq!(
+            chained_columns(&c).unwrap().deadlines.unwrap().result,
+            at(900)
+        );
+        c.push(link(
+            7,
+            "observing",
+            "resume",
+            "observing",
+            Some("job_b"),
+            serde_json::json!({}),
+        ));
+        assert_eq!(chained_columns(&c).unwrap().deadlines, None);
+        c.push(link(
+            8,
+            "observing",
+            "remote_succeeded",
+            "succeeded",
+            Some("job_b"),
+            serde_json::json!({}),
+        ));
+        assert_eq!(chained_columns(&c).unwrap().finished_at, Some(at(8)));
+        assert_eq!(
+            chained_columns(&c[1..]),
+            None,
+            "no submission, nothing to replay"
+        );
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct Service {
     /// Waits open now, by caller, and how many one caller may hold.
     waiting: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     waits_per_caller: std::sync::atomic::AtomicUsize,
+    /// One verify of every chain at a time in this process: each holds several operator
+    /// connections for as long as it reads, and an audit-scoped caller could start many.
+    verifying_everything: tokio::sync::Semaphore,
 }
 
 /// Waits one caller may hold open at once by default (each holds a request, a connection and a
@@ -87,6 +90,7 @@ impl Service {
             watcher: std::sync::OnceLock::new(),
             waiting: Default::default(),
             waits_per_caller: WAITS_PER_CALLER.into(),
+            verifying_everything: tokio::sync::Semaphore::new(1),
             store,
             operator_store: None,
             registry: Arc::new(registry),
@@ -134,6 +138,7 @@ impl Service {
             watcher: std::sync::OnceLock::new(),
             waiting: Default::default(),
             waits_per_caller: WAITS_PER_CALLER.into(),
+            verifying_everything: tokio::sync::Semaphore::new(1),
             store,
             operator_store: Some(operator),
             registry: Arc::new(registry),

@@ -77,6 +77,9 @@ fn refused(id: OperationId, e: StoreError) -> ServiceError {
     }
 }
 
+/// When a caller refused a second verify of every chain may come back.
+const VERIFY_RETRY_SECS: u64 = 10;
+
 impl Service {
     /// The store decisions and audit reads use.
     fn operator(&self) -> &Store {
@@ -368,7 +371,15 @@ impl Service {
         let store = self.operator();
         Ok(match id {
             Some(id) => store.verify_operation(parse_id(id)?).await?,
-            None => store.verify_everything(None).await?,
+            None => {
+                let _only = self.verifying_everything.try_acquire().map_err(|_| {
+                    ServiceError::rate_limited(
+                        "a verify of every chain is already running in this server (it holds several database connections until it ends): retry later, or verify one operation",
+                        VERIFY_RETRY_SECS,
+                    )
+                })?;
+                store.verify_everything(None).await?
+            }
         })
     }
 }

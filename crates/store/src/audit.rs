@@ -116,6 +116,14 @@ struct Facts {
     cancel_requested_at: Option<DateTime<Utc>>,
     cancel_requested_by: Option<String>,
     cancel_reason: Option<String>,
+    state_changed_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    escalated_at: Option<DateTime<Utc>>,
+    escalation_reason: Option<String>,
+    conflicting_remote_job_id: Option<String>,
+    create_deadline: DateTime<Utc>,
+    result_deadline: DateTime<Utc>,
+    cancel_deadline: Option<DateTime<Utc>>,
     history_seq: i64,
     history_head: Vec<u8>,
     calls_seq: i64,
@@ -517,16 +525,8 @@ impl Store {
             )));
         }
         let entries: Vec<_> = links.into_iter().map(|l| l.entry).collect();
-        let validated = entries
-            .iter()
-            .rev()
-            .find(|e| e.event == "result_validated")
-            .and_then(|e| {
-                Some((
-                    e.detail.get("location")?.as_str()?.to_owned(),
-                    e.detail.get("sha256")?.as_str()?.to_owned(),
-                ))
-            })
+        let validated = chain::validated_result(&entries)
+            .and_then(|v| Some((v.location?.to_owned(), v.sha256?.to_owned())))
             .ok_or_else(|| {
                 StoreError::Tampered(format!("the history of {id} records no validated result"))
             })?;
@@ -706,19 +706,17 @@ fn check_operation(
             public(f.supersedes),
         ));
     }
-    let last_of = |event: &str| entries.iter().rev().find(|e| e.event == event);
-    let validated_at = last_of("result_validated");
+    let validated = chain::validated_result(&entries);
     facts.push((
-        validated_at.map_or(last_seq, |e| e.seq),
+        validated.map_or(last_seq, |v| v.seq),
         "result location and size",
-        Some(validated_at.map_or_else(
+        Some(validated.map_or_else(
             || "none".to_owned(),
-            |e| {
-                let d = &e.detail;
+            |v| {
                 format!(
                     "{} ({} bytes)",
-                    d.get("location").and_then(|v| v.as_str()).unwrap_or("?"),
-                    d.get("size").and_then(|v| v.as_i64()).unwrap_or(-1)
+                    v.location.unwrap_or("?"),
+                    v.size.unwrap_or(-1)
                 )
             },
         )),
@@ -731,7 +729,7 @@ fn check_operation(
             ),
         },
     ));
-    let superseded = last_of("superseded");
+    let superseded = entries.iter().rev().find(|e| e.event == "superseded");
     facts.push((
         superseded.map_or(last_seq, |e| e.seq),
         "superseded_by",
@@ -747,6 +745,53 @@ fn check_operation(
         )),
         public(f.superseded_by),
     ));
+    // The columns each step sets beside the state: replayed from the chain.
+    if let Some(c) = chain::chained_columns(&entries) {
+        let time = |t: Option<DateTime<Utc>>| {
+            t.map(|t| chain::storable(t).to_rfc3339())
+                .unwrap_or_else(|| "none".into())
+        };
+        let text = |t: &Option<String>| t.clone().unwrap_or_else(|| "none".into());
+        let mut replayed = vec![
+            (
+                "state_changed_at",
+                time(Some(c.state_changed_at)),
+                time(Some(f.state_changed_at)),
+            ),
+            ("finished_at", time(c.finished_at), time(f.finished_at)),
+            ("escalated_at", time(c.escalated_at), time(f.escalated_at)),
+            (
+                "escalation_reason",
+                text(&c.escalation_reason),
+                text(&f.escalation_reason),
+            ),
+            (
+                "conflicting_remote_job_id",
+                text(&c.conflicting_remote_job_id),
+                text(&f.conflicting_remote_job_id),
+            ),
+        ];
+        if let Some(d) = c.deadlines {
+            replayed.extend([
+                (
+                    "create_deadline",
+                    time(Some(d.create)),
+                    time(Some(f.create_deadline)),
+                ),
+                (
+                    "result_deadline",
+                    time(Some(d.result)),
+                    time(Some(f.result_deadline)),
+                ),
+                ("cancel_deadline", time(d.cancel), time(f.cancel_deadline)),
+            ]);
+        }
+        facts.extend(
+            replayed
+                .into_iter()
+                .map(|(field, chained, stored)| (last_seq, field, Some(chained), stored)),
+        );
+    }
     for (seq, field, chained, stored) in facts {
         if let Some(chained) = chained
             && chained != stored
@@ -760,13 +805,13 @@ fn check_operation(
         }
     }
 
-    let validated = chain::validated_result_digest(&entries);
-    if f.result_sha256 != validated {
+    let validated_sha256 = validated.and_then(|v| v.sha256);
+    if f.result_sha256.as_deref() != validated_sha256 {
         report.breaks.push(br(
             last_seq,
             "the operation's result digest differs from the validated result its history records"
                 .into(),
-            validated.unwrap_or_else(|| "none".into()),
+            validated_sha256.unwrap_or("none").to_owned(),
             f.result_sha256.clone().unwrap_or_else(|| "none".into()),
         ));
     }
@@ -800,13 +845,13 @@ fn check_operation(
     }
 
     // The validated result's bytes, where the chain says the database keeps them, are there.
-    if let Some(last) = entries.iter().rev().find(|e| e.event == "result_validated")
-        && let Some(location) = last.detail.get("location").and_then(|v| v.as_str())
+    if let Some(v) = validated
+        && let Some(location) = v.location
         && let Some((_, sha)) = ResultBytes::parse_location(location)
         && !results.iter().any(|r| r.sha256 == sha)
     {
         report.breaks.push(br(
-            last.seq,
+            v.seq,
             "the validated result's stored bytes are missing (deleted out of band)".into(),
             sha.to_owned(),
             "none".into(),

@@ -2,9 +2,9 @@
 //! that is locked, append the history link, write the row, all in one short transaction.
 
 use chrono::{DateTime, Utc};
-use jobtrail_core::chain::{CallEntry, ChainEntry, Linked, storable};
+use jobtrail_core::chain::{self, CallEntry, ChainEntry, Linked, storable};
 use jobtrail_core::machine::Transition;
-use jobtrail_core::{Event, transition};
+use jobtrail_core::{Event, EventKind, transition};
 use sqlx::{Postgres, Transaction};
 use std::time::Duration;
 
@@ -176,6 +176,22 @@ pub(crate) fn plan<'s>(
             && let Some(p) = &obs.progress
         {
             obj.insert("progress".into(), p.clone());
+        }
+        // What a person's resume moved (even nothing), so the chain says to what a deadline was
+        // extended and `audit verify` can hold the row's deadlines to it.
+        let set = [
+            ("create_deadline", step.set_create_deadline),
+            ("result_deadline", step.set_result_deadline),
+            ("cancel_deadline", step.set_cancel_deadline),
+        ];
+        if let Some(obj) = detail.as_object_mut()
+            && (ev.kind() == EventKind::Resume || set.iter().any(|(_, d)| d.is_some()))
+        {
+            let set: serde_json::Map<_, _> = set
+                .into_iter()
+                .filter_map(|(k, d)| Some((k.to_owned(), serde_json::json!(storable(d?)))))
+                .collect();
+            obj.insert(chain::DEADLINES_SET.into(), set.into());
         }
         let entry = ChainEntry {
             operation_id: rec.id.to_string(),

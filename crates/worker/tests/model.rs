@@ -769,9 +769,25 @@ async fn run_case(h: &mut Harness, seed: u64) -> (OperationId, Vec<String>) {
 
 async fn check(h: &Harness, id: OperationId, seed: u64, log: &[String]) {
     let rec = h.store.get(id).await.unwrap();
+    // The harness moves the create deadline on the row to let it pass (no clock to wind), which
+    // `verify` rightly names: that one break is the harness's own.
+    let moved_by_harness = log.iter().any(|l| l.ends_with("create deadline passes"));
+    let breaks: Vec<_> = h
+        .store
+        .verify_operation(id)
+        .await
+        .unwrap()
+        .breaks
+        .into_iter()
+        .filter(|b| {
+            !(moved_by_harness
+                && b.problem
+                    == "the operation's create_deadline differs from what its history records")
+        })
+        .collect();
     assert!(
-        h.store.verify_operation(id).await.unwrap().is_clean(),
-        "seed {seed}: the chain does not verify"
+        breaks.is_empty(),
+        "seed {seed}: the chain does not verify: {breaks:#?}\n{log:#?}"
     );
     let m = h.shared.model.lock().unwrap();
     // Every job the model made for this operation, under any token or none: a create sent again
