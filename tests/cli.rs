@@ -280,13 +280,31 @@ fn contract_check_expands_the_profile_and_names_the_problem() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A password the test database ignores (trust authentication) but a printed URL would show.
+const PASSWORD: &str = "hunter2-not-secret";
+
+/// `url` with [`PASSWORD`] in it, as a managed database's URL carries one.
+fn with_password(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}password={PASSWORD}")
+}
+
+fn assert_no_password(out: &Output) {
+    for (what, text) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+        assert!(
+            !String::from_utf8_lossy(text).contains(PASSWORD),
+            "the database password is on {what}"
+        );
+    }
+}
+
 /// The README's first command, small: every scenario ends where it must, and the report says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
     let db = jobtrail_store::testing::TestDb::new().await;
     let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
         .args(["demo", "--operations", "100", "--workers", "2", "--json"])
-        .env("DATABASE_URL", &db.url)
+        .env("DATABASE_URL", with_password(&db.url))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -297,6 +315,7 @@ async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_no_password(&out);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["unexpected_outcomes"], serde_json::json!([]));
     assert_eq!(r["max_concurrent_polls_one_job"], 1);
@@ -337,7 +356,7 @@ async fn the_benchmark_runs_its_phases_and_writes_json() {
             "--json-out",
         ])
         .arg(&json)
-        .env("DATABASE_URL", &db.url)
+        .env("DATABASE_URL", with_password(&db.url))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -348,7 +367,13 @@ async fn the_benchmark_runs_its_phases_and_writes_json() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_no_password(&out);
+    let kept = std::fs::read(&json).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&kept).contains(PASSWORD),
+        "the results file carries no password"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&kept).unwrap();
     // Read: a full test run otherwise leaves one in the temporary directory each time.
     std::fs::remove_file(&json).unwrap();
     assert_eq!(r["end_to_end"][0]["completed"], true);

@@ -518,7 +518,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     fleet.worker_args = vec!["--write-batch".into(), a.write_batch.to_string()];
     let store = fleet.store.clone();
     let mut out = serde_json::Map::new();
-    println!("jobtrail bench on {}", fleet.url);
+    println!("jobtrail bench on {}", fleet.shown_url());
     let on = |p: &str| a.phases.is_empty() || a.phases.iter().any(|x| x == p);
     let (mut small_p50, mut small_n, mut small_p95) = (f64::NAN, 0, f64::NAN);
     let (mut best_batched, mut best_lean, mut best_e2e, mut commits_per_op, mut p50, mut max_take) =
@@ -1035,7 +1035,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     if let (Some(lean), Some(e2e)) = (lean_cpu, e2e_cpu) {
         out.insert("lean_gap".into(), lean_gap(&lean, &e2e));
     }
-    out.insert("database".into(), fleet.url.clone().into());
+    out.insert("database".into(), fleet.shown_url().into());
     out.insert("elapsed_secs".into(), t_all.elapsed().as_secs_f64().into());
     out.insert("at".into(), chrono::Utc::now().to_rfc3339().into());
     let text = serde_json::to_string_pretty(&serde_json::Value::Object(out)).expect("json");
@@ -1048,7 +1048,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
     );
     drop(store);
     if a.keep_database {
-        println!("kept the database: {}", fleet.url);
+        println!("kept the database: {}", fleet.shown_url());
     } else if let Some(name) = fleet.remove().await? {
         println!("dropped the benchmark database {name} (--keep-database keeps it)");
     }

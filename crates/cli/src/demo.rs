@@ -281,7 +281,7 @@ pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
     }
     let store = fleet.store.clone();
     let terms = fleet.registry.terms();
-    let url = fleet.url.clone();
+    let url = fleet.shown_url();
 
     // 4. Submit the mix.
     let all = scenarios();
@@ -567,10 +567,11 @@ fn print_report(
             println!("  {}", u.as_str().unwrap_or_default());
         }
     }
-    println!(
-        "\nexplore: DATABASE_URL='{}' jobtrail-admin escalations",
-        r["database_url"].as_str().unwrap_or_default()
-    );
+    let shown = r["database_url"].as_str().unwrap_or_default();
+    println!("\nexplore: DATABASE_URL='{shown}' jobtrail-admin escalations");
+    if shown.contains("***") {
+        println!("  (the password is not shown: put your own DATABASE_URL's back)");
+    }
     println!(
         "worker logs: {} (remove it when done)",
         r["work_dir"].as_str().unwrap_or_default()

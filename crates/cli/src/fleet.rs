@@ -68,7 +68,41 @@ pub struct Fleet {
     private_db: Option<(String, String)>,
 }
 
+/// A database URL as it may be printed or written to a results file: its password (in the
+/// authority, or as a `password`/`sslpassword` parameter) replaced by `***`, so a terminal, a CI log
+/// or a kept JSON file never carries it.
+pub fn shown_url(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else {
+        return "(DATABASE_URL, not shown: it does not parse as a URL)".into();
+    };
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+    }
+    let secret =
+        |k: &str| k.eq_ignore_ascii_case("password") || k.eq_ignore_ascii_case("sslpassword");
+    if u.query_pairs().any(|(k, _)| secret(&k)) {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) {
+                    "***".into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
+}
+
 impl Fleet {
+    /// This fleet's database, as it may be shown ([`shown_url`]).
+    pub fn shown_url(&self) -> String {
+        shown_url(&self.url)
+    }
+
     /// `kind` names the database (`jobtrail_<kind>_<timestamp>`) and the work directory.
     pub async fn start(kind: &str) -> Result<Self, Failure> {
         let stamp = chrono::Utc::now().format("%Y%m%d_%H%M%S").to_string();
@@ -265,5 +299,35 @@ fn send(target: i32, signal: i32) {
 impl Drop for Fleet {
     fn drop(&mut self) {
         self.stop_workers();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_database_password_is_never_shown() {
+        for (url, shown) in [
+            (
+                "postgres://jobtrail:hunter2@db.internal:5432/jobtrail?sslmode=verify-full",
+                "postgres://jobtrail:***@db.internal:5432/jobtrail?sslmode=verify-full",
+            ),
+            (
+                "postgres://jobtrail@db/jobtrail?password=hunter2&sslmode=require",
+                "postgres://jobtrail@db/jobtrail?password=***&sslmode=require",
+            ),
+            (
+                "postgres://db/jobtrail?SSLPassword=hunter2",
+                "postgres://db/jobtrail?SSLPassword=***",
+            ),
+            (
+                "postgres://postgres@127.0.0.1:5432/x",
+                "postgres://postgres@127.0.0.1:5432/x",
+            ),
+        ] {
+            let got = super::shown_url(url);
+            assert_eq!(got.replace("%2A", "*"), shown);
+            assert!(!got.contains("hunter2"));
+        }
+        assert!(!super::shown_url("not a url hunter2").contains("hunter2"));
     }
 }
