@@ -461,12 +461,34 @@ async fn a_result_directory_keeps_results_as_files() {
         .await
         .unwrap();
     assert_eq!(n, 0);
+    // Over HTTP (the API reads the worker's file on this host): served while intact.
+    let server = env.serve_with("api", &[]);
+    let token = env.token("e2e", &["read"]).await;
+    let c = support::http();
+    let fetch = || {
+        c.get(server.url(&format!("/v1/operations/{}/result", op.id)))
+            .bearer_auth(&token)
+            .send()
+    };
+    assert_eq!(fetch().await.unwrap().status(), reqwest::StatusCode::OK);
     std::fs::write(path, b"tampered").unwrap();
     let err = jobtrail_worker::ResultStore::read_verified(&env.store, &loc, sha)
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("altered"), "{err}");
+    // Altered bytes are evidence that disagrees; the caller is not told where they are kept.
+    let r = fetch().await.unwrap();
+    let p: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(p["kind"], "tampered", "{p}");
+    assert!(!p.to_string().contains(path), "{p}");
+    // A file this host cannot see is not evidence of anything: unavailable, path unsaid.
+    std::fs::remove_file(path).unwrap();
+    let r = fetch().await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let p: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(p["kind"], "unavailable", "{p}");
+    assert!(!p.to_string().contains(path), "{p}");
 }
 
 /// Drill 8: Retry-After is honoured, in seconds and as an HTTP-date: no early polls.

@@ -97,6 +97,12 @@ async fn plain_session(env: &Env, client: &Client, caller: &str) {
         );
         assert!(!t.input_schema.is_empty(), "{}", t.name);
     }
+    // A host may retry a tool marked idempotent: submitting is not, unless the agent names its id.
+    let submit = tools.iter().find(|t| t.name == "submit_operation").unwrap();
+    assert_eq!(
+        submit.annotations.as_ref().and_then(|a| a.idempotent_hint),
+        Some(false)
+    );
 
     let providers = structured(&call(client, "list_providers", json!({})).await);
     assert!(
@@ -571,6 +577,40 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
     assert!(refused.headers().contains_key("retry-after"));
     let p: Value = refused.json().await.unwrap();
     assert_eq!(p["kind"], "rate-limited", "{p}");
+    // An `initialize` spelt with a JSON escape is one to rmcp: counted, refused.
+    let escaped = c
+        .post(server.url("/mcp"))
+        .bearer_auth(&alice)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(
+            r#"{"jsonrpc": "2.0", "id": 1, "method": "initializ\u0065", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(escaped.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
+    // A session is its opener's: another caller cannot close (or read) it.
+    let stolen = c
+        .delete(server.url("/mcp"))
+        .bearer_auth(&bob)
+        .header("mcp-session-id", &sessions[1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stolen.status(), reqwest::StatusCode::NOT_FOUND);
+    let replayed = c
+        .get(server.url("/mcp"))
+        .bearer_auth(&bob)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sessions[1])
+        .header("last-event-id", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replayed.status(), reqwest::StatusCode::NOT_FOUND);
     // A session id that is not text is no session id to rmcp: still an opening, still refused.
     let junk = c
         .post(server.url("/mcp"))
@@ -612,6 +652,18 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
         .await
         .unwrap();
     assert!(closed.status().is_success(), "{}", closed.status());
+    let untouched = c
+        .delete(server.url("/mcp"))
+        .bearer_auth(&alice)
+        .header("mcp-session-id", &sessions[1])
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        untouched.status().is_success(),
+        "the session another caller tried to close is still its opener's: {}",
+        untouched.status()
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let r = open(&alice).await.unwrap();

@@ -251,7 +251,8 @@ impl JobtrailMcp {
         description = "Start a remote asynchronous job at a provider, on your behalf, without you holding its credentials. Returns at once with the operation (and, for clients with MCP Tasks, a task whose id is the operation id). Name your own `id` (op_<ULID>) so that a retried call never starts a second job: the same id with the same request returns the existing operation. Then use wait_operation (or tasks/get) and get_result. See list_providers for what each provider needs.",
         annotations(
             destructive_hint = true,
-            idempotent_hint = true,
+            // Only with an `id` of the caller's own: without one, each call starts a new job.
+            idempotent_hint = false,
             open_world_hint = true
         )
     )]
@@ -346,15 +347,25 @@ impl JobtrailMcp {
             Ok(o) => o,
             Err(e) => return tool_error(e),
         };
-        match ops.result(&a.operation_id).await {
-            Ok(r) if r.bytes.len() > MAX_INLINE_RESULT => tool_error(ServiceError::new(
+        // The size is known before any byte is read: a result too large for a tool result is
+        // refused without loading it (up to a store's whole limit) into this process.
+        let too_large = |size: usize| {
+            tool_error(ServiceError::new(
                 Kind::TooLarge,
                 format!(
-                    "the result is {} bytes, more than a tool result carries ({MAX_INLINE_RESULT}); fetch it with GET /v1/operations/{}/result",
-                    r.bytes.len(),
+                    "the result is {size} bytes, more than a tool result carries ({MAX_INLINE_RESULT}); fetch it with GET /v1/operations/{}/result",
                     a.operation_id
                 ),
-            )),
+            ))
+        };
+        if let Ok(view) = ops.get(&a.operation_id, Timeline::Omit).await
+            && let Some(size) = view.result.as_ref().and_then(|r| r.size)
+            && usize::try_from(size).is_ok_and(|n| n > MAX_INLINE_RESULT)
+        {
+            return too_large(size as usize);
+        }
+        match ops.result(&a.operation_id).await {
+            Ok(r) if r.bytes.len() > MAX_INLINE_RESULT => too_large(r.bytes.len()),
             Ok(r) => {
                 let mut v = serde_json::json!({
                     "operation_id": a.operation_id,
@@ -590,6 +601,21 @@ struct Held {
 }
 
 impl SessionLimit {
+    /// The session a response opened, if any, as `caller`'s.
+    fn record(&self, caller: &str, response: &axum::response::Response) {
+        if let Some(id) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            let mut held = self.held();
+            let sessions = &mut held.entry(caller.to_owned()).or_default().sessions;
+            if !sessions.iter().any(|s| &**s == id) {
+                sessions.push(Arc::from(id));
+            }
+        }
+    }
+
     fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Held>> {
         // Every change is one push or one counter: a panic while holding the lock leaves it whole.
         self.open.lock().unwrap_or_else(|e| e.into_inner())
@@ -610,15 +636,17 @@ impl Drop for Opening {
     }
 }
 
-/// Whether `body` is an MCP `initialize`: the one request that opens a session (others without a
-/// session id are stateless, or refused by rmcp).
+/// Whether `body` may be an MCP `initialize`: the one request that opens a session (others without
+/// a session id are stateless, or refused by rmcp). Read as rmcp reads it (an escaped
+/// `"initializ\u0065"` is `initialize` too); what is not one JSON object naming another method
+/// counts as an opening, so the count never depends on parsing the body differently from rmcp.
 fn initializes(body: &[u8]) -> bool {
     #[derive(Deserialize)]
-    struct Message<'a> {
-        #[serde(borrow)]
-        method: Option<&'a str>,
+    struct Message {
+        method: Option<String>,
     }
-    serde_json::from_slice::<Message>(body).is_ok_and(|m| m.method == Some("initialize"))
+    serde_json::from_slice::<Message>(body)
+        .map_or(true, |m| m.method.as_deref() == Some("initialize"))
 }
 
 async fn limit_sessions(
@@ -639,6 +667,19 @@ async fn limit_sessions(
         .extensions()
         .get::<Principal>()
         .map(|p| p.caller().to_owned());
+    // A session is its opener's: another caller's id (read, resumed with Last-Event-ID, closed)
+    // is no session to this one.
+    if let (Some(caller), Some(id)) = (
+        &caller,
+        req.headers().get(SESSION).and_then(|v| v.to_str().ok()),
+    ) && !l
+        .held()
+        .get(caller)
+        .is_some_and(|h| h.sessions.iter().any(|s| &**s == id))
+    {
+        return jobtrail_api::Problem::new(Kind::NotFound, "no such MCP session for this caller")
+            .into_response();
+    }
     let (Some(caller), true) = (caller, req.method() == http::Method::POST && unnamed) else {
         return next.run(req).await;
     };
@@ -659,7 +700,10 @@ async fn limit_sessions(
     let opens = initializes(&body);
     let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(body));
     if !opens {
-        return next.run(req).await;
+        let response = next.run(req).await;
+        // Whatever opened a session anyway is counted from now on.
+        l.record(&caller, &response);
+        return response;
     }
     // Counted before it is served (sessions held and openings in flight), so openings sent at once
     // cannot all pass a count of zero.
@@ -688,16 +732,6 @@ async fn limit_sessions(
         }
     };
     let response = next.run(req).await;
-    if let Some(id) = response
-        .headers()
-        .get(SESSION)
-        .and_then(|v| v.to_str().ok())
-    {
-        l.held()
-            .entry(caller)
-            .or_default()
-            .sessions
-            .push(Arc::from(id));
-    }
+    l.record(&caller, &response);
     response
 }

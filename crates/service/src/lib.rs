@@ -590,7 +590,7 @@ impl Service {
         let (loc, sha) = self.store.chained_result(op.id).await?;
         let bytes = jobtrail_worker::ResultStore::read_verified(&self.store, &loc, &sha)
             .await
-            .map_err(|e| ServiceError::new(Kind::Tampered, e.to_string()))?;
+            .map_err(|e| read_refused(op.id, &loc, e))?;
         Ok(ResultBytes {
             bytes,
             sha256: sha,
@@ -632,6 +632,39 @@ impl Service {
             })
             .collect();
         ProviderList { providers }
+    }
+}
+
+/// Why a validated result could not be served. Only bytes that are not the ones the chain
+/// validated (or, kept in the database, are gone from it) are evidence that disagrees; a database
+/// that could not be asked, or a result file this host cannot see (a worker's `--result-dir` not
+/// mounted here), is unavailable. Paths and database errors stay in the server's log.
+fn read_refused(
+    id: OperationId,
+    location: &str,
+    e: jobtrail_worker::results::ReadError,
+) -> ServiceError {
+    use jobtrail_worker::results::ReadError;
+    let kept_in_database = jobtrail_core::ResultBytes::parse_location(location).is_some();
+    match e {
+        ReadError::Database(e) => e.into(),
+        ReadError::Missing(m) if !kept_in_database => {
+            let mut err = ServiceError::new(
+                Kind::Unavailable,
+                format!("the result of {id} is not readable here: {m}"),
+            );
+            err.internal = true;
+            err
+        }
+        ReadError::Missing(m) | ReadError::Altered(m) => {
+            tracing::warn!(operation = %id, "result refused: {m}");
+            ServiceError::new(
+                Kind::Tampered,
+                format!(
+                    "the result of {id} is not the one its history validated (its bytes differ or are gone), so it is not served; jobtrail-admin audit verify names the break"
+                ),
+            )
+        }
     }
 }
 
