@@ -59,7 +59,8 @@ echo "== helm template + Kubernetes schemas (defaults; every option on)"
   --set 'api.mcpAllowedHosts={jobtrail.example}' \
   --set 'api.trustedProxies={10.0.0.0/8}' --set 'api.ratePerAddress=500/s\,1000' \
   --set 'providerSecrets[0].name=JOBTRAIL_SIM_TOKEN,providerSecrets[0].secretName=sim,providerSecrets[0].key=token' \
-  --set autoscaling.keda.enabled=true --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
+  --set autoscaling.keda.enabled=true --set autoscaling.keda.authenticationRef=jobtrail-keda-pg \
+  --set contracts.revision=2 --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
 "$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true --set database.maxConnections=200 \
   --set autoscaling.keda.authenticationRef=unused >"$out/hpa.yaml"
 "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set database.maxConnections=400 \
@@ -95,10 +96,15 @@ if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true >/dev/n
   echo "20 workers' connections rendered against the default maxConnections" >&2
   exit 1
 fi
-if false; then
-  echo "KEDA and an HPA at once rendered" >&2
+if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set database.maxConnections=400 \
+  --set database.caSecret=db-ca >/dev/null 2>&1; then
+  echo "KEDA reading a DATABASE_URL whose CA file its pod does not have rendered" >&2
   exit 1
 fi
+# A new contracts.revision rolls the pods (contracts in an existing ConfigMap change unseen).
+a="$("$helm" template jt helm/jobtrail --set contracts.existingConfigMap=mine | grep 'checksum/contracts' | head -1)"
+b="$("$helm" template jt helm/jobtrail --set contracts.existingConfigMap=mine --set contracts.revision=2 | grep 'checksum/contracts' | head -1)"
+[ -n "$a" ] && [ "$a" != "$b" ] || { echo "contracts.revision does not change the pods' checksum" >&2; exit 1; }
 
 echo "== docker-compose.yml"
 JOBTRAIL_SIM_TOKEN=check docker-compose -f docker-compose.yml config -q

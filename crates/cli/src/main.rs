@@ -133,7 +133,7 @@ enum Command {
     },
     /// Serve the HTTP API (and MCP over Streamable HTTP at /mcp) until SIGTERM/SIGINT.
     #[command(
-        after_help = "Example:\n  DATABASE_URL=postgres://jobtrail_api_1@db/jobtrail jobtrail serve --listen 127.0.0.1:8080\n\nTokens: jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel"
+        after_help = "Example:\n  DATABASE_URL=postgres://jobtrail_api_1@db/jobtrail jobtrail serve --listen 127.0.0.1:8080\n\nTokens: jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel --created-by alice"
     )]
     Serve(serve::ServeArgs),
     /// Serve MCP over stdio for an agent host, through the HTTP API (JOBTRAIL_API, JOBTRAIL_TOKEN):

@@ -13,9 +13,10 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
-    /// Your own operation id (`op_<ULID>` or a UUID). Submitting the same id with the same request
-    /// returns the existing operation; with a different request it is refused (409). Without one,
-    /// jobtrail picks an id: then a retried submit creates a second operation, so name one.
+    /// Your own operation id: `op_` and a fresh ULID, one nobody else can guess or take first.
+    /// Submitting the same id with the same request returns the existing operation; with a
+    /// different request it is refused (409). Without one, jobtrail picks an id: then a retried
+    /// submit creates a second operation, so name one.
     #[serde(default)]
     pub id: Option<String>,
     /// The provider's name (see `list_providers` / `GET /v1/providers`).
