@@ -660,3 +660,48 @@ async fn drill_no_idempotency_crash_mid_create_is_never_resent_blindly() {
             .any(|c| c.kind == "lookup" && c.actor == "careful")
     );
 }
+
+/// A worker whose every slot waits on a slow call is alive, and says so: its loop still beats (a
+/// contract's call may last up to an hour, past what `/livez` allows a silent loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_every_slot_waits_on_a_slow_call_still_beats() {
+    let env = Env::with_contracts(|c| c.request_timeout = Duration::from_secs(10)).await;
+    let op = env
+        .submit("sim", serde_json::json!({"create_hold_ms": 4000}), |_| {})
+        .await;
+    let mut config = jobtrail_worker::WorkerConfig::named_default();
+    config.id = "w-busy".into();
+    config.lease = Duration::from_secs(30);
+    config.idle = Duration::from_millis(50);
+    config.concurrency = 1;
+    let w = std::sync::Arc::new(jobtrail_worker::Worker::new(
+        env.store.clone(),
+        env.registry.clone(),
+        env.results.clone(),
+        config,
+    ));
+    let (beat, _) = w.heartbeat();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let (w, stop) = (w.clone(), stop.clone());
+        async move { w.run(stop).await }
+    });
+    // The one slot takes the create, which the provider holds for 4 s.
+    let started = std::time::Instant::now();
+    while env.store.get(op.id).await.unwrap().lease_owner.is_none() {
+        assert!(started.elapsed() < T, "the create was never claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut loudest = Duration::ZERO;
+    let sampled = std::time::Instant::now();
+    while sampled.elapsed() < Duration::from_millis(3000) {
+        loudest = loudest.max(beat.silence());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
+    assert!(
+        loudest < Duration::from_millis(2000),
+        "the loop fell silent for {loudest:?} while its slot waited"
+    );
+}

@@ -45,6 +45,11 @@ const NOT_CLAIMABLE_FLOOR: Duration = Duration::from_millis(50);
 /// by at most this, never stop it.
 const CLAIM_GATHER: Duration = Duration::from_millis(20);
 
+/// While every slot is busy, how often the loop still wakes to beat. A contract's call may run up to
+/// an hour (`timeouts.request_ms`): a loop that only waited for a slot would fall silent for that
+/// long, and `/livez` would have a healthy worker restarted mid-call.
+const BUSY_BEAT: Duration = Duration::from_secs(1);
+
 /// Worker settings (validated by the binary).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -459,6 +464,7 @@ impl Worker {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tasks.join_next() => freed += 1,
+                    _ = tokio::time::sleep(BUSY_BEAT) => {}
                 }
                 continue;
             }
