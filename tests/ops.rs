@@ -652,3 +652,36 @@ async fn the_api_serves_its_probes_and_metrics_apart_from_the_api() {
     assert_eq!(get(&server.url("/metrics")).await.0, 404);
     assert!(server.stop().is_some_and(|s| s.success()));
 }
+
+/// A credential a contract names that the worker cannot find (a misspelt variable in a Deployment)
+/// is said at start and keeps the worker unready, naming it, so a rollout stops there instead of
+/// every call to that provider failing unsent; the worker is alive meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_the_worker_cannot_find_keeps_it_unready_and_named() {
+    let env = Env::new().await;
+    let mut worker = env.spawn_worker(
+        "ops-nosecret",
+        "10s",
+        &[
+            ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
+            ("JOBTRAIL_SIM_TOKEN", ""),
+        ],
+    );
+    let base = ops_address(&worker.log);
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("env:JOBTRAIL_SIM_TOKEN"), "{body}");
+    assert_eq!(get(&format!("{base}/livez")).await.0, 200);
+    worker.signal(libc::SIGTERM);
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("stopped")
+            .success()
+    );
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert!(
+        log.contains("provider sim: env:JOBTRAIL_SIM_TOKEN is not set"),
+        "{log}"
+    );
+}

@@ -81,6 +81,10 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     let registry = shell::registry(&common.providers)?;
     let store = shell::store(common).await?;
     let contracts = registry.names().count();
+    // Webhooks only hint (polling goes on without them): said, but the API stays ready for agents.
+    for m in registry.unresolvable_secrets(jobtrail_provider::SecretsFor::Webhooks) {
+        tracing::warn!("{m}: this provider's webhooks are refused until it is set");
+    }
     let service = match a.operator_database_url.filter(|u| !u.trim().is_empty()) {
         Some(u) => {
             let operator = shell::store_at(Some(&u), common.db_pool).await?;
@@ -96,6 +100,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             store: shell::store_at(common.database_url.as_deref(), crate::work::PROBE_POOL).await?,
             contracts,
             needs_contracts: false,
+            unresolved_secrets: Vec::new(),
             liveness: None,
         };
         ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;

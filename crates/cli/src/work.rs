@@ -109,6 +109,15 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     }
     let store = shell::store(common).await?;
     let contracts_loaded = registry.names().count();
+    // A secret a contract names and this process cannot read fails every call to that provider
+    // unsent: said now, and the worker stays unready (a rollout stops here, old pods keep working).
+    let unresolved_secrets = registry.unresolvable_secrets(jobtrail_provider::SecretsFor::Calls);
+    for m in &unresolved_secrets {
+        tracing::error!("{m}: calls to this provider cannot be sent");
+    }
+    for m in registry.unresolvable_secrets(jobtrail_provider::SecretsFor::Grants) {
+        tracing::warn!("{m}: requests naming this granted secret cannot be sent");
+    }
     let shutdown = tokio_util::sync::CancellationToken::new();
     let worker = jobtrail_worker::Worker::new(store, registry, results, config);
     if let Some(addr) = a.ops_listen {
@@ -117,6 +126,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
             store: shell::store_at(common.database_url.as_deref(), PROBE_POOL).await?,
             contracts: contracts_loaded,
             needs_contracts: true,
+            unresolved_secrets,
             liveness: Some((Arc::new(move || heartbeat.silence()), limit)),
         };
         crate::serve::ops_listener("jobtrail worker", addr, probe, shutdown.clone()).await?;

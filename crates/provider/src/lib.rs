@@ -142,6 +142,37 @@ impl Registry {
         self.providers.keys().map(String::as_str)
     }
 
+    /// Every secret a loaded contract names that cannot be read now (an `env:` variable not set, a
+    /// `file:` that does not exist), as "provider P: env:NAME is not set": a misspelt variable in a
+    /// deployment is then seen when the worker starts, not as every call failing unsent. Only
+    /// whether it is there is checked: no value is read.
+    pub fn unresolvable_secrets(&self, role: SecretsFor) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, p) in &self.providers {
+            let c = p.contract();
+            let named: Vec<&jobtrail_core::SecretRef> = match role {
+                SecretsFor::Calls => c.auth.iter().map(|a| &a.secret).collect(),
+                SecretsFor::Grants => c.secrets.values().map(|g| &g.from).collect(),
+                SecretsFor::Webhooks => c.webhook.iter().map(|w| &w.secret).collect(),
+            };
+            for r in named {
+                let missing = match r {
+                    jobtrail_core::SecretRef::Env(v) => std::env::var_os(v)
+                        .is_none_or(|x| x.is_empty())
+                        .then(|| format!("env:{v} is not set (or empty)")),
+                    jobtrail_core::SecretRef::File(f) => (!std::path::Path::new(f).is_file())
+                        .then(|| format!("file:{f} is not a readable file")),
+                };
+                if let Some(m) = missing {
+                    out.push(format!("provider {name}: {m}"));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// What submit needs, per provider.
     pub fn terms(&self) -> BTreeMap<String, jobtrail_core::ProviderTerms> {
         self.providers
@@ -149,6 +180,15 @@ impl Registry {
             .map(|(k, p)| (k.clone(), p.contract().terms()))
             .collect()
     }
+}
+
+/// Which of a contract's secrets: what every call needs (its credential), what only requests that
+/// name a grant need, or what the API's webhook receiver needs (signing secrets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretsFor {
+    Calls,
+    Grants,
+    Webhooks,
 }
 
 /// reqwest is built without a default crypto provider; install ring's once per process.

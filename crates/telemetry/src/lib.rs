@@ -94,6 +94,9 @@ pub struct Probe {
     /// Whether this process needs contracts to be ready (a worker does; the API can answer reads
     /// without them).
     pub needs_contracts: bool,
+    /// Secrets the loaded contracts name that could not be found at start (a misspelt variable, a
+    /// missing mount): not ready while any is missing, each named.
+    pub unresolved_secrets: Vec<String>,
     /// For a process with a loop of its own: how long since it last went round, and the longest a
     /// live loop stays silent. Past that `/livez` fails, so the orchestrator restarts a stuck loop
     /// (a database that is away does not count: the loop keeps going round, retrying).
@@ -169,6 +172,11 @@ async fn readiness(p: &Probe) -> (StatusCode, serde_json::Value) {
     let mut note = None;
     let problem = if p.needs_contracts && p.contracts == 0 {
         Some("no provider contracts loaded".to_owned())
+    } else if !p.unresolved_secrets.is_empty() {
+        Some(format!(
+            "provider secrets missing (restart once they are set): {}",
+            p.unresolved_secrets.join("; ")
+        ))
     } else {
         match tokio::time::timeout(DB_PROBE_TIMEOUT, p.store.schema_state()).await {
             Ok(Ok(SchemaState::Current)) => None,

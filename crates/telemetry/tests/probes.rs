@@ -17,6 +17,7 @@ async fn livez_fails_when_the_loop_is_stuck_and_readyz_still_reads_the_database(
         store: db.store().await,
         contracts: 1,
         needs_contracts: true,
+        unresolved_secrets: Vec::new(),
         liveness: Some((
             Arc::new(move || Duration::from_secs(s.load(Ordering::Relaxed))),
             Duration::from_secs(90),
