@@ -235,6 +235,7 @@ pub async fn anchor(
         None => None,
     };
     let a = store.anchor(&actor).await?;
+    let kept_as = partial.as_ref().map(|p| p.name_for(&a));
     let signature = key.map(|k| Signature {
         alg: "ed25519".into(),
         public_key: hex::encode(k.verifying_key().to_bytes()),
@@ -245,9 +246,9 @@ pub async fn anchor(
         anchor: a,
         signature,
     };
-    if let Some(partial) = partial {
+    if let (Some(partial), Some(name)) = (partial, &kept_as) {
         let text = serde_json::to_string_pretty(&file).expect("an anchor serialises");
-        partial.finish(text.as_bytes()).map_err(|e| {
+        partial.finish(text.as_bytes(), name).map_err(|e| {
             fail(
                 exit::UNAVAILABLE,
                 format!(
@@ -274,7 +275,8 @@ pub async fn anchor(
         }
         eprintln!(
             "keep this digest (or the --out file) outside the database; check it with `jobtrail-admin audit verify --all --expect-anchor {}`",
-            out.as_ref()
+            kept_as
+                .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| a.digest.clone())
         );
@@ -282,9 +284,12 @@ pub async fn anchor(
     Ok(ExitCode::SUCCESS)
 }
 
-/// An anchor file being written: `<out>.partial`, removed unless it becomes `<out>`.
+/// An anchor file being written: `<out>.partial` (or, for a directory, a partial file in it),
+/// removed unless it takes its name.
 struct Partial {
+    /// The file named, or the directory the anchor's own file name goes into.
     out: PathBuf,
+    into_directory: bool,
     tmp: PathBuf,
     file: Option<std::fs::File>,
 }
@@ -293,14 +298,21 @@ impl Partial {
     fn start(out: &std::path::Path) -> Result<Self, jobtrail_console::shell::Failure> {
         let refused =
             |why: String| fail(exit::BAD_INPUT, format!("--out {}: {why}", out.display()));
-        if out.exists() {
+        // A directory (a scheduled job's volume: no shell to name each file) gets one file per
+        // anchor, named by its id and time.
+        let into_directory = out.is_dir();
+        if out.exists() && !into_directory {
             return Err(refused(
                 "the file exists; anchors are never overwritten".into(),
             ));
         }
-        let mut tmp = out.as_os_str().to_owned();
-        tmp.push(".partial");
-        let tmp = PathBuf::from(tmp);
+        let tmp = if into_directory {
+            out.join(format!(".anchor-{}.partial", std::process::id()))
+        } else {
+            let mut tmp = out.as_os_str().to_owned();
+            tmp.push(".partial");
+            PathBuf::from(tmp)
+        };
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -308,18 +320,39 @@ impl Partial {
             .map_err(|e| refused(format!("{e} (making {})", tmp.display())))?;
         Ok(Self {
             out: out.to_owned(),
+            into_directory,
             tmp,
             file: Some(file),
         })
     }
 
-    /// Write, sync, then give the file its name (a hard link refuses an existing name).
-    fn finish(mut self, bytes: &[u8]) -> Result<(), String> {
+    /// Where anchor `a` is kept: the file named, or `anchor-<id>-<time>.json` in the directory.
+    fn name_for(&self, a: &Anchor) -> PathBuf {
+        if self.into_directory {
+            self.out.join(format!(
+                "anchor-{}-{}.json",
+                a.id,
+                a.created_at.format("%Y%m%dT%H%M%SZ")
+            ))
+        } else {
+            self.out.clone()
+        }
+    }
+
+    /// Write, sync, then give the file its name, never over an existing one: a hard link refuses
+    /// an existing name; where the file system has no hard links (some object-store mounts), a
+    /// rename to a name checked free.
+    fn finish(mut self, bytes: &[u8], name: &std::path::Path) -> Result<(), String> {
         let mut f = self.file.take().expect("started");
-        std::io::Write::write_all(&mut f, bytes)
+        let named = std::io::Write::write_all(&mut f, bytes)
             .and_then(|()| f.sync_all())
-            .and_then(|()| std::fs::hard_link(&self.tmp, &self.out))
-            .map_err(|e| format!("--out {}: {e}", self.out.display()))
+            .and_then(|()| match std::fs::hard_link(&self.tmp, name) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists && !name.exists() => {
+                    std::fs::rename(&self.tmp, name)
+                }
+                other => other,
+            });
+        named.map_err(|e| format!("--out {}: {e}", name.display()))
     }
 }
 

@@ -211,12 +211,13 @@ enum AuditCmd {
     /// reach it (a file, or stdout), signed when a key is given. Run it on a schedule (cron, a
     /// Kubernetes CronJob) and keep the files elsewhere.
     #[command(
-        after_help = "Examples:\n  jobtrail-admin audit anchor --out /anchors/$(date -u +%FT%TZ).json --signing-key /run/secrets/anchor.key\n  jobtrail-admin audit anchor --actor auditor-jane >> anchors.txt"
+        after_help = "Examples:\n  jobtrail-admin audit anchor --out /anchors/ --signing-key /run/secrets/anchor.key     (anchor-<id>-<time>.json)\n  jobtrail-admin audit anchor --out /anchors/$(date -u +%FT%TZ).json\n  jobtrail-admin audit anchor --actor auditor-jane >> anchors.txt"
     )]
     Anchor {
         #[arg(long, default_value = "jobtrail-admin")]
         actor: String,
-        /// Also write the anchor as JSON to this file (refuses to overwrite one).
+        /// Also write the anchor as JSON to this file (refuses to overwrite one), or into this
+        /// directory as anchor-<id>-<time>.json (for a scheduled job with no shell to name files).
         #[arg(long)]
         out: Option<PathBuf>,
         /// Sign the anchor with this Ed25519 private key (a file of 64 hex digits: the 32-byte seed).

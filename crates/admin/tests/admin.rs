@@ -1735,4 +1735,38 @@ async fn an_anchor_that_cannot_be_kept_or_named_is_not_recorded() {
     );
     assert_eq!(anchors().await, 1);
     std::fs::remove_file(&kept).unwrap();
+    // A directory (a scheduled job with no shell to name files): one file per anchor, by its id
+    // and time, each one `verify` takes back.
+    let dir = std::env::temp_dir().join(format!("anchors-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir(&dir).unwrap();
+    for _ in 0..2 {
+        let out = admin(&db, &["audit", "anchor", "--out", dir.to_str().unwrap()]);
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}: no partial file is left");
+    for f in &files {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name.starts_with("anchor-") && name.ends_with(".json"),
+            "{name}"
+        );
+        let out = admin(
+            &db,
+            &[
+                "audit",
+                "verify",
+                "--all",
+                "--expect-anchor",
+                f.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    assert_eq!(anchors().await, 3);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
