@@ -646,6 +646,55 @@ fn which_script() -> Result<std::path::PathBuf, ()> {
         .ok_or(())
 }
 
+/// Settings in the environment that a typo would make mean something else (other logs, another
+/// refresh) are refused at start, naming the variable; the forms documented are taken.
+#[test]
+fn misspelt_settings_in_the_environment_are_refused_not_ignored() {
+    let contract = concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers/sim.toml");
+    let run = |args: &[&str], var: &str, value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("JOBTRAIL_LOG")
+            .env_remove("JOBTRAIL_LOG_FORMAT")
+            .env_remove("JOBTRAIL_METRICS_REFRESH")
+            .env(var, value)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let check = ["contract", "check", contract];
+    for (args, var, value) in [
+        (&check[..], "JOBTRAIL_LOG_FORMAT", "jsn"),
+        (&check[..], "JOBTRAIL_LOG", "jobtrail_worker=loud"),
+        (&["worker"][..], "JOBTRAIL_METRICS_REFRESH", "30m"),
+        (&["worker"][..], "JOBTRAIL_METRICS_REFRESH", "0"),
+    ] {
+        let out = run(args, var, value);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{var}={value}: {err}");
+        assert!(err.contains(var), "{var}={value}: {err}");
+    }
+    for (var, value) in [
+        ("JOBTRAIL_LOG_FORMAT", "JSON"),
+        ("JOBTRAIL_LOG_FORMAT", "text"),
+        ("JOBTRAIL_LOG", "info,jobtrail_worker=debug"),
+    ] {
+        let out = run(&check, var, value);
+        assert_eq!(
+            code(&out),
+            0,
+            "{var}={value}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // A valid refresh gets past the check (to the missing database: exit 5).
+    assert_eq!(
+        code(&run(&["worker"], "JOBTRAIL_METRICS_REFRESH", "30s")),
+        5
+    );
+}
+
 /// Numbers a typo makes absurd are refused before anything starts: a demo of a hundred thousand
 /// worker processes, a wait of centuries, a benchmark phase that does not exist (it ran nothing),
 /// a page of nothing, a pool of no connections.

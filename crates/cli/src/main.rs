@@ -170,12 +170,20 @@ async fn main() -> ExitCode {
     jobtrail_console::shell::end_quietly_when_stdout_closes();
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
-    jobtrail_telemetry::logs::init(match cli.command {
+    let logs = jobtrail_telemetry::logs::init(match cli.command {
         Command::Worker(_) | Command::Serve(_) => "info",
         // The benchmark's synthetic bulk statements are slow on purpose.
         Command::Bench(_) => "error",
         _ => "warn",
     });
+    let refresh = match cli.command {
+        Command::Worker(_) | Command::Serve(_) => jobtrail_telemetry::metrics_refresh().map(|_| ()),
+        _ => Ok(()),
+    };
+    if let Err(e) = logs.and(refresh) {
+        eprintln!("error: {e}");
+        return ExitCode::from(exit::BAD_INPUT);
+    }
     // Traces leave only from the processes that call providers.
     let traces = if matches!(cli.command, Command::Worker(_)) {
         match tokio::task::spawn_blocking(jobtrail_telemetry::traces::init).await {

@@ -1289,11 +1289,23 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Contract>, ContractError>
             "cannot read the providers directory: {e} (name the directory of contracts with --providers or JOBTRAIL_PROVIDERS)"
         ),
     })?;
-    let mut paths: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for p in entries.flatten().map(|e| e.path()) {
+        if p.extension().is_some_and(|x| x == "toml") {
+            paths.push(p);
+        } else if p.is_file()
+            && !p
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
+            // A contract saved as acme.tml, or a Helm key whose dot became nesting, would
+            // otherwise be missing without a word.
+            tracing::warn!(
+                "{}: not loaded as a contract (contracts are *.toml files)",
+                p.display()
+            );
+        }
+    }
     paths.sort();
     let mut out = BTreeMap::new();
     for p in paths {

@@ -31,16 +31,30 @@ const SECONDS_BUCKETS: &[f64] = &[
 const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// How often a scrape may refresh the database gauges by default: every pod is scraped, and each
-/// refresh counts the open operations by state. `JOBTRAIL_METRICS_REFRESH` (whole seconds, 1-3600)
-/// changes it.
+/// refresh counts the open operations by state. `JOBTRAIL_METRICS_REFRESH` (whole seconds, 1-3600,
+/// `30` or `30s`) changes it.
 const FLEET_REFRESH: Duration = Duration::from_secs(15);
 
 fn fleet_refresh() -> Duration {
-    std::env::var("JOBTRAIL_METRICS_REFRESH")
+    metrics_refresh().ok().flatten().unwrap_or(FLEET_REFRESH)
+}
+
+/// `JOBTRAIL_METRICS_REFRESH` as set (`None`: not set), or why it is refused. Checked when a
+/// process with an operations listener starts, so a typo is refused rather than ignored.
+pub fn metrics_refresh() -> Result<Option<Duration>, String> {
+    let Ok(v) = std::env::var("JOBTRAIL_METRICS_REFRESH") else {
+        return Ok(None);
+    };
+    let t = v.trim();
+    t.strip_suffix('s')
+        .unwrap_or(t)
+        .parse::<u64>()
         .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|s| (1..=3600).contains(s))
-        .map_or(FLEET_REFRESH, Duration::from_secs)
+        .map(|s| Some(Duration::from_secs(s)))
+        .ok_or_else(|| {
+            format!("JOBTRAIL_METRICS_REFRESH={v:?}: whole seconds from 1 to 3600 (15, 30s)")
+        })
 }
 /// A probe or a refresh never waits longer than this on the database.
 const DB_PROBE_TIMEOUT: Duration = Duration::from_secs(2);

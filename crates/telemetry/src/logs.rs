@@ -6,10 +6,24 @@
 use tracing_subscriber::EnvFilter;
 
 /// Install the process's log subscriber; `default` is the filter when `JOBTRAIL_LOG` is unset.
-pub fn init(default: &str) {
-    let filter =
-        EnvFilter::try_from_env("JOBTRAIL_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let json = std::env::var("JOBTRAIL_LOG_FORMAT").is_ok_and(|f| f == "json");
+/// A `JOBTRAIL_LOG` that is not a filter, or a `JOBTRAIL_LOG_FORMAT` other than `json` or `text`,
+/// is refused (a typo would otherwise give other logs than asked for, without a word).
+pub fn init(default: &str) -> Result<(), String> {
+    let filter = match std::env::var("JOBTRAIL_LOG") {
+        Ok(f) if !f.trim().is_empty() => EnvFilter::try_new(&f)
+            .map_err(|e| format!("JOBTRAIL_LOG={f:?} is not a log filter ({e}); e.g. info or jobtrail_worker=debug,warn"))?,
+        _ => EnvFilter::new(default),
+    };
+    let json = match std::env::var("JOBTRAIL_LOG_FORMAT") {
+        Err(_) => false,
+        Ok(f) => match f.trim().to_ascii_lowercase().as_str() {
+            "json" => true,
+            "" | "text" => false,
+            _ => {
+                return Err(format!("JOBTRAIL_LOG_FORMAT={f:?}: json or text"));
+            }
+        },
+    };
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -22,4 +36,5 @@ pub fn init(default: &str) {
     } else {
         let _ = b.try_init();
     }
+    Ok(())
 }
