@@ -134,6 +134,48 @@ pub struct Store {
     pool: PgPool,
 }
 
+/// The database URL parameters the driver understands (its spellings). Any other is refused: the
+/// driver would only log it and go on, so `?ssl_mode=verify-full` connected without verifying
+/// anything, and a misspelt `?pasword=` put its value in the log.
+const URL_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+fn refuse_unknown_parameters(url: &str) -> Result<(), StoreError> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        // The driver's own parse says what is wrong with it.
+        return Ok(());
+    };
+    for (key, _) in parsed.query_pairs() {
+        let known =
+            URL_PARAMETERS.contains(&&*key) || (key.starts_with("options[") && key.ends_with(']'));
+        if !known {
+            return Err(StoreError::Unavailable(format!(
+                "bad database URL: unknown parameter {key:?} (known: {})",
+                URL_PARAMETERS.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Connect with sane pool settings (bounded waits everywhere).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -141,6 +183,7 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        refuse_unknown_parameters(url)?;
         let mut opts = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Unavailable(format!("bad database URL: {e}")))?;
         // Sessions show up as "jobtrail" in pg_stat_activity unless the URL's application_name or

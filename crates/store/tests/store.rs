@@ -1436,3 +1436,31 @@ async fn verifying_everything_refuses_a_pool_too_small_for_its_streams() {
     let enough = Store::connect_with(&db.url, 4).await.unwrap();
     assert!(enough.verify_all().await.unwrap().is_clean());
 }
+
+/// A URL parameter the driver does not know is refused, not ignored: `ssl_mode=verify-full`
+/// connected without TLS checks, and the driver's log line for an unknown parameter printed its
+/// value (a misspelt `pasword=`).
+#[tokio::test]
+async fn an_unknown_database_url_parameter_is_refused_without_its_value() {
+    let db = TestDb::new().await;
+    let with = |q: &str| {
+        let sep = if db.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}{q}", db.url)
+    };
+    for (q, named) in [
+        ("ssl_mode=verify-full", "ssl_mode"),
+        ("sslMode=require", "sslMode"),
+        ("pasword=hunter2-not-secret", "pasword"),
+    ] {
+        let Err(err) = Store::connect_with(&with(q), 1).await else {
+            panic!("{q} was taken");
+        };
+        let err = err.to_string();
+        assert!(err.contains(named), "{q}: {err}");
+        assert!(!err.contains("hunter2"), "{q}: {err}");
+    }
+    let store = Store::connect_with(&with("sslmode=disable&application_name=probe"), 1)
+        .await
+        .unwrap();
+    store.totals().await.unwrap();
+}
