@@ -1609,3 +1609,66 @@ async fn a_caller_holds_a_bounded_number_of_waits() {
         "the turns came back"
     );
 }
+
+/// A caller is sent a bounded number of results at once (each is held in memory until the last of
+/// it is handed to the connection, and a reader that stops reading holds one): past it, another is
+/// refused (429), another caller is not held back, and a result sent to the end, or one whose
+/// reader went away, gives its turn back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_is_sent_a_bounded_number_of_results_at_once() {
+    let mut env = Env::new().await;
+    let op = env.submit("sim", json!({"items": 200}), |_| {}).await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let op = env.wait_settled(op.id, Duration::from_secs(40)).await;
+    env.stop_workers().await;
+    assert_eq!(op.state, jobtrail_core::State::Succeeded);
+
+    // The bookkeeping, held open as a stalled reader holds it.
+    let service = jobtrail_service::Service::new(env.store.clone(), env.registry.clone());
+    service.set_results_per_caller(1);
+    let e2e = jobtrail_service::Principal::trusted("e2e");
+    let held = service.result_slot(&e2e).expect("a first slot");
+    let Err(refused) = service.result_slot(&e2e) else {
+        panic!("a second slot was given");
+    };
+    assert_eq!(refused.kind, jobtrail_service::Kind::RateLimited);
+    assert!(
+        service
+            .result_slot(&jobtrail_service::Principal::trusted("other"))
+            .is_ok(),
+        "another caller is not held back"
+    );
+    drop(held);
+    assert!(service.result_slot(&e2e).is_ok(), "the turn is given back");
+
+    // Over HTTP with one at a time: results read to the end, or abandoned, give their turn back.
+    let server = env.serve_with("api", &[("JOBTRAIL_RESULTS_PER_CALLER", "1")]);
+    let token = env.token("e2e", &["read"]).await;
+    let c = support::http();
+    let fetch = || {
+        c.get(server.url(&format!("/v1/operations/{}/result", op.id)))
+            .bearer_auth(&token)
+            .send()
+    };
+    for _ in 0..3 {
+        let r = fetch().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let len: usize = r.headers()[reqwest::header::CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let body = r.bytes().await.unwrap();
+        assert_eq!(body.len(), len);
+        assert_eq!(len as i64, op.result_size.unwrap());
+    }
+    drop(fetch().await.unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fetch().await.unwrap().status() != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an abandoned result never gave its turn back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -291,6 +291,22 @@ async fn cancel(
     ))
 }
 
+/// A result's bytes as a body handed to the connection a slice at a time (as the connection takes
+/// them), holding the caller's result slot until the last slice is taken or the connection goes.
+fn sent_holding(bytes: bytes::Bytes, slot: jobtrail_service::ResultSlot) -> axum::body::Body {
+    const SLICE: usize = 64 * 1024;
+    let slices = futures::stream::unfold((bytes, 0, slot), |(bytes, at, slot)| async move {
+        (at < bytes.len()).then(|| {
+            let end = (at + SLICE).min(bytes.len());
+            (
+                Ok::<_, std::convert::Infallible>(bytes.slice(at..end)),
+                (bytes, end, slot),
+            )
+        })
+    });
+    axum::body::Body::from_stream(slices)
+}
+
 #[utoipa::path(
     get, path = "/v1/operations/{id}/result", tag = "operations",
     params(("id" = String, Path, description = "Operation id")),
@@ -312,6 +328,7 @@ async fn result(
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
     use base64::Engine;
+    let slot = s.service.result_slot(&p)?;
     let r = s.service.result(&p, &id).await?;
     let raw = hex::decode(&r.sha256).unwrap_or_default();
     let repr = format!(
@@ -323,9 +340,11 @@ async fn result(
         .as_deref()
         .and_then(|c| HeaderValue::from_str(c).ok())
         .unwrap_or(HeaderValue::from_static("application/octet-stream"));
-    let mut resp = axum::body::Body::from(r.bytes).into_response();
+    let len = r.bytes.len();
+    let mut resp = sent_holding(bytes::Bytes::from(r.bytes), slot).into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, content_type);
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     h.insert(
         RESULT_SHA256_HEADER,
         HeaderValue::from_str(&r.sha256).map_err(|_| {

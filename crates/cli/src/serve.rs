@@ -53,6 +53,12 @@ pub struct ServeArgs {
           default_value_t = jobtrail_service::WAITS_PER_CALLER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub waits_per_caller: u32,
+    /// Results (GET /v1/operations/{id}/result) one caller may be sent at once; past it, another
+    /// is refused (429). Each is held in memory until the last of it is sent.
+    #[arg(long, env = "JOBTRAIL_RESULTS_PER_CALLER",
+          default_value_t = jobtrail_service::RESULTS_PER_CALLER as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub results_per_caller: u32,
 }
 
 /// Cancel `token` on SIGTERM or Ctrl-C.
@@ -93,6 +99,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         None => jobtrail_service::Service::new(store, registry),
     };
     service.set_waits_per_caller(a.waits_per_caller as usize);
+    service.set_results_per_caller(a.results_per_caller as usize);
     let shutdown = tokio_util::sync::CancellationToken::new();
     on_signal(shutdown.clone());
     if let Some(addr) = a.ops_listen {

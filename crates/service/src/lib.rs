@@ -58,6 +58,32 @@ pub struct Service {
     /// One verify of every chain at a time in this process: each holds several operator
     /// connections for as long as it reads, and an audit-scoped caller could start many.
     verifying_everything: tokio::sync::Semaphore,
+    /// Results being sent now, by caller, and how many one caller may be sent at once.
+    sending: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    results_per_caller: std::sync::atomic::AtomicUsize,
+}
+
+/// Results one caller may be sent at once by default: each is held in memory until the last of it
+/// is handed to the connection, so a reader that stops reading holds one.
+pub const RESULTS_PER_CALLER: usize = 8;
+
+/// One result being sent to a caller, given back when dropped (when the last of it has been handed
+/// to the connection, or the connection went away).
+pub struct ResultSlot {
+    service: Arc<Service>,
+    caller: String,
+}
+
+impl Drop for ResultSlot {
+    fn drop(&mut self) {
+        let mut sending = self.service.sending();
+        if let Some(n) = sending.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                sending.remove(&self.caller);
+            }
+        }
+    }
 }
 
 /// Waits one caller may hold open at once by default (each holds a request, a connection and a
@@ -91,6 +117,8 @@ impl Service {
             waiting: Default::default(),
             waits_per_caller: WAITS_PER_CALLER.into(),
             verifying_everything: tokio::sync::Semaphore::new(1),
+            sending: Default::default(),
+            results_per_caller: RESULTS_PER_CALLER.into(),
             store,
             operator_store: None,
             registry: Arc::new(registry),
@@ -102,6 +130,41 @@ impl Service {
     pub fn set_waits_per_caller(&self, n: usize) {
         self.waits_per_caller
             .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Results one caller may be sent at once from now on (at least 1).
+    pub fn set_results_per_caller(&self, n: usize) {
+        self.results_per_caller
+            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn sending(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        // Every change is one counter: a panic while holding the lock leaves the map whole.
+        self.sending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot to send `p` one result, or refused when it is being sent as many as it may (a
+    /// reader that stops reading holds its result in memory: the bound is per caller).
+    pub fn result_slot(self: &Arc<Self>, p: &Principal) -> Result<ResultSlot, ServiceError> {
+        let most = self
+            .results_per_caller
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let caller = p.caller().to_owned();
+        let mut sending = self.sending();
+        let n = sending.entry(caller.clone()).or_default();
+        if *n >= most {
+            return Err(ServiceError::rate_limited(
+                format!(
+                    "caller {caller} is being sent {n} results, the most at once: read them to the end (or close them) first"
+                ),
+                1,
+            ));
+        }
+        *n += 1;
+        Ok(ResultSlot {
+            service: self.clone(),
+            caller,
+        })
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
@@ -139,6 +202,8 @@ impl Service {
             waiting: Default::default(),
             waits_per_caller: WAITS_PER_CALLER.into(),
             verifying_everything: tokio::sync::Semaphore::new(1),
+            sending: Default::default(),
+            results_per_caller: RESULTS_PER_CALLER.into(),
             store,
             operator_store: Some(operator),
             registry: Arc::new(registry),
