@@ -59,6 +59,7 @@ echo "== helm template + Kubernetes schemas (defaults; every option on)"
   --set 'api.mcpAllowedHosts={jobtrail.example}' \
   --set 'api.trustedProxies={10.0.0.0/8}' --set 'api.ratePerAddress=500/s\,1000' \
   --set 'providerSecrets[0].name=JOBTRAIL_SIM_TOKEN,providerSecrets[0].secretName=sim,providerSecrets[0].key=token' \
+  --set 'providerSecrets[1].name=JOBTRAIL_SIM_WEBHOOK_SECRET,providerSecrets[1].secretName=sim,providerSecrets[1].key=webhook,providerSecrets[1].component=api' \
   --set autoscaling.keda.enabled=true --set autoscaling.keda.authenticationRef=jobtrail-keda-pg \
   --set contracts.revision=2 --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
 "$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true --set database.maxConnections=200 \
@@ -78,6 +79,17 @@ for kind in ScaledObject ServiceMonitor HorizontalPodAutoscaler; do
   grep -q "^kind: $kind" "$out/full.yaml" "$out/hpa.yaml" || { echo "no $kind rendered" >&2; exit 1; }
 done
 grep -q 'helm.sh/hook: pre-install,pre-upgrade' "$out/default.yaml"
+# Provider credentials reach the workers only; a webhook signing secret, the API only.
+python3 - "$out/full.yaml" <<'PY'
+import sys, yaml
+env = {}
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d.get("kind") == "Deployment":
+        names = [e["name"] for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])]
+        env[d["metadata"]["name"].rsplit("-", 1)[-1]] = names
+assert "JOBTRAIL_SIM_TOKEN" in env["worker"] and "JOBTRAIL_SIM_TOKEN" not in env["api"], env
+assert "JOBTRAIL_SIM_WEBHOOK_SECRET" in env["api"] and "JOBTRAIL_SIM_WEBHOOK_SECRET" not in env["worker"], env
+PY
 # The per-address rate is off unless set (with the proxies to trust, behind an Ingress).
 grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' "$out/default.yaml" | grep -q '"off"'
 grep -A1 'name: JOBTRAIL_TRUSTED_PROXIES' "$out/full.yaml" | grep -q '10.0.0.0/8'

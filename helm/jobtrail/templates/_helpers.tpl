@@ -59,13 +59,6 @@ app.kubernetes.io/component: {{ .component }}
 - name: OTEL_SERVICE_NAME
   value: jobtrail
 {{- end }}
-{{- range .Values.providerSecrets }}
-- name: {{ .name }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ .secretName }}
-      key: {{ .key }}
-{{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -111,4 +104,25 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The operations a worker could claim now: KEDA's measure of the work. */}}
 {{- define "jobtrail.dueQuery" -}}
 SELECT count(*) FROM operation_schedule q JOIN operations o ON o.id = q.operation_id WHERE q.next_action_at <= now() AND o.next_action_at <= now() AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+{{- end -}}
+
+
+{{/* The provider secrets one component reads: (dict "root" . "component" "worker"|"api"). Each
+entry's `component` (worker, the default; api; both) says who gets it: the API never calls a
+provider, so provider credentials stay out of its pods; it needs webhook signing secrets. */}}
+{{- define "jobtrail.providerSecretEnv" -}}
+{{- $component := .component }}
+{{- range .root.Values.providerSecrets }}
+{{- $for := .component | default "worker" }}
+{{- if not (has $for (list "worker" "api" "both")) }}
+{{- fail (printf "providerSecrets: %s has component %q: worker, api or both" .name $for) }}
+{{- end }}
+{{- if or (eq $for $component) (eq $for "both") }}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
 {{- end -}}
