@@ -100,6 +100,11 @@ if "$helm" template jt helm/jobtrail --set worker.terminationGracePeriodSeconds=
   echo "a grace period shorter than shutdownGrace + longest call rendered" >&2
   exit 1
 fi
+if "$helm" template jt helm/jobtrail --set api.stopDelaySeconds=25 >/dev/null 2>&1; then
+  echo "an API grace period shorter than stopDelaySeconds + drain rendered" >&2
+  exit 1
+fi
+grep -A1 'name: JOBTRAIL_STOP_DELAY' "$out/default.yaml" | grep -q '"5s"'
 if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set autoscaling.hpa.enabled=true --set database.maxConnections=1000 >/dev/null 2>&1; then
   echo "KEDA and an HPA at once rendered" >&2
   exit 1

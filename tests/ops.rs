@@ -685,3 +685,55 @@ async fn a_credential_the_worker_cannot_find_keeps_it_unready_and_named() {
         "{log}"
     );
 }
+
+/// With `--stop-delay`, SIGTERM makes the API unready at once while it still accepts requests for
+/// that long (load balancers take it out first: a rollout drops no connection), then it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_leaves_its_service_before_it_stops_accepting() {
+    let env = Env::new().await;
+    let mut server = env.serve_with(
+        "api-leaving",
+        &[
+            ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
+            ("JOBTRAIL_STOP_DELAY", "3s"),
+        ],
+    );
+    let base = ops_address(&server.log);
+    assert_eq!(get(&format!("{base}/readyz")).await.0, 200);
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(server.child.id() as i32, libc::SIGTERM);
+    }
+    let signalled = Instant::now();
+    let deadline = signalled + Duration::from_secs(2);
+    loop {
+        let (status, body) = get(&format!("{base}/readyz")).await;
+        if status == 503 {
+            assert!(body.contains("stopping"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still ready after SIGTERM: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = get(&server.url("/openapi.json")).await;
+    assert_eq!(status, 200, "still accepting while leaving");
+    assert!(signalled.elapsed() < Duration::from_secs(3));
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(20),
+            "never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(3),
+        "stopped early"
+    );
+}

@@ -25,6 +25,11 @@ pub struct ServeArgs {
     /// How long requests in flight may finish after SIGTERM.
     #[arg(long, env = "JOBTRAIL_DRAIN", default_value = "10s")]
     pub drain: String,
+    /// After SIGTERM, keep accepting requests this long while /readyz answers 503, so load
+    /// balancers take this process out before it stops accepting (a rollout then drops no
+    /// connection); the drain follows. 0s: stop accepting at once.
+    #[arg(long, env = "JOBTRAIL_STOP_DELAY", default_value = "0s")]
+    pub stop_delay: String,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address, apart from the API (keep it
     /// off the Ingress). Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -84,6 +89,12 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         Duration::ZERO,
         Duration::from_secs(600),
     )?;
+    let stop_delay = shell::parse_duration_within(
+        "--stop-delay",
+        &a.stop_delay,
+        Duration::ZERO,
+        Duration::from_secs(300),
+    )?;
     let registry = shell::registry(&common.providers)?;
     let store = shell::store(common).await?;
     let contracts = registry.names().count();
@@ -100,14 +111,28 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     };
     service.set_waits_per_caller(a.waits_per_caller as usize);
     service.set_results_per_caller(a.results_per_caller as usize);
+    // SIGTERM marks the process as leaving (unready); it stops accepting --stop-delay later.
+    let stopping = tokio_util::sync::CancellationToken::new();
+    on_signal(stopping.clone());
     let shutdown = tokio_util::sync::CancellationToken::new();
-    on_signal(shutdown.clone());
+    tokio::spawn({
+        let (stopping, shutdown) = (stopping.clone(), shutdown.clone());
+        async move {
+            stopping.cancelled().await;
+            if !stop_delay.is_zero() {
+                tracing::info!("stopping: unready now, accepting for {stop_delay:?} more");
+                tokio::time::sleep(stop_delay).await;
+            }
+            shutdown.cancel();
+        }
+    });
     if let Some(addr) = a.ops_listen {
         let probe = jobtrail_telemetry::Probe {
             store: shell::store_at(common.database_url.as_deref(), crate::work::PROBE_POOL).await?,
             contracts,
             needs_contracts: false,
             unresolved_secrets: Vec::new(),
+            stopping: Some(stopping.clone()),
             liveness: None,
         };
         ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;

@@ -127,6 +127,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
             contracts: contracts_loaded,
             needs_contracts: true,
             unresolved_secrets,
+            stopping: None,
             liveness: Some((Arc::new(move || heartbeat.silence()), limit)),
         };
         crate::serve::ops_listener("jobtrail worker", addr, probe, shutdown.clone()).await?;

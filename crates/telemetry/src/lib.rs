@@ -111,6 +111,9 @@ pub struct Probe {
     /// Secrets the loaded contracts name that could not be found at start (a misspelt variable, a
     /// missing mount): not ready while any is missing, each named.
     pub unresolved_secrets: Vec<String>,
+    /// Cancelled when the process was asked to stop (SIGTERM) and is leaving: not ready from then
+    /// on, so load balancers take it out while it still serves (`jobtrail serve --stop-delay`).
+    pub stopping: Option<tokio_util::sync::CancellationToken>,
     /// For a process with a loop of its own: how long since it last went round, and the longest a
     /// live loop stays silent. Past that `/livez` fails, so the orchestrator restarts a stuck loop
     /// (a database that is away does not count: the loop keeps going round, retrying).
@@ -171,6 +174,14 @@ async fn livez(State(s): State<Arc<OpsState>>) -> Response {
 }
 
 async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
+    // Before the cache: a process that is leaving says so at once.
+    if s.probe.stopping.as_ref().is_some_and(|t| t.is_cancelled()) {
+        let body = serde_json::json!({
+            "ready": false,
+            "problem": "stopping: this process leaves its Service, then stops accepting",
+        });
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     let mut cached = s.ready.lock().await;
     if let Some((at, status, body)) = &*cached
         && at.elapsed() < READY_CACHE

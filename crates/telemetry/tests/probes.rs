@@ -18,6 +18,7 @@ async fn livez_fails_when_the_loop_is_stuck_and_readyz_still_reads_the_database(
         contracts: 1,
         needs_contracts: true,
         unresolved_secrets: Vec::new(),
+        stopping: None,
         liveness: Some((
             Arc::new(move || Duration::from_secs(s.load(Ordering::Relaxed))),
             Duration::from_secs(90),
