@@ -234,6 +234,85 @@ async fn main() -> ExitCode {
     shell::exit_with(run(cli).await)
 }
 
+/// What can be refused without the database is refused before connecting: a mistyped id, view,
+/// actor or reason is bad input (exit 2) whether or not the database is there, never "unavailable".
+/// The service checks all of it again; this only answers first.
+fn preflight(command: &Command) -> Result<(), shell::Failure> {
+    use jobtrail_console::shell::{exit, fail};
+    let bad = |e: &dyn std::fmt::Display| fail(exit::BAD_INPUT, e);
+    let id = |s: &str| {
+        s.trim()
+            .parse::<jobtrail_core::OperationId>()
+            .map(|_| ())
+            .map_err(|e| bad(&e))
+    };
+    let decided = |d: &Decided| {
+        jobtrail_service::operator::parse_seen(&d.seen).map_err(|e| bad(&e.message))?;
+        jobtrail_core::Decision::new(&d.actor, &d.reason).map_err(|e| bad(&e))?;
+        Ok::<_, shell::Failure>(())
+    };
+    match command {
+        Command::Show { operation } => id(operation),
+        Command::Adopt {
+            operation,
+            decided: d,
+            ..
+        }
+        | Command::DeclareNotCreated {
+            operation,
+            decided: d,
+        }
+        | Command::ConfirmCancel {
+            operation,
+            decided: d,
+            ..
+        }
+        | Command::ChooseJob {
+            operation,
+            decided: d,
+            ..
+        }
+        | Command::Resume {
+            operation,
+            decided: d,
+            ..
+        }
+        | Command::Abandon {
+            operation,
+            decided: d,
+        }
+        | Command::Retry {
+            operation,
+            decided: d,
+            ..
+        } => {
+            id(operation)?;
+            decided(d)
+        }
+        Command::Cancel {
+            operation,
+            actor,
+            reason,
+        } => {
+            id(operation)?;
+            jobtrail_core::CancelRequest::new(actor, reason)
+                .map(|_| ())
+                .map_err(|e| bad(&e))
+        }
+        Command::Audit {
+            what:
+                AuditCmd::Verify {
+                    operation: Some(operation),
+                    ..
+                },
+        } => id(operation),
+        Command::Audit {
+            what: AuditCmd::Anchor { actor, .. },
+        } => shell::actor("--actor", actor).map(|_| ()),
+        _ => Ok(()),
+    }
+}
+
 async fn run(cli: Cli) -> CmdResult {
     let json = cli.common.json;
     if let Command::Migrate = cli.command {
@@ -241,6 +320,7 @@ async fn run(cli: Cli) -> CmdResult {
         println!("migrations applied");
         return Ok(ExitCode::SUCCESS);
     }
+    preflight(&cli.command)?;
     let store = shell::store(&cli.common).await?;
     match cli.command {
         Command::Migrate => unreachable!("handled above"),

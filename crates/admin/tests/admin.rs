@@ -1770,3 +1770,55 @@ async fn an_anchor_that_cannot_be_kept_or_named_is_not_recorded() {
     assert_eq!(anchors().await, 3);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A mistyped id, view, actor or reason is bad input (exit 2) before any database is looked for,
+/// not "database unavailable" (exit 5) because none was set; well-formed input gets that far.
+#[test]
+fn bad_input_is_refused_before_looking_for_a_database() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let op = "op_01JZZZZZZZZZZZZZZZZZZZZZZZ";
+    let decided = |verb: &str, seen: &str, actor: &str| {
+        run(&[
+            verb, op, "--seen", seen, "--actor", actor, "--reason", "checked",
+        ])
+    };
+    for (args, (got, err)) in [
+        ("show", run(&["show", "op_nope"])),
+        ("audit verify", run(&["audit", "verify", "12345"])),
+        ("abandon --seen", decided("abandon", "finished", "alice")),
+        (
+            "abandon --seen @",
+            decided("abandon", "result_timed_out@x", "alice"),
+        ),
+        (
+            "abandon --actor",
+            decided("abandon", "result_timed_out", "al\u{7}ice"),
+        ),
+        (
+            "cancel --reason",
+            run(&["cancel", op, "--actor", "bob", "--reason", ""]),
+        ),
+        (
+            "audit anchor --actor",
+            run(&["audit", "anchor", "--actor", " "]),
+        ),
+    ] {
+        assert_eq!(got, 2, "{args}: {err}");
+        assert!(!err.contains("DATABASE_URL"), "{args}: {err}");
+    }
+    let (got, err) = decided("abandon", "result_timed_out@4", "alice");
+    assert_eq!(
+        got, 5,
+        "well-formed input reaches the missing database: {err}"
+    );
+}
