@@ -100,6 +100,10 @@ if "$helm" template jt helm/jobtrail --set worker.terminationGracePeriodSeconds=
   echo "a grace period shorter than shutdownGrace + longest call rendered" >&2
   exit 1
 fi
+if "$helm" template jt helm/jobtrail --set api.drain=1m >/dev/null 2>&1; then
+  echo "a drain the grace check cannot read rendered" >&2
+  exit 1
+fi
 if "$helm" template jt helm/jobtrail --set api.stopDelaySeconds=25 >/dev/null 2>&1; then
   echo "an API grace period shorter than stopDelaySeconds + drain rendered" >&2
   exit 1

@@ -737,3 +737,29 @@ async fn the_api_leaves_its_service_before_it_stops_accepting() {
         "stopped early"
     );
 }
+
+/// A second SIGTERM (or Ctrl-C) does not wait out `--stop-delay`: a person who asks twice means it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_cuts_the_stop_delay_short() {
+    let env = Env::new().await;
+    let mut server = env.serve_with("api-twice", &[("JOBTRAIL_STOP_DELAY", "60s")]);
+    let signalled = Instant::now();
+    for _ in 0..2 {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(server.child.id() as i32, libc::SIGTERM);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(20),
+            "waited out the stop delay after a second signal"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+}

@@ -307,7 +307,13 @@ impl Partial {
             ));
         }
         let tmp = if into_directory {
-            out.join(format!(".anchor-{}.partial", std::process::id()))
+            // Unique per run: in a container every run is PID 1, and a run killed mid-way leaves
+            // its partial file behind, which must not block the next.
+            out.join(format!(
+                ".anchor-{}-{}.partial",
+                std::process::id(),
+                uuid::Uuid::now_v7().simple()
+            ))
         } else {
             let mut tmp = out.as_os_str().to_owned();
             tmp.push(".partial");

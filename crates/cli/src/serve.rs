@@ -66,19 +66,25 @@ pub struct ServeArgs {
     pub results_per_caller: u32,
 }
 
-/// Cancel `token` on SIGTERM or Ctrl-C.
-pub(crate) fn on_signal(token: tokio_util::sync::CancellationToken) {
+/// Cancel `first` on SIGTERM or Ctrl-C, and `then` on a second one (a person who asks twice does
+/// not want to wait out a delay).
+pub(crate) fn on_signal(
+    first: tokio_util::sync::CancellationToken,
+    then: tokio_util::sync::CancellationToken,
+) {
     tokio::spawn(async move {
         let Ok(mut term) =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         else {
             return;
         };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        for token in [first, then] {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            token.cancel();
         }
-        token.cancel();
     });
 }
 
@@ -113,15 +119,18 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     service.set_results_per_caller(a.results_per_caller as usize);
     // SIGTERM marks the process as leaving (unready); it stops accepting --stop-delay later.
     let stopping = tokio_util::sync::CancellationToken::new();
-    on_signal(stopping.clone());
     let shutdown = tokio_util::sync::CancellationToken::new();
+    on_signal(stopping.clone(), shutdown.clone());
     tokio::spawn({
         let (stopping, shutdown) = (stopping.clone(), shutdown.clone());
         async move {
             stopping.cancelled().await;
             if !stop_delay.is_zero() {
                 tracing::info!("stopping: unready now, accepting for {stop_delay:?} more");
-                tokio::time::sleep(stop_delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(stop_delay) => {}
+                    _ = shutdown.cancelled() => {}
+                }
             }
             shutdown.cancel();
         }

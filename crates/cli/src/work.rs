@@ -134,7 +134,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     }
     let stop = shutdown.clone();
     let loop_stop = tokio_util::sync::CancellationToken::new();
-    crate::serve::on_signal(loop_stop.clone());
+    crate::serve::on_signal(loop_stop.clone(), loop_stop.clone());
     worker.run(loop_stop).await;
     // The probes answer until the worker has given its leases back.
     stop.cancel();

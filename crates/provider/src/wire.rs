@@ -62,9 +62,11 @@ pub const SECRET_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// regular file of at most [`MAX_SECRET_BYTES`]: `/dev/zero` or a FIFO is refused, never read.
 pub async fn resolve_secret(r: &SecretRef) -> Result<String, String> {
     match r {
-        SecretRef::Env(name) => {
-            std::env::var(name).map_err(|_| format!("secret env:{name} is not set"))
-        }
+        SecretRef::Env(name) => match std::env::var(name) {
+            Ok(v) if !v.is_empty() => Ok(v),
+            // An empty credential is a missing one (the worker's readiness says so too).
+            _ => Err(format!("secret env:{name} is not set (or empty)")),
+        },
         SecretRef::File(path) => {
             let p = path.clone();
             match tokio::time::timeout(

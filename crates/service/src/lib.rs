@@ -16,6 +16,7 @@ pub mod client;
 pub mod error;
 pub mod model;
 pub mod operator;
+mod per_caller;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -52,15 +53,13 @@ pub struct Service {
     terms: BTreeMap<String, ProviderTerms>,
     /// Started by the first wait (a one-shot CLI command never opens the listening connection).
     watcher: std::sync::OnceLock<watch::Watcher>,
-    /// Waits open now, by caller, and how many one caller may hold.
-    waiting: std::sync::Mutex<std::collections::HashMap<String, usize>>,
-    waits_per_caller: std::sync::atomic::AtomicUsize,
+    /// Waits open now, by caller.
+    waiting: per_caller::PerCaller,
     /// One verify of every chain at a time in this process: each holds several operator
     /// connections for as long as it reads, and an audit-scoped caller could start many.
     verifying_everything: tokio::sync::Semaphore,
-    /// Results being sent now, by caller, and how many one caller may be sent at once.
-    sending: std::sync::Mutex<std::collections::HashMap<String, usize>>,
-    results_per_caller: std::sync::atomic::AtomicUsize,
+    /// Results being sent now, by caller.
+    sending: per_caller::PerCaller,
 }
 
 /// Results one caller may be sent at once by default: each is held in memory until the last of it
@@ -76,13 +75,7 @@ pub struct ResultSlot {
 
 impl Drop for ResultSlot {
     fn drop(&mut self) {
-        let mut sending = self.service.sending();
-        if let Some(n) = sending.get_mut(&self.caller) {
-            *n -= 1;
-            if *n == 0 {
-                sending.remove(&self.caller);
-            }
-        }
+        self.service.sending.give_back(&self.caller);
     }
 }
 
@@ -98,116 +91,75 @@ struct WaitSlot<'a> {
 
 impl Drop for WaitSlot<'_> {
     fn drop(&mut self) {
-        let mut waiting = self.service.waiting();
-        if let Some(n) = waiting.get_mut(&self.caller) {
-            *n -= 1;
-            if *n == 0 {
-                waiting.remove(&self.caller);
-            }
-        }
+        self.service.waiting.give_back(&self.caller);
     }
 }
 
 impl Service {
     /// A service over `store` with the contracts of `registry`.
     pub fn new(store: Store, registry: Registry) -> Arc<Self> {
-        let terms = registry.terms();
+        Self::build(store, None, registry)
+    }
+
+    /// As [`Service::new`], with a store for operator decisions and audit reads.
+    pub fn with_operator(store: Store, operator: Store, registry: Registry) -> Arc<Self> {
+        Self::build(store, Some(operator), registry)
+    }
+
+    fn build(store: Store, operator_store: Option<Store>, registry: Registry) -> Arc<Self> {
         Arc::new(Self {
             watcher: std::sync::OnceLock::new(),
-            waiting: Default::default(),
-            waits_per_caller: WAITS_PER_CALLER.into(),
+            waiting: per_caller::PerCaller::new(WAITS_PER_CALLER),
             verifying_everything: tokio::sync::Semaphore::new(1),
-            sending: Default::default(),
-            results_per_caller: RESULTS_PER_CALLER.into(),
+            sending: per_caller::PerCaller::new(RESULTS_PER_CALLER),
             store,
-            operator_store: None,
+            operator_store,
+            terms: registry.terms(),
             registry: Arc::new(registry),
-            terms,
         })
     }
 
     /// Waits one caller may hold open at once from now on (at least 1).
     pub fn set_waits_per_caller(&self, n: usize) {
-        self.waits_per_caller
-            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+        self.waiting.set_most(n);
     }
 
     /// Results one caller may be sent at once from now on (at least 1).
     pub fn set_results_per_caller(&self, n: usize) {
-        self.results_per_caller
-            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn sending(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
-        // Every change is one counter: a panic while holding the lock leaves the map whole.
-        self.sending.lock().unwrap_or_else(|e| e.into_inner())
+        self.sending.set_most(n);
     }
 
     /// A slot to send `p` one result, or refused when it is being sent as many as it may (a
     /// reader that stops reading holds its result in memory: the bound is per caller).
     pub fn result_slot(self: &Arc<Self>, p: &Principal) -> Result<ResultSlot, ServiceError> {
-        let most = self
-            .results_per_caller
-            .load(std::sync::atomic::Ordering::Relaxed);
         let caller = p.caller().to_owned();
-        let mut sending = self.sending();
-        let n = sending.entry(caller.clone()).or_default();
-        if *n >= most {
-            return Err(ServiceError::rate_limited(
+        self.sending.take(&caller).map_err(|n| {
+            ServiceError::rate_limited(
                 format!(
                     "caller {caller} is being sent {n} results, the most at once: read them to the end (or close them) first"
                 ),
                 1,
-            ));
-        }
-        *n += 1;
+            )
+        })?;
         Ok(ResultSlot {
             service: self.clone(),
             caller,
         })
     }
 
-    fn waiting(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
-        // Every change is one counter: a panic while holding the lock leaves the map whole.
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A wait slot for `caller`, or refused when it holds as many as it may.
     fn wait_slot(&self, caller: &str) -> Result<WaitSlot<'_>, ServiceError> {
-        let most = self
-            .waits_per_caller
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let mut waiting = self.waiting();
-        let n = waiting.entry(caller.to_owned()).or_default();
-        if *n >= most {
-            return Err(ServiceError::rate_limited(
+        self.waiting.take(caller).map_err(|n| {
+            ServiceError::rate_limited(
                 format!(
                     "caller {caller} has {n} waits open, the most it may: wait for fewer operations at once (list_operations shows many states in one read)"
                 ),
                 1,
-            ));
-        }
-        *n += 1;
+            )
+        })?;
         Ok(WaitSlot {
             service: self,
             caller: caller.to_owned(),
-        })
-    }
-
-    /// As [`Service::new`], with a store for operator decisions and audit reads.
-    pub fn with_operator(store: Store, operator: Store, registry: Registry) -> Arc<Self> {
-        let terms = registry.terms();
-        Arc::new(Self {
-            watcher: std::sync::OnceLock::new(),
-            waiting: Default::default(),
-            waits_per_caller: WAITS_PER_CALLER.into(),
-            verifying_everything: tokio::sync::Semaphore::new(1),
-            sending: Default::default(),
-            results_per_caller: RESULTS_PER_CALLER.into(),
-            store,
-            operator_store: Some(operator),
-            registry: Arc::new(registry),
-            terms,
         })
     }
 

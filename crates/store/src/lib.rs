@@ -167,8 +167,15 @@ fn refuse_unknown_parameters(url: &str) -> Result<(), StoreError> {
         let known =
             URL_PARAMETERS.contains(&&*key) || (key.starts_with("options[") && key.ends_with(']'));
         if !known {
+            // A "name" with a colon, or a long one, may be a value typed without its `=`
+            // (`?password:…`): not shown.
+            let shown = if key.contains(':') || key.len() > 40 {
+                "(not shown: it may be a value)".to_owned()
+            } else {
+                format!("{key:?}")
+            };
             return Err(StoreError::Unavailable(format!(
-                "bad database URL: unknown parameter {key:?} (known: {})",
+                "bad database URL: unknown parameter {shown} (known: {})",
                 URL_PARAMETERS.join(", ")
             )));
         }

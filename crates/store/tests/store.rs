@@ -1451,6 +1451,8 @@ async fn an_unknown_database_url_parameter_is_refused_without_its_value() {
         ("ssl_mode=verify-full", "ssl_mode"),
         ("sslMode=require", "sslMode"),
         ("pasword=hunter2-not-secret", "pasword"),
+        // A value typed without its `=`: the "name" is not shown.
+        ("password:hunter2-not-secret", "not shown"),
     ] {
         let Err(err) = Store::connect_with(&with(q), 1).await else {
             panic!("{q} was taken");
