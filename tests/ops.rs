@@ -700,10 +700,7 @@ async fn the_api_leaves_its_service_before_it_stops_accepting() {
     );
     let base = ops_address(&server.log);
     assert_eq!(get(&format!("{base}/readyz")).await.0, 200);
-    // SAFETY: signalling our own child.
-    unsafe {
-        libc::kill(server.child.id() as i32, libc::SIGTERM);
-    }
+    server.terminate();
     let signalled = Instant::now();
     let deadline = signalled + Duration::from_secs(2);
     loop {
@@ -721,16 +718,9 @@ async fn the_api_leaves_its_service_before_it_stops_accepting() {
     let (status, _) = get(&server.url("/openapi.json")).await;
     assert_eq!(status, 200, "still accepting while leaving");
     assert!(signalled.elapsed() < Duration::from_secs(3));
-    let exit = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            signalled.elapsed() < Duration::from_secs(20),
-            "never stopped"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let exit = server
+        .exit_within(Duration::from_secs(20))
+        .expect("never stopped");
     assert!(exit.success(), "{exit:?}");
     assert!(
         signalled.elapsed() >= Duration::from_secs(3),
@@ -743,23 +733,12 @@ async fn the_api_leaves_its_service_before_it_stops_accepting() {
 async fn a_second_signal_cuts_the_stop_delay_short() {
     let env = Env::new().await;
     let mut server = env.serve_with("api-twice", &[("JOBTRAIL_STOP_DELAY", "60s")]);
-    let signalled = Instant::now();
     for _ in 0..2 {
-        // SAFETY: signalling our own child.
-        unsafe {
-            libc::kill(server.child.id() as i32, libc::SIGTERM);
-        }
+        server.terminate();
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let exit = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            signalled.elapsed() < Duration::from_secs(20),
-            "waited out the stop delay after a second signal"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let exit = server
+        .exit_within(Duration::from_secs(20))
+        .expect("waited out the stop delay after a second signal");
     assert!(exit.success(), "{exit:?}");
 }

@@ -511,11 +511,19 @@ impl Server {
     }
     /// SIGTERM, and wait (bounded) for a clean exit.
     pub fn stop(mut self) -> Option<std::process::ExitStatus> {
+        self.terminate();
+        self.exit_within(Duration::from_secs(15))
+    }
+    /// SIGTERM, without waiting.
+    pub fn terminate(&self) {
         // SAFETY: signalling our own child.
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
-        let deadline = Instant::now() + Duration::from_secs(15);
+    }
+    /// How the server exited, waiting at most `limit` (`None`: still running).
+    pub fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return Some(s);
