@@ -711,6 +711,7 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["list", "--db-pool", "0"],
         vec!["serve", "--stop-delay", "1h"],
         vec!["serve", "--results-per-caller", "0"],
+        vec!["serve", "--bodies-per-caller", "0"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
             .args(&args)

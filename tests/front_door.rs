@@ -1672,3 +1672,161 @@ async fn a_caller_is_sent_a_bounded_number_of_results_at_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// What the server answers to a request written by hand on a fresh connection (`head` with its
+/// `Content-Length`, and `sent` of the body): the status line's code, read within 10 s.
+async fn raw_status(addr: &str, head: &str, sent: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(sent).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !answer.windows(2).any(|w| w == b"\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed without an answer");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("no answer within 10 s (was the body awaited?)");
+    let line = String::from_utf8_lossy(&answer);
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// A caller may be sending a bounded number of request bodies at once (each is held in memory
+/// until its last byte arrives, and a sender that stops sending holds one): past it, another body
+/// is refused (429, over HTTP and MCP), a request without one and another caller are not held
+/// back, and a sender that goes away gives its turn back. A body is read only for a caller whose
+/// scope allows the route, and one declared over the route's limit is refused unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
+    use tokio::io::AsyncWriteExt;
+    let env = Env::new().await;
+    let server = env.serve_with("api", &[("JOBTRAIL_BODIES_PER_CALLER", "1")]);
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let token = env.token("e2e", &["submit", "read", "cancel"]).await;
+    let other = env.token("other", &["submit"]).await;
+    let reader = env.token("reader", &["read"]).await;
+    let c = support::http();
+    let submit = |token: &str| {
+        c.post(server.url("/v1/operations"))
+            .bearer_auth(token)
+            .json(&json!({}))
+            .send()
+    };
+    // Its turn free, an empty submit is read and refused as bad input.
+    assert_eq!(
+        submit(&token).await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+
+    // A sender that stops: the head and a part of the body, then nothing.
+    let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stalled
+        .write_all(
+            format!(
+                "POST /v1/operations HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"provider\":"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let r = submit(&token).await.unwrap();
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            break r;
+        }
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a stalled body never held its sender's turn"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(refused.headers().contains_key("retry-after"));
+    let p: Value = refused.json().await.unwrap();
+    assert_eq!(p["kind"], "rate-limited", "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("request bodies"),
+        "{p}"
+    );
+    let opened = c
+        .post(server.url("/mcp"))
+        .bearer_auth(&token)
+        .header("accept", "application/json, text/event-stream")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), StatusCode::TOO_MANY_REQUESTS, "MCP too");
+    let listed = c
+        .get(server.url("/v1/operations"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), StatusCode::OK, "no body, no turn needed");
+    assert_eq!(
+        submit(&other).await.unwrap().status(),
+        StatusCode::BAD_REQUEST,
+        "another caller is not held back"
+    );
+
+    // Gone: the turn is given back.
+    drop(stalled);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while submit(&token).await.unwrap().status() != StatusCode::BAD_REQUEST {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a sender that went away never gave its turn back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Refused without waiting for a byte of the body: a scope that does not allow the route, and
+    // lengths over the route's limit (a submit's 16 MiB and change; a cancel's 64 KiB).
+    let head = |path: &str, token: &str, len: usize| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    let id = "op_00000000000000000000000000";
+    for (path, token, len, status) in [
+        ("/v1/operations", &reader, 1_000_000, 403),
+        (
+            "/v1/operations",
+            &token,
+            jobtrail_api::MAX_REQUEST_BYTES + 1,
+            413,
+        ),
+        (
+            &*format!("/v1/operations/{id}/cancel"),
+            &token,
+            64 * 1024 + 1,
+            413,
+        ),
+    ] {
+        assert_eq!(
+            raw_status(&addr, &head(path, token, len), b"{").await,
+            status,
+            "{path} {len}"
+        );
+    }
+    // Sent, not declared: a cancel whose reason runs past 64 KiB in chunks is refused too.
+    let chunked = format!(
+        "POST /v1/operations/{id}/cancel HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    let chunk = format!("{:x}\r\n{}\r\n", 70_000, "a".repeat(70_000));
+    assert_eq!(raw_status(&addr, &chunked, chunk.as_bytes()).await, 413);
+}

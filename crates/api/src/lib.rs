@@ -5,6 +5,7 @@
 //! field of the request. Errors are RFC 9457 problems ([`problem`]); the OpenAPI 3.1 document is
 //! generated from the handlers' annotations ([`openapi`]) and committed as `docs/openapi.json`.
 
+pub mod body;
 pub mod limit;
 pub mod problem;
 mod routes;
@@ -70,21 +71,30 @@ async fn authenticate(parts: &Parts, service: &Service) -> Result<Principal, Pro
     Ok(service.authenticate(token).await?)
 }
 
-/// Middleware for routes served by other crates (the MCP endpoint): authenticate the bearer token
-/// and put the [`Principal`] in the request's extensions.
+/// Middleware for routes served by other crates (the MCP endpoint): authenticate the bearer token,
+/// read the body whole with one of the caller's turns ([`body`]), and put the [`Principal`] in the
+/// request's extensions.
 pub async fn require_bearer(
     State(service): State<Arc<Service>>,
     req: Request,
     next: Next,
 ) -> Response {
+    use axum::body::HttpBody;
     let (mut parts, body) = req.into_parts();
-    match authenticate(&parts, &service).await {
-        Ok(p) => {
-            parts.extensions.insert(p);
-            next.run(Request::from_parts(parts, body)).await
+    let p = match authenticate(&parts, &service).await {
+        Ok(p) => p,
+        Err(problem) => return problem.into_response(),
+    };
+    let body = if body.is_end_stream() {
+        body
+    } else {
+        match body::read(&service, &p, &parts.headers, body, MAX_REQUEST_BYTES).await {
+            Ok(b) => axum::body::Body::from(b),
+            Err(problem) => return problem.into_response(),
         }
-        Err(problem) => problem.into_response(),
-    }
+    };
+    parts.extensions.insert(p);
+    next.run(Request::from_parts(parts, body)).await
 }
 
 #[derive(OpenApi)]

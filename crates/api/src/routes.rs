@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -51,25 +50,17 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         ))
 }
 
-/// A JSON body parsed strictly (duplicate keys, numbers beyond exact range and NUL refused, as for
-/// any request jobtrail records), then into `T` (unknown fields refused).
-pub(crate) fn strict_json<T: serde::de::DeserializeOwned>(
+/// The caller's JSON body, read with one of its turns ([`crate::body`]) and at most `limit` bytes,
+/// then parsed strictly (duplicate keys, numbers beyond exact range and NUL refused, as for any
+/// request jobtrail records) into `T` (unknown fields refused). A body that is not said to be JSON
+/// is refused before it is read.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    p: &Principal,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
+    limit: usize,
 ) -> Result<T, Problem> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Problem::new(
-                Kind::TooLarge,
-                format!(
-                    "the request body is over {} bytes",
-                    crate::MAX_REQUEST_BYTES
-                ),
-            )
-        } else {
-            Problem::new(Kind::BadInput, format!("reading the request body: {e}"))
-        }
-    })?;
     let json_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -85,6 +76,7 @@ pub(crate) fn strict_json<T: serde::de::DeserializeOwned>(
             "send the body as JSON with Content-Type: application/json",
         ));
     }
+    let body = crate::body::read(&s.service, p, headers, body, limit).await?;
     let v = jobtrail_core::json::parse_strict(&body).map_err(|e| {
         Problem::new(
             Kind::BadInput,
@@ -121,10 +113,10 @@ async fn submit(
     State(s): State<AppState>,
     Caller(p): Caller,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<(StatusCode, Json<SubmitResponse>), Problem> {
     p.require(Scope::Submit)?;
-    let req: SubmitRequest = strict_json(&headers, body)?;
+    let req: SubmitRequest = json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
     let trace = jobtrail_provider::wire::extract_trace(&headers);
     let r = s.service.submit(&p, req, trace).await?;
     let status = if r.created {
@@ -154,10 +146,11 @@ async fn submit_batch(
     State(s): State<AppState>,
     Caller(p): Caller,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<(StatusCode, Json<BatchSubmitResponse>), Problem> {
     p.require(Scope::Submit)?;
-    let req: BatchSubmitRequest = strict_json(&headers, body)?;
+    let req: BatchSubmitRequest =
+        json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
     let trace = jobtrail_provider::wire::extract_trace(&headers);
     let operations = s.service.submit_batch(&p, req.operations, trace).await?;
     Ok((
@@ -273,6 +266,7 @@ async fn wait(
         (status = 403, description = "The token lacks the scope this route needs", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 409, description = "The state machine refuses a cancel in this state", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 413, description = "Body too large (at most 64 KiB: a reason, not a document)", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
     security(("bearer" = []))
 )]
@@ -281,10 +275,10 @@ async fn cancel(
     Caller(p): Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<(StatusCode, Json<CancelResponse>), Problem> {
     p.require(Scope::Cancel)?;
-    let b: CancelBody = strict_json(&headers, body)?;
+    let b: CancelBody = json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(s.service.cancel(&p, &id, &b.reason).await?),
@@ -425,6 +419,7 @@ async fn escalations(
         (status = 403, description = "The token lacks the decide scope", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 409, description = "Stale view (`seen` no longer current) or a decision the state machine refuses", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 413, description = "Body too large (at most 64 KiB)", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
     security(("bearer" = []))
 )]
@@ -433,10 +428,11 @@ async fn decide(
     Caller(p): Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<DecideResponse>, Problem> {
     p.require(Scope::Decide)?;
-    let req: DecideRequest = strict_json(&headers, body)?;
+    let req: DecideRequest =
+        json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
     Ok(Json(s.service.decide(&p, &id, req).await?))
 }
 

@@ -64,6 +64,12 @@ pub struct ServeArgs {
           default_value_t = jobtrail_service::RESULTS_PER_CALLER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub results_per_caller: u32,
+    /// Request bodies (HTTP and MCP) one caller may be sending at once; past it, another is
+    /// refused (429). Each is held in memory until its last byte arrives (a submit: up to 16 MiB).
+    #[arg(long, env = "JOBTRAIL_BODIES_PER_CALLER",
+          default_value_t = jobtrail_service::BODIES_PER_CALLER as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub bodies_per_caller: u32,
 }
 
 /// Cancel `first` on SIGTERM or Ctrl-C, and `then` on a second one (a person who asks twice does
@@ -117,6 +123,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     };
     service.set_waits_per_caller(a.waits_per_caller as usize);
     service.set_results_per_caller(a.results_per_caller as usize);
+    service.set_bodies_per_caller(a.bodies_per_caller as usize);
     // SIGTERM marks the process as leaving (unready); it stops accepting --stop-delay later.
     let stopping = tokio_util::sync::CancellationToken::new();
     let shutdown = tokio_util::sync::CancellationToken::new();

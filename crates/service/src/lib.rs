@@ -60,22 +60,32 @@ pub struct Service {
     verifying_everything: tokio::sync::Semaphore,
     /// Results being sent now, by caller.
     sending: per_caller::PerCaller,
+    /// Request bodies being read now, by caller.
+    receiving: per_caller::PerCaller,
 }
 
 /// Results one caller may be sent at once by default: each is held in memory until the last of it
 /// is handed to the connection, so a reader that stops reading holds one.
 pub const RESULTS_PER_CALLER: usize = 8;
 
-/// One result being sent to a caller, given back when dropped (when the last of it has been handed
-/// to the connection, or the connection went away).
-pub struct ResultSlot {
+/// Request bodies one caller may be sending at once by default: each is read whole into memory
+/// (up to [`MAX_REQUEST_BYTES`]) before it is parsed, and a sender that stops sending holds one.
+pub const BODIES_PER_CALLER: usize = 4;
+
+/// One of a caller's turns (a result being sent, a request body being read), given back when
+/// dropped: when the last of it has passed, or the connection went away.
+pub struct Slot {
     service: Arc<Service>,
     caller: String,
+    of: fn(&Service) -> &per_caller::PerCaller,
 }
 
-impl Drop for ResultSlot {
+/// A turn to be sent one result.
+pub type ResultSlot = Slot;
+
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.service.sending.give_back(&self.caller);
+        (self.of)(&self.service).give_back(&self.caller);
     }
 }
 
@@ -112,6 +122,7 @@ impl Service {
             waiting: per_caller::PerCaller::new(WAITS_PER_CALLER),
             verifying_everything: tokio::sync::Semaphore::new(1),
             sending: per_caller::PerCaller::new(RESULTS_PER_CALLER),
+            receiving: per_caller::PerCaller::new(BODIES_PER_CALLER),
             store,
             operator_store,
             terms: registry.terms(),
@@ -129,21 +140,45 @@ impl Service {
         self.sending.set_most(n);
     }
 
+    /// Request bodies one caller may be sending at once from now on (at least 1).
+    pub fn set_bodies_per_caller(&self, n: usize) {
+        self.receiving.set_most(n);
+    }
+
     /// A slot to send `p` one result, or refused when it is being sent as many as it may (a
     /// reader that stops reading holds its result in memory: the bound is per caller).
     pub fn result_slot(self: &Arc<Self>, p: &Principal) -> Result<ResultSlot, ServiceError> {
-        let caller = p.caller().to_owned();
-        self.sending.take(&caller).map_err(|n| {
-            ServiceError::rate_limited(
-                format!(
-                    "caller {caller} is being sent {n} results, the most at once: read them to the end (or close them) first"
-                ),
-                1,
+        self.slot(p, |s| &s.sending, |caller, n| {
+            format!(
+                "caller {caller} is being sent {n} results, the most at once: read them to the end (or close them) first"
             )
-        })?;
-        Ok(ResultSlot {
+        })
+    }
+
+    /// A slot to read one request body from `p`, or refused when it is sending as many as it may
+    /// (a sender that stops sending holds what it sent so far in memory: the bound is per caller).
+    pub fn body_slot(self: &Arc<Self>, p: &Principal) -> Result<Slot, ServiceError> {
+        self.slot(p, |s| &s.receiving, |caller, n| {
+            format!(
+                "caller {caller} is sending {n} request bodies, the most at once: finish (or close) one first"
+            )
+        })
+    }
+
+    fn slot(
+        self: &Arc<Self>,
+        p: &Principal,
+        of: fn(&Service) -> &per_caller::PerCaller,
+        refusal: impl FnOnce(&str, usize) -> String,
+    ) -> Result<Slot, ServiceError> {
+        let caller = p.caller().to_owned();
+        of(self)
+            .take(&caller)
+            .map_err(|n| ServiceError::rate_limited(refusal(&caller, n), 1))?;
+        Ok(Slot {
             service: self.clone(),
             caller,
+            of,
         })
     }
 
