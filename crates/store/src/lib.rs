@@ -183,6 +183,36 @@ fn refuse_unknown_parameters(url: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Why a connection per `opts` would not be verified although it may cross a network (a host that
+/// is not this machine, with an `sslmode` that encrypts without checking whom it talks to, or
+/// falls back to plain TCP); `None` when verified, local, or plain TCP said on purpose
+/// (`sslmode=disable`).
+fn unverified_tls(opts: &PgConnectOptions) -> Option<String> {
+    use sqlx::postgres::PgSslMode;
+    let host = opts.get_host();
+    let local = opts.get_socket().is_some()
+        || host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback());
+    let mode = match opts.get_ssl_mode() {
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer (the default)",
+        PgSslMode::Require => "require",
+        PgSslMode::Disable | PgSslMode::VerifyCa | PgSslMode::VerifyFull => return None,
+    };
+    (!local).then(|| {
+        format!(
+            "the database connection to {host} is not verified (sslmode={mode}): whoever sits on \
+             the path can read and change what jobtrail records; set sslmode=verify-full (with \
+             sslrootcert= your provider's CA), or sslmode=disable where plain TCP is meant"
+        )
+    })
+}
+
 impl Store {
     /// Connect with sane pool settings (bounded waits everywhere).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -195,6 +225,11 @@ impl Store {
             .map_err(|e| StoreError::Unavailable(format!("bad database URL: {e}")))?;
         // Sessions show up as "jobtrail" in pg_stat_activity unless the URL's application_name or
         // the standard PGAPPNAME says otherwise (an operator naming each worker's sessions).
+        if let Some(warning) = unverified_tls(&opts) {
+            // Once per process: a server connects a pool per login and one for its probes.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| tracing::warn!("{warning}"));
+        }
         if opts.get_application_name().is_none_or(str::is_empty) {
             opts = opts.application_name("jobtrail");
         }
@@ -1356,4 +1391,38 @@ pub(crate) async fn calls_of<'c, E: sqlx::PgExecutor<'c>>(
         .bind(id.as_uuid())
         .fetch_all(exec)
         .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unverified_connection_across_a_network_is_named() {
+        let said = |url: &str| unverified_tls(&PgConnectOptions::from_str(url).unwrap());
+        for url in [
+            "postgres://u@db.example/j",
+            "postgres://u@db.example/j?sslmode=prefer",
+            "postgres://u@db.example/j?sslmode=require",
+            "postgres://u@10.1.2.3:5432/j?sslmode=allow",
+            "postgres://u@[2001:db8::1]/j",
+        ] {
+            let w = said(url).unwrap_or_else(|| panic!("{url}: not named"));
+            assert!(w.contains("sslmode=verify-full"), "{w}");
+        }
+        for url in [
+            "postgres://u@db.example/j?sslmode=verify-full",
+            "postgres://u@db.example/j?sslmode=verify-ca",
+            "postgres://u@db.example/j?sslmode=disable",
+            "postgres://u@localhost/j",
+            "postgres://u@127.0.0.1:5432/j?sslmode=require",
+            "postgres://u@[::1]/j",
+            "postgres://u@db.example/j?host=/var/run/postgresql",
+        ] {
+            assert_eq!(said(url), None, "{url}");
+        }
+        // The password is never in it.
+        let w = said("postgres://u:hunter2@db.example/j").unwrap();
+        assert!(!w.contains("hunter2"), "{w}");
+    }
 }
