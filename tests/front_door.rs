@@ -1724,9 +1724,9 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
     );
 
     // A sender that stops: the head and a part of the body, then nothing.
-    let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    stalled
-        .write_all(
+    let stall = || async {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        conn.write_all(
             format!(
                 "POST /v1/operations HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
                  Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"provider\":"
@@ -1735,6 +1735,9 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
         )
         .await
         .unwrap();
+        conn
+    };
+    let mut stalled = stall().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let refused = loop {
         let r = submit(&token).await.unwrap();
@@ -1746,6 +1749,11 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
             std::time::Instant::now() < deadline,
             "a stalled body never held its sender's turn"
         );
+        // Answered (it asked while this probe held the one turn): stall again.
+        if !matches!(stalled.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        {
+            stalled = stall().await;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(refused.headers().contains_key("retry-after"));
