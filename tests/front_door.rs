@@ -1684,7 +1684,9 @@ async fn raw_status(addr: &str, head: &str, sent: &[u8]) -> u16 {
     let mut buf = [0u8; 1024];
     let read = async {
         while !answer.windows(2).any(|w| w == b"\r\n") {
-            let n = conn.read(&mut buf).await.unwrap();
+            // A server that answers before reading all it was sent may reset the connection
+            // after its answer: an error with nothing read is no answer.
+            let n = conn.read(&mut buf).await.unwrap_or(0);
             assert!(n > 0, "closed without an answer");
             answer.extend_from_slice(&buf[..n]);
         }
@@ -1811,6 +1813,8 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
     let id = "op_00000000000000000000000000";
     for (path, token, len, status) in [
         ("/v1/operations", &reader, 1_000_000, 403),
+        // Over MCP, a token that may not submit sends a few words at most.
+        ("/mcp", &reader, 64 * 1024 + 1, 413),
         (
             "/v1/operations",
             &token,

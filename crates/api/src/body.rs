@@ -1,17 +1,23 @@
 //! Request bodies, read whole into memory only for an authenticated caller with a turn to spare:
 //! each caller may be sending at most `--bodies-per-caller` bodies at once (a body is held in memory
 //! until its last byte arrives, and a sender that stops sending holds what it sent), so one token
-//! cannot make a server buffer `burst x 16 MiB`. A body that does not arrive within
-//! [`crate::REQUEST_TIMEOUT`] is refused, and its turn given back.
+//! cannot make a server buffer `burst x 16 MiB`. A body that does not arrive within 25 s is
+//! refused, and its turn given back.
 
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
+use bytes::BytesMut;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use jobtrail_service::{Kind, Principal, Service};
 
 use crate::{Problem, REQUEST_TIMEOUT};
+
+/// How long a body may take to arrive: under the routes' own bound, so a slow one is answered as
+/// this module says (400), not cut off by it.
+const BODY_TIMEOUT: std::time::Duration =
+    REQUEST_TIMEOUT.saturating_sub(std::time::Duration::from_secs(5));
 
 /// The largest body of a request that only carries a decision or a reason (cancel, decide): what
 /// a person writes, not a provider's request.
@@ -40,21 +46,29 @@ pub async fn read(
         return Err(too_large());
     }
     let _turn = service.body_slot(p)?;
-    let collected = tokio::time::timeout(REQUEST_TIMEOUT, Limited::new(body, limit).collect())
-        .await
-        .map_err(|_| {
-            Problem::new(
-                Kind::BadInput,
-                format!(
-                    "the request body did not arrive within {} s",
-                    REQUEST_TIMEOUT.as_secs()
-                ),
-            )
-        })?;
-    match collected {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(Problem::new(
+    // Into one buffer: collecting keeps every chunk (and the read buffer it was cut from), so a
+    // body sent a byte at a time would cost many times its size.
+    let mut body = Limited::new(body, limit);
+    let mut whole = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                whole.extend_from_slice(&data);
+            }
+        }
+        Ok::<_, axum::BoxError>(())
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Err(_) => Err(Problem::new(
+            Kind::BadInput,
+            format!(
+                "the request body did not arrive within {} s",
+                BODY_TIMEOUT.as_secs()
+            ),
+        )),
+        Ok(Ok(())) => Ok(whole.freeze()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(Problem::new(
             Kind::BadInput,
             format!("reading the request body: {e}"),
         )),

@@ -88,7 +88,13 @@ pub async fn require_bearer(
     let body = if body.is_end_stream() {
         body
     } else {
-        match body::read(&service, &p, &parts.headers, body, MAX_REQUEST_BYTES).await {
+        // Only a caller who may submit sends a provider's request; any other sends a few words.
+        let limit = if p.has(jobtrail_service::Scope::Submit) {
+            MAX_REQUEST_BYTES
+        } else {
+            body::SMALL_REQUEST_BYTES
+        };
+        match body::read(&service, &p, &parts.headers, body, limit).await {
             Ok(b) => axum::body::Body::from(b),
             Err(problem) => return problem.into_response(),
         }
