@@ -287,3 +287,96 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
     // The secret never reaches the log.
     assert!(!server.log_text().contains(support::WEBHOOK_SECRET));
 }
+
+/// Anyone may send a webhook (its signature is checked once the payload is whole), so the server
+/// reads one only for a provider that takes webhooks, at most 256 KiB (declared or sent), a
+/// bounded number at once per provider, each within 10 s: a sender that stops sending holds one
+/// turn, past the bound another delivery is refused (429: the provider delivers again later),
+/// and the trickler is cut off and its turn given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anyone_may_send_a_webhook_but_few_payloads_arrive_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = Env::new().await;
+    let server = env.serve_with("api", &[("JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER", "1")]);
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let head = |provider: &str, len: usize| {
+        format!(
+            "POST /v1/webhooks/{provider} HTTP/1.1\r\nHost: {addr}\r\n\
+             Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    // Refused without waiting for the payload: no such provider, a length over 256 KiB.
+    assert_eq!(
+        support::raw_status(&addr, &head("nosuch", 1_000_000), b"{").await,
+        404
+    );
+    assert_eq!(
+        support::raw_status(&addr, &head("sim", 256 * 1024 + 1), b"{").await,
+        413
+    );
+    // Sent, not declared: chunks running past 256 KiB.
+    let chunked = format!(
+        "POST /v1/webhooks/sim HTTP/1.1\r\nHost: {addr}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    let chunk = format!("{:x}\r\n{}\r\n", 300_000, "a".repeat(300_000));
+    assert_eq!(
+        support::raw_status(&addr, &chunked, chunk.as_bytes()).await,
+        413
+    );
+    // A whole payload without a signature is read, and refused as unverified.
+    let unsigned = || async { support::raw_status(&addr, &head("sim", 2), b"{}").await };
+    assert_eq!(unsigned().await, 401);
+
+    // A sender that stops: the head and a part of the payload, then nothing.
+    let stall = || async {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        conn.write_all(format!("{}{{\"event_id\":", head("sim", 1000)).as_bytes())
+            .await
+            .unwrap();
+        (conn, Instant::now())
+    };
+    let (mut stalled, mut since) = stall().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = unsigned().await;
+        if status == 429 {
+            break;
+        }
+        assert_eq!(status, 401);
+        assert!(
+            Instant::now() < deadline,
+            "a stalled payload never held its provider's turn"
+        );
+        // Answered (it arrived while this probe held the one turn): stall again.
+        if !matches!(stalled.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        {
+            (stalled, since) = stall().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The trickler is answered 400 once 10 s have passed since it began, and its turn is free.
+    let mut answer = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 1024];
+        while !answer.windows(2).any(|w| w == b"\r\n") {
+            let n = stalled.read(&mut buf).await.unwrap_or(0);
+            assert!(n > 0, "closed without an answer");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("a trickling payload was never cut off");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 400"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(
+        since.elapsed() >= Duration::from_secs(9),
+        "cut off after {:?}, before its 10 s",
+        since.elapsed()
+    );
+    assert_eq!(unsigned().await, 401, "the turn was not given back");
+}

@@ -549,3 +549,28 @@ pub fn http() -> reqwest::Client {
         .build()
         .unwrap()
 }
+
+/// What the server answers to a request written by hand on a fresh connection (`head` with its
+/// `Content-Length`, and `sent` of the body): the status line's code, read within 10 s.
+pub async fn raw_status(addr: &str, head: &str, sent: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(sent).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !answer.windows(2).any(|w| w == b"\r\n") {
+            // A server that answers before reading all it was sent may reset the connection
+            // after its answer: an error with nothing read is no answer.
+            let n = conn.read(&mut buf).await.unwrap_or(0);
+            assert!(n > 0, "closed without an answer");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("no answer within 10 s (was the body awaited?)");
+    let line = String::from_utf8_lossy(&answer);
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}

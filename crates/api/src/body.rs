@@ -5,19 +5,19 @@
 //! refused, and its turn given back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
 use bytes::BytesMut;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use jobtrail_service::{Kind, Principal, Service};
+use jobtrail_service::{Kind, Principal, Service, ServiceError, Slot};
 
 use crate::{Problem, REQUEST_TIMEOUT};
 
 /// How long a body may take to arrive: under the routes' own bound, so a slow one is answered as
 /// this module says (400), not cut off by it.
-const BODY_TIMEOUT: std::time::Duration =
-    REQUEST_TIMEOUT.saturating_sub(std::time::Duration::from_secs(5));
+const BODY_TIMEOUT: Duration = REQUEST_TIMEOUT.saturating_sub(Duration::from_secs(5));
 
 /// The largest body of a request that only carries a decision or a reason (cancel, decide): what
 /// a person writes, not a provider's request.
@@ -31,13 +31,24 @@ pub async fn read(
     body: Body,
     limit: usize,
 ) -> Result<Bytes, Problem> {
+    read_holding(|| service.body_slot(p), headers, body, limit, BODY_TIMEOUT).await
+}
+
+/// `body` read whole (at most `limit` bytes, within `within`) while holding the turn `turn`
+/// gives; a declared length over `limit` is refused before a turn is taken or a byte read.
+pub async fn read_holding(
+    turn: impl FnOnce() -> Result<Slot, ServiceError>,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    within: Duration,
+) -> Result<Bytes, Problem> {
     let too_large = || {
         Problem::new(
             Kind::TooLarge,
             format!("the request body is over {limit} bytes"),
         )
     };
-    // A declared length over the limit is refused before a byte of it is read.
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -45,7 +56,7 @@ pub async fn read(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    let _turn = service.body_slot(p)?;
+    let _turn = turn()?;
     // Into one buffer: collecting keeps every chunk (and the read buffer it was cut from), so a
     // body sent a byte at a time would cost many times its size.
     let mut body = Limited::new(body, limit);
@@ -58,12 +69,12 @@ pub async fn read(
         }
         Ok::<_, axum::BoxError>(())
     };
-    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+    match tokio::time::timeout(within, read).await {
         Err(_) => Err(Problem::new(
             Kind::BadInput,
             format!(
                 "the request body did not arrive within {} s",
-                BODY_TIMEOUT.as_secs()
+                within.as_secs()
             ),
         )),
         Ok(Ok(())) => Ok(whole.freeze()),

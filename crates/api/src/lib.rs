@@ -170,7 +170,7 @@ fn every_route_may_answer(doc: &mut utoipa::openapi::OpenApi) {
     };
     let limited = ResponseBuilder::new()
         .description(
-            "Rate-limited: too many requests from this address or token, or too many waits or MCP sessions held at once. Nothing was done: try again after `Retry-After` seconds (also `extra.retry_after_secs`)",
+            "Rate-limited: too many requests from this address or token, or too many waits, MCP sessions, results or request bodies (for a webhook: payloads of its provider) held at once. Nothing was done: try again after `Retry-After` seconds (also `extra.retry_after_secs`)",
         )
         .content(PROBLEM_JSON, problem())
         .header(

@@ -28,15 +28,9 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(escalations))
         .routes(routes!(decide))
         .routes(routes!(verify))
-        .merge(
-            // A webhook is unauthenticated until verified: its body limit is its own, far below
-            // the API's, so an anonymous sender cannot make the server buffer megabytes.
-            OpenApiRouter::new()
-                .routes(routes!(crate::webhook::receive))
-                .layer(axum::extract::DefaultBodyLimit::max(
-                    crate::webhook::MAX_PAYLOAD,
-                )),
-        )
+        // A webhook is unauthenticated until verified: its body is read by the handler, only for a
+        // provider that takes webhooks, at most 256 KiB, a bounded number at once.
+        .routes(routes!(crate::webhook::receive))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             REQUEST_TIMEOUT,

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use hmac::{KeyInit, Mac};
@@ -26,6 +25,9 @@ use crate::problem::{PROBLEM_JSON, Problem, ProblemDoc};
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// The largest payload accepted.
 pub const MAX_PAYLOAD: usize = 256 * 1024;
+/// How long a payload may take to arrive: a provider sends a few kilobytes at once, so one that
+/// trickles is someone holding a turn.
+pub const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest event or job id accepted.
 const MAX_ID: usize = 200;
 
@@ -165,7 +167,7 @@ pub(crate) async fn receive(
     State(s): State<AppState>,
     Path(provider): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<(StatusCode, Json<WebhookAck>), Problem> {
     let service = &s.webhooks.service;
     let spec = service
@@ -178,22 +180,16 @@ pub(crate) async fn receive(
                 format!("no provider {provider:?} takes webhooks here"),
             )
         })?;
-    let too_large = || {
-        Problem::new(
-            Kind::TooLarge,
-            format!("a webhook payload may be at most {MAX_PAYLOAD} bytes"),
-        )
-    };
-    let payload = body.map_err(|e| {
-        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            too_large()
-        } else {
-            Problem::new(Kind::BadInput, e.body_text())
-        }
-    })?;
-    if payload.len() > MAX_PAYLOAD {
-        return Err(too_large());
-    }
+    // Read only for a provider that takes webhooks, with one of its turns: anyone may send a
+    // payload (its signature is checked once it is whole), and one that trickles holds its turn.
+    let payload = crate::body::read_holding(
+        || service.webhook_body_slot(&provider),
+        &headers,
+        body,
+        MAX_PAYLOAD,
+        PAYLOAD_TIMEOUT,
+    )
+    .await?;
     let secret = jobtrail_provider::wire::resolve_secret(&spec.secret)
         .await
         .map_err(|_| {

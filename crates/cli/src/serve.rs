@@ -70,6 +70,13 @@ pub struct ServeArgs {
           default_value_t = jobtrail_service::BODIES_PER_CALLER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub bodies_per_caller: u32,
+    /// Webhook payloads one provider may be sent at once (each is read whole, up to 256 KiB,
+    /// before its signature can be checked); past it, another is refused (429) and the provider
+    /// delivers it again later. Webhooks only hint: status reads go on without them.
+    #[arg(long, env = "JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER",
+          default_value_t = jobtrail_service::WEBHOOK_BODIES_PER_PROVIDER as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub webhook_bodies_per_provider: u32,
 }
 
 /// Cancel `first` on SIGTERM or Ctrl-C, and `then` on a second one (a person who asks twice does
@@ -124,6 +131,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     service.set_waits_per_caller(a.waits_per_caller as usize);
     service.set_results_per_caller(a.results_per_caller as usize);
     service.set_bodies_per_caller(a.bodies_per_caller as usize);
+    service.set_webhook_bodies_per_provider(a.webhook_bodies_per_provider as usize);
     // SIGTERM marks the process as leaving (unready); it stops accepting --stop-delay later.
     let stopping = tokio_util::sync::CancellationToken::new();
     let shutdown = tokio_util::sync::CancellationToken::new();

@@ -62,6 +62,9 @@ pub struct Service {
     sending: per_caller::PerCaller,
     /// Request bodies being read now, by caller.
     receiving: per_caller::PerCaller,
+    /// Webhook bodies being read now, by provider (a webhook's sender is unknown until its
+    /// signature is checked, which needs the whole body).
+    hinting: per_caller::PerCaller,
 }
 
 /// Results one caller may be sent at once by default: each is held in memory until the last of it
@@ -72,11 +75,17 @@ pub const RESULTS_PER_CALLER: usize = 8;
 /// (up to [`MAX_REQUEST_BYTES`]) before it is parsed, and a sender that stops sending holds one.
 pub const BODIES_PER_CALLER: usize = 4;
 
-/// One of a caller's turns (a result being sent, a request body being read), given back when
-/// dropped: when the last of it has passed, or the connection went away.
+/// Webhook bodies being read at once for one provider by default: a delivery is read before its
+/// signature can be checked, so anyone may send one, and a sender that stops sending holds one.
+/// A webhook only hints (status reads go on without it), so one refused costs only a delay.
+pub const WEBHOOK_BODIES_PER_PROVIDER: usize = 16;
+
+/// One of a caller's turns (a result being sent, a request body being read) or a provider's (a
+/// webhook body being read), given back when dropped: when the last of it has passed, or the
+/// connection went away.
 pub struct Slot {
     service: Arc<Service>,
-    caller: String,
+    holder: String,
     of: fn(&Service) -> &per_caller::PerCaller,
 }
 
@@ -85,7 +94,7 @@ pub type ResultSlot = Slot;
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        (self.of)(&self.service).give_back(&self.caller);
+        (self.of)(&self.service).give_back(&self.holder);
     }
 }
 
@@ -123,6 +132,7 @@ impl Service {
             verifying_everything: tokio::sync::Semaphore::new(1),
             sending: per_caller::PerCaller::new(RESULTS_PER_CALLER),
             receiving: per_caller::PerCaller::new(BODIES_PER_CALLER),
+            hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
             store,
             operator_store,
             terms: registry.terms(),
@@ -145,6 +155,11 @@ impl Service {
         self.receiving.set_most(n);
     }
 
+    /// Webhook bodies one provider may be sent at once from now on (at least 1).
+    pub fn set_webhook_bodies_per_provider(&self, n: usize) {
+        self.hinting.set_most(n);
+    }
+
     /// A slot to send `p` one result, or refused when it is being sent as many as it may (a
     /// reader that stops reading holds its result in memory: the bound is per caller).
     pub fn result_slot(self: &Arc<Self>, p: &Principal) -> Result<ResultSlot, ServiceError> {
@@ -165,19 +180,37 @@ impl Service {
         })
     }
 
+    /// A slot to read one webhook body for `provider` (a name from the registry), or refused
+    /// when as many are being read for it as may be.
+    pub fn webhook_body_slot(self: &Arc<Self>, provider: &str) -> Result<Slot, ServiceError> {
+        self.slot_for(provider, |s| &s.hinting, |provider, n| {
+            format!(
+                "{n} webhook bodies for {provider} are being read, the most at once: deliver again later"
+            )
+        })
+    }
+
     fn slot(
         self: &Arc<Self>,
         p: &Principal,
         of: fn(&Service) -> &per_caller::PerCaller,
         refusal: impl FnOnce(&str, usize) -> String,
     ) -> Result<Slot, ServiceError> {
-        let caller = p.caller().to_owned();
+        self.slot_for(p.caller(), of, refusal)
+    }
+
+    fn slot_for(
+        self: &Arc<Self>,
+        holder: &str,
+        of: fn(&Service) -> &per_caller::PerCaller,
+        refusal: impl FnOnce(&str, usize) -> String,
+    ) -> Result<Slot, ServiceError> {
         of(self)
-            .take(&caller)
-            .map_err(|n| ServiceError::rate_limited(refusal(&caller, n), 1))?;
+            .take(holder)
+            .map_err(|n| ServiceError::rate_limited(refusal(holder, n), 1))?;
         Ok(Slot {
             service: self.clone(),
-            caller,
+            holder: holder.to_owned(),
             of,
         })
     }
