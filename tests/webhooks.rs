@@ -295,7 +295,7 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
 /// and the trickler is cut off and its turn given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anyone_may_send_a_webhook_but_few_payloads_arrive_at_once() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let env = Env::new().await;
     let server = env.serve_with("api", &[("JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER", "1")]);
     let addr = server.base.trim_start_matches("http://").to_owned();
@@ -356,23 +356,8 @@ async fn anyone_may_send_a_webhook_but_few_payloads_arrive_at_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The trickler is answered 400 once 10 s have passed since it began, and its turn is free.
-    let mut answer = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 1024];
-        while !answer.windows(2).any(|w| w == b"\r\n") {
-            let n = stalled.read(&mut buf).await.unwrap_or(0);
-            assert!(n > 0, "closed without an answer");
-            answer.extend_from_slice(&buf[..n]);
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), read)
-        .await
-        .expect("a trickling payload was never cut off");
-    assert!(
-        answer.starts_with(b"HTTP/1.1 400"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    let answer = support::status_line(&mut stalled, Duration::from_secs(20)).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(
         since.elapsed() >= Duration::from_secs(9),
         "cut off after {:?}, before its 10 s",

@@ -553,10 +553,17 @@ pub fn http() -> reqwest::Client {
 /// What the server answers to a request written by hand on a fresh connection (`head` with its
 /// `Content-Length`, and `sent` of the body): the status line's code, read within 10 s.
 pub async fn raw_status(addr: &str, head: &str, sent: &[u8]) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
     conn.write_all(head.as_bytes()).await.unwrap();
     conn.write_all(sent).await.unwrap();
+    let answer = status_line(&mut conn, Duration::from_secs(10)).await;
+    answer.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// The first line the server answers on `conn`, read within `within` (else the test fails).
+pub async fn status_line(conn: &mut tokio::net::TcpStream, within: Duration) -> String {
+    use tokio::io::AsyncReadExt;
     let mut answer = Vec::new();
     let mut buf = [0u8; 1024];
     let read = async {
@@ -568,9 +575,9 @@ pub async fn raw_status(addr: &str, head: &str, sent: &[u8]) -> u16 {
             answer.extend_from_slice(&buf[..n]);
         }
     };
-    tokio::time::timeout(Duration::from_secs(10), read)
+    tokio::time::timeout(within, read)
         .await
-        .expect("no answer within 10 s (was the body awaited?)");
-    let line = String::from_utf8_lossy(&answer);
-    line.split(' ').nth(1).unwrap().parse().unwrap()
+        .unwrap_or_else(|_| panic!("no answer within {within:?} (was the body awaited?)"));
+    let text = String::from_utf8_lossy(&answer);
+    text.lines().next().unwrap_or_default().to_owned()
 }
