@@ -1818,4 +1818,49 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
         support::raw_status(&addr, &chunked, chunk.as_bytes()).await,
         413
     );
+    // The turn is held until the route has answered, not only while the body arrives (what was
+    // parsed from it is held as long): a submit waiting for the database holds it.
+    let mut db = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut db).await.unwrap();
+    sqlx::query("LOCK TABLE operations IN SHARE MODE")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let (c, url, token) = (c.clone(), server.url("/v1/operations"), token.clone());
+        let req = json!({"provider": "sim", "target": "reports", "approved_by": "e2e",
+                         "request": body(json!({"duration_ms": 300}))});
+        async move {
+            c.post(url)
+                .bearer_auth(token)
+                .json(&req)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while submit(&token).await.unwrap().status() != StatusCode::TOO_MANY_REQUESTS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a submit waiting for the database gave its turn back before answering"
+        );
+        assert!(
+            !waiting.is_finished(),
+            "the submit did not wait for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::query("ROLLBACK").execute(&mut db).await.unwrap();
+    let created = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the submit never answered once the lock was gone")
+        .unwrap();
+    assert_eq!(created, StatusCode::CREATED);
+    assert_eq!(
+        submit(&token).await.unwrap().status(),
+        StatusCode::BAD_REQUEST,
+        "answered, the turn is free"
+    );
 }

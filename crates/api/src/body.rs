@@ -1,8 +1,9 @@
 //! Request bodies, read whole into memory only for an authenticated caller with a turn to spare:
 //! each caller may be sending at most `--bodies-per-caller` bodies at once (a body is held in memory
 //! until its last byte arrives, and a sender that stops sending holds what it sent), so one token
-//! cannot make a server buffer `burst x 16 MiB`. A body that does not arrive within 25 s is
-//! refused, and its turn given back.
+//! cannot make a server buffer `burst x 16 MiB`. The turn is held until the request is done with
+//! the body (parsed, and the handler finished), and given back at once if it does not arrive
+//! within 25 s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,26 +24,28 @@ const BODY_TIMEOUT: Duration = REQUEST_TIMEOUT.saturating_sub(Duration::from_sec
 /// a person writes, not a provider's request.
 pub const SMALL_REQUEST_BYTES: usize = 64 * 1024;
 
-/// `body` read whole (at most `limit` bytes) while holding one of `p`'s turns.
+/// `body` read whole (at most `limit` bytes) with one of `p`'s turns, which the caller holds
+/// for as long as it holds what it made of the body (a parsed JSON value can be many times the
+/// size of its text, and a submit holds one while it waits for the database).
 pub async fn read(
     service: &Arc<Service>,
     p: &Principal,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-) -> Result<Bytes, Problem> {
+) -> Result<(Bytes, Slot), Problem> {
     read_holding(|| service.body_slot(p), headers, body, limit, BODY_TIMEOUT).await
 }
 
-/// `body` read whole (at most `limit` bytes, within `within`) while holding the turn `turn`
-/// gives; a declared length over `limit` is refused before a turn is taken or a byte read.
+/// `body` read whole (at most `limit` bytes, within `within`) with the turn `turn` gives, handed
+/// back with it; a declared length over `limit` is refused before a turn is taken or a byte read.
 pub async fn read_holding(
     turn: impl FnOnce() -> Result<Slot, ServiceError>,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
     within: Duration,
-) -> Result<Bytes, Problem> {
+) -> Result<(Bytes, Slot), Problem> {
     let too_large = || {
         Problem::new(
             Kind::TooLarge,
@@ -56,7 +59,7 @@ pub async fn read_holding(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    let _turn = turn()?;
+    let turn = turn()?;
     // Into one buffer: collecting keeps every chunk (and the read buffer it was cut from), so a
     // body sent a byte at a time would cost many times its size.
     let mut body = Limited::new(body, limit);
@@ -77,7 +80,7 @@ pub async fn read_holding(
                 within.as_secs()
             ),
         )),
-        Ok(Ok(())) => Ok(whole.freeze()),
+        Ok(Ok(())) => Ok((whole.freeze(), turn)),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
         Ok(Err(e)) => Err(Problem::new(
             Kind::BadInput,

@@ -85,8 +85,9 @@ pub async fn require_bearer(
         Ok(p) => p,
         Err(problem) => return problem.into_response(),
     };
-    let body = if body.is_end_stream() {
-        body
+    // The turn is held until the route has answered (what it parsed from the body is gone).
+    let (body, _turn) = if body.is_end_stream() {
+        (body, None)
     } else {
         // Only a caller who may submit sends a provider's request; any other sends a few words.
         let limit = if p.has(jobtrail_service::Scope::Submit) {
@@ -95,7 +96,7 @@ pub async fn require_bearer(
             body::SMALL_REQUEST_BYTES
         };
         match body::read(&service, &p, &parts.headers, body, limit).await {
-            Ok(b) => axum::body::Body::from(b),
+            Ok((b, turn)) => (axum::body::Body::from(b), Some(turn)),
             Err(problem) => return problem.into_response(),
         }
     };

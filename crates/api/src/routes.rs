@@ -47,14 +47,14 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 /// The caller's JSON body, read with one of its turns ([`crate::body`]) and at most `limit` bytes,
 /// then parsed strictly (duplicate keys, numbers beyond exact range and NUL refused, as for any
 /// request jobtrail records) into `T` (unknown fields refused). A body that is not said to be JSON
-/// is refused before it is read.
+/// is refused before it is read. The turn comes back with `T`: hold it while `T` is held.
 async fn json_body<T: serde::de::DeserializeOwned>(
     s: &AppState,
     p: &Principal,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-) -> Result<T, Problem> {
+) -> Result<(T, Slot), Problem> {
     let json_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -70,14 +70,17 @@ async fn json_body<T: serde::de::DeserializeOwned>(
             "send the body as JSON with Content-Type: application/json",
         ));
     }
-    let body = crate::body::read(&s.service, p, headers, body, limit).await?;
+    let (body, turn) = crate::body::read(&s.service, p, headers, body, limit).await?;
     let v = jobtrail_core::json::parse_strict(&body).map_err(|e| {
         Problem::new(
             Kind::BadInput,
             format!("the body is not acceptable JSON: {e}"),
         )
     })?;
-    serde_json::from_value(v).map_err(|e| Problem::new(Kind::BadInput, format!("the body: {e}")))
+    drop(body);
+    let t = serde_json::from_value(v)
+        .map_err(|e| Problem::new(Kind::BadInput, format!("the body: {e}")))?;
+    Ok((t, turn))
 }
 
 /// Query parameters, with a problem document (not axum's plain text) when they do not parse.
@@ -110,7 +113,8 @@ async fn submit(
     body: Body,
 ) -> Result<(StatusCode, Json<SubmitResponse>), Problem> {
     p.require(Scope::Submit)?;
-    let req: SubmitRequest = json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
+    let (req, _turn): (SubmitRequest, _) =
+        json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
     let trace = jobtrail_provider::wire::extract_trace(&headers);
     let r = s.service.submit(&p, req, trace).await?;
     let status = if r.created {
@@ -143,7 +147,7 @@ async fn submit_batch(
     body: Body,
 ) -> Result<(StatusCode, Json<BatchSubmitResponse>), Problem> {
     p.require(Scope::Submit)?;
-    let req: BatchSubmitRequest =
+    let (req, _turn): (BatchSubmitRequest, _) =
         json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
     let trace = jobtrail_provider::wire::extract_trace(&headers);
     let operations = s.service.submit_batch(&p, req.operations, trace).await?;
@@ -272,7 +276,8 @@ async fn cancel(
     body: Body,
 ) -> Result<(StatusCode, Json<CancelResponse>), Problem> {
     p.require(Scope::Cancel)?;
-    let b: CancelBody = json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
+    let (b, _turn): (CancelBody, _) =
+        json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(s.service.cancel(&p, &id, &b.reason).await?),
@@ -425,7 +430,7 @@ async fn decide(
     body: Body,
 ) -> Result<Json<DecideResponse>, Problem> {
     p.require(Scope::Decide)?;
-    let req: DecideRequest =
+    let (req, _turn): (DecideRequest, _) =
         json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
     Ok(Json(s.service.decide(&p, &id, req).await?))
 }

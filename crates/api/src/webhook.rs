@@ -180,9 +180,10 @@ pub(crate) async fn receive(
                 format!("no provider {provider:?} takes webhooks here"),
             )
         })?;
-    // Read only for a provider that takes webhooks, with one of its turns: anyone may send a
-    // payload (its signature is checked once it is whole), and one that trickles holds its turn.
-    let payload = crate::body::read_holding(
+    // Read only for a provider that takes webhooks, with one of its turns held to the answer:
+    // anyone may send a payload (its signature is checked once it is whole), and one that
+    // trickles holds its turn.
+    let (payload, _turn) = crate::body::read_holding(
         || service.webhook_body_slot(&provider),
         &headers,
         body,

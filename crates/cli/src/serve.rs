@@ -65,7 +65,8 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub results_per_caller: u32,
     /// Request bodies (HTTP and MCP) one caller may be sending at once; past it, another is
-    /// refused (429). Each is held in memory until its last byte arrives (a submit: up to 16 MiB).
+    /// refused (429). Each, and what is parsed from it, is held in memory until the request is
+    /// answered (a submit: up to 16 MiB).
     #[arg(long, env = "JOBTRAIL_BODIES_PER_CALLER",
           default_value_t = jobtrail_service::BODIES_PER_CALLER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
