@@ -2,7 +2,7 @@
 # Check what jobtrail ships for deployment, without a cluster or a Docker engine:
 #   - helm lint and helm template of helm/jobtrail, with the defaults and with every option on;
 #   - the rendered manifests validated against the Kubernetes schemas (kubernetes-validate, strict);
-#   - the chart refusing settings that cannot work (grace period shorter than a step);
+#   - the chart refusing settings that cannot work (grace period shorter than a step, one port twice);
 #   - docker-compose.yml validated by docker-compose's own schema check;
 #   - the Dockerfile linted (hadolint), its runtime stage non-root, every binary it builds one the
 #     workspace has. (No image is built: no container engine runs here, and base images come from
@@ -106,6 +106,10 @@ if "$helm" template jt helm/jobtrail --set api.drain=1m >/dev/null 2>&1; then
 fi
 if "$helm" template jt helm/jobtrail --set api.stopDelaySeconds=25 >/dev/null 2>&1; then
   echo "an API grace period shorter than stopDelaySeconds + drain rendered" >&2
+  exit 1
+fi
+if "$helm" template jt helm/jobtrail --set api.opsPort=8080 >/dev/null 2>&1; then
+  echo "the API and its ops listener on one port rendered" >&2
   exit 1
 fi
 grep -A1 'name: JOBTRAIL_STOP_DELAY' "$out/default.yaml" | grep -q '"5s"'
