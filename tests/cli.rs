@@ -712,6 +712,9 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--stop-delay", "1h"],
         vec!["serve", "--results-per-caller", "0"],
         vec!["serve", "--bodies-per-caller", "0"],
+        vec!["serve", "--webhook-bodies-per-provider", "0"],
+        vec!["serve", "--send-timeout", "0s"],
+        vec!["serve", "--send-timeout", "2h"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
             .args(&args)

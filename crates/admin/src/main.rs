@@ -231,6 +231,11 @@ async fn main() -> ExitCode {
     shell::end_quietly_when_stdout_closes();
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
+    // Warnings (a database reached without certificate checks) on stderr, apart from the output.
+    if let Err(e) = jobtrail_telemetry::logs::init("warn") {
+        eprintln!("error: {e}");
+        return ExitCode::from(jobtrail_console::shell::exit::BAD_INPUT);
+    }
     shell::exit_with(run(cli).await)
 }
 

@@ -1686,6 +1686,34 @@ fn without_database_url_it_refuses_and_starts_no_database_of_its_own() {
     assert!(!data.exists(), "a private cluster was started");
 }
 
+/// Its warnings go to stderr through the same log settings as `jobtrail`'s: a misspelt filter is
+/// refused before anything is done, naming the variable.
+#[test]
+fn its_log_settings_are_jobtrails() {
+    let run = |var: &str, value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+            .arg("escalations")
+            .env_remove("DATABASE_URL")
+            .env_remove("JOBTRAIL_LOG")
+            .env_remove("JOBTRAIL_LOG_FORMAT")
+            .env(var, value)
+            .output()
+            .unwrap()
+    };
+    for (var, value) in [
+        ("JOBTRAIL_LOG", "jobtrail=loud"),
+        ("JOBTRAIL_LOG_FORMAT", "jsn"),
+    ] {
+        let out = run(var, value);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{var}={value}: {err}");
+        assert!(err.contains(var), "{var}={value}: {err}");
+    }
+    // Taken: on to the missing database.
+    let out = run("JOBTRAIL_LOG", "info");
+    assert_eq!(code(&out), 5, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[tokio::test]
 async fn an_anchor_that_cannot_be_kept_or_named_is_not_recorded() {
     let db = TestDb::new().await;

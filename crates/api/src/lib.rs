@@ -258,14 +258,23 @@ pub fn protected(app: axum::Router) -> axum::Router {
         )
 }
 
+/// How long by default a connection may hold answer bytes its peer takes none of before it is
+/// closed (`--send-timeout`).
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Serve `app` on `listener` until `shutdown` resolves, then finish the requests in flight (bounded
-/// by `drain`).
+/// by `drain`). A connection whose peer takes none of the bytes sent to it for `send_timeout` is
+/// closed (hyper has no write timeout: a reader that stops reading would hold its answer, and what
+/// the answer holds, until it went away); one with nothing to send (a long poll) is not.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     shutdown: tokio_util::sync::CancellationToken,
     drain: Duration,
+    send_timeout: Duration,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(move |tcp| cut_off_after(tcp, send_timeout));
     let stop = shutdown.clone();
     // The peer's address reaches the handlers (the rate limit per address reads it).
     let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
@@ -283,6 +292,17 @@ pub async fn serve(
             Ok(())
         }
     }
+}
+
+/// Close `tcp` once bytes sent on it have gone unacknowledged, or unsent because the peer's window
+/// is shut, for `timeout` (Linux's `TCP_USER_TIMEOUT`; elsewhere only the system's own timeouts).
+fn cut_off_after(tcp: &mut tokio::net::TcpStream, timeout: Duration) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Err(e) = socket2::SockRef::from(&*tcp).set_tcp_user_timeout(Some(timeout)) {
+        tracing::debug!("TCP_USER_TIMEOUT not set on a connection: {e}");
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = (tcp, timeout);
 }
 
 /// A status code for tests and the CLI.

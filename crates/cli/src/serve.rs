@@ -30,6 +30,11 @@ pub struct ServeArgs {
     /// connection); the drain follows. 0s: stop accepting at once.
     #[arg(long, env = "JOBTRAIL_STOP_DELAY", default_value = "0s")]
     pub stop_delay: String,
+    /// Close a connection whose client takes none of the answer sent to it for this long (a
+    /// reader that stops reading holds its answer in memory, and its turn, until then). A
+    /// connection with nothing to send, such as a wait, is not affected. 1s to 1h.
+    #[arg(long, env = "JOBTRAIL_SEND_TIMEOUT", default_value = "60s")]
+    pub send_timeout: String,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address, apart from the API (keep it
     /// off the Ingress). Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -71,7 +76,7 @@ pub struct ServeArgs {
           default_value_t = jobtrail_service::BODIES_PER_CALLER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub bodies_per_caller: u32,
-    /// Webhook payloads one provider may be sent at once (each is read whole, up to 256 KiB,
+    /// Webhook payloads being read at once for one provider (each is read whole, up to 256 KiB,
     /// before its signature can be checked); past it, another is refused (429) and the provider
     /// delivers it again later. Webhooks only hint: status reads go on without them.
     #[arg(long, env = "JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER",
@@ -114,6 +119,12 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         &a.stop_delay,
         Duration::ZERO,
         Duration::from_secs(300),
+    )?;
+    let send_timeout = shell::parse_duration_within(
+        "--send-timeout",
+        &a.send_timeout,
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
     )?;
     let registry = shell::registry(&common.providers)?;
     let store = shell::store(common).await?;
@@ -185,7 +196,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         .local_addr()
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     eprintln!("jobtrail API listening on http://{addr} (MCP at /mcp, OpenAPI at /openapi.json)");
-    jobtrail_api::serve(listener, app, shutdown, drain)
+    jobtrail_api::serve(listener, app, shutdown, drain, send_timeout)
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     Ok(ExitCode::SUCCESS)

@@ -34,7 +34,7 @@ use jobtrail_core::{
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -226,9 +226,18 @@ impl Store {
         // Sessions show up as "jobtrail" in pg_stat_activity unless the URL's application_name or
         // the standard PGAPPNAME says otherwise (an operator naming each worker's sessions).
         if let Some(warning) = unverified_tls(&opts) {
-            // Once per process: a server connects a pool per login and one for its probes.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| tracing::warn!("{warning}"));
+            // Once per server per process: a server connects a pool per login and one for its
+            // probes, and the operator login may name another server.
+            static SAID: std::sync::Mutex<BTreeSet<(String, u16)>> =
+                std::sync::Mutex::new(BTreeSet::new());
+            let server = (opts.get_host().to_owned(), opts.get_port());
+            if SAID
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(server)
+            {
+                tracing::warn!("{warning}");
+            }
         }
         if opts.get_application_name().is_none_or(str::is_empty) {
             opts = opts.application_name("jobtrail");
