@@ -715,6 +715,8 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--webhook-bodies-per-provider", "0"],
         vec!["serve", "--send-timeout", "0s"],
         vec!["serve", "--send-timeout", "2h"],
+        vec!["serve", "--head-timeout", "0s"],
+        vec!["serve", "--head-timeout", "11m"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
             .args(&args)

@@ -258,47 +258,98 @@ pub fn protected(app: axum::Router) -> axum::Router {
         )
 }
 
-/// How long by default a connection may hold answer bytes its peer takes none of before it is
-/// closed (`--send-timeout`).
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// How a server treats its connections: how long it waits on a peer before closing on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    /// Close a connection whose peer takes none of the bytes sent to it for this long (hyper has
+    /// no write timeout: a reader that stops reading would hold its answer, and what the answer
+    /// holds, until it went away). One with nothing to send (a long poll) is not affected.
+    pub send_timeout: Duration,
+    /// Close an HTTP/1.1 connection that has not sent a whole request head this long after it
+    /// opened or after its last answer: a head sent a byte at a time, a connection opened and
+    /// left silent, a keep-alive connection left idle.
+    pub head_timeout: Duration,
+}
 
-/// Serve `app` on `listener` until `shutdown` resolves, then finish the requests in flight (bounded
-/// by `drain`). A connection whose peer takes none of the bytes sent to it for `send_timeout` is
-/// closed (hyper has no write timeout: a reader that stops reading would hold its answer, and what
-/// the answer holds, until it went away); one with nothing to send (a long poll) is not.
+/// The default `--send-timeout`.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default `--head-timeout`.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            send_timeout: SEND_TIMEOUT,
+            head_timeout: HEAD_TIMEOUT,
+        }
+    }
+}
+
+/// Serve `app` (HTTP/1.1) on `listener` until `shutdown` resolves,
+/// then finish the requests in flight (bounded by `drain`). Each request carries its peer's
+/// address (`ConnectInfo<SocketAddr>`: the rate limit per address reads it). Its own accept loop,
+/// not axum's `serve`, which sets no timer: hyper would then wait on a request head forever.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     shutdown: tokio_util::sync::CancellationToken,
     drain: Duration,
-    send_timeout: Duration,
+    connections: Connections,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(move |tcp| cut_off_after(tcp, send_timeout));
-    let stop = shutdown.clone();
-    // The peer's address reaches the handlers (the rate limit per address reads it).
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        stop.cancelled().await;
-    });
-    let server = std::pin::pin!(server.into_future());
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use tower::Layer;
+    // HTTP/1.1 only: HTTP/2 by prior knowledge would first be sniffed from the opening bytes with
+    // no deadline, and an HTTP/2 connection has none for being idle, so a client could hold a
+    // connection for ever. (An Ingress speaks HTTP/1.1 to its backends unless told otherwise.)
+    let mut builder =
+        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(connections.head_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                // Out of file descriptors, say: wait rather than spin.
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        cut_off_after(&tcp, connections.send_timeout);
+        let app = axum::Extension(axum::extract::ConnectInfo(peer)).layer(app.clone());
+        let conn = builder
+            .serve_connection(
+                TokioIo::new(tcp),
+                hyper_util::service::TowerToHyperService::new(app),
+            )
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            // A connection's end is the peer's business (reset, timed out): nothing to report.
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
     tokio::select! {
-        r = server => r,
-        _ = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(drain).await;
-        } => {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(drain) => {
             tracing::warn!("requests still open after {drain:?}: stopping anyway");
-            Ok(())
         }
     }
+    Ok(())
 }
 
 /// Close `tcp` once bytes sent on it have gone unacknowledged, or unsent because the peer's window
 /// is shut, for `timeout` (Linux's `TCP_USER_TIMEOUT`; elsewhere only the system's own timeouts).
-fn cut_off_after(tcp: &mut tokio::net::TcpStream, timeout: Duration) {
+fn cut_off_after(tcp: &tokio::net::TcpStream, timeout: Duration) {
     #[cfg(any(target_os = "linux", target_os = "android"))]
-    if let Err(e) = socket2::SockRef::from(&*tcp).set_tcp_user_timeout(Some(timeout)) {
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_user_timeout(Some(timeout)) {
         tracing::debug!("TCP_USER_TIMEOUT not set on a connection: {e}");
     }
     #[cfg(not(any(target_os = "linux", target_os = "android")))]

@@ -35,6 +35,11 @@ pub struct ServeArgs {
     /// connection with nothing to send, such as a wait, is not affected. 1s to 1h.
     #[arg(long, env = "JOBTRAIL_SEND_TIMEOUT", default_value = "60s")]
     pub send_timeout: String,
+    /// Close an HTTP/1.1 connection that has not sent a whole request head this long after it
+    /// opened or after its last answer (a head sent a byte at a time, a connection left silent or
+    /// idle). 1s to 10m.
+    #[arg(long, env = "JOBTRAIL_HEAD_TIMEOUT", default_value = "30s")]
+    pub head_timeout: String,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address, apart from the API (keep it
     /// off the Ingress). Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -120,12 +125,20 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         Duration::ZERO,
         Duration::from_secs(300),
     )?;
-    let send_timeout = shell::parse_duration_within(
-        "--send-timeout",
-        &a.send_timeout,
-        Duration::from_secs(1),
-        Duration::from_secs(3600),
-    )?;
+    let connections = jobtrail_api::Connections {
+        send_timeout: shell::parse_duration_within(
+            "--send-timeout",
+            &a.send_timeout,
+            Duration::from_secs(1),
+            Duration::from_secs(3600),
+        )?,
+        head_timeout: shell::parse_duration_within(
+            "--head-timeout",
+            &a.head_timeout,
+            Duration::from_secs(1),
+            Duration::from_secs(600),
+        )?,
+    };
     let registry = shell::registry(&common.providers)?;
     let store = shell::store(common).await?;
     let contracts = registry.names().count();
@@ -196,7 +209,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         .local_addr()
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     eprintln!("jobtrail API listening on http://{addr} (MCP at /mcp, OpenAPI at /openapi.json)");
-    jobtrail_api::serve(listener, app, shutdown, drain, send_timeout)
+    jobtrail_api::serve(listener, app, shutdown, drain, connections)
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     Ok(ExitCode::SUCCESS)

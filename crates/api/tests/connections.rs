@@ -1,0 +1,253 @@
+//! How the server treats connections, over a real server on 127.0.0.1: a client that takes none of
+//! the answer sent to it is cut off after the send timeout (hyper has no write timeout: a reader
+//! that stops reading would hold its answer, and what the answer holds, until it went away), while
+//! one that reads slowly, or waits for an answer not yet written (a long poll), keeps its
+//! connection; a client that sends no whole request head within the head timeout (a head a byte
+//! at a time, a connection left silent or idle) is cut off; each request knows its peer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::routing::get;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The timeouts here: short, for short tests.
+const SEND_TIMEOUT: Duration = Duration::from_secs(3);
+const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn connections() -> jobtrail_api::Connections {
+    jobtrail_api::Connections {
+        send_timeout: SEND_TIMEOUT,
+        head_timeout: HEAD_TIMEOUT,
+    }
+}
+
+/// `app` served on a free loopback port until the token is cancelled.
+async fn serving(
+    app: axum::Router,
+) -> (
+    std::net::SocketAddr,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(jobtrail_api::serve(
+        listener,
+        app,
+        shutdown.clone(),
+        Duration::from_secs(1),
+        connections(),
+    ));
+    (addr, shutdown, server)
+}
+
+async fn stop(
+    shutdown: tokio_util::sync::CancellationToken,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server did not stop")
+        .unwrap()
+        .unwrap();
+}
+
+/// Answers being sent now: one is counted from its start until its body is dropped (sent to the
+/// end, or its connection closed).
+#[derive(Clone, Default)]
+struct Open(Arc<AtomicUsize>);
+
+struct Counted(Open);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        (self.0).0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Open {
+    fn now(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// An endless answer, counted while it lives.
+    fn endless(&self) -> axum::body::Body {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+        let chunks = futures::stream::unfold(Counted(self.clone()), move |held| {
+            let chunk = chunk.clone();
+            async move { Some((Ok::<_, std::convert::Infallible>(chunk), held)) }
+        });
+        axum::body::Body::from_stream(chunks)
+    }
+}
+
+async fn ask(addr: std::net::SocketAddr, path: &str) -> TcpStream {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    conn
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_takes_nothing_is_cut_off_and_a_slow_one_is_not() {
+    let open = Open::default();
+    let app = axum::Router::new()
+        .route(
+            "/endless",
+            get({
+                let open = open.clone();
+                move || async move { open.endless() }
+            }),
+        )
+        .route(
+            "/later",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                "done"
+            }),
+        );
+    let (addr, shutdown, server) = serving(app).await;
+
+    // A reader that takes a little every 200 ms, well within the timeout, for 8 s. (A little: a
+    // segment's worth, 64 KiB on loopback; a receiver opens its window by no less.)
+    let slow = tokio::spawn(async move {
+        let mut conn = ask(addr, "/endless").await;
+        let mut buf = vec![0u8; 64 * 1024];
+        let until = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < until {
+            tokio::time::timeout(Duration::from_secs(5), conn.read_exact(&mut buf))
+                .await
+                .expect("the slow reader was sent nothing for 5 s")
+                .expect("the slow reader's connection was closed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        conn
+    });
+    // A long poll: nothing to send for 4 s, longer than the timeout.
+    let waiting = tokio::spawn(async move {
+        let mut conn = ask(addr, "/later").await;
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut answer))
+            .await
+            .expect("the long poll was not answered within 10 s")
+            .ok();
+        answer
+    });
+
+    // A reader that takes nothing: its answer is dropped once the buffers between are full and
+    // the timeout has passed without the window opening.
+    let stalled = ask(addr, "/endless").await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while open.now() < 2 {
+        assert!(Instant::now() < deadline, "the answers did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while open.now() > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "a client that took nothing for 20 s still holds its answer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The one left is the slow reader's, which read to its end unhurried.
+    let slow = slow.await.unwrap();
+    assert_eq!(open.now(), 1, "the slow reader's answer was dropped");
+    assert!(
+        waiting.await.unwrap().ends_with("done"),
+        "the long poll was cut off"
+    );
+    drop((slow, stalled));
+    stop(shutdown, server).await;
+}
+
+/// Read what the server sends on `conn` until it closes it; `None` if it is still open after
+/// `within`.
+async fn until_closed(conn: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(within, read).await.ok()?;
+    Some(String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_no_whole_head_in_time_is_cut_off() {
+    let app =
+        axum::Router::new().route(
+            "/peer",
+            get(
+                |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<
+                    std::net::SocketAddr,
+                >| async move { peer.to_string() },
+            ),
+        );
+    let (addr, shutdown, server) = serving(app).await;
+    let started = Instant::now();
+
+    // A head sent a byte at a time, slower than the timeout allows: cut off with it unfinished.
+    let trickle = tokio::spawn(async move {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        for b in b"GET /peer HTTP/1.1\r\nHost: x\r\n".iter() {
+            if conn.write_all(&[*b]).await.is_err() {
+                return (Instant::now(), String::new());
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let seen = until_closed(&mut conn, Duration::from_secs(20))
+            .await
+            .expect("a head that never ended kept its connection");
+        (Instant::now(), seen)
+    });
+    // Opened and left silent.
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    assert!(
+        until_closed(&mut silent, Duration::from_secs(20))
+            .await
+            .is_some(),
+        "a silent connection was kept for 20 s"
+    );
+    assert!(
+        started.elapsed() >= HEAD_TIMEOUT - Duration::from_millis(100),
+        "cut off after {:?}, before its time",
+        started.elapsed()
+    );
+    // One request, answered with the peer's own address, then left idle.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    let me = idle.local_addr().unwrap();
+    idle.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let seen = until_closed(&mut idle, Duration::from_secs(20))
+        .await
+        .expect("an idle keep-alive connection was kept for 20 s");
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    assert!(seen.ends_with(&me.to_string()), "not its peer: {seen}");
+    let (cut, seen) = trickle.await.unwrap();
+    assert!(
+        !seen.contains("200"),
+        "a trickled head was answered: {seen}"
+    );
+    assert!(
+        cut.duration_since(started) < Duration::from_secs(15),
+        "a trickled head held its connection for {:?}",
+        cut.duration_since(started)
+    );
+    stop(shutdown, server).await;
+}
