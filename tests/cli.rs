@@ -713,7 +713,7 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--results-per-caller", "0"],
         vec!["serve", "--bodies-per-caller", "0"],
         vec!["serve", "--webhook-bodies-per-provider", "0"],
-        vec!["serve", "--send-timeout", "0s"],
+        vec!["serve", "--send-timeout", "5s"],
         vec!["serve", "--send-timeout", "2h"],
         vec!["serve", "--head-timeout", "0s"],
         vec!["serve", "--head-timeout", "11m"],

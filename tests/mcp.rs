@@ -677,3 +677,69 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A request body's turn (`--bodies-per-caller`) is held until the answer has been sent to its
+/// end: over MCP the call is answered as a stream at once and runs behind it, so a submit waiting
+/// for the database still holds its caller's turn (and what it parsed from the body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
+    use sqlx::Connection;
+    let env = Env::new().await;
+    let server = env.serve_with("api", &[("JOBTRAIL_BODIES_PER_CALLER", "1")]);
+    let token = env.token("agent-alice", &["submit", "read"]).await;
+    let client = std::sync::Arc::new(over_http(&server, &token, false).await);
+    let c = support::http();
+    let probe = || async {
+        c.post(server.url("/v1/operations"))
+            .bearer_auth(&token)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(
+        probe().await,
+        reqwest::StatusCode::BAD_REQUEST,
+        "a free turn"
+    );
+
+    let mut db = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut db).await.unwrap();
+    sqlx::query("LOCK TABLE operations IN SHARE MODE")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    let submitted = tokio::spawn({
+        let client = client.clone();
+        async move {
+            call(
+                &client,
+                "submit_operation",
+                json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                       "request": request(json!({"duration_ms": 300}))}),
+            )
+            .await
+        }
+    });
+    support::until_blocked_on(&env.url, "operations").await;
+    assert_eq!(
+        probe().await,
+        reqwest::StatusCode::TOO_MANY_REQUESTS,
+        "an MCP submit waiting for the database gave its turn back"
+    );
+    sqlx::query("ROLLBACK").execute(&mut db).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(30), submitted)
+        .await
+        .expect("the MCP submit never answered once the lock was gone")
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while probe().await != reqwest::StatusCode::BAD_REQUEST {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an answered MCP call kept its turn"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

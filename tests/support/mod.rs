@@ -581,3 +581,24 @@ pub async fn status_line(conn: &mut tokio::net::TcpStream, within: Duration) -> 
     let text = String::from_utf8_lossy(&answer);
     text.lines().next().unwrap_or_default().to_owned()
 }
+
+/// Wait (at most 10 s) until a session of the database at `url` waits for a lock on `table`.
+pub async fn until_blocked_on(url: &str, table: &str) {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass",
+        )
+        .bind(table)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nothing waited for {table}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pool.close().await;
+}

@@ -85,8 +85,9 @@ pub async fn require_bearer(
         Ok(p) => p,
         Err(problem) => return problem.into_response(),
     };
-    // The turn is held until the route has answered (what it parsed from the body is gone).
-    let (body, _turn) = if body.is_end_stream() {
+    // The turn is held until the answer has been sent to its end: MCP answers a call with a
+    // stream at once and runs the call (holding what it parsed from the body) behind it.
+    let (body, turn) = if body.is_end_stream() {
         (body, None)
     } else {
         // Only a caller who may submit sends a provider's request; any other sends a few words.
@@ -101,7 +102,17 @@ pub async fn require_bearer(
         }
     };
     parts.extensions.insert(p);
-    next.run(Request::from_parts(parts, body)).await
+    let answer = next.run(Request::from_parts(parts, body)).await;
+    match turn {
+        None => answer,
+        Some(turn) => answer.map(|b| {
+            use http_body_util::BodyExt;
+            axum::body::Body::new(b.map_frame(move |f| {
+                let _held = &turn;
+                f
+            }))
+        }),
+    }
 }
 
 #[derive(OpenApi)]

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The timeouts here: short, for short tests.
-const SEND_TIMEOUT: Duration = Duration::from_secs(3);
+const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn connections() -> jobtrail_api::Connections {
@@ -97,6 +97,8 @@ async fn ask(addr: std::net::SocketAddr, path: &str) -> TcpStream {
     conn
 }
 
+/// (Linux's `TCP_USER_TIMEOUT`: elsewhere only the system's own timeouts apply.)
+#[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_takes_nothing_is_cut_off_and_a_slow_one_is_not() {
     let open = Open::default();
@@ -111,18 +113,18 @@ async fn a_client_that_takes_nothing_is_cut_off_and_a_slow_one_is_not() {
         .route(
             "/later",
             get(|| async {
-                tokio::time::sleep(Duration::from_secs(4)).await;
+                tokio::time::sleep(Duration::from_secs(6)).await;
                 "done"
             }),
         );
     let (addr, shutdown, server) = serving(app).await;
 
-    // A reader that takes a little every 200 ms, well within the timeout, for 8 s. (A little: a
+    // A reader that takes a little every 200 ms, well within the timeout, for 12 s. (A little: a
     // segment's worth, 64 KiB on loopback; a receiver opens its window by no less.)
     let slow = tokio::spawn(async move {
         let mut conn = ask(addr, "/endless").await;
         let mut buf = vec![0u8; 64 * 1024];
-        let until = Instant::now() + Duration::from_secs(8);
+        let until = Instant::now() + Duration::from_secs(12);
         while Instant::now() < until {
             tokio::time::timeout(Duration::from_secs(5), conn.read_exact(&mut buf))
                 .await
@@ -132,7 +134,7 @@ async fn a_client_that_takes_nothing_is_cut_off_and_a_slow_one_is_not() {
         }
         conn
     });
-    // A long poll: nothing to send for 4 s, longer than the timeout.
+    // A long poll: nothing to send for 6 s, longer than the timeout.
     let waiting = tokio::spawn(async move {
         let mut conn = ask(addr, "/later").await;
         let mut answer = String::new();
@@ -146,7 +148,7 @@ async fn a_client_that_takes_nothing_is_cut_off_and_a_slow_one_is_not() {
     // A reader that takes nothing: its answer is dropped once the buffers between are full and
     // the timeout has passed without the window opening.
     let stalled = ask(addr, "/endless").await;
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while open.now() < 2 {
         assert!(Instant::now() < deadline, "the answers did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -32,7 +32,7 @@ pub struct ServeArgs {
     pub stop_delay: String,
     /// Close a connection whose client takes none of the answer sent to it for this long (a
     /// reader that stops reading holds its answer in memory, and its turn, until then). A
-    /// connection with nothing to send, such as a wait, is not affected. 1s to 1h.
+    /// connection with nothing to send, such as a wait, is not affected. 10s to 1h.
     #[arg(long, env = "JOBTRAIL_SEND_TIMEOUT", default_value = "60s")]
     pub send_timeout: String,
     /// Close an HTTP/1.1 connection that has not sent a whole request head this long after it
@@ -129,7 +129,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         send_timeout: shell::parse_duration_within(
             "--send-timeout",
             &a.send_timeout,
-            Duration::from_secs(1),
+            Duration::from_secs(10),
             Duration::from_secs(3600),
         )?,
         head_timeout: shell::parse_duration_within(
