@@ -1820,12 +1820,7 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
     );
     // The turn is held until the route has answered, not only while the body arrives (what was
     // parsed from it is held as long): a submit waiting for the database holds it.
-    let mut db = sqlx::PgConnection::connect(&env.url).await.unwrap();
-    sqlx::query("BEGIN").execute(&mut db).await.unwrap();
-    sqlx::query("LOCK TABLE operations IN SHARE MODE")
-        .execute(&mut db)
-        .await
-        .unwrap();
+    let lock = support::WriteLock::on_operations(&env.url).await;
     let waiting = tokio::spawn({
         let (c, url, token) = (c.clone(), server.url("/v1/operations"), token.clone());
         let req = json!({"provider": "sim", "target": "reports", "approved_by": "e2e",
@@ -1847,7 +1842,7 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
         StatusCode::TOO_MANY_REQUESTS,
         "a submit waiting for the database gave its turn back before answering"
     );
-    sqlx::query("ROLLBACK").execute(&mut db).await.unwrap();
+    lock.release().await;
     let created = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .expect("the submit never answered once the lock was gone")

@@ -683,7 +683,6 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
 /// for the database still holds its caller's turn (and what it parsed from the body).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
-    use sqlx::Connection;
     let env = Env::new().await;
     let server = env.serve_with("api", &[("JOBTRAIL_BODIES_PER_CALLER", "1")]);
     let token = env.token("agent-alice", &["submit", "read"]).await;
@@ -704,12 +703,7 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
         "a free turn"
     );
 
-    let mut db = sqlx::PgConnection::connect(&env.url).await.unwrap();
-    sqlx::query("BEGIN").execute(&mut db).await.unwrap();
-    sqlx::query("LOCK TABLE operations IN SHARE MODE")
-        .execute(&mut db)
-        .await
-        .unwrap();
+    let lock = support::WriteLock::on_operations(&env.url).await;
     let submitted = tokio::spawn({
         let client = client.clone();
         async move {
@@ -728,7 +722,7 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
         reqwest::StatusCode::TOO_MANY_REQUESTS,
         "an MCP submit waiting for the database gave its turn back"
     );
-    sqlx::query("ROLLBACK").execute(&mut db).await.unwrap();
+    lock.release().await;
     let r = tokio::time::timeout(Duration::from_secs(30), submitted)
         .await
         .expect("the MCP submit never answered once the lock was gone")

@@ -582,6 +582,26 @@ pub async fn status_line(conn: &mut tokio::net::TcpStream, within: Duration) -> 
     text.lines().next().unwrap_or_default().to_owned()
 }
 
+/// The `operations` table locked against writes (reads go on) until released.
+pub struct WriteLock(sqlx::PgConnection);
+
+impl WriteLock {
+    pub async fn on_operations(url: &str) -> Self {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut c).await.unwrap();
+        sqlx::query("LOCK TABLE operations IN SHARE MODE")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        Self(c)
+    }
+
+    pub async fn release(mut self) {
+        sqlx::query("ROLLBACK").execute(&mut self.0).await.unwrap();
+    }
+}
+
 /// Wait (at most 10 s) until a session of the database at `url` waits for a lock on `table`.
 pub async fn until_blocked_on(url: &str, table: &str) {
     let pool = sqlx::PgPool::connect(url).await.unwrap();
