@@ -288,30 +288,81 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
     assert!(!server.log_text().contains(support::WEBHOOK_SECRET));
 }
 
+/// A webhook request written by hand: `len` declared, from `from` (named by the trusted proxy's
+/// `X-Forwarded-For`).
+fn webhook_head(addr: &str, provider: &str, len: usize, from: &str) -> String {
+    format!(
+        "POST /v1/webhooks/{provider} HTTP/1.1\r\nHost: {addr}\r\nX-Forwarded-For: {from}\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+    )
+}
+
+/// What a whole unsigned payload from `from` is answered (401 when read; 429 when no turn).
+async fn unsigned(addr: &str, from: &str) -> u16 {
+    support::raw_status(addr, &webhook_head(addr, "sim", 2, from), b"{}").await
+}
+
+/// A payload from `from` that stops after its first bytes, holding a turn: sent again until a
+/// probe from the same address is refused (a probe that held the turn when it arrived let it be
+/// read and answered). Returns the connection and when its payload began.
+async fn stalled_from(addr: &str, from: &str) -> (tokio::net::TcpStream, Instant) {
+    use tokio::io::AsyncWriteExt;
+    let stall = || async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = webhook_head(addr, "sim", 1000, from);
+        conn.write_all(format!("{head}{{\"event_id\":").as_bytes())
+            .await
+            .unwrap();
+        (conn, Instant::now())
+    };
+    let (mut stalled, mut since) = stall().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = unsigned(addr, from).await;
+        if status == 429 {
+            return (stalled, since);
+        }
+        assert_eq!(status, 401);
+        assert!(
+            Instant::now() < deadline,
+            "a stalled payload never held a turn"
+        );
+        if !matches!(stalled.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        {
+            (stalled, since) = stall().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Anyone may send a webhook (its signature is checked once the payload is whole), so the server
 /// reads one only for a provider that takes webhooks, at most 256 KiB (declared or sent), a
-/// bounded number at once per provider, each within 10 s: a sender that stops sending holds one
-/// turn, past the bound another delivery is refused (429: the provider delivers again later),
-/// and the trickler is cut off and its turn given back.
+/// bounded number at once per provider and fewer per sending address, each within 10 s: a sender
+/// that stops sending holds one turn; past its address's share, another delivery from it is
+/// refused (429: the provider delivers again later) while another address's is read; past the
+/// provider's bound every one is refused; the trickler is cut off and its turn given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anyone_may_send_a_webhook_but_few_payloads_arrive_at_once() {
-    use tokio::io::AsyncWriteExt;
     let env = Env::new().await;
-    let server = env.serve_with("api", &[("JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER", "1")]);
+    // Two for the provider, so one (a quarter, at least 1) per address; the test's requests come
+    // through a "proxy" at 127.0.0.1 that names the client.
+    let server = env.serve_with(
+        "api",
+        &[
+            ("JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER", "2"),
+            ("JOBTRAIL_TRUSTED_PROXIES", "127.0.0.1"),
+        ],
+    );
     let addr = server.base.trim_start_matches("http://").to_owned();
-    let head = |provider: &str, len: usize| {
-        format!(
-            "POST /v1/webhooks/{provider} HTTP/1.1\r\nHost: {addr}\r\n\
-             Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
-        )
-    };
+    let addr = addr.as_str();
     // Refused without waiting for the payload: no such provider, a length over 256 KiB.
+    let from = "10.0.0.1";
     assert_eq!(
-        support::raw_status(&addr, &head("nosuch", 1_000_000), b"{").await,
+        support::raw_status(addr, &webhook_head(addr, "nosuch", 1_000_000, from), b"{").await,
         404
     );
     assert_eq!(
-        support::raw_status(&addr, &head("sim", 256 * 1024 + 1), b"{").await,
+        support::raw_status(addr, &webhook_head(addr, "sim", 256 * 1024 + 1, from), b"{").await,
         413
     );
     // Sent, not declared: chunks running past 256 KiB.
@@ -321,47 +372,39 @@ async fn anyone_may_send_a_webhook_but_few_payloads_arrive_at_once() {
     );
     let chunk = format!("{:x}\r\n{}\r\n", 300_000, "a".repeat(300_000));
     assert_eq!(
-        support::raw_status(&addr, &chunked, chunk.as_bytes()).await,
+        support::raw_status(addr, &chunked, chunk.as_bytes()).await,
         413
     );
     // A whole payload without a signature is read, and refused as unverified.
-    let unsigned = || async { support::raw_status(&addr, &head("sim", 2), b"{}").await };
-    assert_eq!(unsigned().await, 401);
+    assert_eq!(unsigned(addr, from).await, 401);
 
-    // A sender that stops: the head and a part of the payload, then nothing.
-    let stall = || async {
-        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        conn.write_all(format!("{}{{\"event_id\":", head("sim", 1000)).as_bytes())
-            .await
-            .unwrap();
-        (conn, Instant::now())
-    };
-    let (mut stalled, mut since) = stall().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = unsigned().await;
-        if status == 429 {
-            break;
-        }
-        assert_eq!(status, 401);
-        assert!(
-            Instant::now() < deadline,
-            "a stalled payload never held its provider's turn"
-        );
-        // Answered (it arrived while this probe held the one turn): stall again.
-        if !matches!(stalled.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-        {
-            (stalled, since) = stall().await;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // One address's share held: its next delivery is refused, another address's is read.
+    let (mut first, since) = stalled_from(addr, "10.0.0.1").await;
+    assert_eq!(
+        unsigned(addr, "10.0.0.2").await,
+        401,
+        "another address held back"
+    );
+    // The provider's bound held (by two addresses): every delivery is refused.
+    let (second, _) = stalled_from(addr, "10.0.0.2").await;
+    assert_eq!(
+        unsigned(addr, "10.0.0.3").await,
+        429,
+        "past the provider's bound"
+    );
+
     // The trickler is answered 400 once 10 s have passed since it began, and its turn is free.
-    let answer = support::status_line(&mut stalled, Duration::from_secs(20)).await;
+    let answer = support::status_line(&mut first, Duration::from_secs(20)).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(
         since.elapsed() >= Duration::from_secs(9),
         "cut off after {:?}, before its 10 s",
         since.elapsed()
     );
-    assert_eq!(unsigned().await, 401, "the turn was not given back");
+    assert_eq!(
+        unsigned(addr, "10.0.0.1").await,
+        401,
+        "the turn was not given back"
+    );
+    drop(second);
 }

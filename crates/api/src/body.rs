@@ -39,13 +39,13 @@ pub async fn read(
 
 /// `body` read whole (at most `limit` bytes, within `within`) with the turn `turn` gives, handed
 /// back with it; a declared length over `limit` is refused before a turn is taken or a byte read.
-pub async fn read_holding(
-    turn: impl FnOnce() -> Result<Slot, ServiceError>,
+pub async fn read_holding<T>(
+    turn: impl FnOnce() -> Result<T, ServiceError>,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
     within: Duration,
-) -> Result<(Bytes, Slot), Problem> {
+) -> Result<(Bytes, T), Problem> {
     let too_large = || {
         Problem::new(
             Kind::TooLarge,

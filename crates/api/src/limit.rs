@@ -177,15 +177,24 @@ fn address_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-async fn admit(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+/// Who sent a request, as the rate per address counts it (behind trusted proxies the client they
+/// name; an IPv6 client by its /64), for routes that bound what one sender holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sender(pub IpAddr);
+
+async fn admit(State(gate): State<Gate>, mut req: Request, next: Next) -> Response {
     gate.sweep();
-    if let (Some(l), Some(ConnectInfo(peer))) = (
-        &gate.0.addresses,
-        req.extensions().get::<ConnectInfo<SocketAddr>>(),
-    ) && let Err(wait) = l.check_key(&address_key(
-        gate.0.proxies.client(peer.ip(), req.headers()),
-    )) {
-        return refused(&wait, "this address");
+    let sender = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| address_key(gate.0.proxies.client(peer.ip(), req.headers())));
+    if let Some(sender) = sender {
+        if let Some(l) = &gate.0.addresses
+            && let Err(wait) = l.check_key(&sender)
+        {
+            return refused(&wait, "this address");
+        }
+        req.extensions_mut().insert(Sender(sender));
     }
     // Only a token-shaped one is counted (anything else is refused without a lookup anyway), by
     // its digest: the map never holds a token.

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::AppState;
+use crate::limit::Sender;
 use crate::problem::{PROBLEM_JSON, Problem, ProblemDoc};
 
 /// Deliveries are remembered this long (far beyond any timestamp tolerance).
@@ -166,6 +168,7 @@ fn check_id(s: &str, what: &str) -> Result<(), Problem> {
 pub(crate) async fn receive(
     State(s): State<AppState>,
     Path(provider): Path<String>,
+    sender: Option<Extension<Sender>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<WebhookAck>), Problem> {
@@ -184,7 +187,7 @@ pub(crate) async fn receive(
     // anyone may send a payload (its signature is checked once it is whole), and one that
     // trickles holds its turn.
     let (payload, _turn) = crate::body::read_holding(
-        || service.webhook_body_slot(&provider),
+        || service.webhook_body_slot(&provider, sender.map(|Extension(Sender(ip))| ip)),
         &headers,
         body,
         MAX_PAYLOAD,

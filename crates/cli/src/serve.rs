@@ -81,9 +81,10 @@ pub struct ServeArgs {
           default_value_t = jobtrail_service::BODIES_PER_CALLER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub bodies_per_caller: u32,
-    /// Webhook payloads being read at once for one provider (each is read whole, up to 256 KiB,
-    /// before its signature can be checked); past it, another is refused (429) and the provider
-    /// delivers it again later. Webhooks only hint: status reads go on without them.
+    /// Webhook payloads being read at once for one provider, a quarter of them (at least 1) from
+    /// one address (each is read whole, up to 256 KiB, before its signature can be checked); past
+    /// either, another is refused (429) and the provider delivers it again later. Webhooks only
+    /// hint: status reads go on without them.
     #[arg(long, env = "JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER",
           default_value_t = jobtrail_service::WEBHOOK_BODIES_PER_PROVIDER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -63,8 +63,10 @@ pub struct Service {
     /// Request bodies being read now, by caller.
     receiving: per_caller::PerCaller,
     /// Webhook bodies being read now, by provider (a webhook's sender is unknown until its
-    /// signature is checked, which needs the whole body).
+    /// signature is checked, which needs the whole body)...
     hinting: per_caller::PerCaller,
+    /// ... and by provider and sending address, so one address holds a part of them only.
+    hinting_from: per_caller::PerCaller,
 }
 
 /// Results one caller may be sent at once by default: each is held in memory until the last of it
@@ -79,6 +81,12 @@ pub const BODIES_PER_CALLER: usize = 4;
 /// signature can be checked, so anyone may send one, and a sender that stops sending holds one.
 /// A webhook only hints (status reads go on without it), so one refused costs only a delay.
 pub const WEBHOOK_BODIES_PER_PROVIDER: usize = 16;
+
+/// Webhook bodies of one provider one address may be sending at once: a quarter of the provider's
+/// (at least 1), so that one address alone cannot hold them all.
+fn per_sender(per_provider: usize) -> usize {
+    (per_provider / 4).max(1)
+}
 
 /// One of a caller's turns (a result being sent, a request body being read) or a provider's (a
 /// webhook body being read), given back when dropped: when the last of it has passed, or the
@@ -133,6 +141,7 @@ impl Service {
             sending: per_caller::PerCaller::new(RESULTS_PER_CALLER),
             receiving: per_caller::PerCaller::new(BODIES_PER_CALLER),
             hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
+            hinting_from: per_caller::PerCaller::new(per_sender(WEBHOOK_BODIES_PER_PROVIDER)),
             store,
             operator_store,
             terms: registry.terms(),
@@ -155,9 +164,11 @@ impl Service {
         self.receiving.set_most(n);
     }
 
-    /// Webhook bodies one provider may be sent at once from now on (at least 1).
+    /// Webhook bodies one provider may be sent at once from now on (at least 1; a quarter of them,
+    /// at least 1, from one address).
     pub fn set_webhook_bodies_per_provider(&self, n: usize) {
         self.hinting.set_most(n);
+        self.hinting_from.set_most(per_sender(n));
     }
 
     /// A slot to send `p` one result, or refused when it is being sent as many as it may (a
@@ -180,14 +191,29 @@ impl Service {
         })
     }
 
-    /// A slot to read one webhook body for `provider` (a name from the registry), or refused
-    /// when as many are being read for it as may be.
-    pub fn webhook_body_slot(self: &Arc<Self>, provider: &str) -> Result<Slot, ServiceError> {
-        self.slot_for(provider, |s| &s.hinting, |provider, n| {
+    /// Turns to read one webhook body for `provider` (a name from the registry) sent from
+    /// `sender` (an address, when known), or refused when as many are being read for it, or for it
+    /// from that address, as may be.
+    pub fn webhook_body_slot(
+        self: &Arc<Self>,
+        provider: &str,
+        sender: Option<std::net::IpAddr>,
+    ) -> Result<(Slot, Option<Slot>), ServiceError> {
+        let from = sender
+            .map(|ip| {
+                self.slot_for(&format!("{provider} {ip}"), |s| &s.hinting_from, |_, n| {
+                    format!(
+                        "{n} webhook bodies for {provider} are being read from this address, the most at once: deliver again later"
+                    )
+                })
+            })
+            .transpose()?;
+        let all = self.slot_for(provider, |s| &s.hinting, |provider, n| {
             format!(
                 "{n} webhook bodies for {provider} are being read, the most at once: deliver again later"
             )
-        })
+        })?;
+        Ok((all, from))
     }
 
     fn slot(
