@@ -717,6 +717,12 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--send-timeout", "2h"],
         vec!["serve", "--head-timeout", "0s"],
         vec!["serve", "--head-timeout", "11m"],
+        // --json where nothing is printed as records is refused, not ignored.
+        vec!["serve", "--json"],
+        vec!["worker", "--json"],
+        vec!["bench", "--json"],
+        vec!["mcp", "--json"],
+        vec!["result", "op_01KB0000000000000000000000", "--json"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
             .args(&args)

@@ -390,12 +390,14 @@ async fn postgres_over_tls_require_and_verify_full_work_and_a_wrong_authority_is
         "{base}?sslmode=verify-full&sslrootcert={}",
         ca_file.display()
     );
-    let out = run(verified.clone(), &["migrate"]);
+    let out = run(verified.clone(), &["migrate", "--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said, serde_json::json!({"migrated": true}));
     let out = run(verified.clone(), &["list", "--json"]);
     assert!(
         out.status.success(),

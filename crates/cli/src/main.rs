@@ -230,12 +230,31 @@ async fn run(cli: Cli) -> CmdResult {
             "--api applies to submit, show, list, providers, cancel, result, wait and mcp; this command works on the database (DATABASE_URL)",
         ));
     }
+    // Likewise `--json` where nothing is printed as records: refused rather than ignored.
+    let no_records = match cli.command {
+        Command::Bench(_) => Some("bench writes its figures as JSON with --json-out"),
+        Command::Result { .. } => Some("result writes the result's own bytes"),
+        Command::Serve(_) | Command::Worker(_) | Command::Mcp => {
+            Some("a long-running process logs (JOBTRAIL_LOG_FORMAT=json for JSON lines)")
+        }
+        _ => None,
+    };
+    if let (true, Some(why)) = (json, no_records) {
+        return Err(common::fail(
+            exit::BAD_INPUT,
+            format!("--json does not apply here: {why}"),
+        ));
+    }
     match cli.command {
         Command::Demo(args) => demo::run(args, json).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate => {
             common::store_migrated(&cli.common).await?;
-            println!("migrations applied");
+            if json {
+                println!("{}", serde_json::json!({ "migrated": true }));
+            } else {
+                println!("migrations applied");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit(args) => {
@@ -308,7 +327,11 @@ async fn run(cli: Cli) -> CmdResult {
             let mut local = cli.common.clone();
             local.database_url = Some(url.clone());
             common::store_migrated(&local).await?;
-            println!("{url}");
+            if json {
+                println!("{}", serde_json::json!({ "database_url": url }));
+            } else {
+                println!("{url}");
+            }
             Ok(ExitCode::SUCCESS)
         }
     }
