@@ -223,10 +223,18 @@ pub(crate) async fn ops_listener(
     probe: jobtrail_telemetry::Probe,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), shell::Failure> {
-    let bound = jobtrail_telemetry::serve(addr, jobtrail_telemetry::router(probe), shutdown)
-        .await
-        .map_err(|e| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}")))?;
-    eprintln!("{who}: /livez, /readyz and /metrics on http://{bound}");
+    let bound = |e: std::io::Error| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}"));
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bound)?;
+    let at = listener.local_addr().map_err(bound)?;
+    // The API's accept loop, with its timeouts: a probe or a scrape that stalls holds nothing long.
+    tokio::spawn(jobtrail_api::serve(
+        listener,
+        jobtrail_telemetry::router(probe),
+        shutdown,
+        Duration::from_secs(2),
+        jobtrail_api::Connections::default(),
+    ));
+    eprintln!("{who}: /livez, /readyz and /metrics on http://{at}");
     Ok(())
 }
 

@@ -16,11 +16,9 @@ use axum::routing::get;
 use jobtrail_store::{SchemaState, Store};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
-use tokio_util::sync::CancellationToken;
 
 /// Latency buckets (seconds) for every `*_seconds` histogram: provider calls run from milliseconds
 /// to their timeout (tens of seconds), claims from sub-millisecond to a stalled database.
@@ -293,24 +291,4 @@ async fn refresh_fleet(s: &OpsState) {
             metrics::counter!("jobtrail_metrics_refresh_failures_total").increment(1);
         }
     }
-}
-
-/// Bind the operations listener and serve `router` until `shutdown`. Returns the bound address
-/// (port 0 picks a free one).
-pub async fn serve(
-    addr: SocketAddr,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the metrics and health listener stopped");
-        }
-    });
-    Ok(bound)
 }

@@ -2,7 +2,7 @@
 //! past its limit (the orchestrator then restarts it), and says ok while it goes round.
 
 use jobtrail_store::testing::TestDb;
-use jobtrail_telemetry::{Probe, router, serve};
+use jobtrail_telemetry::{Probe, router};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -24,10 +24,9 @@ async fn livez_fails_when_the_loop_is_stuck_and_readyz_still_reads_the_database(
             Duration::from_secs(90),
         )),
     };
-    let stop = tokio_util::sync::CancellationToken::new();
-    let addr = serve("127.0.0.1:0".parse().unwrap(), router(probe), stop.clone())
-        .await
-        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, router(probe)).await });
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -52,5 +51,5 @@ async fn livez_fails_when_the_loop_is_stuck_and_readyz_still_reads_the_database(
     assert_eq!(get("/readyz").await.0, 200);
     silent_s.store(0, Ordering::Relaxed);
     assert_eq!(get("/livez").await.0, 200);
-    stop.cancel();
+    server.abort();
 }
