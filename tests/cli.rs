@@ -717,6 +717,7 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--send-timeout", "2h"],
         vec!["serve", "--head-timeout", "0s"],
         vec!["serve", "--head-timeout", "11m"],
+        vec!["serve", "--max-connections", "0"],
         // --json where nothing is printed as records is refused, not ignored.
         vec!["serve", "--json"],
         vec!["worker", "--json"],

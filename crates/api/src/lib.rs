@@ -280,18 +280,25 @@ pub struct Connections {
     /// opened or after its last answer: a head sent a byte at a time, a connection opened and
     /// left silent, a keep-alive connection left idle.
     pub head_timeout: Duration,
+    /// Connections open at once; at the bound the server accepts no more until one closes (they
+    /// wait in the system's backlog), so a flood of connections cannot take every file
+    /// descriptor and the memory behind them.
+    pub most: usize,
 }
 
 /// The default `--send-timeout`.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default `--head-timeout`.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default `--max-connections`.
+pub const MAX_CONNECTIONS: usize = 4096;
 
 impl Default for Connections {
     fn default() -> Self {
         Self {
             send_timeout: SEND_TIMEOUT,
             head_timeout: HEAD_TIMEOUT,
+            most: MAX_CONNECTIONS,
         }
     }
 }
@@ -319,7 +326,30 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(connections.head_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let open = Arc::new(tokio::sync::Semaphore::new(connections.most.max(1)));
+    let mut said_full: Option<std::time::Instant> = None;
     loop {
+        // A place for the next connection first: at the bound, none is accepted until one closes.
+        let place = match open.clone().try_acquire_owned() {
+            Ok(place) => place,
+            Err(_) => {
+                // Said at most once a minute: under a flood this is every closing connection.
+                if said_full.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    said_full = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        "{} connections open, the most at once (--max-connections): accepting no more until one closes",
+                        connections.most
+                    );
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    place = open.clone().acquire_owned() => match place {
+                        Ok(place) => place,
+                        Err(_) => break,
+                    },
+                }
+            }
+        };
         let (tcp, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -344,6 +374,7 @@ pub async fn serve(
         tokio::spawn(async move {
             // A connection's end is the peer's business (reset, timed out): nothing to report.
             let _ = conn.await;
+            drop(place);
         });
     }
     drop(listener);

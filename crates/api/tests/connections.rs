@@ -21,12 +21,24 @@ fn connections() -> jobtrail_api::Connections {
     jobtrail_api::Connections {
         send_timeout: SEND_TIMEOUT,
         head_timeout: HEAD_TIMEOUT,
+        most: 1000,
     }
 }
 
 /// `app` served on a free loopback port until the token is cancelled.
 async fn serving(
     app: axum::Router,
+) -> (
+    std::net::SocketAddr,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    serving_with(app, connections()).await
+}
+
+async fn serving_with(
+    app: axum::Router,
+    connections: jobtrail_api::Connections,
 ) -> (
     std::net::SocketAddr,
     tokio_util::sync::CancellationToken,
@@ -40,7 +52,7 @@ async fn serving(
         app,
         shutdown.clone(),
         Duration::from_secs(1),
-        connections(),
+        connections,
     ));
     (addr, shutdown, server)
 }
@@ -251,5 +263,40 @@ async fn a_client_that_sends_no_whole_head_in_time_is_cut_off() {
         "a trickled head held its connection for {:?}",
         cut.duration_since(started)
     );
+    stop(shutdown, server).await;
+}
+
+/// At `most` connections open, no more is accepted until one closes: a request on a further
+/// connection waits (in the system's backlog), and is answered once a place is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_most_connections_the_next_waits_for_one_to_close() {
+    let app = axum::Router::new().route("/", get(|| async { "here" }));
+    let (addr, shutdown, server) = serving_with(
+        app,
+        jobtrail_api::Connections {
+            most: 2,
+            // Long enough that only closing frees a place here.
+            head_timeout: Duration::from_secs(60),
+            ..connections()
+        },
+    )
+    .await;
+    let first = TcpStream::connect(addr).await.unwrap();
+    let second = TcpStream::connect(addr).await.unwrap();
+    let mut third = ask(addr, "/").await;
+    let mut buf = [0u8; 256];
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), third.read(&mut buf))
+            .await
+            .is_err(),
+        "a third connection was served while two were open"
+    );
+    drop(first);
+    let answer = until_closed(&mut third, Duration::from_secs(10))
+        .await
+        .expect("the waiting connection was not served once a place was free");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("here"), "{answer}");
+    drop(second);
     stop(shutdown, server).await;
 }

@@ -40,6 +40,13 @@ pub struct ServeArgs {
     /// idle). 1s to 10m.
     #[arg(long, env = "JOBTRAIL_HEAD_TIMEOUT", default_value = "30s")]
     pub head_timeout: String,
+    /// Connections open at once; at the bound no more is accepted until one closes (they wait in
+    /// the system's backlog), so a flood of connections cannot take every file descriptor. Waits
+    /// and MCP streams each hold one: scale out rather than raise it past the open-file limit.
+    #[arg(long, env = "JOBTRAIL_MAX_CONNECTIONS",
+          default_value_t = jobtrail_api::MAX_CONNECTIONS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address, apart from the API (keep it
     /// off the Ingress). Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -139,6 +146,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             Duration::from_secs(1),
             Duration::from_secs(600),
         )?,
+        most: a.max_connections as usize,
     };
     let registry = shell::registry(&common.providers)?;
     let store = shell::store(common).await?;
