@@ -715,7 +715,7 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--webhook-bodies-per-provider", "0"],
         vec!["serve", "--send-timeout", "5s"],
         vec!["serve", "--send-timeout", "2h"],
-        vec!["serve", "--head-timeout", "0s"],
+        vec!["serve", "--head-timeout", "10s"],
         vec!["serve", "--head-timeout", "11m"],
         vec!["serve", "--max-connections", "0"],
         // --json where nothing is printed as records is refused, not ignored.

@@ -678,9 +678,11 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
     }
 }
 
-/// A request body's turn (`--bodies-per-caller`) is held until the answer has been sent to its
-/// end: over MCP the call is answered as a stream at once and runs behind it, so a submit waiting
-/// for the database still holds its caller's turn (and what it parsed from the body).
+/// A large request body's turn (`--bodies-per-caller`) is held until the answer has been sent to
+/// its end: over MCP the call is answered as a stream at once and runs behind it, so a submit of
+/// more than 64 KiB waiting for the database still holds its caller's turn (and what it parsed
+/// from the body). A small body's turn is given back once it has arrived: a long MCP wait holds
+/// none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
     let env = Env::new().await;
@@ -697,11 +699,12 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
             .unwrap()
             .status()
     };
-    assert_eq!(
-        probe().await,
-        reqwest::StatusCode::BAD_REQUEST,
-        "a free turn"
-    );
+    // Free once the client's own opening requests are done with theirs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while probe().await != reqwest::StatusCode::BAD_REQUEST {
+        assert!(std::time::Instant::now() < deadline, "no turn came free");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let lock = support::WriteLock::on_operations(&env.url).await;
     let submitted = tokio::spawn({
@@ -711,7 +714,8 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
                 &client,
                 "submit_operation",
                 json!({"provider": "sim", "target": "reports", "approved_by": "alice",
-                       "request": request(json!({"duration_ms": 300}))}),
+                       "request": {"report": "usage", "sim": {"duration_ms": 300},
+                                   "notes": "n".repeat(70 * 1024)}}),
             )
             .await
         }
@@ -728,6 +732,37 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
         .expect("the MCP submit never answered once the lock was gone")
         .unwrap();
     assert_eq!(r.is_error, Some(false), "{r:?}");
+    let id = structured(&r)["operation"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // A wait (a small body) holds no turn while it waits: no worker runs, so it waits its 3 s.
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move {
+            call(
+                &client,
+                "wait_operation",
+                json!({"operation_id": id, "timeout_secs": 3}),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..3 {
+        assert!(!waiting.is_finished(), "the wait did not wait");
+        assert_eq!(
+            probe().await,
+            reqwest::StatusCode::BAD_REQUEST,
+            "an MCP wait held its caller's turn"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the wait did not end")
+        .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while probe().await != reqwest::StatusCode::BAD_REQUEST {
         assert!(

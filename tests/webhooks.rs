@@ -306,30 +306,42 @@ async fn unsigned(addr: &str, from: &str) -> u16 {
 /// probe from the same address is refused (a probe that held the turn when it arrived let it be
 /// read and answered). Returns the connection and when its payload began.
 async fn stalled_from(addr: &str, from: &str) -> (tokio::net::TcpStream, Instant) {
+    let mut stalled = [stall(addr, from).await];
+    until_refused(addr, from, &mut stalled).await;
+    let [stalled] = stalled;
+    stalled
+}
+
+/// A payload from `from` that stops after its first bytes.
+async fn stall(addr: &str, from: &str) -> (tokio::net::TcpStream, Instant) {
     use tokio::io::AsyncWriteExt;
-    let stall = || async {
-        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head = webhook_head(addr, "sim", 1000, from);
-        conn.write_all(format!("{head}{{\"event_id\":").as_bytes())
-            .await
-            .unwrap();
-        (conn, Instant::now())
-    };
-    let (mut stalled, mut since) = stall().await;
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = webhook_head(addr, "sim", 1000, from);
+    conn.write_all(format!("{head}{{\"event_id\":").as_bytes())
+        .await
+        .unwrap();
+    (conn, Instant::now())
+}
+
+/// Probe from `from` until refused (at most 10 s), stalling again any of `stalled` that was read
+/// and answered (it arrived while a probe held the turn it needed).
+async fn until_refused(addr: &str, from: &str, stalled: &mut [(tokio::net::TcpStream, Instant)]) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let status = unsigned(addr, from).await;
         if status == 429 {
-            return (stalled, since);
+            return;
         }
         assert_eq!(status, 401);
         assert!(
             Instant::now() < deadline,
-            "a stalled payload never held a turn"
+            "stalled payloads never held their turns"
         );
-        if !matches!(stalled.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-        {
-            (stalled, since) = stall().await;
+        for s in stalled.iter_mut() {
+            if !matches!(s.0.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            {
+                *s = stall(addr, from).await;
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -407,4 +419,48 @@ async fn anyone_may_send_a_webhook_but_few_payloads_arrive_at_once() {
         "the turn was not given back"
     );
     drop(second);
+}
+
+/// Where addresses are not told apart (the rate per address off and no proxy trusted, as behind an
+/// Ingress with the chart's defaults: every request has the Ingress's address), only the
+/// provider's bound applies; a bound per address would be one bound for every sender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_addresses_told_apart_only_the_providers_bound_applies() {
+    let env = Env::new().await;
+    let server = env.serve_with(
+        "api",
+        &[
+            ("JOBTRAIL_WEBHOOK_BODIES_PER_PROVIDER", "2"),
+            ("JOBTRAIL_RATE_PER_ADDRESS", "off"),
+        ],
+    );
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let addr = addr.as_str();
+    // Both turns held (by one address): refused.
+    let mut stalled = [stall(addr, "x").await, stall(addr, "x").await];
+    until_refused(addr, "x", &mut stalled).await;
+    // Both are being read, neither was refused: one address holds them both.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (s, _) in &stalled {
+        assert!(
+            matches!(s.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "a payload from the one address was answered, not read"
+        );
+    }
+    // One given back: the same address is read again, though it still holds the other.
+    let [held, second] = stalled;
+    drop(second);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unsigned(addr, "x").await != 401 {
+        assert!(
+            Instant::now() < deadline,
+            "one address was held to a share of the provider's turns"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        held.1.elapsed() < Duration::from_secs(9),
+        "read only once the held payload ran out of time"
+    );
+    drop(held);
 }

@@ -85,8 +85,10 @@ pub async fn require_bearer(
         Ok(p) => p,
         Err(problem) => return problem.into_response(),
     };
-    // The turn is held until the answer has been sent to its end: MCP answers a call with a
-    // stream at once and runs the call (holding what it parsed from the body) behind it.
+    // A large body's turn is held until the answer has been sent to its end: MCP answers a call
+    // with a stream at once and runs the call (holding what it parsed from the body) behind it. A
+    // small one's (a wait, a list, a cancel: what was parsed from it is small) is given back once
+    // it has arrived, so that a caller's long MCP waits do not hold its turns.
     let (body, turn) = if body.is_end_stream() {
         (body, None)
     } else {
@@ -97,7 +99,10 @@ pub async fn require_bearer(
             body::SMALL_REQUEST_BYTES
         };
         match body::read(&service, &p, &parts.headers, body, limit).await {
-            Ok((b, turn)) => (axum::body::Body::from(b), Some(turn)),
+            Ok((b, turn)) => {
+                let large = b.len() > body::SMALL_REQUEST_BYTES;
+                (axum::body::Body::from(b), large.then_some(turn))
+            }
             Err(problem) => return problem.into_response(),
         }
     };
@@ -289,7 +294,7 @@ pub struct Connections {
 /// The default `--send-timeout`.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default `--head-timeout`.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(90);
 /// The default `--max-connections`.
 pub const MAX_CONNECTIONS: usize = 4096;
 
@@ -327,7 +332,8 @@ pub async fn serve(
         .header_read_timeout(connections.head_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let open = Arc::new(tokio::sync::Semaphore::new(connections.most.max(1)));
-    let mut said_full: Option<std::time::Instant> = None;
+    let (mut said_full, mut said_stuck): (Option<std::time::Instant>, Option<std::time::Instant>) =
+        (None, None);
     loop {
         // A place for the next connection first: at the bound, none is accepted until one closes.
         let place = match open.clone().try_acquire_owned() {
@@ -354,10 +360,20 @@ pub async fn serve(
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
-                // Out of file descriptors, say: wait rather than spin.
+                // A connection gone before it was accepted: the next one.
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionRefused
+                ) => continue,
+                // Out of file descriptors, say: wait rather than spin, and say so once a minute.
                 Err(e) => {
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if said_stuck.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                        said_stuck = Some(std::time::Instant::now());
+                        tracing::warn!("accepting a connection: {e}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
             },

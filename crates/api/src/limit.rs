@@ -178,7 +178,8 @@ fn address_key(ip: IpAddr) -> IpAddr {
 }
 
 /// Who sent a request, as the rate per address counts it (behind trusted proxies the client they
-/// name; an IPv6 client by its /64), for routes that bound what one sender holds.
+/// name; an IPv6 client by its /64), for routes that bound what one sender holds; known only when
+/// the rate per address is on or proxies are trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sender(pub IpAddr);
 
@@ -194,7 +195,12 @@ async fn admit(State(gate): State<Gate>, mut req: Request, next: Next) -> Respon
         {
             return refused(&wait, "this address");
         }
-        req.extensions_mut().insert(Sender(sender));
+        // Only where addresses are told apart: with the rate per address off and no proxies to
+        // trust (behind an Ingress not named), every request has the Ingress's address, and a
+        // bound per address would be one bound for everyone.
+        if gate.0.addresses.is_some() || !gate.0.proxies.0.is_empty() {
+            req.extensions_mut().insert(Sender(sender));
+        }
     }
     // Only a token-shaped one is counted (anything else is refused without a lookup anyway), by
     // its digest: the map never holds a token.

@@ -37,8 +37,9 @@ pub struct ServeArgs {
     pub send_timeout: String,
     /// Close an HTTP/1.1 connection that has not sent a whole request head this long after it
     /// opened or after its last answer (a head sent a byte at a time, a connection left silent or
-    /// idle). 1s to 10m.
-    #[arg(long, env = "JOBTRAIL_HEAD_TIMEOUT", default_value = "30s")]
+    /// idle). A proxy in front must let its idle connections to this server go sooner
+    /// (ingress-nginx and AWS load balancers keep them 60 s). 30s to 10m.
+    #[arg(long, env = "JOBTRAIL_HEAD_TIMEOUT", default_value = "90s")]
     pub head_timeout: String,
     /// Connections open at once; at the bound no more is accepted until one closes (they wait in
     /// the system's backlog), so a flood of connections cannot take every file descriptor. Waits
@@ -143,7 +144,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         head_timeout: shell::parse_duration_within(
             "--head-timeout",
             &a.head_timeout,
-            Duration::from_secs(1),
+            Duration::from_secs(30),
             Duration::from_secs(600),
         )?,
         most: a.max_connections as usize,

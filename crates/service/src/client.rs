@@ -75,8 +75,8 @@ impl ApiClient {
         jobtrail_provider::install_crypto();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            // Let idle connections go before the server closes them (its --head-timeout, 30 s by
-            // default), rather than race it with the next request.
+            // Let idle connections go before the server closes them (its --head-timeout: 90 s by
+            // default, 30 s at least), rather than race it with the next request.
             .pool_idle_timeout(Duration::from_secs(20))
             .redirect(reqwest::redirect::Policy::none())
             .build()
