@@ -1743,11 +1743,7 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
         .post(server.url("/mcp"))
         .bearer_auth(&token)
         .header("accept", "application/json, text/event-stream")
-        .json(
-            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"}}}),
-        )
+        .json(&support::mcp_initialize())
         .send()
         .await
         .unwrap();

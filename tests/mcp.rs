@@ -559,11 +559,7 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
         c.post(server.url("/mcp"))
             .bearer_auth(token)
             .header("accept", "application/json, text/event-stream")
-            .json(
-                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "t", "version": "1"}}}),
-            )
+            .json(&support::mcp_initialize())
             .send()
     };
     let mut sessions = Vec::new();
@@ -620,11 +616,7 @@ async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
             "mcp-session-id",
             reqwest::header::HeaderValue::from_bytes(b"\x80junk").unwrap(),
         )
-        .json(
-            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"}}}),
-        )
+        .json(&support::mcp_initialize())
         .send()
         .await
         .unwrap();

@@ -622,3 +622,10 @@ pub async fn until_blocked_on(url: &str, table: &str) {
     }
     pool.close().await;
 }
+
+/// An MCP `initialize` request, as a client opening a session sends it.
+pub fn mcp_initialize() -> serde_json::Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}})
+}
