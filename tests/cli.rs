@@ -554,6 +554,75 @@ fn api_on_a_command_that_works_on_the_database_is_refused_not_ignored() {
     }
 }
 
+/// A database URL that is wrong in itself is bad input (exit 2), said at once and sent nowhere: the
+/// driver read any scheme as PostgreSQL's (`mysql://host/db` logged in to the PostgreSQL on `host`)
+/// and a malformed URL was exit 5, like an outage. A database that refuses connections is exit 5
+/// naming why, not only "pool timed out" after 10 s. No password appears in any of it.
+#[test]
+fn a_wrong_database_url_is_bad_input_and_an_unreachable_one_says_why() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let run = |bin: &str, url: &str| {
+        let list = if bin.ends_with("admin") {
+            "escalations"
+        } else {
+            "list"
+        };
+        let out = Command::new(bin)
+            .arg(list)
+            .env("DATABASE_URL", url)
+            .env_remove("JOBTRAIL_DATABASE_URL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains("hunter2"), "{url}: {err}");
+        (out.status.code(), err)
+    };
+    let admin = support::admin_bin();
+    for bin in [env!("CARGO_BIN_EXE_jobtrail"), admin.to_str().unwrap()] {
+        for (url, says) in [
+            (
+                format!("mysql://u:hunter2@127.0.0.1:{port}/x"),
+                "must start with postgres:// or postgresql://, not mysql:",
+            ),
+            (format!("http://127.0.0.1:{port}/x"), "not http:"),
+            (
+                format!("postgres://u:hunter2@127.0.0.1:{port}/x?sslmode=disable&pasword=x"),
+                "unknown parameter \"pasword\"",
+            ),
+            (
+                "postgres://u:hunter2@bad host/x".to_owned(),
+                "bad database URL",
+            ),
+            (format!("127.0.0.1:{port}"), "bad database URL"),
+        ] {
+            let (code, err) = run(bin, &url);
+            assert_eq!(code, Some(2), "{bin} {url}: {err}");
+            assert!(err.contains(says), "{bin} {url}: {err}");
+        }
+    }
+    // Nothing connected to the address any of those URLs named.
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "a refused URL was connected to"
+    );
+    drop(listener);
+    // The port is closed now: refused, retried for 10 s, then named.
+    let (code, err) = run(
+        env!("CARGO_BIN_EXE_jobtrail"),
+        &format!("postgres://u:hunter2@127.0.0.1:{port}/x?sslmode=disable"),
+    );
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        err.contains(&format!("no connection to 127.0.0.1:{port} within 10 s"))
+            && err.contains("refused"),
+        "{err}"
+    );
+}
+
 /// A reader that goes away ends the command as it ends any Unix tool: no panic, no backtrace,
 /// no exit 101.
 #[test]

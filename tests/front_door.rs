@@ -869,13 +869,7 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
     let env = Env::new().await;
     let server = env.serve("api");
     let c = support::http();
-    let admin =
-        std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")).with_file_name("jobtrail-admin");
-    assert!(
-        admin.exists(),
-        "build the workspace first: {}",
-        admin.display()
-    );
+    let admin = support::admin_bin();
     let run = |args: &[&str]| support::run_bin(&admin, &env.url, &env.providers, args, None);
 
     // Careless input: nothing written.

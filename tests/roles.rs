@@ -10,15 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 use support::Env;
 
-fn admin_bin() -> std::path::PathBuf {
-    let p = std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")).with_file_name("jobtrail-admin");
-    assert!(
-        p.exists(),
-        "build the workspace first: {} is missing",
-        p.display()
-    );
-    p
-}
+use support::admin_bin;
 
 fn run(bin: &std::path::Path, url: &str, args: &[&str], stdin: Option<&str>) -> Output {
     support::run_bin(bin, url, &support::providers_dir(), args, stdin)

@@ -629,3 +629,14 @@ pub fn mcp_initialize() -> serde_json::Value {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "t", "version": "1"}}})
 }
+
+/// The `jobtrail-admin` binary beside the `jobtrail` one under test (built with the workspace).
+pub fn admin_bin() -> std::path::PathBuf {
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")).with_file_name("jobtrail-admin");
+    assert!(
+        p.exists(),
+        "build the workspace first: {} is missing",
+        p.display()
+    );
+    p
+}

@@ -112,7 +112,7 @@ pub fn code_for(e: &StoreError) -> u8 {
         StoreError::Submit(jobtrail_core::SubmitError::FingerprintConflict { .. }) => {
             exit::CONFLICT
         }
-        StoreError::Submit(_) => exit::BAD_INPUT,
+        StoreError::Submit(_) | StoreError::BadUrl(_) => exit::BAD_INPUT,
         StoreError::Stale { .. }
         | StoreError::Illegal { .. }
         | StoreError::LeaseLost { .. }
@@ -187,13 +187,13 @@ async fn connect(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .ok_or_else(|| fail(exit::UNAVAILABLE, NO_DATABASE))?;
-    Store::connect_with(url, pool)
-        .await
-        .context("connecting to the database")
-        .map_err(|e| Failure {
-            code: exit::UNAVAILABLE,
-            error: e,
-        })
+    Store::connect_with(url, pool).await.map_err(|e| Failure {
+        code: match e {
+            StoreError::BadUrl(_) => exit::BAD_INPUT,
+            _ => exit::UNAVAILABLE,
+        },
+        error: anyhow::Error::new(e).context("connecting to the database"),
+    })
 }
 
 /// The most database connections one process may open (PostgreSQL's own default limit is 100).

@@ -203,6 +203,7 @@ impl From<StoreError> for ServiceError {
             StoreError::Denied(_) => Kind::Forbidden,
             StoreError::Corrupt(_)
             | StoreError::Unavailable(_)
+            | StoreError::BadUrl(_)
             | StoreError::Database(_)
             | StoreError::Migrate(_)
             | StoreError::Schema(_) => {

@@ -46,6 +46,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The database URL itself is wrong (not a `postgres://` URL, malformed, an unknown
+    /// parameter): bad input, not an outage. Nothing was sent anywhere.
+    #[error("bad database URL: {0}")]
+    BadUrl(String),
     #[error("database error: {0}")]
     Database(sqlx::Error),
     #[error("migration failed: {0}")]

@@ -158,11 +158,21 @@ const URL_PARAMETERS: &[&str] = &[
     "options",
 ];
 
-fn refuse_unknown_parameters(url: &str) -> Result<(), StoreError> {
+/// Refuse a URL that is not PostgreSQL's, or names a parameter the driver does not know, before
+/// anything is sent (the driver reads any scheme as its own: `mysql://host/db` logged in to the
+/// PostgreSQL at `host`).
+fn refuse_bad_url(url: &str) -> Result<(), StoreError> {
     let Ok(parsed) = url::Url::parse(url) else {
         // The driver's own parse says what is wrong with it.
         return Ok(());
     };
+    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        return Err(StoreError::BadUrl(format!(
+            "it must start with postgres:// or postgresql://, not {}:",
+            // Before the first `:`, which a URL's scheme cannot hold: never a password.
+            parsed.scheme()
+        )));
+    }
     for (key, _) in parsed.query_pairs() {
         let known =
             URL_PARAMETERS.contains(&&*key) || (key.starts_with("options[") && key.ends_with(']'));
@@ -174,8 +184,8 @@ fn refuse_unknown_parameters(url: &str) -> Result<(), StoreError> {
             } else {
                 format!("{key:?}")
             };
-            return Err(StoreError::Unavailable(format!(
-                "bad database URL: unknown parameter {shown} (known: {})",
+            return Err(StoreError::BadUrl(format!(
+                "unknown parameter {shown} (known: {})",
                 URL_PARAMETERS.join(", ")
             )));
         }
@@ -213,6 +223,32 @@ fn unverified_tls(opts: &PgConnectOptions) -> Option<String> {
     })
 }
 
+/// How long connecting keeps trying before it gives up (the pool retries a refused or failed
+/// connection with a backoff meanwhile: a database restarting under a starting worker is waited for).
+const CONNECT_WITHIN: Duration = Duration::from_secs(10);
+
+/// Where `opts` connects, as an operator would name it (never the password).
+fn server_of(opts: &PgConnectOptions) -> String {
+    match opts.get_socket() {
+        Some(dir) => format!("the socket in {}", dir.display()),
+        None => format!("{}:{}", opts.get_host(), opts.get_port()),
+    }
+}
+
+/// Why a connection per `opts` fails: the pool's retries end in "timed out" whatever the cause, so
+/// one more attempt of its own, bounded, names it (refused, no such host, TLS, ...).
+async fn why_no_connection(opts: &PgConnectOptions) -> String {
+    let attempt = <sqlx::PgConnection as sqlx::Connection>::connect_with(opts);
+    match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+        Ok(Err(e)) => e.to_string(),
+        Ok(Ok(conn)) => {
+            let _ = sqlx::Connection::close(conn).await;
+            "it answers now: try again".to_owned()
+        }
+        Err(_) => "an attempt to connect did not finish within 5 s".to_owned(),
+    }
+}
+
 impl Store {
     /// Connect with sane pool settings (bounded waits everywhere).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -220,9 +256,9 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        refuse_unknown_parameters(url)?;
-        let mut opts = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Unavailable(format!("bad database URL: {e}")))?;
+        refuse_bad_url(url)?;
+        let mut opts =
+            PgConnectOptions::from_str(url).map_err(|e| StoreError::BadUrl(e.to_string()))?;
         // Sessions show up as "jobtrail" in pg_stat_activity unless the URL's application_name or
         // the standard PGAPPNAME says otherwise (an operator naming each worker's sessions).
         if let Some(warning) = unverified_tls(&opts) {
@@ -245,11 +281,20 @@ impl Store {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(CONNECT_WITHIN)
             .idle_timeout(Duration::from_secs(60))
-            .connect_with(opts)
-            .await?;
-        Ok(Self { pool })
+            .connect_with(opts.clone())
+            .await;
+        match pool {
+            Ok(pool) => Ok(Self { pool }),
+            Err(sqlx::Error::PoolTimedOut) => Err(StoreError::Unavailable(format!(
+                "no connection to {} within {} s: {}",
+                server_of(&opts),
+                CONNECT_WITHIN.as_secs(),
+                why_no_connection(&opts).await
+            ))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Apply pending migrations: the only thing that changes the schema (`jobtrail migrate`, run
