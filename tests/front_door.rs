@@ -600,6 +600,37 @@ async fn the_cli_works_through_the_api_with_a_token_and_nothing_else() {
     // Nothing secret on any output.
     let out = jobtrail(&["show", &id, "--json"], &token, None);
     assert!(!String::from_utf8_lossy(&out.stdout).contains(&token));
+    // `show --json` reads one way whichever door it went through: the API's view (with the whole
+    // timeline) both ways; the database door adds the record, the chain's links and the calls.
+    let remote: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = support::run_bin(
+        std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+        &env.url,
+        &env.providers,
+        &["show", &id, "--json"],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let local: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let remote = remote.as_object().unwrap();
+    assert!(remote.contains_key("timeline") && remote["state"] == "succeeded");
+    for (k, v) in remote {
+        assert_eq!(&local[k], v, "{k}: the two doors disagree");
+    }
+    assert_eq!(local["operation"]["state"], "succeeded");
+    assert_eq!(
+        local["history"].as_array().unwrap().len(),
+        remote["timeline"].as_array().unwrap().len()
+    );
+    assert!(local["calls"].as_array().is_some_and(|c| !c.is_empty()));
+    assert!(
+        !remote.contains_key("calls"),
+        "provider calls stay with operators"
+    );
     env.stop_workers().await;
 }
 

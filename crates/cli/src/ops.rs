@@ -300,9 +300,15 @@ pub async fn show(door: &Door, id: &str, json: bool) -> CmdResult {
                 .await
                 .map_err(failure)?;
             if json {
-                print_json(
-                    &serde_json::json!({ "operation": op, "history": history, "calls": calls }),
-                );
+                // What the API answers (so a program reads `show --json` one way whichever door it
+                // goes through), and what only the database door has beside it: the whole record,
+                // the chain's links with their hashes, and the provider calls.
+                let view = OperationView::of(&op).with_timeline(&history, false);
+                let mut v = serde_json::to_value(view).map_err(|e| fail(exit::UNAVAILABLE, e))?;
+                v["operation"] = serde_json::json!(op);
+                v["history"] = serde_json::json!(history);
+                v["calls"] = serde_json::json!(calls);
+                print_json(&v);
             } else {
                 print!(
                     "{}",
