@@ -275,7 +275,7 @@ pub fn protected(app: axum::Router) -> axum::Router {
 }
 
 /// How a server treats its connections: how long it waits on a peer before closing on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connections {
     /// Close a connection whose peer takes none of the bytes sent to it for this long (hyper has
     /// no write timeout: a reader that stops reading would hold its answer, and what the answer
@@ -289,6 +289,12 @@ pub struct Connections {
     /// wait in the system's backlog), so a flood of connections cannot take every file
     /// descriptor and the memory behind them.
     pub most: usize,
+    /// Connections one client address may hold open at once (`None`: no bound but `most`); past
+    /// it a new connection from that address is answered 429 and closed, so one client cannot take
+    /// every place. Addresses in `exempt` (trusted proxies, which carry many clients) are not
+    /// counted.
+    pub per_address: Option<usize>,
+    pub exempt: limit::Proxies,
 }
 
 /// The default `--send-timeout`.
@@ -297,6 +303,8 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(90);
 /// The default `--max-connections`.
 pub const MAX_CONNECTIONS: usize = 4096;
+/// The default `--max-connections-per-address`: an eighth of the default bound.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 512;
 
 impl Default for Connections {
     fn default() -> Self {
@@ -304,6 +312,8 @@ impl Default for Connections {
             send_timeout: SEND_TIMEOUT,
             head_timeout: HEAD_TIMEOUT,
             most: MAX_CONNECTIONS,
+            per_address: Some(MAX_CONNECTIONS_PER_ADDRESS),
+            exempt: limit::Proxies::default(),
         }
     }
 }
@@ -334,6 +344,12 @@ pub async fn serve(
     let open = Arc::new(tokio::sync::Semaphore::new(connections.most.max(1)));
     let (mut said_full, mut said_stuck): (Option<std::time::Instant>, Option<std::time::Instant>) =
         (None, None);
+    let mut per_address = PerAddress {
+        most: connections.per_address,
+        exempt: connections.exempt.clone(),
+        open: Arc::default(),
+        said: None,
+    };
     loop {
         // A place for the next connection first: at the bound, none is accepted until one closes.
         let place = match open.clone().try_acquire_owned() {
@@ -378,6 +394,9 @@ pub async fn serve(
                 }
             },
         };
+        let Some(counted) = per_address.admit(&tcp, peer.ip()) else {
+            continue;
+        };
         cut_off_after(&tcp, connections.send_timeout);
         let app = axum::Extension(axum::extract::ConnectInfo(peer)).layer(app.clone());
         let conn = builder
@@ -390,7 +409,7 @@ pub async fn serve(
         tokio::spawn(async move {
             // A connection's end is the peer's business (reset, timed out): nothing to report.
             let _ = conn.await;
-            drop(place);
+            drop((place, counted));
         });
     }
     drop(listener);
@@ -401,6 +420,77 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Connections open per client address (only addresses that hold one are kept).
+struct PerAddress {
+    most: Option<usize>,
+    exempt: limit::Proxies,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    said: Option<std::time::Instant>,
+}
+
+/// One connection counted against its address until it closes.
+struct CountedConnection {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for CountedConnection {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The answer to a connection past its address's bound: written if the socket takes it at once
+/// (the connection is closed either way; nothing of the request is read).
+const TOO_MANY_FROM_ADDRESS: &[u8] = b"HTTP/1.1 429 Too Many Requests\r\nconnection: close\r\n\
+content-type: text/plain\r\nretry-after: 1\r\ncontent-length: 76\r\n\r\n\
+too many connections open from this address (--max-connections-per-address)\n";
+
+impl PerAddress {
+    /// Count a new connection from `ip`: `None` (and the connection refused) when its address
+    /// already holds its most; `Some(None)` when addresses are not counted or it is exempt.
+    fn admit(
+        &mut self,
+        tcp: &tokio::net::TcpStream,
+        ip: std::net::IpAddr,
+    ) -> Option<Option<CountedConnection>> {
+        let Some(most) = self.most else {
+            return Some(None);
+        };
+        let ip = ip.to_canonical();
+        if self.exempt.trusts(ip) {
+            return Some(None);
+        }
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= most {
+            let _ = tcp.try_write(TOO_MANY_FROM_ADDRESS);
+            // Said at most once a minute: under a flood this is every connection.
+            if self
+                .said
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(60))
+            {
+                self.said = Some(std::time::Instant::now());
+                tracing::warn!(
+                    "{ip} holds {most} connections open, the most one address may (--max-connections-per-address): refusing its new ones until one closes"
+                );
+            }
+            return None;
+        }
+        *n += 1;
+        Some(Some(CountedConnection {
+            open: self.open.clone(),
+            ip,
+        }))
+    }
 }
 
 /// Close `tcp` once bytes sent on it have gone unacknowledged, or unsent because the peer's window

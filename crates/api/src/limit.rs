@@ -87,7 +87,8 @@ impl std::str::FromStr for Proxies {
 }
 
 impl Proxies {
-    fn trust(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is one of these proxies.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
         self.0.iter().any(|n| n.contains(&ip.to_canonical()))
     }
 
@@ -97,7 +98,7 @@ impl Proxies {
     /// where one was expected: the peer.
     fn client(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();
-        if !self.trust(peer) {
+        if !self.trusts(peer) {
             return peer;
         }
         let hops: Vec<&str> = headers
@@ -115,7 +116,7 @@ impl Proxies {
                 .or_else(|_| hop.parse::<SocketAddr>().map(|s| s.ip()))
                 .map(|ip| ip.to_canonical());
             match parsed {
-                Ok(ip) if self.trust(ip) => client = ip,
+                Ok(ip) if self.trusts(ip) => client = ip,
                 Ok(ip) => return ip,
                 Err(_) => return peer,
             }

@@ -22,6 +22,8 @@ fn connections() -> jobtrail_api::Connections {
         send_timeout: SEND_TIMEOUT,
         head_timeout: HEAD_TIMEOUT,
         most: 1000,
+        per_address: None,
+        exempt: Default::default(),
     }
 }
 
@@ -298,5 +300,117 @@ async fn past_the_most_connections_the_next_waits_for_one_to_close() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("here"), "{answer}");
     drop(second);
+    stop(shutdown, server).await;
+}
+
+/// A connection from 127.0.0.`host` (the whole 127/8 is this machine's loopback).
+async fn connect_from(host: u8, addr: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, host], 0)))
+        .unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// An answered request on `conn`, kept open (keep-alive): the head and body as text.
+async fn served(conn: &mut TcpStream, addr: std::net::SocketAddr) -> String {
+    conn.write_all(format!("GET / HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+        .await
+        .expect("no answer within 5 s")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// One client address holds at most `per_address` connections: past it, a new one from that
+/// address is answered 429 and closed at once, while other addresses are served, the address is
+/// served again once one of its connections closes, and a trusted proxy's address is not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_a_bounded_share_of_the_connections() {
+    let app = axum::Router::new().route("/", get(|| async { "here" }));
+    let (addr, shutdown, server) = serving_with(
+        app.clone(),
+        jobtrail_api::Connections {
+            per_address: Some(2),
+            head_timeout: Duration::from_secs(60),
+            ..connections()
+        },
+    )
+    .await;
+    let mut first = connect_from(2, addr).await;
+    let mut second = connect_from(2, addr).await;
+    assert!(served(&mut first, addr).await.ends_with("here"));
+    assert!(served(&mut second, addr).await.ends_with("here"));
+    // The third from 127.0.0.2: answered 429 and closed, its request never read.
+    let mut third = connect_from(2, addr).await;
+    let _ = third
+        .write_all(format!("GET / HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await;
+    let refused = until_closed(&mut third, Duration::from_secs(5))
+        .await
+        .expect("a connection past its address's bound was kept open");
+    assert!(
+        !refused.contains("here"),
+        "served past the bound: {refused}"
+    );
+    if !refused.is_empty() {
+        // (The socket may be reset before the answer is read: then only the close is seen.)
+        assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+        let (head, body) = refused.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{refused}"
+        );
+        assert!(body.contains("--max-connections-per-address"), "{refused}");
+    }
+    // Another address is served meanwhile.
+    let mut other = connect_from(3, addr).await;
+    assert!(served(&mut other, addr).await.ends_with("here"));
+    // One of 127.0.0.2's closes: it may open another.
+    drop(first);
+    let mut again = None;
+    for _ in 0..50 {
+        let mut conn = connect_from(2, addr).await;
+        let _ = conn
+            .write_all(format!("GET / HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await;
+        let mut buf = vec![0u8; 1024];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await
+            && String::from_utf8_lossy(&buf[..n]).ends_with("here")
+        {
+            again = Some(conn);
+            break;
+        }
+        // The server had not yet seen the first one close.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        again.is_some(),
+        "the address was not served again after one of its connections closed"
+    );
+    drop((second, other, again));
+    stop(shutdown, server).await;
+
+    // A trusted proxy carries many clients: its connections are not counted.
+    let (addr, shutdown, server) = serving_with(
+        app,
+        jobtrail_api::Connections {
+            per_address: Some(1),
+            exempt: "127.0.0.2".parse().unwrap(),
+            head_timeout: Duration::from_secs(60),
+            ..connections()
+        },
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = connect_from(2, addr).await;
+        assert!(served(&mut conn, addr).await.ends_with("here"));
+        held.push(conn);
+    }
+    drop(held);
     stop(shutdown, server).await;
 }

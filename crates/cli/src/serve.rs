@@ -48,6 +48,13 @@ pub struct ServeArgs {
           default_value_t = jobtrail_api::MAX_CONNECTIONS as u32,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
+    /// Connections one client address may hold open at once (a number, or `off`); past it a new
+    /// one from that address is answered 429 and closed, so one client cannot take every place.
+    /// Addresses in --trusted-proxies are not counted. Behind a proxy not named there, every
+    /// client has the proxy's address: set `off` (the Helm chart does unless it names proxies).
+    #[arg(long, env = "JOBTRAIL_MAX_CONNECTIONS_PER_ADDRESS",
+          default_value_t = Bound(Some(jobtrail_api::MAX_CONNECTIONS_PER_ADDRESS as u32)))]
+    pub max_connections_per_address: Bound,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address, apart from the API (keep it
     /// off the Ingress). Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -148,6 +155,8 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             Duration::from_secs(600),
         )?,
         most: a.max_connections as usize,
+        per_address: a.max_connections_per_address.0.map(|n| n as usize),
+        exempt: a.trusted_proxies.clone(),
     };
     let registry = shell::registry(&common.providers)?;
     let store = shell::store(common).await?;
@@ -261,4 +270,30 @@ pub async fn mcp(d: &crate::ops::DoorArgs) -> CmdResult {
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A bound that may be switched off: a number from 1, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound(pub Option<u32>);
+
+impl std::str::FromStr for Bound {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("off") {
+            return Ok(Bound(None));
+        }
+        match s.trim().parse::<u32>() {
+            Ok(n) if (1..=1_000_000).contains(&n) => Ok(Bound(Some(n))),
+            _ => Err(format!("{s:?}: a number from 1 to 1000000, or off")),
+        }
+    }
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(n) => write!(f, "{n}"),
+            None => f.write_str("off"),
+        }
+    }
 }
