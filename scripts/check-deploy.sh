@@ -95,6 +95,12 @@ grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' "$out/default.yaml" | grep -q '"off"'
 grep -A1 'name: JOBTRAIL_TRUSTED_PROXIES' "$out/full.yaml" | grep -q '10.0.0.0/8'
 grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' "$out/full.yaml" | grep -q '"500/s,1000"'
 
+# Listening: IPv4 by default; an IPv6 host is bracketed.
+grep -A1 'name: JOBTRAIL_LISTEN' "$out/default.yaml" | grep -q '"0.0.0.0:8080"'
+v6="$("$helm" template jt helm/jobtrail --set listenHost=::)"
+echo "$v6" | grep -A1 'name: JOBTRAIL_LISTEN' | grep -q '"\[::\]:8080"'
+[ "$(echo "$v6" | grep -A1 'name: JOBTRAIL_OPS_LISTEN' | grep -c '"\[::\]:9090"')" = 2 ]
+
 echo "== the chart refuses what cannot work"
 if "$helm" template jt helm/jobtrail --set worker.terminationGracePeriodSeconds=30 >/dev/null 2>&1; then
   echo "a grace period shorter than shutdownGrace + longest call rendered" >&2

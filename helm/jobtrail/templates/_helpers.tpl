@@ -126,3 +126,13 @@ provider, so provider credentials stay out of its pods; it needs webhook signing
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* host:port to listen on, the host from .Values.listenHost (an IPv6 host in brackets). */}}
+{{- define "jobtrail.listen" -}}
+{{- $host := .root.Values.listenHost -}}
+{{- if contains ":" $host -}}
+{{- printf "[%s]:%d" (trimAll "[]" $host) (int .port) -}}
+{{- else -}}
+{{- printf "%s:%d" $host (int .port) -}}
+{{- end -}}
+{{- end }}
