@@ -190,6 +190,13 @@ async fn a_provider_that_echoes_the_request_gets_no_secret_into_the_record_or_ba
             s.body = body(serde_json::json!({"create": ["sync_echo"], "duration_ms": 200}))
         })
         .await;
+    // A result URL answering 404 with the token and the request quoted: no result, so its words
+    // are the recorded reason, scrubbed like any other answer's.
+    let gone = env
+        .submit("sim", serde_json::json!({}), |s| {
+            s.body = body(serde_json::json!({"result": "gone_echo", "duration_ms": 200}))
+        })
+        .await;
     let r = env.wait_settled(rejected.id, Duration::from_secs(40)).await;
     assert_eq!(r.state, State::Failed);
     let cause = env.store.history(r.id).await.unwrap().pop().unwrap().cause;
@@ -214,6 +221,13 @@ async fn a_provider_that_echoes_the_request_gets_no_secret_into_the_record_or_ba
             .any(|h| format!("{} {}", h.cause, h.detail)
                 .contains("sync_result_repeats_a_credential")),
         "{history:?}"
+    );
+    let g = env.wait_settled(gone.id, Duration::from_secs(40)).await;
+    assert_eq!(g.state, State::ResultUnavailable, "{g:?}");
+    let cause = env.store.history(g.id).await.unwrap().pop().unwrap().cause;
+    assert!(
+        cause.contains("no result for") && cause.contains("[secret]"),
+        "the answer's words are recorded, the secrets in them are not: {cause}"
     );
     drop(w);
     let all = dump(&env.url).await;

@@ -79,19 +79,7 @@ fn resolved(ex: &Exchange, given: String) -> String {
 /// A status URL as a job id for the record: credentials and secret-looking query values blanked
 /// (as every recorded URL), a relative one kept relative.
 fn job_id_of_url(u: &str) -> String {
-    const BASE: &str = "http://relative.invalid";
-    match url::Url::parse(u) {
-        Ok(abs) => wire::sanitize_url(&abs),
-        Err(_) => url::Url::parse(BASE)
-            .and_then(|b| b.join(u))
-            .map(|j| {
-                wire::sanitize_url(&j)
-                    .strip_prefix(BASE)
-                    .unwrap_or(u)
-                    .to_owned()
-            })
-            .unwrap_or_else(|_| u.split(['?', '#']).next().unwrap_or_default().to_owned()),
-    }
+    wire::sanitize_url_text(u)
 }
 
 /// What a template becomes when a value it needs is missing (no status URL from the provider, a
@@ -557,9 +545,11 @@ impl HttpProvider {
         };
         let mut ex = wire::exchange(client, out).await;
         // Nothing a secret of this call was resolved to is recorded, whatever the provider echoes.
-        // A result is kept exactly as sent, so one that repeats a credential is refused instead.
-        ex.echoed_secret =
-            wire::Scrubber::new(&secrets).exchange(&mut ex, kind == CallKind::Result);
+        // A result is kept exactly as sent, so one that repeats a credential is refused instead;
+        // an answer to a result call that is no result (a 401 quoting the key) is scrubbed like
+        // any other, since its words become the reason recorded.
+        let result = kind == CallKind::Result && Self::kept_as_sent(&ex);
+        ex.echoed_secret = wire::Scrubber::new(&secrets).exchange(&mut ex, result);
         ex
     }
 
@@ -665,6 +655,12 @@ impl HttpProvider {
                 _ => None,
             }),
         }
+    }
+
+    /// Whether an answer to a result call is kept exactly as sent (unscrubbed): a 2xx, which may
+    /// be the result. Any other is scrubbed like every answer.
+    fn kept_as_sent(ex: &Exchange) -> bool {
+        ex.status.is_some_and(|s| (200..300).contains(&s))
     }
 
     fn reason(ex: &Exchange) -> String {
@@ -1491,6 +1487,15 @@ impl HttpProvider {
                 let d = format!("fetched {} bytes", fetched.bytes.len());
                 (ResultOutcome::Fetched(fetched), d)
             }
+            // A 2xx the contract calls no result, kept unscrubbed as a result would be: its words
+            // are not recorded when they repeat a credential.
+            Verdict::Reject { status, .. } if ex.echoed_secret && Self::kept_as_sent(&ex) => (
+                ResultOutcome::Unavailable {
+                    http_status: status,
+                    reason: "the answer repeats a credential this call sent; it is not kept".into(),
+                },
+                "unavailable: the answer repeats a credential".into(),
+            ),
             Verdict::Reject { status, reason } => (
                 ResultOutcome::Unavailable {
                     http_status: status,

@@ -238,7 +238,13 @@ fn check_json(
         let errors: Vec<String> = schema
             .iter_errors(doc)
             .take(5)
-            .map(|e| format!("schema: {} at {}", e, e.instance_path()))
+            // Masked: the library's message holds the offending value itself, which may be the
+            // whole result (megabytes, into the history, the row and every answer that shows it).
+            .map(|e| {
+                let at = cut(e.instance_path().to_string());
+                let why = e.masked_with("the value").to_string();
+                crate::text::storable(format!("schema: {} at {at}", cut(why)))
+            })
             .collect();
         if errors.is_empty() {
             checks.push("schema".into());
@@ -426,6 +432,45 @@ url = "/jobs/{{job_id}}/result"
         match check(spec, &fetched, &ResultHints::default()) {
             Checked::Valid { summary, .. } => summary,
             Checked::Invalid { violations } => panic!("{violations:?}"),
+        }
+    }
+
+    /// A result that breaks its schema is described by where and how, not by its own value: the
+    /// library's message held the whole value (a megabyte result, once per violation, went into
+    /// the history, the operation's row and every answer showing them).
+    #[test]
+    fn a_schema_violation_does_not_carry_the_result() {
+        let mut spec = spec(r#"format = "json""#);
+        spec.schema = Some(std::sync::Arc::new(
+            jsonschema::validator_for(&serde_json::json!({
+                "type": "object",
+                "properties": {"rows": {"type": "array", "maxItems": 1}},
+                "additionalProperties": false
+            }))
+            .unwrap(),
+        ));
+        let huge = "x".repeat(1 << 20);
+        for body in [
+            serde_json::json!([huge]),
+            serde_json::json!({ "rows": [huge, huge] }),
+            serde_json::json!({ huge.clone(): 1 }),
+        ] {
+            let fetched = FetchedResult {
+                bytes: bytes::Bytes::from(body.to_string()),
+                content_type: None,
+                checksum: None,
+            };
+            let Checked::Invalid { violations } = check(&spec, &fetched, &ResultHints::default())
+            else {
+                panic!("a result breaking its schema was taken");
+            };
+            assert!(!violations.is_empty());
+            let total: usize = violations.iter().map(String::len).sum();
+            assert!(total < 2048, "{} bytes of violations", total);
+            assert!(
+                violations.iter().all(|v| v.starts_with("schema: ")),
+                "{violations:?}"
+            );
         }
     }
 

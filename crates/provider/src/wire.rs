@@ -257,11 +257,13 @@ impl Scrubber {
     }
 
     /// A JSON body's secret behind escapes no byte search knows (`\u0061`): read as JSON, scrubbed
-    /// as JSON. Only a body with a backslash can hide one; others are not parsed, and neither is one
-    /// over 4 MiB (a large result would be held twice over as parsed JSON; the byte search above
-    /// still covers it in every spelling it knows).
-    fn escaped_in_json(&self, body: &[u8]) -> Option<serde_json::Value> {
-        if body.len() > 4 << 20 {
+    /// as JSON. Only a body with a backslash can hide one; others are not parsed, and neither is a
+    /// result (`keep_body`) over 4 MiB (a large result would be held twice over as parsed JSON; the
+    /// byte search above still covers it in every spelling it knows). Any other answer is parsed
+    /// whatever its size (its size is bounded by the contract), since what is read from it is
+    /// recorded.
+    fn escaped_in_json(&self, body: &[u8], keep_body: bool) -> Option<serde_json::Value> {
+        if keep_body && body.len() > 4 << 20 {
             return None;
         }
         let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
@@ -282,7 +284,7 @@ impl Scrubber {
         if echoed && !keep_body {
             ex.body = self.bytes(&ex.body).into();
         }
-        if let Some(mut v) = self.escaped_in_json(&ex.body) {
+        if let Some(mut v) = self.escaped_in_json(&ex.body, keep_body) {
             echoed = true;
             if !keep_body {
                 self.json(&mut v);
@@ -301,20 +303,41 @@ impl Scrubber {
         }
         ex.headers = headers;
         let r = &mut ex.record;
-        self.json(&mut r.response_headers);
+        // Kept again from the scrubbed headers: the record's copies were cut to a length first,
+        // and a cut can leave a secret's first part that no search for the whole secret finds.
+        if ex.status.is_some() {
+            r.response_headers = kept_headers(&ex.headers);
+            r.provider_request_id = provider_request_id(&ex.headers);
+        } else {
+            self.json(&mut r.response_headers);
+        }
         r.url = self.text(&r.url);
         r.outcome = self.text(&r.outcome);
-        r.provider_request_id = r.provider_request_id.as_deref().map(|p| self.text(p));
         r.error_class = r.error_class.as_deref().map(|e| self.text(e));
         echoed
     }
 }
 
-/// The URL as it may be stored: no user info, secret-looking query values redacted.
+/// A URL a provider wrote, absolute or relative, as it may be stored (see [`sanitize_url`]); a
+/// relative one stays relative.
+pub fn sanitize_url_text(u: &str) -> String {
+    const BASE: &str = "http://relative.invalid";
+    match url::Url::parse(u) {
+        Ok(abs) => sanitize_url(&abs),
+        Err(_) => url::Url::parse(BASE)
+            .and_then(|b| b.join(u))
+            .map(|j| sanitize_url(&j).strip_prefix(BASE).unwrap_or(u).to_owned())
+            .unwrap_or_else(|_| u.split(['?', '#']).next().unwrap_or_default().to_owned()),
+    }
+}
+
+/// The URL as it may be stored: no user info, secret-looking query values redacted, no fragment
+/// (never sent, and where a sign-in leaves its `#access_token=`).
 pub fn sanitize_url(u: &url::Url) -> String {
     let mut u = u.clone();
     let _ = u.set_username("");
     let _ = u.set_password(None);
+    u.set_fragment(None);
     if u.query().is_some() {
         let pairs: Vec<(String, String)> = u
             .query_pairs()
@@ -601,12 +624,7 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
         url: sanitize_url(&out.url),
         http_status: status.map(i32::from),
         response_headers: kept_headers(&resp_headers),
-        provider_request_id: REQUEST_ID_HEADERS.iter().find_map(|h| {
-            resp_headers
-                .get(*h)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| crate::text::truncate(v.to_owned(), KEPT_HEADER_BYTES))
-        }),
+        provider_request_id: provider_request_id(&resp_headers),
         error_class: error.map(|e| e.class().to_owned()),
         outcome: String::new(),
         trace_id: out.trace.to_string(),
@@ -701,6 +719,15 @@ fn classify(e: &reqwest::Error) -> WireError {
     }
 }
 
+/// The provider's id for this request, from the first of its usual headers it sent.
+fn provider_request_id(h: &http::HeaderMap) -> Option<String> {
+    REQUEST_ID_HEADERS.iter().find_map(|name| {
+        h.get(*name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| crate::text::truncate(v.to_owned(), KEPT_HEADER_BYTES))
+    })
+}
+
 /// The most of one response header a call's record keeps.
 const KEPT_HEADER_BYTES: usize = 1024;
 
@@ -709,9 +736,7 @@ fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
     for name in KEPT_HEADERS {
         if let Some(v) = h.get(*name).and_then(|v| v.to_str().ok()) {
             let v = if name.contains("location") || *name == "azure-asyncoperation" {
-                url::Url::parse(v)
-                    .map(|u| sanitize_url(&u))
-                    .unwrap_or_else(|_| v.to_owned())
+                sanitize_url_text(v)
             } else {
                 v.to_owned()
             };
@@ -929,6 +954,51 @@ mod tests {
         // No backslash, no secret: the body is left alone, unparsed.
         let mut ex = exchange_with_body(r#"{"ok": true}"#);
         assert!(!s.exchange(&mut ex, false));
+    }
+
+    /// A secret a provider echoes in a header the record keeps is scrubbed before the header is
+    /// cut to the record's length (cut first, its first part was kept: no search for the whole
+    /// secret finds a part); a relative Location keeps no secret-looking query value; no recorded
+    /// URL keeps a fragment; and an escaped echo in an answer over 4 MiB is found (only a kept
+    /// result that large is not parsed).
+    #[test]
+    fn what_a_record_keeps_of_an_answer_holds_no_secret() {
+        let secret = "sk-live-0123456789abcdef";
+        let s = Scrubber::new(&[secret.into()]);
+        let mut ex = exchange_with_body("{}");
+        let padded = format!("{}{secret}", "x".repeat(KEPT_HEADER_BYTES - 10));
+        ex.headers.insert("x-request-id", padded.parse().unwrap());
+        ex.headers.insert(
+            "location",
+            format!("/jobs/1?sig={secret}&page=2#access_token={secret}")
+                .parse()
+                .unwrap(),
+        );
+        ex.record.response_headers = kept_headers(&ex.headers);
+        ex.record.provider_request_id = provider_request_id(&ex.headers);
+        assert!(!s.exchange(&mut ex, false));
+        let kept = format!(
+            "{} {:?}",
+            ex.record.response_headers, ex.record.provider_request_id
+        );
+        assert!(!kept.contains("sk-live"), "{kept}");
+        assert!(kept.contains("/jobs/1?sig=REDACTED&page=2"), "{kept}");
+        assert!(!kept.contains("access_token"), "{kept}");
+        // Even with no secret to scrub, a relative URL is sanitised and a fragment dropped.
+        let raw = "/jobs/1?token=abc#frag";
+        assert_eq!(sanitize_url_text(raw), "/jobs/1?token=REDACTED");
+        assert_eq!(
+            sanitize_url_text("https://u:p@p.example/a#x"),
+            "https://p.example/a"
+        );
+        // An escaped echo in a large answer that is no result.
+        let large = format!(
+            r#"{{"pad":"{}","error":"sk-live-0123456789abcdef"}}"#,
+            "y".repeat(5 << 20)
+        );
+        let mut ex = exchange_with_body(&large);
+        assert!(s.exchange(&mut ex, false));
+        assert!(!String::from_utf8_lossy(&ex.body).contains("0123456789abcdef"));
     }
 
     #[tokio::test]

@@ -1452,6 +1452,16 @@ async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
             );
         }
         ResultAct::Gone => return error(StatusCode::NOT_FOUND, "result expired"),
+        ResultAct::GoneEcho => {
+            let auth = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            return error(
+                StatusCode::NOT_FOUND,
+                &format!("no result for {auth}; the job was {request}"),
+            );
+        }
         _ => {}
     }
     if state != "succeeded" {

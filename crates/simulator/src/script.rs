@@ -76,6 +76,9 @@ pub enum ResultAct {
     Fails,
     /// The result URL answers 404.
     Gone,
+    /// The result URL answers 404 quoting what it was sent: the Authorization header and the
+    /// create request (an error page that echoes credentials).
+    GoneEcho,
     /// A valid result that also quotes the create request body back.
     EchoRequest,
 }
