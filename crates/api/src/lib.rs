@@ -289,10 +289,10 @@ pub struct Connections {
     /// wait in the system's backlog), so a flood of connections cannot take every file
     /// descriptor and the memory behind them.
     pub most: usize,
-    /// Connections one client address may hold open at once (`None`: no bound but `most`); past
-    /// it a new connection from that address is answered 429 and closed, so one client cannot take
-    /// every place. Addresses in `exempt` (trusted proxies, which carry many clients) are not
-    /// counted.
+    /// Connections one client address (an IPv6 one by its /64) may hold open at once (`None`: no
+    /// bound but `most`); past it a new connection from that address is answered 429 and closed,
+    /// so one client cannot take every place. Addresses in `exempt` (trusted proxies, which carry
+    /// many clients) are not counted.
     pub per_address: Option<usize>,
     pub exempt: limit::Proxies,
 }
@@ -394,7 +394,8 @@ pub async fn serve(
                 }
             },
         };
-        let Some(counted) = per_address.admit(&tcp, peer.ip()) else {
+        let Some(counted) = per_address.admit(peer.ip()) else {
+            let _ = tcp.try_write(TOO_MANY_FROM_ADDRESS);
             continue;
         };
         cut_off_after(&tcp, connections.send_timeout);
@@ -457,11 +458,7 @@ too many connections open from this address (--max-connections-per-address)\n";
 impl PerAddress {
     /// Count a new connection from `ip`: `None` (and the connection refused) when its address
     /// already holds its most; `Some(None)` when addresses are not counted or it is exempt.
-    fn admit(
-        &mut self,
-        tcp: &tokio::net::TcpStream,
-        ip: std::net::IpAddr,
-    ) -> Option<Option<CountedConnection>> {
+    fn admit(&mut self, ip: std::net::IpAddr) -> Option<Option<CountedConnection>> {
         let Some(most) = self.most else {
             return Some(None);
         };
@@ -469,10 +466,11 @@ impl PerAddress {
         if self.exempt.trusts(ip) {
             return Some(None);
         }
+        // An IPv6 client by its /64, as the rate per address counts it.
+        let ip = limit::address_key(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let n = open.entry(ip).or_default();
         if *n >= most {
-            let _ = tcp.try_write(TOO_MANY_FROM_ADDRESS);
             // Said at most once a minute: under a flood this is every connection.
             if self
                 .said
@@ -507,4 +505,43 @@ fn cut_off_after(tcp: &tokio::net::TcpStream, timeout: Duration) {
 /// A status code for tests and the CLI.
 pub fn status_of(kind: Kind) -> StatusCode {
     StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv6 client is counted by its /64 (one machine commonly holds one whole: counting each
+    /// address apart would be no bound at all); an IPv4-mapped one as its IPv4 address; a place is
+    /// given back when its connection closes.
+    #[test]
+    fn one_address_is_an_ipv6_client_by_its_64() {
+        let mut per = PerAddress {
+            most: Some(1),
+            exempt: limit::Proxies::default(),
+            open: Arc::default(),
+            said: None,
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let first = per.admit(ip("2001:db8::1")).expect("the first is admitted");
+        assert!(
+            per.admit(ip("2001:db8::2")).is_none(),
+            "a sibling in the /64 is admitted"
+        );
+        assert!(
+            per.admit(ip("2001:db8:0:1::1")).is_some(),
+            "another /64 is refused"
+        );
+        let v4 = per.admit(ip("192.0.2.1")).unwrap();
+        assert!(
+            per.admit(ip("::ffff:192.0.2.1")).is_none(),
+            "a mapped address is apart"
+        );
+        drop((first, v4));
+        assert!(
+            per.admit(ip("2001:db8::3")).is_some(),
+            "a place is not given back"
+        );
+        assert!(per.admit(ip("192.0.2.1")).is_some());
+    }
 }

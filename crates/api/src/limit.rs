@@ -168,7 +168,7 @@ impl Gate {
 
 /// The key an address is counted under: an IPv6 client by its /64, which one machine commonly
 /// holds whole (counting each of its addresses apart would be no limit at all).
-fn address_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
