@@ -764,3 +764,69 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A result sent over MCP holds one of its caller's result turns, as over HTTP, and as long as the
+/// session keeps the answer for a client to resume (10 s): a read-only token could otherwise make
+/// the server hold result after result in memory, answered and kept, as fast as its rate allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_sent_over_mcp_hold_their_callers_result_turns() {
+    let mut env = Env::new().await;
+    env.start_worker("w1", Duration::from_secs(5));
+    let server = env.serve_with("api", &[("JOBTRAIL_RESULTS_PER_CALLER", "1")]);
+    let token = env.token("agent-alice", &["submit", "read"]).await;
+    let client = over_http(&server, &token, false).await;
+    let r = call(
+        &client,
+        "submit_operation",
+        json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+               "request": request(json!({"duration_ms": 200}))}),
+    )
+    .await;
+    let id = structured(&r)["operation"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let w = structured(
+        &call(
+            &client,
+            "wait_operation",
+            json!({"operation_id": id, "timeout_secs": 60}),
+        )
+        .await,
+    );
+    assert_eq!(w["operation"]["state"], "succeeded", "{w}");
+    let first = call(&client, "get_result", json!({"operation_id": id})).await;
+    assert_eq!(first.is_error, Some(false), "{first:?}");
+    let sent = std::time::Instant::now();
+    // Answered, and its turn still held while the session keeps the answer.
+    let second = call(&client, "get_result", json!({"operation_id": id})).await;
+    assert_eq!(second.is_error, Some(true), "{second:?}");
+    assert_eq!(structured(&second)["error"], "rate-limited", "{second:?}");
+    // Over HTTP too: one turn per caller, whichever door.
+    let over_http = support::http()
+        .get(server.url(&format!("/v1/operations/{id}/result")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(over_http.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
+    // The turn comes back once the session has let the answer go.
+    let deadline = sent + Duration::from_secs(20);
+    loop {
+        let again = call(&client, "get_result", json!({"operation_id": id})).await;
+        if again.is_error == Some(false) {
+            assert!(
+                sent.elapsed() >= Duration::from_secs(9),
+                "{:?}",
+                sent.elapsed()
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the turn never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    env.stop_workers().await;
+}

@@ -33,8 +33,16 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, tool, tool_handler,
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-/// Largest result returned inline by `get_result` (larger: fetch it over the HTTP API).
-pub const MAX_INLINE_RESULT: usize = 4 * 1024 * 1024;
+/// Largest result returned inline by `get_result` (larger: fetch it over the HTTP API). An answer
+/// carries it twice (as structured content and as its text, for clients without structured
+/// output) and the session keeps the answer for [`ANSWER_KEPT`] after sending it.
+pub const MAX_INLINE_RESULT: usize = 1024 * 1024;
+
+/// How long a session keeps an answer it has sent, for a client that lost the stream to resume
+/// (rmcp's default is 60 s). A result sent over MCP holds one of its caller's result turns
+/// (`--results-per-caller`, as over HTTP) that long too, so what a caller can make the server hold
+/// in answers is bounded.
+pub const ANSWER_KEPT: Duration = Duration::from_secs(10);
 /// How often a client should poll `tasks/get`, while working and while held for a person.
 const POLL_WORKING_MS: u64 = 1_000;
 const POLL_HELD_MS: u64 = 30_000;
@@ -335,7 +343,7 @@ impl JobtrailMcp {
     }
 
     #[tool(
-        description = "The validated result of a succeeded operation, exactly as recorded (its sha256 is checked against the evidence chain). Text results come as `text`, others as `base64`.",
+        description = "The validated result of a succeeded operation, exactly as recorded (its sha256 is checked against the evidence chain). Text results come as `text`, others as `base64`; one over 1 MiB is refused here (fetch it over the HTTP API). Each call holds one of your result turns for 10 s.",
         annotations(read_only_hint = true)
     )]
     async fn get_result(
@@ -347,6 +355,26 @@ impl JobtrailMcp {
             Ok(o) => o,
             Err(e) => return tool_error(e),
         };
+        // One of the caller's result turns, as over HTTP, held while the answer is built and as
+        // long as the session keeps it after (over stdio the API's own route holds one).
+        let turn = match &ops {
+            Door::Local(b) => match b.service.result_slot(&b.principal) {
+                Ok(turn) => Some(turn),
+                Err(e) => return tool_error(e),
+            },
+            Door::Remote(_) => None,
+        };
+        let answer = Self::result_answer(&ops, &a.operation_id).await;
+        if let Some(turn) = turn {
+            tokio::spawn(async move {
+                tokio::time::sleep(ANSWER_KEPT).await;
+                drop(turn);
+            });
+        }
+        answer
+    }
+
+    async fn result_answer(ops: &Door, operation_id: &str) -> CallToolResult {
         // The size is known before any byte is read: a result too large for a tool result is
         // refused without loading it (up to a store's whole limit) into this process.
         let too_large = |size: usize| {
@@ -354,21 +382,21 @@ impl JobtrailMcp {
                 Kind::TooLarge,
                 format!(
                     "the result is {size} bytes, more than a tool result carries ({MAX_INLINE_RESULT}); fetch it with GET /v1/operations/{}/result",
-                    a.operation_id
+                    operation_id
                 ),
             ))
         };
-        if let Ok(view) = ops.get(&a.operation_id, Timeline::Omit).await
+        if let Ok(view) = ops.get(operation_id, Timeline::Omit).await
             && let Some(size) = view.result.as_ref().and_then(|r| r.size)
             && usize::try_from(size).is_ok_and(|n| n > MAX_INLINE_RESULT)
         {
             return too_large(size as usize);
         }
-        match ops.result(&a.operation_id).await {
+        match ops.result(operation_id).await {
             Ok(r) if r.bytes.len() > MAX_INLINE_RESULT => too_large(r.bytes.len()),
             Ok(r) => {
                 let mut v = serde_json::json!({
-                    "operation_id": a.operation_id,
+                    "operation_id": operation_id,
                     "sha256": r.sha256,
                     "size": r.bytes.len(),
                     "content_type": r.content_type,
@@ -569,7 +597,9 @@ pub fn http_router(
     if !allowed_hosts.is_empty() {
         config = config.with_allowed_hosts(allowed_hosts);
     }
-    let manager = Arc::new(LocalSessionManager::default());
+    let mut manager = LocalSessionManager::default();
+    manager.session_config.completed_cache_ttl = ANSWER_KEPT;
+    let manager = Arc::new(manager);
     let mcp = StreamableHttpService::new(
         move || Ok(JobtrailMcp::new(Backend::Service(service.clone()))),
         manager.clone(),
