@@ -830,3 +830,66 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns() {
     }
     env.stop_workers().await;
 }
+
+/// The MCP door reads a body as strictly as the HTTP routes: a key twice in one object (which
+/// MCP's own parser would take the last of, so a call read one way would start a job another way)
+/// is refused, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_with_a_key_twice_is_refused_and_writes_nothing() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let token = env.token("agent-alice", &["submit", "read"]).await;
+    let c = support::http();
+    let post = |body: String, session: Option<String>| {
+        let mut r = c
+            .post(server.url("/mcp"))
+            .bearer_auth(&token)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(s) = session {
+            r = r.header("mcp-session-id", s);
+        }
+        r.send()
+    };
+    let opened = post(support::mcp_initialize().to_string(), None)
+        .await
+        .unwrap();
+    assert!(opened.status().is_success(), "{}", opened.status());
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let _ = opened.bytes().await;
+    let ack = post(
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+        Some(session.clone()),
+    )
+    .await
+    .unwrap();
+    assert!(ack.status().is_success(), "{}", ack.status());
+    let call = r#"{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "submit_operation", "arguments": {
+            "provider": "sim", "target": "reports", "approved_by": "alice",
+            "request": {"report": "usage", "report": "payroll", "sim": {"duration_ms": 100}}}}}"#;
+    let refused = post(call.to_owned(), Some(session.clone())).await.unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["kind"], "bad-input", "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("report"),
+        "{problem}"
+    );
+    assert_eq!(
+        env.store.totals().await.unwrap().0,
+        0,
+        "something was written"
+    );
+    // The same call without the second key is taken.
+    let taken = post(call.replace(r#""report": "payroll", "#, ""), Some(session))
+        .await
+        .unwrap();
+    assert!(taken.status().is_success(), "{}", taken.status());
+    let _ = taken.bytes().await;
+    assert_eq!(env.store.totals().await.unwrap().0, 1);
+}

@@ -100,6 +100,16 @@ pub async fn require_bearer(
         };
         match body::read(&service, &p, &parts.headers, body, limit).await {
             Ok((b, turn)) => {
+                // Read as strictly as the HTTP routes read theirs: MCP's own parser takes the
+                // last of two equal keys, so `{"provider": "a", "provider": "b"}` would start a
+                // job at a provider other than the one a reader of the call saw.
+                if let Err(e) = jobtrail_core::json::parse_strict(&b) {
+                    return Problem::new(
+                        Kind::BadInput,
+                        format!("the body is not acceptable JSON: {e}"),
+                    )
+                    .into_response();
+                }
                 let large = b.len() > body::SMALL_REQUEST_BYTES;
                 (axum::body::Body::from(b), large.then_some(turn))
             }
