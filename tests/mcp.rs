@@ -872,14 +872,22 @@ async fn an_mcp_call_with_a_key_twice_is_refused_and_writes_nothing() {
         "name": "submit_operation", "arguments": {
             "provider": "sim", "target": "reports", "approved_by": "alice",
             "request": {"report": "usage", "report": "payroll", "sim": {"duration_ms": 100}}}}}"#;
-    let refused = post(call.to_owned(), Some(session.clone())).await.unwrap();
-    assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
-    let problem: Value = refused.json().await.unwrap();
-    assert_eq!(problem["kind"], "bad-input", "{problem}");
-    assert!(
-        problem["detail"].as_str().unwrap().contains("report"),
-        "{problem}"
+    // The same for a number MCP's parser would round (what is fingerprinted and sent is not what
+    // was written).
+    let rounded = call.replace(
+        r#""report": "payroll", "#,
+        r#""amount": 123456789012345678901234, "#,
     );
+    for (body, names) in [(call.to_owned(), "report"), (rounded, "string")] {
+        let refused = post(body, Some(session.clone())).await.unwrap();
+        assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+        let problem: Value = refused.json().await.unwrap();
+        assert_eq!(problem["kind"], "bad-input", "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(names),
+            "{problem}"
+        );
+    }
     assert_eq!(
         env.store.totals().await.unwrap().0,
         0,

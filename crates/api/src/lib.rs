@@ -100,10 +100,12 @@ pub async fn require_bearer(
         };
         match body::read(&service, &p, &parts.headers, body, limit).await {
             Ok((b, turn)) => {
-                // Read as strictly as the HTTP routes read theirs: MCP's own parser takes the
-                // last of two equal keys, so `{"provider": "a", "provider": "b"}` would start a
-                // job at a provider other than the one a reader of the call saw.
-                if let Err(e) = jobtrail_core::json::parse_strict(&b) {
+                // Two equal keys and inexact numbers are refused as the HTTP routes refuse them:
+                // MCP's own parser takes the last key and rounds the number, so
+                // `{"provider": "a", "provider": "b"}` would start a job other than the one a
+                // reader of the call saw. (A NUL goes on to the tool, which refuses it in words
+                // the agent reads.)
+                if let Err(e) = jobtrail_core::json::parse_exact(&b) {
                     return Problem::new(
                         Kind::BadInput,
                         format!("the body is not acceptable JSON: {e}"),

@@ -25,8 +25,20 @@ pub struct BodyError {
 
 /// Parse a request body strictly (see the module docs).
 pub fn parse_strict(bytes: &[u8]) -> Result<Value, BodyError> {
+    parse::<false>(bytes)
+}
+
+/// As [`parse_strict`], but a NUL is let through: for a door whose handler refuses it itself, in
+/// words its caller reads (an MCP tool answers with a tool error; a transport error is never seen
+/// by the agent). Two equal keys and inexact numbers are refused all the same: no handler can tell
+/// them from what the caller meant once parsed.
+pub fn parse_exact(bytes: &[u8]) -> Result<Value, BodyError> {
+    parse::<true>(bytes)
+}
+
+fn parse<const NUL_OK: bool>(bytes: &[u8]) -> Result<Value, BodyError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let parsed = Strict::deserialize(&mut de).and_then(|v| de.end().map(|()| v.0));
+    let parsed = Strict::<NUL_OK>::deserialize(&mut de).and_then(|v| de.end().map(|()| v.0));
     parsed.map_err(|e| BodyError {
         // serde_json appends " at line L column C" to custom messages; the fields carry it.
         message: e
@@ -43,26 +55,28 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, BodyError> {
 /// The largest magnitude a double holds every integer up to.
 const EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0; // 2^53
 
-struct Strict(Value);
+struct Strict<const NUL_OK: bool>(Value);
 
-impl<'de> Deserialize<'de> for Strict {
+impl<'de, const NUL_OK: bool> Deserialize<'de> for Strict<NUL_OK> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrictVisitor).map(Strict)
+        d.deserialize_any(StrictVisitor::<NUL_OK>).map(Strict)
     }
 }
 
-struct StrictVisitor;
+struct StrictVisitor<const NUL_OK: bool>;
 
-fn no_nul<E: de::Error>(s: &str, what: &str) -> Result<(), E> {
-    if s.contains('\0') {
-        return Err(E::custom(format!(
-            "{what} holds the NUL character (\\u0000), which cannot be stored"
-        )));
+impl<const NUL_OK: bool> StrictVisitor<NUL_OK> {
+    fn no_nul<E: de::Error>(s: &str, what: &str) -> Result<(), E> {
+        if !NUL_OK && s.contains('\0') {
+            return Err(E::custom(format!(
+                "{what} holds the NUL character (\\u0000), which cannot be stored"
+            )));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
-impl<'de> Visitor<'de> for StrictVisitor {
+impl<'de, const NUL_OK: bool> Visitor<'de> for StrictVisitor<NUL_OK> {
     type Value = Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -89,11 +103,11 @@ impl<'de> Visitor<'de> for StrictVisitor {
             .ok_or_else(|| E::custom("a number that is not finite"))
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
-        no_nul(s, "a string")?;
+        Self::no_nul(s, "a string")?;
         Ok(Value::String(s.to_owned()))
     }
     fn visit_string<E: de::Error>(self, s: String) -> Result<Value, E> {
-        no_nul(&s, "a string")?;
+        Self::no_nul(&s, "a string")?;
         Ok(Value::String(s))
     }
     fn visit_unit<E>(self) -> Result<Value, E> {
@@ -101,7 +115,7 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(Strict(v)) = seq.next_element()? {
+        while let Some(Strict::<NUL_OK>(v)) = seq.next_element()? {
             out.push(v);
         }
         Ok(Value::Array(out))
@@ -109,13 +123,13 @@ impl<'de> Visitor<'de> for StrictVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            no_nul(&key, "a key")?;
+            Self::no_nul(&key, "a key")?;
             if out.contains_key(&key) {
                 return Err(de::Error::custom(format!(
                     "the key {key:?} appears twice in one object"
                 )));
             }
-            let Strict(v) = map.next_value()?;
+            let Strict::<NUL_OK>(v) = map.next_value()?;
             out.insert(key, v);
         }
         Ok(Value::Object(out))
@@ -137,6 +151,24 @@ pub fn kind_of(v: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_exact_lets_a_nul_through_and_nothing_else() {
+        let nul = br#"{"a": "x\u0000y"}"#;
+        assert!(parse_strict(nul).is_err());
+        assert_eq!(parse_exact(nul).unwrap()["a"], "x\u{0}y");
+        for bad in [
+            &br#"{"a": 1, "a": 2}"#[..],
+            br#"{"a": 123456789012345678901234}"#,
+            br#"{"a": 1e300}"#,
+        ] {
+            assert!(
+                parse_exact(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 
     #[test]
     fn good_json_parses_as_serde_json_would() {
