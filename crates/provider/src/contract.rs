@@ -571,6 +571,8 @@ struct RawReconcile {
     lookup_jobs: Option<String>,
     #[serde(default)]
     lookup_job_id: Option<String>,
+    #[serde(default)]
+    lookup_reference: Option<String>,
     #[serde(default = "d_reconcile_interval")]
     interval_ms: u64,
 }
@@ -589,6 +591,7 @@ impl Default for RawReconcile {
             lookup_body: None,
             lookup_jobs: None,
             lookup_job_id: None,
+            lookup_reference: None,
             interval_ms: d_reconcile_interval(),
         }
     }
@@ -836,6 +839,10 @@ pub struct ReconcileSpec {
     pub lookup_body: Option<serde_json::Value>,
     pub lookup_jobs: Option<String>,
     pub lookup_job_id: Option<String>,
+    /// Where, in each job listed, the provider repeats what we looked it up by (our reference or
+    /// idempotency key): a listed job that does not is not ours (a provider that ignored the
+    /// filter lists jobs of others).
+    pub lookup_reference: Option<String>,
     pub interval: Duration,
 }
 
@@ -2114,6 +2121,7 @@ impl Validator<'_> {
             lookup_body: self.body_template("reconcile.lookup_body", &rc.lookup_body)?,
             lookup_jobs: self.pointer("reconcile.lookup_jobs", &rc.lookup_jobs)?,
             lookup_job_id: self.pointer("reconcile.lookup_job_id", &rc.lookup_job_id)?,
+            lookup_reference: self.pointer("reconcile.lookup_reference", &rc.lookup_reference)?,
             interval: self.ms("reconcile.interval_ms", rc.interval_ms, MIN_WAIT_MS)?,
         };
         if reconcile.method == ReconcileMethod::Lookup && reconcile.lookup_url.is_none() {

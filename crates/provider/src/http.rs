@@ -1560,33 +1560,16 @@ impl HttpProvider {
             Verdict::Success => match serde_json::from_slice::<serde_json::Value>(&ex.body) {
                 Err(_) => failed("malformed_json".into()),
                 Ok(json) => {
-                    let id_ptr = rc.lookup_job_id.clone().unwrap_or_else(|| "/job_id".into());
-                    let items: Vec<&serde_json::Value> = match &rc.lookup_jobs {
-                        Some(p) => json
-                            .pointer(p)
-                            .and_then(|v| v.as_array())
-                            .map(|a| a.iter().collect())
-                            .unwrap_or_default(),
-                        None => vec![&json],
-                    };
-                    let job_ids: Vec<String> = items
-                        .iter()
-                        .filter_map(|i| {
-                            i.pointer(&id_ptr)
-                                .and_then(|v| v.as_str())
-                                .map(str::to_owned)
-                        })
-                        .collect();
-                    if let Some(why) = job_ids
-                        .iter()
-                        .find_map(|j| jobtrail_core::ids::check_remote_job_id(j).err())
-                    {
-                        failed(format!("unusable_job_id: {why}"))
-                    } else if job_ids.is_empty() {
-                        (LookupOutcome::NotFound, "not found".into())
-                    } else {
-                        let d = format!("found {}", job_ids.join(", "));
-                        (LookupOutcome::Found { job_ids }, d)
+                    let ours = [op.id.to_string(), op.token.as_str().to_owned()];
+                    match listed_jobs(rc, &json, &ours) {
+                        Err(why) => failed(why),
+                        Ok(job_ids) if job_ids.is_empty() => {
+                            (LookupOutcome::NotFound, "not found".into())
+                        }
+                        Ok(job_ids) => {
+                            let d = format!("found {}", job_ids.join(", "));
+                            (LookupOutcome::Found { job_ids }, d)
+                        }
                     }
                 }
             },
@@ -1594,6 +1577,55 @@ impl HttpProvider {
         };
         Self::finish(ex, outcome, d, ctx)
     }
+}
+
+/// The jobs a lookup's answer lists as ours, each once, in the order listed; `Err` (an error
+/// class) for an answer that is no clear list: "none found" lets a second job be created, so only
+/// a list that is there and readable says it. A listed job without a usable id is no answer; one
+/// that does not repeat what we looked it up by (`lookup_reference`, when the contract names it)
+/// is another's, listed by a provider that ignored the filter.
+fn listed_jobs(
+    rc: &crate::contract::ReconcileSpec,
+    json: &serde_json::Value,
+    ours: &[String],
+) -> Result<Vec<String>, String> {
+    let id_ptr = rc.lookup_job_id.as_deref().unwrap_or("/job_id");
+    let items: Vec<&serde_json::Value> = match &rc.lookup_jobs {
+        Some(p) => match json.pointer(p) {
+            Some(serde_json::Value::Array(a)) => a.iter().collect(),
+            _ => return Err(format!("malformed_lookup: no job list at {p}")),
+        },
+        None => vec![json],
+    };
+    let mut job_ids: Vec<String> = Vec::new();
+    for item in items {
+        if let Some(p) = &rc.lookup_reference {
+            let theirs = item.pointer(p).and_then(|v| match v {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            });
+            if !theirs.is_some_and(|t| ours.contains(&t)) {
+                continue;
+            }
+        }
+        let id = match item.pointer(id_ptr) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            // As `create` reads a numeric id.
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => {
+                return Err(format!(
+                    "malformed_lookup: a listed job has no id at {id_ptr}"
+                ));
+            }
+        };
+        jobtrail_core::ids::check_remote_job_id(&id)
+            .map_err(|why| format!("unusable_job_id: {why}"))?;
+        if !job_ids.contains(&id) {
+            job_ids.push(id);
+        }
+    }
+    Ok(job_ids)
 }
 
 fn unsent_called<T>(

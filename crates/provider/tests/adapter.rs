@@ -976,3 +976,86 @@ async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
     assert!(!called.call.outcome.contains("4111"));
     assert_eq!(h.sim.ledger().requests, before, "nothing sent");
 }
+
+/// A lookup's answer says "none of ours" only when it is a readable list without any: "none found"
+/// lets a second job be created. A provider that ignored the filter and listed another's job, one
+/// that listed ours twice, one with a numeric id, and answers with no list or a listed job without
+/// an id, each over real HTTP from a provider on 127.0.0.1.
+#[tokio::test]
+async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
+    use std::sync::{Arc, Mutex};
+    let answer = Arc::new(Mutex::new(String::new()));
+    let app = axum::Router::new().route(
+        "/v1/jobs",
+        axum::routing::get({
+            let answer = answer.clone();
+            move || {
+                let body = answer.lock().unwrap().clone();
+                async move { ([("content-type", "application/json")], body) }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.reconcile.lookup_reference = Some("/client_reference".into());
+        c
+    })
+    .await;
+    let op = h.op(serde_json::json!({})).await;
+    let ours = op.id.to_string();
+    let found = |ids: &[&str]| LookupOutcome::Found {
+        job_ids: ids.iter().map(|s| s.to_string()).collect(),
+    };
+    for (body, expected) in [
+        // A list without any of ours: none found.
+        (
+            serde_json::json!({"jobs": []}),
+            Some(LookupOutcome::NotFound),
+        ),
+        (
+            serde_json::json!({"jobs": [{"job_id": "j-theirs", "client_reference": "op_someone_else"}]}),
+            Some(LookupOutcome::NotFound),
+        ),
+        (
+            serde_json::json!({"jobs": [{"job_id": "j-1"}]}),
+            Some(LookupOutcome::NotFound),
+        ),
+        // Ours, once, whatever else is listed.
+        (
+            serde_json::json!({"jobs": [
+                {"job_id": "j-theirs", "client_reference": "op_someone_else"},
+                {"job_id": "j-1", "client_reference": ours},
+                {"job_id": "j-1", "client_reference": ours}]}),
+            Some(found(&["j-1"])),
+        ),
+        (
+            serde_json::json!({"jobs": [{"job_id": 123, "client_reference": ours}]}),
+            Some(found(&["123"])),
+        ),
+        // No answer: no list, a list that is none, a job of ours without an id.
+        (serde_json::json!({"items": []}), None),
+        (serde_json::json!({"jobs": {"job_id": "j-1"}}), None),
+        (
+            serde_json::json!({"jobs": [{"client_reference": ours}]}),
+            None,
+        ),
+        (
+            serde_json::json!({"jobs": [{"job_id": {"id": "j-1"}, "client_reference": ours}]}),
+            None,
+        ),
+    ] {
+        *answer.lock().unwrap() = body.to_string();
+        let got = h.provider.lookup(&op, 1.into()).await.outcome;
+        match expected {
+            Some(e) => assert_eq!(got, e, "{body}"),
+            None => assert!(
+                matches!(&got, LookupOutcome::Failed { error_class } if error_class.starts_with("malformed_lookup")),
+                "{body}: {got:?}"
+            ),
+        }
+    }
+    server.abort();
+}

@@ -1516,7 +1516,7 @@ async fn lookup(
         if job.ledger.client_reference.as_deref() == Some(reference.as_str()) {
             found.push((
                 &job.created,
-                serde_json::json!({"job_id": job.id, "state": job.phase(now).0}),
+                serde_json::json!({"job_id": job.id, "state": job.phase(now).0, "client_reference": reference}),
             ));
         }
     }
