@@ -85,6 +85,10 @@ pub struct ResultHints {
     pub result_url: Option<String>,
     pub checksum: Option<String>,
     pub expected_count: Option<u64>,
+    /// A checksum or a count the status answer gave in a form that cannot be read (an object, a
+    /// fraction): the result is refused rather than checked without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
 
 /// One status read, in the provider's words.

@@ -1262,16 +1262,30 @@ impl HttpProvider {
         if let Some(u) = get_str(&spec.result_url) {
             hints.result_url = Some(resolved(ex, u));
         }
-        if let Some(c) = get_str(&spec.checksum) {
-            hints.checksum = Some(c);
+        // A checksum or a count that is there but cannot be read is said, not skipped: skipped,
+        // the result would be checked without it and the record would say none was given.
+        let given = |p: &Option<String>| {
+            p.as_ref()
+                .and_then(|p| json.pointer(p))
+                .filter(|v| !v.is_null())
+        };
+        hints.unreadable = None;
+        let unreadable = |what: &str, v: &serde_json::Value| {
+            format!("{what} {}", text::truncate(text::of_json(v), 100))
+        };
+        if let Some(v) = given(&spec.checksum) {
+            match v.as_str().map(str::trim) {
+                Some(c) if text::usable(c, MAX_LOCATOR_BYTES) => {
+                    hints.checksum = Some(c.to_owned())
+                }
+                _ => hints.unreadable = Some(unreadable("a checksum", v)),
+            }
         }
-        if let Some(n) = spec
-            .expected_count
-            .as_ref()
-            .and_then(|p| json.pointer(p))
-            .and_then(|v| v.as_u64())
-        {
-            hints.expected_count = Some(n);
+        if let Some(v) = given(&spec.expected_count) {
+            match count_of(v) {
+                Some(n) => hints.expected_count = Some(n),
+                None => hints.unreadable = Some(unreadable("an expected count", v)),
+            }
         }
         Ok(RemoteStatus {
             phase,
@@ -1576,6 +1590,25 @@ impl HttpProvider {
             _ => failed(Self::ambiguous_class(&ex)),
         };
         Self::finish(ex, outcome, d, ctx)
+    }
+}
+
+/// A count as a provider may write it: a whole number, also written with a zero fraction (`10.0`)
+/// or as a string of digits (`"10"`).
+fn count_of(v: &serde_json::Value) -> Option<u64> {
+    match v {
+        serde_json::Value::Number(n) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(f))
+                .map(|f| f as u64)
+        }),
+        serde_json::Value::String(s) => {
+            let s = s.trim();
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+        }
+        _ => None,
     }
 }
 

@@ -55,7 +55,11 @@ pub fn check(spec: &ResultSpec, fetched: &FetchedResult, hints: &ResultHints) ->
             ));
         }
     }
-    if given.iter().all(|(_, w)| w.is_none()) {
+    if let Some(what) = &hints.unreadable {
+        violations.push(format!(
+            "the provider's status answer gave {what}, which cannot be read: the result is not checked without it"
+        ));
+    } else if given.iter().all(|(_, w)| w.is_none()) {
         checks.push("sha256 recorded (provider gave no checksum)".into());
     }
 
@@ -433,6 +437,30 @@ url = "/jobs/{{job_id}}/result"
             Checked::Valid { summary, .. } => summary,
             Checked::Invalid { violations } => panic!("{violations:?}"),
         }
+    }
+
+    /// A hint the status answer gave but in a form that cannot be read refuses the result: checked
+    /// without it, the record would say the provider gave none.
+    #[test]
+    fn an_unreadable_hint_refuses_the_result() {
+        let spec = spec(r#"format = "json""#);
+        let fetched = FetchedResult {
+            bytes: bytes::Bytes::from_static(b"{}"),
+            content_type: None,
+            checksum: None,
+        };
+        let hints = ResultHints {
+            unreadable: Some("a checksum {\"value\":\"ab\"}".into()),
+            ..ResultHints::default()
+        };
+        let Checked::Invalid { violations } = check(&spec, &fetched, &hints) else {
+            panic!("taken with an unreadable checksum");
+        };
+        assert!(violations[0].contains("a checksum"), "{violations:?}");
+        assert!(matches!(
+            check(&spec, &fetched, &ResultHints::default()),
+            Checked::Valid { .. }
+        ));
     }
 
     /// A result that breaks its schema is described by where and how, not by its own value: the

@@ -755,6 +755,49 @@ async fn results_that_fail_each_rule_are_caught() {
     );
 }
 
+/// A count the status answer gives in another form is read when it is a whole number (`"5"`,
+/// `5.0`) and refused when it is not: before, an unreadable count (or checksum) was skipped and
+/// the result checked without it, the record saying none was given.
+#[tokio::test]
+async fn a_count_in_another_form_is_read_or_the_result_refused() {
+    let h = harness("sim").await;
+    for (written, valid) in [
+        (serde_json::json!("5"), true),
+        (serde_json::json!(5.0), true),
+        (serde_json::json!("4"), false),
+        (serde_json::json!({"n": 5}), false),
+        (serde_json::json!(5.5), false),
+        (serde_json::json!(-5), false),
+    ] {
+        let mut op = h
+            .created(
+                serde_json::json!({"duration_ms": 100, "items": 5, "expected_items_as": written}),
+            )
+            .await;
+        h.poll_to_end(&mut op).await;
+        let ResultOutcome::Fetched(f) = h.provider.fetch_result(&op, 1.into()).await.outcome else {
+            panic!("{written}: no result fetched");
+        };
+        match h.provider.check_result(&op, &f) {
+            Checked::Valid { checks, summary } => {
+                assert!(valid, "{written}: taken: {summary}");
+                assert!(
+                    checks.iter().any(|c| c == "count=5"),
+                    "{written}: {checks:?}"
+                );
+            }
+            Checked::Invalid { violations } => {
+                assert!(!valid, "{written}: refused: {violations:?}");
+                let v = violations.join("; ");
+                assert!(
+                    v.contains("expected") || v.contains("count"),
+                    "{written}: {v}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn csv_rows_that_say_error_fail_the_result() {
     let h = harness("sim-csv").await;

@@ -1159,7 +1159,11 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
                 .clone()
                 .unwrap_or_else(|| job.script.at(format_args!("/v1/jobs/{id}/result")))
         );
-        body["expected_items"] = serde_json::json!(job.script.items);
+        body["expected_items"] = job
+            .script
+            .expected_items_as
+            .clone()
+            .unwrap_or_else(|| serde_json::json!(job.script.items));
     }
     if state == "failed" {
         body["error"] = serde_json::json!("the job failed: simulated failure");

@@ -192,6 +192,9 @@ pub struct Script {
     pub result: ResultAct,
     pub format: Format,
     pub items: u32,
+    /// The item count a finished job's status answer gives, written this way instead of as a
+    /// number (`"5"`, `5.0`, `{"n": 5}`: a provider's count in some other form).
+    pub expected_items_as: Option<serde_json::Value>,
     /// Faults by status-call number (1-based).
     pub status_faults: BTreeMap<u32, StatusFault>,
     /// Delay every status response (makes overlapping polls visible in the ledger).
@@ -271,6 +274,7 @@ impl Default for Script {
             result: ResultAct::Valid,
             format: Format::Json,
             items: 5,
+            expected_items_as: None,
             status_faults: BTreeMap::new(),
             status_delay_ms: 0,
             create_hold_ms: 0,
