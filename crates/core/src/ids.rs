@@ -21,12 +21,36 @@ pub struct BadId {
     pub expected: &'static str,
 }
 
+/// At most this much of a malformed id is repeated in its error (an id of megabytes is refused,
+/// not echoed back whole).
+const SHOWN_ID_CHARS: usize = 80;
+
+fn shown(s: &str) -> String {
+    if s.chars().count() <= SHOWN_ID_CHARS {
+        return s.to_owned();
+    }
+    let mut cut: String = s.chars().take(SHOWN_ID_CHARS).collect();
+    cut.push('…');
+    cut
+}
+
 impl OperationId {
     pub const PREFIX: &'static str = "op_";
 
     /// Wrap a UUID made by the caller (UUIDv7 from `Uuid::now_v7()` in the store).
     pub fn from_uuid(uuid: Uuid) -> Self {
         Self(uuid)
+    }
+
+    /// The time the id names: its first 48 bits, milliseconds since the Unix epoch (in a UUIDv7
+    /// and a ULID alike), which is what lists sort by.
+    pub fn time(&self) -> chrono::DateTime<chrono::Utc> {
+        let b = self.0.as_bytes();
+        let ms = b[..6]
+            .iter()
+            .fold(0i64, |acc, &x| (acc << 8) | i64::from(x));
+        chrono::DateTime::from_timestamp_millis(ms)
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
     }
     pub fn as_uuid(&self) -> Uuid {
         self.0
@@ -49,7 +73,7 @@ impl std::str::FromStr for OperationId {
     fn from_str(s: &str) -> Result<Self, BadId> {
         let bad = || BadId {
             what: "operation id",
-            value: s.to_owned(),
+            value: shown(s),
             expected: "op_ followed by 26 Crockford base32 characters (e.g. op_01J7Q5X4D4PA3DZ2V6K8M9N0PQ)",
         };
         let rest = s.strip_prefix(Self::PREFIX).ok_or_else(bad)?;
@@ -161,7 +185,7 @@ impl std::str::FromStr for TraceId {
     fn from_str(s: &str) -> Result<Self, BadId> {
         let bad = || BadId {
             what: "trace id",
-            value: s.to_owned(),
+            value: shown(s),
             expected: "32 lowercase hex characters, not all zero",
         };
         if s.len() != 32 || s.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -202,6 +226,20 @@ mod tests {
         assert_eq!(a.to_string().len(), 3 + 26);
         assert!("op_nothex!".parse::<OperationId>().is_err());
         assert!("01J7Q5X4D4PA3DZ2V6K8M9N0PQ".parse::<OperationId>().is_err());
+    }
+
+    #[test]
+    fn a_malformed_id_is_repeated_cut_not_whole() {
+        let huge = format!("op_{}", "é".repeat(1 << 20));
+        let e = huge.parse::<OperationId>().unwrap_err().to_string();
+        assert!(e.len() < 400, "{} bytes", e.len());
+        assert!(e.contains("op_éé") && e.contains('…'), "{e}");
+        let e = "x"
+            .repeat(1 << 20)
+            .parse::<TraceId>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400, "{} bytes", e.len());
     }
 
     #[test]

@@ -211,6 +211,14 @@ pub enum SubmitError {
         at: DateTime<Utc>,
         max: DateTime<Utc>,
     },
+    #[error(
+        "id {id} names the time {at}, more than an hour ahead of now ({now}): an operation id is op_ followed by a ULID (or UUIDv7) made now; one from the future would list above every operation made after it"
+    )]
+    IdAhead {
+        id: OperationId,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    },
     #[error("cancel window of {secs} s is longer than the thirty days allowed")]
     CancelWindowTooLong { secs: u64 },
     #[error("request body is {size} bytes, over the limit of {limit} bytes")]
@@ -256,6 +264,10 @@ pub enum SubmitError {
         known: String,
     },
 }
+
+/// How far ahead of the database's clock a caller's own operation id may name its time (clock skew;
+/// lists are newest first by id, so an id from further ahead would stay on top of every list).
+pub const MAX_ID_AHEAD: Duration = Duration::from_secs(3600);
 
 impl Submission {
     /// Validate against the provider's terms at time `now`.
@@ -362,6 +374,12 @@ impl Submission {
             });
         }
         let cancel_window = self.cancel_window.unwrap_or(terms.default_cancel_window);
+        if let Some(id) = self.operation_id {
+            let at = id.time();
+            if at > now + chrono::Duration::from_std(MAX_ID_AHEAD).expect("an hour fits") {
+                return Err(SubmitError::IdAhead { id, at, now });
+            }
+        }
         if cancel_window < Duration::from_secs(1) {
             return Err(SubmitError::CancelWindowTooShort);
         }
@@ -445,6 +463,37 @@ mod tests {
                 "{bad}: {err}"
             );
             assert!(err.to_string().contains("one of: csv, json"), "{err}");
+        }
+    }
+
+    /// A caller's own id may name a time up to an hour ahead (clock skew), not more: lists are
+    /// newest first by id, and `op_7ZZZ…` would stay above every operation made after it. An id
+    /// from the past only lists itself lower.
+    #[test]
+    fn a_callers_id_from_the_future_is_refused() {
+        let at = |t: DateTime<Utc>| {
+            let ms = t.timestamp_millis() as u128;
+            OperationId::from_uuid(uuid::Uuid::from_u128(
+                (ms << 80) | 0x7000_8000_0000_0000_0001,
+            ))
+        };
+        let v = |id: OperationId| {
+            let mut s = sub("{}");
+            s.operation_id = Some(id);
+            s.validate(&terms(), SubmitLimits::default(), now(), entropy())
+        };
+        assert_eq!(at(now()).time(), now());
+        assert!(v(at(now())).is_ok());
+        assert!(v(at(now() + chrono::Duration::minutes(59))).is_ok());
+        assert!(v(at(now() - chrono::Duration::days(400))).is_ok());
+        assert!(v("op_00000000000000000000000000".parse().unwrap()).is_ok());
+        for ahead in [
+            at(now() + chrono::Duration::minutes(61)),
+            "op_7ZZZZZZZZZZZZZZZZZZZZZZZZZ".parse().unwrap(),
+        ] {
+            let err = v(ahead).unwrap_err();
+            assert!(matches!(err, SubmitError::IdAhead { .. }), "{err}");
+            assert!(err.to_string().contains("ahead"), "{err}");
         }
     }
 
