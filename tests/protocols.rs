@@ -517,6 +517,40 @@ async fn google_aip_151_operations_succeed_fail_and_cancel() {
     env.stop_workers().await;
 }
 
+/// Where the final status answer is the result (AIP-151's `Operation` with its `response`), a
+/// status read takes it up to the result's own limit: read only up to the answers' limit
+/// (`max_response_bytes`, here 4 KiB), every poll that saw it done failed as too large and the
+/// job, finished and within its result's limit, ended failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_inside_the_final_status_answer_is_read_to_the_results_limit() {
+    let small = format!(
+        "{}\n[timeouts]\nmax_response_bytes = 4096\n",
+        AIP.replace("name = \"aip\"", "name = \"aip-small\"")
+    );
+    let mut env = Env::with_contract_files(&[], &[("aip-small.toml", &small)]).await;
+    let op = env
+        .submit(
+            "aip-small",
+            script("aip", serde_json::json!({"items": 400})),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let op = env.wait_settled(op.id, T).await;
+    assert_eq!(op.state, State::Succeeded, "{op:?}");
+    let digest = op.result_sha256.clone().expect("a result");
+    let result = env
+        .store
+        .result_bytes(op.id, &digest)
+        .await
+        .unwrap()
+        .expect("kept");
+    assert!(result.len() > 4096, "{} bytes", result.len());
+    let doc: serde_json::Value = serde_json::from_slice(&result).unwrap();
+    assert_eq!(doc["response"]["items"].as_array().unwrap().len(), 400);
+    env.stop_workers().await;
+}
+
 /// Azure `Location` polling: 202 is "running" (a new `Location` on a 202 is followed), 200 is
 /// done and the result is collected; 400 from the monitor is the job's failure, not a read to
 /// retry until a person is asked.

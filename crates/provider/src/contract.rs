@@ -1014,6 +1014,32 @@ impl Contract {
             .is_some_and(|r| r.format == ResultFormat::None)
     }
 
+    /// The most of a status answer that is read: the result's own limit too where the final status
+    /// answer is the result (`result.from = "status"`: Google's `Operation` with its `response`),
+    /// else a result within its limit would fail every poll that sees it as too large.
+    pub fn status_read_limit(&self) -> u64 {
+        match &self.result {
+            Some(r)
+                if r.from == ResultFrom::Status
+                    || r.formats.values().any(|f| f.from == ResultFrom::Status) =>
+            {
+                self.max_response_bytes.max(r.largest())
+            }
+            _ => self.max_response_bytes,
+        }
+    }
+
+    /// The most of a create answer that is read: the result's own limit too where an answer may be
+    /// the result (`create.sync_codes`).
+    pub fn create_read_limit(&self) -> u64 {
+        match &self.result {
+            Some(r) if !self.create.sync_codes.is_empty() => {
+                self.max_response_bytes.max(r.largest())
+            }
+            _ => self.max_response_bytes,
+        }
+    }
+
     /// The longest one call may take: connect plus request timeout.
     pub fn call_budget(&self) -> Duration {
         self.connect_timeout + self.request_timeout

@@ -879,7 +879,7 @@ impl HttpProvider {
         {
             extra.insert(h.clone(), v);
         }
-        let max = self.contract.max_response_bytes;
+        let max = self.contract.create_read_limit();
         let ex = self
             .call(
                 op,
@@ -1135,7 +1135,7 @@ impl HttpProvider {
             Some(u) if !resource => u.clone(),
             _ => self.fill(&spec.url, op),
         };
-        let max = self.contract.max_response_bytes;
+        let max = self.contract.status_read_limit();
         let ex = self
             .call(
                 op,
