@@ -200,7 +200,13 @@ impl From<StoreError> for ServiceError {
             | StoreError::Moved { .. }
             | StoreError::Conflict(_) => Kind::Conflict,
             StoreError::Tampered(_) | StoreError::AnchorNotFound(_) => Kind::Tampered,
-            StoreError::Denied(_) => Kind::Forbidden,
+            // The server's own database role may not do this: a misconfiguration whose words
+            // (the database's, naming its tables) are for the operator's log, not the caller.
+            StoreError::Denied(_) => {
+                let mut err = ServiceError::new(Kind::Forbidden, e.to_string());
+                err.internal = true;
+                return err;
+            }
             StoreError::Corrupt(_)
             | StoreError::Unavailable(_)
             | StoreError::BadUrl(_)
@@ -219,5 +225,22 @@ impl From<StoreError> for ServiceError {
 impl From<jobtrail_core::SubmitError> for ServiceError {
     fn from(e: jobtrail_core::SubmitError) -> Self {
         StoreError::Submit(e).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The database's own words about the server's role (its tables, its roles) stay in the
+    /// operator's log: a network door says only that the request failed.
+    #[test]
+    fn a_role_the_server_lacks_is_not_described_to_the_caller() {
+        let e = ServiceError::from(StoreError::Denied(
+            "permission denied for table provider_calls".into(),
+        ));
+        assert_eq!(e.kind, Kind::Forbidden);
+        assert!(e.message.contains("provider_calls"), "the log keeps it");
+        assert!(!e.shown().contains("provider_calls"), "{}", e.shown());
     }
 }
