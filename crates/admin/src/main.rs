@@ -304,6 +304,19 @@ fn preflight(command: &Command) -> Result<(), shell::Failure> {
                 .map(|_| ())
                 .map_err(|e| bad(&e))
         }
+        // A public key with no anchor file to check it against would check nothing: refused
+        // rather than leaving an auditor who set JOBTRAIL_ANCHOR_PUBLIC_KEY to believe signatures
+        // were checked.
+        Command::Audit {
+            what:
+                AuditCmd::Verify {
+                    anchor_public_key: Some(_),
+                    expect_anchor: None,
+                    ..
+                },
+        } => Err(bad(
+            &"--anchor-public-key (or JOBTRAIL_ANCHOR_PUBLIC_KEY) checks the signature of an anchor file: name the file with --expect-anchor (without one, no signature would be checked)",
+        )),
         Command::Audit {
             what:
                 AuditCmd::Verify {

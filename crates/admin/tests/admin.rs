@@ -1005,6 +1005,19 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         said.contains("signature was not checked") && said.contains(&public),
         "{said}"
     );
+    // A key with no anchor file would check nothing: refused, not ignored (an auditor who set
+    // JOBTRAIL_ANCHOR_PUBLIC_KEY believed signatures were checked while none was).
+    let keyless = admin(
+        &db,
+        &["audit", "verify", "--all", "--anchor-public-key", &public],
+    );
+    assert_eq!(
+        code(&keyless),
+        2,
+        "{}",
+        String::from_utf8_lossy(&keyless.stderr)
+    );
+    assert!(String::from_utf8_lossy(&keyless.stderr).contains("--expect-anchor"));
     // An anchor file whose signature another key made is refused.
     let wrong = ed25519_public_of(&"8".repeat(64));
     assert_eq!(
