@@ -1863,3 +1863,74 @@ fn bad_input_is_refused_before_looking_for_a_database() {
         "well-formed input reaches the missing database: {err}"
     );
 }
+
+/// The result served is the one the chain validated on the way into `succeeded`, from a chain the
+/// state machine could have made: the worker's role may append links and move the row, so a
+/// well-hashed `result_validated` appended after success, naming other bytes it stored, was served
+/// by `jobtrail result` and the API although `audit verify` named the move.
+#[tokio::test]
+async fn a_result_validated_again_after_success_is_not_served() {
+    use sha2::Digest;
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let done = succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
+    let (location, sha) = store.chained_result(done.id).await.unwrap();
+    assert_eq!(done.result_sha256.as_deref(), Some(sha.as_str()));
+
+    let forged = br#"{"items":["forged"]}"#;
+    let forged_sha = hex::encode(sha2::Sha256::digest(forged));
+    let id = done.id.as_uuid();
+    let forged_location = location.replace(&sha, &forged_sha);
+    let last = store.history(done.id).await.unwrap().pop().unwrap();
+    let detail = serde_json::json!({
+        "location": forged_location, "sha256": forged_sha, "size": forged.len(),
+    });
+    let entry = chain::ChainEntry {
+        operation_id: done.id.to_string(),
+        seq: last.seq + 1,
+        at: chain::storable(chrono::Utc::now()),
+        actor: last.actor.clone(),
+        from_state: Some("succeeded".into()),
+        to_state: "succeeded".into(),
+        event: "result_validated".into(),
+        cause: "result validated".into(),
+        remote_job_id: last.remote_job_id.clone(),
+        call_id: None,
+        detail: detail.clone(),
+    };
+    let hash = entry.hash(&last.hash.clone().try_into().unwrap());
+    let job = entry
+        .remote_job_id
+        .as_deref()
+        .map(|j| format!("'{j}'"))
+        .unwrap_or_else(|| "NULL".into());
+    exec(&db, &format!(
+        "SET ROLE jobtrail_worker; \
+         INSERT INTO operation_results (operation_id, sha256, size, bytes) VALUES ('{id}', '{forged_sha}', {}, decode('{}', 'hex')); \
+         INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, remote_job_id, call_id, detail, prev_hash, hash) \
+         VALUES ('{id}', {}, '{}', '{}', 'succeeded', 'succeeded', 'result_validated', 'result validated', {job}, NULL, '{}', decode('{}', 'hex'), decode('{}', 'hex')); \
+         UPDATE operations SET result_sha256 = '{forged_sha}', result_location = '{forged_location}', result_size = {}, history_seq = {}, history_head = decode('{}', 'hex') WHERE id = '{id}'",
+        forged.len(),
+        hex::encode(forged),
+        entry.seq,
+        entry.at.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
+        entry.actor,
+        detail,
+        hex::encode(&last.hash),
+        hex::encode(hash),
+        forged.len(),
+        entry.seq,
+        hex::encode(hash),
+    ))
+    .await;
+    // The row and the chain's last link agree on the forged bytes, and every hash holds...
+    let row = store.get(done.id).await.unwrap();
+    assert_eq!(row.result_sha256.as_deref(), Some(forged_sha.as_str()));
+    // ...but the move is one no engine makes: nothing is served.
+    let refused = store.chained_result(done.id).await.unwrap_err().to_string();
+    assert!(refused.contains("never makes"), "{refused}");
+    assert_eq!(
+        code(&admin(&db, &["audit", "verify", &done.id.to_string()])),
+        1
+    );
+}

@@ -216,10 +216,14 @@ pub struct ChainedResult<'a> {
 
 /// The validated result the chain records last, if any.
 pub fn validated_result(entries: &[ChainEntry]) -> Option<ChainedResult<'_>> {
-    let e = entries
-        .iter()
-        .rev()
-        .find(|e| e.event == "result_validated")?;
+    // The link that moved the operation into `succeeded`: the only place the state machine lets a
+    // result be validated. A later `result_validated` (appended by a writer role to name other
+    // bytes) is an illegal move, never the result.
+    let e = entries.iter().rev().find(|e| {
+        e.event == "result_validated"
+            && e.to_state == "succeeded"
+            && e.from_state.as_deref() == Some("result_collecting")
+    })?;
     Some(ChainedResult {
         seq: e.seq,
         location: e.detail.get("location").and_then(|v| v.as_str()),

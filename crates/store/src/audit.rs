@@ -525,6 +525,15 @@ impl Store {
             )));
         }
         let entries: Vec<_> = links.into_iter().map(|l| l.entry).collect();
+        // Well hashed is not enough: a writer role can append links that hash (the trigger checks
+        // only their place in the chain), so a chain with a move the state machine never makes
+        // serves nothing.
+        if let Some(b) = chain::illegal_moves(&entries).first() {
+            return Err(StoreError::Tampered(format!(
+                "the history of {id} holds a move the state machine never makes (#{}: {}); its result is not served",
+                b.seq, b.problem
+            )));
+        }
         let validated = chain::validated_result(&entries)
             .and_then(|v| Some((v.location?.to_owned(), v.sha256?.to_owned())))
             .ok_or_else(|| {
