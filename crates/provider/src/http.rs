@@ -843,6 +843,21 @@ impl HttpProvider {
     }
 
     async fn do_create(&self, op: &OperationRecord, at: CallCtx) -> Called<CreateOutcome> {
+        // What is sent is what was fingerprinted when it was submitted and approved: a body
+        // edited on the row since (by a login with the schema's rights) is never sent.
+        if jobtrail_core::Fingerprint::of(&op.provider, &op.target, &op.request_body)
+            != op.fingerprint
+        {
+            return unsent_called(
+                CallKind::Create,
+                at.attempt,
+                op,
+                "the stored request no longer matches the fingerprint it was submitted with",
+                CreateOutcome::NotSent {
+                    error_class: "request_altered".into(),
+                },
+            );
+        }
         let spec = &self.contract.create;
         let target = self.fill(&spec.path, op);
         let body = match self.create_body(op).await {

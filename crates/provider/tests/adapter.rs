@@ -308,6 +308,9 @@ async fn create_faults_become_the_right_outcomes() {
         CreateOutcome::Accepted { .. }
     ));
     op.request_body["report"] = serde_json::json!("changed");
+    // (jobtrail never sends a body that does not match its fingerprint: re-fingerprinted here so
+    // that the provider's own refusal is what is shown.)
+    op.fingerprint = Fingerprint::of(&op.provider, &op.target, &op.request_body);
     assert!(matches!(
         h.provider.create(&op, 2.into()).await.outcome,
         CreateOutcome::Rejected {
@@ -796,6 +799,40 @@ async fn a_count_in_another_form_is_read_or_the_result_refused() {
             }
         }
     }
+}
+
+/// A request body edited on the row after it was submitted (by a login with the schema's rights:
+/// the fingerprint chained in the history still names the approved one) is never sent: the
+/// create is not sent, and the provider sees nothing.
+#[tokio::test]
+async fn a_request_that_no_longer_matches_its_fingerprint_is_not_sent() {
+    let h = harness("sim").await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.request_body["report"] = serde_json::json!("payroll");
+    let before = h.sim.ledger().requests;
+    let called = h.provider.create(&op, 1.into()).await;
+    assert_eq!(
+        called.outcome,
+        CreateOutcome::NotSent {
+            error_class: "request_altered".into()
+        }
+    );
+    assert!(
+        called.call.outcome.contains("fingerprint"),
+        "{}",
+        called.call.outcome
+    );
+    assert_eq!(
+        h.sim.ledger().requests,
+        before,
+        "the provider heard from us"
+    );
+    // The same operation, as submitted, is sent.
+    let op = h.op(serde_json::json!({})).await;
+    assert!(matches!(
+        h.provider.create(&op, 1.into()).await.outcome,
+        CreateOutcome::Accepted { .. }
+    ));
 }
 
 #[tokio::test]
