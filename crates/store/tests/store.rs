@@ -584,6 +584,73 @@ async fn check_constraints_tie_states_to_their_facts() {
     );
 }
 
+/// No row holds an infinite time or a NaN: PostgreSQL takes both ('NaN' >= 0 is true), the reader
+/// cannot decode the one and no canonical JSON holds the other, so one such row written by any role
+/// that may write the table made `audit verify` (and a worker's claim) fail on it for good, the
+/// evidence being append-only. The schema refuses them, whoever writes.
+#[tokio::test]
+async fn infinite_times_and_nan_durations_are_refused_by_the_schema() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let id = op.id.as_uuid();
+    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    let step = Step::event(Event::CreateAccepted {
+        remote_job_id: "job_1".into(),
+        remote_state: None,
+    })
+    .with_call(jobtrail_store::testing::accepted_create(
+        "http://127.0.0.1:1/v1/jobs",
+    ));
+    store.apply(&c.lease, step).await.unwrap();
+    let copy_call = |column: &str, value: &str| {
+        format!(
+            "CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}'; \
+             UPDATE c SET id = gen_random_uuid(), seq = seq + 100, {column} = '{value}'; \
+             INSERT INTO provider_calls SELECT * FROM c"
+        )
+    };
+    for (why, sql) in [
+        (
+            "an infinite deadline",
+            format!("UPDATE operations SET result_deadline = 'infinity' WHERE id = '{id}'"),
+        ),
+        (
+            "an infinite due time",
+            format!(
+                "UPDATE operation_schedule SET next_action_at = 'infinity' WHERE operation_id = '{id}'"
+            ),
+        ),
+        ("a NaN call duration", copy_call("duration_ms", "NaN")),
+        (
+            "an infinite call duration",
+            copy_call("duration_ms", "Infinity"),
+        ),
+        ("a call at -infinity", copy_call("started_at", "-infinity")),
+        (
+            "a history link at infinity",
+            format!(
+                "CREATE TEMP TABLE h AS SELECT * FROM operation_history WHERE operation_id = '{id}' AND seq = 1; \
+                 UPDATE h SET seq = 100, at = 'infinity'; INSERT INTO operation_history SELECT * FROM h"
+            ),
+        ),
+    ] {
+        // Triggers off (a superuser's session), so it is the CHECK constraint that refuses.
+        let sql = format!("SET session_replication_role = replica; {sql}");
+        let err = exec(&db, &sql).await.expect_err(why);
+        assert!(
+            err.as_database_error()
+                .is_some_and(|e| e.code().as_deref() == Some("23514")),
+            "{why}: {err}"
+        );
+    }
+    assert!(store.verify_operation(op.id).await.unwrap().is_clean());
+}
+
 #[tokio::test]
 async fn cancel_before_create_withdraws_and_a_cancel_during_create_is_noted() {
     let db = TestDb::new().await;
