@@ -787,6 +787,10 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--head-timeout", "10s"],
         vec!["serve", "--head-timeout", "11m"],
         vec!["serve", "--max-connections", "0"],
+        // A duration needs its unit: `--idle 250` (meant as ms) was 250 seconds.
+        vec!["worker", "--idle", "250"],
+        vec!["worker", "--lease", "30"],
+        vec!["serve", "--drain", "10"],
         vec!["serve", "--max-connections-per-address", "0"],
         vec!["serve", "--max-connections-per-address", "none"],
         // --json where nothing is printed as records is refused, not ignored.

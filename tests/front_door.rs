@@ -972,6 +972,22 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
             ],
             "--expires",
         ),
+        // `+30` meant as days was a token that died in 30 seconds, shown once: a unit is needed.
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "agent-7",
+                "--scopes",
+                "read",
+                "--created-by",
+                "alice",
+                "--expires",
+                "+30",
+            ],
+            "no unit",
+        ),
         (
             vec!["tokens", "revoke", "not-a-uuid", "--actor", "alice"],
             "invalid",

@@ -244,7 +244,14 @@ async fn wait(
     let timeout = match q.timeout.as_deref() {
         None => Duration::from_secs(30),
         Some(t) => {
-            jobtrail_core::when::parse_duration_within("timeout", t, Duration::ZERO, MAX_WAIT)
+            // A wait's bare number is seconds, as HTTP's own timeouts are (and it is bounded by
+            // five minutes, so no reading of it is far from another).
+            let t = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+                format!("{t}s")
+            } else {
+                t.to_owned()
+            };
+            jobtrail_core::when::parse_duration_within("timeout", &t, Duration::ZERO, MAX_WAIT)
                 .map_err(|e| Problem::new(Kind::BadInput, e))?
         }
     };

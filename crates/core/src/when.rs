@@ -31,19 +31,25 @@ pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
     Ok(t)
 }
 
-/// `90s`, `5m`, `2h`, `1d`, `250ms`, or plain seconds; at most ten years.
+/// `90s`, `5m`, `2h`, `1d`, `250ms`; at most ten years. A number needs its unit (`0` alone is
+/// zero): a bare `30` meant as minutes or days, read as seconds, made a token that died at once or
+/// a deadline that passed before anyone looked.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let Some((num, unit)) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)) else {
+        return Err(format!(
+            "{s:?} has no unit: write {s}s, {s}m, {s}h or {s}d (or ms)"
+        ));
+    };
     let n: u64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a duration like 90s, 5m, 2h"))?;
     let millis_per = match unit {
         "ms" => 1,
-        "s" | "" => 1_000,
+        "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
@@ -97,7 +103,14 @@ mod tests {
         assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
         assert_eq!(parse_duration("5m").unwrap().as_secs(), 300);
         assert_eq!(parse_duration("250ms").unwrap().as_millis(), 250);
-        assert_eq!(parse_duration("7").unwrap().as_secs(), 7);
+        // A number needs its unit: `30` meant as minutes or days, read as seconds, made a token
+        // that died at once or a deadline that passed before anyone looked. `0` is zero.
+        for bare in ["7", "30", "+30"] {
+            let e = parse_duration(bare.trim_start_matches('+')).unwrap_err();
+            assert!(e.contains("no unit"), "{bare}: {e}");
+        }
+        assert!(parse_time("+30").unwrap_err().contains("no unit"));
+        assert_eq!(parse_duration("0").unwrap(), std::time::Duration::ZERO);
         assert!(parse_duration("5 parsecs").is_err());
         // Overflow and absurd lengths are errors, never a wrapped or clamped value.
         assert!(parse_duration("213503982334602d").is_err());
