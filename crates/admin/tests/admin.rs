@@ -611,22 +611,26 @@ async fn a_decision_on_a_stale_view_or_not_allowed_is_refused_and_writes_nothing
     );
     assert_eq!(code(&illegal), 4);
     assert!(String::from_utf8_lossy(&illegal.stderr).contains("not allowed"));
-    // Retry of an operation that is not terminal.
-    assert_eq!(
-        code(&admin(
-            &db,
-            &[
-                "retry",
-                &op.id.to_string(),
-                "--seen",
-                "create_unresolved",
-                "--actor",
-                "a",
-                "--reason",
-                "r"
-            ]
-        )),
-        4
+    // Retry of an operation that is not terminal; the refusal does not send the person to
+    // abandon it (which stops tracking a job that may exist, leaving it beside the retry's).
+    let live = admin(
+        &db,
+        &[
+            "retry",
+            &op.id.to_string(),
+            "--seen",
+            "create_unresolved",
+            "--actor",
+            "a",
+            "--reason",
+            "r",
+        ],
+    );
+    assert_eq!(code(&live), 4);
+    let said = String::from_utf8_lossy(&live.stderr);
+    assert!(
+        said.contains("declare_not_created only if") && said.contains("without cancelling"),
+        "{said}"
     );
     // Missing actor or reason is a usage error.
     assert_eq!(

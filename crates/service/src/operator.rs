@@ -298,7 +298,7 @@ impl Service {
         let old = store.get(id).await?;
         if !old.state.is_terminal() {
             return Err(ServiceError::conflict(format!(
-                "{id} is {}, not terminal: decide its fate first (declare_not_created or abandon), then retry",
+                "{id} is {}, not terminal: settle it first (declare_not_created only if you know no job was created; adopt the job if one was; a cancel if it runs), then retry. Abandoning it stops tracking without cancelling: a job it started may run on beside the retry's",
                 old.state
             )));
         }
