@@ -91,11 +91,30 @@ pub async fn cancel(store: &Store, id: &str, actor: &str, reason: &str, json: bo
     Ok(ExitCode::SUCCESS)
 }
 
-/// A retry's request body from a file, parsed as strictly as any request.
+/// A retry's request body from a file (`-`: stdin), read up to the largest body a request may be
+/// (`/dev/zero` is refused, not read until memory runs out), parsed as strictly as any request.
 pub fn retry_body(path: Option<std::path::PathBuf>) -> Result<Option<serde_json::Value>, Failure> {
+    use std::io::Read;
     path.map(|p| {
-        let bytes = std::fs::read(&p)
-            .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?;
+        let limit = jobtrail_core::operation::MAX_BODY_BYTES;
+        let mut bytes = Vec::new();
+        let read = if p.as_os_str() == "-" {
+            std::io::stdin()
+                .take(limit as u64 + 1)
+                .read_to_end(&mut bytes)
+        } else {
+            std::fs::File::open(&p).and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut bytes))
+        };
+        read.map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))?;
+        if bytes.len() > limit {
+            return Err(fail(
+                exit::BAD_INPUT,
+                format!(
+                    "{}: larger than a request may be ({limit} bytes)",
+                    p.display()
+                ),
+            ));
+        }
         jobtrail_core::json::parse_strict(&bytes)
             .map_err(|e| fail(exit::BAD_INPUT, format!("{}: {e}", p.display())))
     })

@@ -339,6 +339,11 @@ async fn run(cli: Cli) -> CmdResult {
         return Ok(ExitCode::SUCCESS);
     }
     preflight(&cli.command)?;
+    // A retry's new body is bad input before any database is looked for.
+    let retry_request = match &cli.command {
+        Command::Retry { body, .. } => decide::retry_body(body.clone())?,
+        _ => None,
+    };
     let store = shell::store(&cli.common).await?;
     match cli.command {
         Command::Migrate => unreachable!("handled above"),
@@ -382,14 +387,13 @@ async fn run(cli: Cli) -> CmdResult {
         Command::Tokens { what } => tokens::run(&store, what, json).await,
         Command::Retry {
             operation,
-            body,
             result_deadline,
             decided,
+            ..
         } => {
             let registry = shell::registry(&cli.common.providers)?;
-            let request = decide::retry_body(body)?;
             let d = Decision::Retry {
-                request,
+                request: retry_request,
                 result_deadline,
             };
             decide::decide(&store, registry, &operation, d, decided, json).await

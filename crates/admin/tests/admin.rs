@@ -390,6 +390,32 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
     );
     let _ = std::fs::remove_file(&edited_file);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    // A body without end is refused at the largest a request may be, not read until memory runs
+    // out; a missing file is bad input before any database is looked for.
+    for (body, says) in [
+        ("/dev/zero", "larger than"),
+        ("/nonexistent/body.json", "No such file"),
+    ] {
+        let refused = std::process::Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+            .args([
+                "retry",
+                &e.id.to_string(),
+                "--body",
+                body,
+                "--seen",
+                "not_created",
+                "--actor",
+                "carol",
+                "--reason",
+                "r",
+            ])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(code(&refused), 2, "{body}: {err}");
+        assert!(err.contains(says), "{body}: {err}");
+    }
     let edited: OperationId = json(&out)["operation_id"]
         .as_str()
         .unwrap()
