@@ -787,6 +787,26 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--head-timeout", "10s"],
         vec!["serve", "--head-timeout", "11m"],
         vec!["serve", "--max-connections", "0"],
+        // Who asks is usage, named before any database is looked for (it was exit 5 without one).
+        vec![
+            "submit",
+            "--provider",
+            "sim",
+            "--target",
+            "t",
+            "--approved-by",
+            "alice",
+            "--body",
+            "/dev/null",
+        ],
+        vec![
+            "cancel",
+            "op_01KB0000000000000000000000",
+            "--actor",
+            " ",
+            "--reason",
+            "r",
+        ],
         // A duration needs its unit: `--idle 250` (meant as ms) was 250 seconds.
         vec!["worker", "--idle", "250"],
         vec!["worker", "--lease", "30"],
@@ -803,6 +823,8 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
             .args(&args)
             .env_remove("DATABASE_URL")
+            .env_remove("JOBTRAIL_CALLER")
+            .env_remove("JOBTRAIL_API")
             .stdin(Stdio::null())
             .output()
             .unwrap();

@@ -904,6 +904,7 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
     let run = |args: &[&str]| support::run_bin(&admin, &env.url, &env.providers, args, None);
 
     // Careless input: nothing written.
+    let long_note = "n".repeat(501);
     for (args, says) in [
         (
             vec![
@@ -971,6 +972,22 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
                 "2020-01-01T00:00:00Z",
             ],
             "--expires",
+        ),
+        // A note past what the database keeps was refused by its constraint, as exit 5.
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "agent-7",
+                "--scopes",
+                "read",
+                "--created-by",
+                "alice",
+                "--note",
+                &long_note,
+            ],
+            "--note",
         ),
         // `+30` meant as days was a token that died in 30 seconds, shown once: a unit is needed.
         (

@@ -72,13 +72,18 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
             expires,
             note,
         } => {
-            let caller = caller.trim();
-            if caller.is_empty() || caller.len() > 200 || caller.chars().any(char::is_control) {
-                return Err(fail(
-                    exit::BAD_INPUT,
-                    "--caller: 1 to 200 characters, no control characters",
-                ));
-            }
+            let caller = jobtrail_core::text::TOKEN_CALLER
+                .check(&caller)
+                .map_err(|e| fail(exit::BAD_INPUT, e))?;
+            let caller = caller.as_str();
+            // Checked here, not left to the database's constraint (whose refusal read as the
+            // database being unavailable, exit 5).
+            let note = note
+                .as_deref()
+                .filter(|n| !n.trim().is_empty())
+                .map(|n| jobtrail_core::text::TOKEN_NOTE.check(n))
+                .transpose()
+                .map_err(|e| fail(exit::BAD_INPUT, e))?;
             let created_by = shell::actor("--created-by", &created_by)?;
             let scopes = auth::parse_scopes(&scopes)
                 .map_err(|e| fail(exit::BAD_INPUT, format!("--scopes: {e}")))?;

@@ -1904,8 +1904,21 @@ async fn a_result_validated_again_after_success_is_not_served() {
     let db = TestDb::new().await;
     let store = db.store().await;
     let done = succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
-    let (location, sha) = store.chained_result(done.id).await.unwrap();
+    let served = store.chained_result(done.id).await.unwrap();
+    let (location, sha) = (served.location.clone(), served.sha256.clone());
     assert_eq!(done.result_sha256.as_deref(), Some(sha.as_str()));
+    // The content type served is the validated one, not the row's (which the worker's role may
+    // update: a JSON result served as text/html).
+    exec(&db, &format!(
+        "SET ROLE jobtrail_worker; UPDATE operations SET result_content_type = 'text/html' WHERE id = '{}'",
+        done.id.as_uuid()
+    ))
+    .await;
+    assert_eq!(
+        store.chained_result(done.id).await.unwrap().content_type,
+        served.content_type
+    );
+    assert_ne!(served.content_type.as_deref(), Some("text/html"));
 
     let forged = br#"{"items":["forged"]}"#;
     let forged_sha = hex::encode(sha2::Sha256::digest(forged));

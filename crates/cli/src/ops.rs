@@ -38,12 +38,7 @@ pub async fn door(
             jobtrail_service::client::ApiClient::new(api, &token).map_err(failure)?,
         ));
     }
-    let registry = if needs_contracts {
-        shell::registry(&common.providers)?
-    } else {
-        jobtrail_provider::Registry::default()
-    };
-    let store = shell::store(common).await?;
+    // Usage first: a missing --caller is exit 2 whether or not a database is there.
     let caller = match caller.map(str::trim) {
         Some(c) if !c.is_empty() => c.to_owned(),
         Some(_) => {
@@ -54,6 +49,12 @@ pub async fn door(
         }
         None => "cli".to_owned(),
     };
+    let registry = if needs_contracts {
+        shell::registry(&common.providers)?
+    } else {
+        jobtrail_provider::Registry::default()
+    };
+    let store = shell::store(common).await?;
     Ok(Door::Local(
         jobtrail_service::Service::new(store, registry).bind(Principal::trusted(caller)),
     ))

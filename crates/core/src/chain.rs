@@ -212,6 +212,8 @@ pub struct ChainedResult<'a> {
     pub location: Option<&'a str>,
     pub size: Option<i64>,
     pub sha256: Option<&'a str>,
+    /// The provider's content type, as validated.
+    pub content_type: Option<&'a str>,
 }
 
 /// The validated result the chain records last, if any.
@@ -229,6 +231,7 @@ pub fn validated_result(entries: &[ChainEntry]) -> Option<ChainedResult<'_>> {
         location: e.detail.get("location").and_then(|v| v.as_str()),
         size: e.detail.get("size").and_then(|v| v.as_i64()),
         sha256: e.detail.get("sha256").and_then(|v| v.as_str()),
+        content_type: e.detail.get("content_type").and_then(|v| v.as_str()),
     })
 }
 

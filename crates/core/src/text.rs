@@ -26,6 +26,10 @@ pub const APPROVED_BY: Field = Field::line("approved_by", 256);
 pub const APPROVAL_REF: Field = Field::line("approval_ref", 1024);
 pub const ACTOR: Field = Field::line("actor", 256);
 pub const REASON: Field = Field::prose("reason", 4096);
+/// A token's caller: a caller, as the database keeps a token's (at most 200 characters).
+pub const TOKEN_CALLER: Field = Field::line("--caller", 200);
+/// A token's note.
+pub const TOKEN_NOTE: Field = Field::prose("--note", 500);
 pub const EVIDENCE: Field = Field::prose("evidence", 4096);
 
 /// Why a text was refused.

@@ -698,14 +698,15 @@ impl Service {
                 ),
             ));
         }
-        let (loc, sha) = self.store.chained_result(op.id).await?;
-        let bytes = jobtrail_worker::ResultStore::read_verified(&self.store, &loc, &sha)
+        let chained = self.store.chained_result(op.id).await?;
+        let (loc, sha) = (&chained.location, &chained.sha256);
+        let bytes = jobtrail_worker::ResultStore::read_verified(&self.store, loc, sha)
             .await
-            .map_err(|e| read_refused(op.id, &loc, e))?;
+            .map_err(|e| read_refused(op.id, loc, e))?;
         Ok(ResultBytes {
             bytes,
-            sha256: sha,
-            content_type: op.result_content_type.clone(),
+            sha256: chained.sha256,
+            content_type: chained.content_type,
         })
     }
 

@@ -512,10 +512,11 @@ impl Store {
         Ok(report)
     }
 
-    /// Where a succeeded operation's result is and its digest, as its (verified) history chain
-    /// records them: what may be served. `Tampered` if the chain does not verify or the row names
-    /// other bytes than the chain does.
-    pub async fn chained_result(&self, id: OperationId) -> Result<(String, String), StoreError> {
+    /// Where a succeeded operation's result is, its digest and its content type, as its (verified)
+    /// history chain records them: what may be served (the row's content type is not: a role that
+    /// may update the row could make a JSON result `text/html`). `Tampered` if the chain does not
+    /// verify or the row names other bytes than the chain does.
+    pub async fn chained_result(&self, id: OperationId) -> Result<ChainedResult, StoreError> {
         let history = self.history(id).await?;
         let links: Vec<_> = history.iter().map(HistoryRecord::link).collect();
         if let Some(b) = chain::verify(&links).first() {
@@ -535,18 +536,24 @@ impl Store {
             )));
         }
         let validated = chain::validated_result(&entries)
-            .and_then(|v| Some((v.location?.to_owned(), v.sha256?.to_owned())))
+            .and_then(|v| {
+                Some(ChainedResult {
+                    location: v.location?.to_owned(),
+                    sha256: v.sha256?.to_owned(),
+                    content_type: v.content_type.map(str::to_owned),
+                })
+            })
             .ok_or_else(|| {
                 StoreError::Tampered(format!("the history of {id} records no validated result"))
             })?;
         let op = self.get(id).await?;
-        if op.result_sha256.as_deref() != Some(validated.1.as_str())
-            || op.result_location.as_deref() != Some(validated.0.as_str())
+        if op.result_sha256.as_deref() != Some(validated.sha256.as_str())
+            || op.result_location.as_deref() != Some(validated.location.as_str())
         {
             return Err(StoreError::Tampered(format!(
                 "{id} names result {} but its history validated {}: the record was altered; the result is not served",
                 op.result_sha256.as_deref().unwrap_or("none"),
-                validated.1
+                validated.sha256
             )));
         }
         Ok(validated)
@@ -563,6 +570,14 @@ impl Store {
             None => self.latest_anchor().await,
         }
     }
+}
+
+/// A result as the chain validated it: what may be served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainedResult {
+    pub location: String,
+    pub sha256: String,
+    pub content_type: Option<String>,
 }
 
 /// Everything one operation's evidence must agree on.

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use audit::{Anchor, AnchorNotFound, Unanchored, VerifyReport};
+pub use audit::{Anchor, AnchorNotFound, ChainedResult, Unanchored, VerifyReport};
 pub use error::StoreError;
 pub use front::{
     Delivery, DeliveryOutcome, ListFilter, NewToken, STATE_CHANNEL, StateListener, TokenRecord,
