@@ -6,7 +6,7 @@
 //! takes that copy back (`--expect-anchor`): the named anchor must be in the database (else exit 8),
 //! must still hash to its digest, and every link and call it anchored must still be there.
 
-use ed25519_dalek::{Signer, Verifier};
+use ed25519_dalek::Signer;
 use jobtrail_console::shell::{self, CmdResult, exit, fail, print_json};
 use jobtrail_core::OperationId;
 use jobtrail_store::{Anchor, Store, StoreError};
@@ -89,7 +89,8 @@ fn expected_digest(
             .ok()
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| fail(ANCHOR_NOT_FOUND, format!("{v}: the signature is malformed")))?;
-        key.verify(
+        // Strict: no weak public key, no non-canonical signature.
+        key.verify_strict(
             &signed_bytes(&file.anchor),
             &ed25519_dalek::Signature::from_bytes(&bytes),
         )

@@ -335,7 +335,11 @@ async fn run(cli: Cli) -> CmdResult {
     let json = cli.common.json;
     if let Command::Migrate = cli.command {
         shell::store_migrated(&cli.common).await?;
-        println!("migrations applied");
+        if json {
+            println!("{}", serde_json::json!({ "migrated": true }));
+        } else {
+            println!("migrations applied");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     preflight(&cli.command)?;

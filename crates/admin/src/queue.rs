@@ -102,7 +102,18 @@ pub async fn escalations(
         return Ok(ExitCode::SUCCESS);
     }
     if entries.is_empty() {
-        println!("the escalation queue is empty");
+        // A filter that matches nothing is not "nothing waits".
+        match (&state, provider.as_deref()) {
+            (None, None) => println!("the escalation queue is empty"),
+            _ => println!(
+                "no held operation{}{}",
+                state.map(|s| format!(" in {s}")).unwrap_or_default(),
+                provider
+                    .as_deref()
+                    .map(|p| format!(" for provider {p:?} (a name as contracts spell it)"))
+                    .unwrap_or_default()
+            ),
+        }
         return Ok(ExitCode::SUCCESS);
     }
     for (op, calls) in &entries {

@@ -250,6 +250,13 @@ async fn escalations_list_exactly_the_operations_that_need_a_person() {
     );
     let human = admin(&db, &["escalations"]);
     assert!(String::from_utf8_lossy(&human.stdout).contains("4 operation(s) wait for a person"));
+    // A filter that matches nothing (a misspelt provider) is not "the queue is empty".
+    let none = admin(&db, &["escalations", "--provider", "sim-csvv"]);
+    let said = String::from_utf8_lossy(&none.stdout);
+    assert!(
+        said.contains("no held operation for provider \"sim-csvv\"") && !said.contains("empty"),
+        "{said}"
+    );
 }
 
 #[tokio::test]
