@@ -1984,3 +1984,40 @@ async fn a_result_validated_again_after_success_is_not_served() {
         1
     );
 }
+
+/// An anchor's heads are written with it, in the transaction that records it: the operator's role
+/// (which may write anchors) cannot add a head to an anchor kept long ago, which would make every
+/// later `verify --expect-anchor` of the kept anchor report its heads altered, for good.
+#[tokio::test]
+async fn a_head_added_to_an_old_anchor_is_refused() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
+    let out = admin(
+        &db,
+        &["audit", "anchor", "--actor", "auditor-jane", "--json"],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let kept = json(&out)["anchor"]["digest"].as_str().unwrap().to_owned();
+    let later = succeeded_with_result(&store, 2, br#"{"items":[2]}"#).await;
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let refused = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET ROLE jobtrail_operator; \
+         INSERT INTO audit_anchor_heads (anchor_id, operation_id, seq, hash, calls_seq, calls_hash) \
+         SELECT (SELECT max(id) FROM audit_anchors), id, history_seq, history_head, calls_seq, calls_head \
+         FROM operations WHERE id = '{}'",
+        later.id.as_uuid()
+    )))
+    .execute(&mut c)
+    .await
+    .expect_err("a head was added to an old anchor");
+    assert!(
+        refused.to_string().contains("written with the anchor"),
+        "{refused}"
+    );
+    // The kept anchor still holds, and a new anchor still records its heads.
+    let out = admin(&db, &["audit", "verify", "--all", "--expect-anchor", &kept]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+    let out = admin(&db, &["audit", "anchor", "--actor", "auditor-jane"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+}
