@@ -22,6 +22,14 @@ pub async fn decide(
     d: Decided,
     json: bool,
 ) -> CmdResult {
+    if !d.seen.contains('@') {
+        // Said, not refused (scripts pass the bare state): only the state is compared, so another
+        // operation held in the same state, or this one after it left and came back, would pass.
+        eprintln!(
+            "warning: --seen {} checks only the state; give the STATE@SEQ that `escalations` and `show` print to decide on exactly what you saw",
+            d.seen.trim()
+        );
+    }
     let service = Service::new(store.clone(), registry);
     let r = service
         .decide(
