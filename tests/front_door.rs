@@ -167,6 +167,26 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         assert!(p.get("extra").is_none_or(Value::is_null), "{p}");
         assert!(!p.to_string().contains("sha256:"), "{p}");
     }
+    // A bad request under its id is refused as bad, as under a free id: the answer does not
+    // depend on whether the id exists (it was "not found" for a taken id, bad input for a free one).
+    let mut bad = req.clone();
+    bad["create_deadline"] = json!("2000-01-01T00:00:00Z");
+    let mut free = bad.clone();
+    free["id"] = json!(jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string());
+    for attempt in [&bad, &free] {
+        let r = c
+            .post(server.url("/v1/operations"))
+            .bearer_auth(&mallory)
+            .json(attempt)
+            .send()
+            .await
+            .unwrap();
+        let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+        assert!(
+            p["detail"].as_str().unwrap().contains("create_deadline"),
+            "{p}"
+        );
+    }
     let cancel_as = |token: &str| {
         c.post(server.url(&format!("/v1/operations/{op_id}/cancel")))
             .bearer_auth(token)

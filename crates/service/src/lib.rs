@@ -373,11 +373,9 @@ impl Service {
             supersedes: id(&req.supersedes, "supersedes")?,
             trace_id: trace,
         };
-        // An id or a predecessor of another caller's is "not found", whatever else the request
-        // says: neither its existence, its state nor its fingerprint is revealed.
-        if let Some(id) = submission.operation_id {
-            self.not_foreign(p, id).await?;
-        }
+        // A predecessor of another caller's is "not found", whatever else the request says. (An id
+        // of another caller's is found out only after the request is validated, in `submit`: a bad
+        // request is refused alike whether or not its id exists.)
         if let Some(old) = submission.supersedes {
             self.own(p, &old.to_string()).await?;
         }
@@ -398,13 +396,15 @@ impl Service {
             .await
         {
             Ok(s) => s,
-            Err(e) => {
-                // A race with another caller taking the same id between the check and the insert.
+            // The id exists with another request: "not found" if it is another caller's (neither
+            // its existence nor its fingerprint is revealed), a conflict if it is this caller's.
+            Err(e @ StoreError::Submit(jobtrail_core::SubmitError::FingerprintConflict { .. })) => {
                 if let Some(id) = submission.operation_id {
                     self.not_foreign(p, id).await?;
                 }
                 return Err(e.into());
             }
+            Err(e) => return Err(e.into()),
         };
         if s.operation.caller != p.caller() {
             return Err(StoreError::NotFound(s.operation.id).into());
