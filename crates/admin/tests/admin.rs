@@ -1174,6 +1174,48 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
     let _ = std::fs::remove_file(&key);
 }
 
+/// The next link of `op`'s history, well hashed, as a writer role could append it: the SQL that
+/// inserts it (run it as that role) and the new head, in hex.
+async fn next_link(
+    store: &Store,
+    op: OperationId,
+    (from, event, to): (&str, &str, &str),
+    actor: &str,
+    cause: &str,
+    detail: serde_json::Value,
+) -> (i64, String, String) {
+    let last = store.history(op).await.unwrap().pop().unwrap();
+    let entry = chain::ChainEntry {
+        operation_id: op.to_string(),
+        seq: last.seq + 1,
+        at: chain::storable(chrono::Utc::now()),
+        actor: actor.into(),
+        from_state: Some(from.into()),
+        to_state: to.into(),
+        event: event.into(),
+        cause: cause.into(),
+        remote_job_id: last.remote_job_id.clone(),
+        call_id: None,
+        detail,
+    };
+    let head = hex::encode(entry.hash(&last.hash.clone().try_into().unwrap()));
+    let job = entry
+        .remote_job_id
+        .as_deref()
+        .map(|j| format!("'{j}'"))
+        .unwrap_or_else(|| "NULL".into());
+    let insert = format!(
+        "INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, remote_job_id, call_id, detail, prev_hash, hash) \
+         VALUES ('{}', {}, '{}', '{actor}', '{from}', '{to}', '{event}', '{cause}', {job}, NULL, '{}', decode('{}', 'hex'), decode('{head}', 'hex'))",
+        op.as_uuid(),
+        entry.seq,
+        entry.at.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
+        entry.detail,
+        hex::encode(&last.hash),
+    );
+    (entry.seq, insert, head)
+}
+
 /// Append a well-hashed link to `op`'s history as the API's role (which may append and move the
 /// row's state and head), as an agent's credentials could.
 async fn append_as_api(
@@ -1184,33 +1226,22 @@ async fn append_as_api(
     event: &str,
     to: &str,
 ) {
-    let last = store.history(op).await.unwrap().pop().unwrap();
-    let entry = chain::ChainEntry {
-        operation_id: op.to_string(),
-        seq: last.seq + 1,
-        at: chain::storable(chrono::Utc::now()),
-        actor: "alice".into(),
-        from_state: Some(from.into()),
-        to_state: to.into(),
-        event: event.into(),
-        cause: "withdrawn by alice".into(),
-        remote_job_id: last.remote_job_id.clone(),
-        call_id: None,
-        detail: serde_json::json!({}),
-    };
-    let hash = entry.hash(&last.hash.clone().try_into().unwrap());
-    let (id, seq) = (op.as_uuid(), entry.seq);
-    let job = entry
-        .remote_job_id
-        .as_deref()
-        .map(|j| format!("'{j}'"))
-        .unwrap_or_else(|| "NULL".into());
+    let cause = "withdrawn by alice";
+    let (seq, insert, head) = next_link(
+        store,
+        op,
+        (from, event, to),
+        "alice",
+        cause,
+        serde_json::json!({}),
+    )
+    .await;
     exec(db, &format!(
-        "SET ROLE jobtrail_api;          INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, remote_job_id, call_id, detail, prev_hash, hash)          VALUES ('{id}', {seq}, '{}', 'alice', '{from}', '{to}', '{event}', 'withdrawn by alice', {job}, NULL, '{{}}', decode('{}', 'hex'), decode('{}', 'hex'));          UPDATE operations SET state = '{to}', cancel_requested_at = now(), cancel_requested_by = 'alice',          cancel_reason = 'withdrawn by alice', cancel_deadline = now(), history_seq = {seq},          history_head = decode('{}', 'hex') WHERE id = '{id}'",
-        entry.at.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
-        hex::encode(&last.hash),
-        hex::encode(hash),
-        hex::encode(hash),
+        "SET ROLE jobtrail_api; {insert}; \
+         UPDATE operations SET state = '{to}', cancel_requested_at = now(), cancel_requested_by = 'alice', \
+         cancel_reason = '{cause}', cancel_deadline = now(), history_seq = {seq}, \
+         history_head = decode('{head}', 'hex') WHERE id = '{}'",
+        op.as_uuid()
     ))
     .await;
 }
@@ -1936,46 +1967,26 @@ async fn a_result_validated_again_after_success_is_not_served() {
     let forged_sha = hex::encode(sha2::Sha256::digest(forged));
     let id = done.id.as_uuid();
     let forged_location = location.replace(&sha, &forged_sha);
-    let last = store.history(done.id).await.unwrap().pop().unwrap();
-    let detail = serde_json::json!({
-        "location": forged_location, "sha256": forged_sha, "size": forged.len(),
-    });
-    let entry = chain::ChainEntry {
-        operation_id: done.id.to_string(),
-        seq: last.seq + 1,
-        at: chain::storable(chrono::Utc::now()),
-        actor: last.actor.clone(),
-        from_state: Some("succeeded".into()),
-        to_state: "succeeded".into(),
-        event: "result_validated".into(),
-        cause: "result validated".into(),
-        remote_job_id: last.remote_job_id.clone(),
-        call_id: None,
-        detail: detail.clone(),
-    };
-    let hash = entry.hash(&last.hash.clone().try_into().unwrap());
-    let job = entry
-        .remote_job_id
-        .as_deref()
-        .map(|j| format!("'{j}'"))
-        .unwrap_or_else(|| "NULL".into());
+    let actor = store.history(done.id).await.unwrap().pop().unwrap().actor;
+    let (seq, insert, head) = next_link(
+        &store,
+        done.id,
+        ("succeeded", "result_validated", "succeeded"),
+        &actor,
+        "result validated",
+        serde_json::json!({
+            "location": forged_location, "sha256": forged_sha, "size": forged.len(),
+        }),
+    )
+    .await;
     exec(&db, &format!(
         "SET ROLE jobtrail_worker; \
          INSERT INTO operation_results (operation_id, sha256, size, bytes) VALUES ('{id}', '{forged_sha}', {}, decode('{}', 'hex')); \
-         INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, remote_job_id, call_id, detail, prev_hash, hash) \
-         VALUES ('{id}', {}, '{}', '{}', 'succeeded', 'succeeded', 'result_validated', 'result validated', {job}, NULL, '{}', decode('{}', 'hex'), decode('{}', 'hex')); \
-         UPDATE operations SET result_sha256 = '{forged_sha}', result_location = '{forged_location}', result_size = {}, history_seq = {}, history_head = decode('{}', 'hex') WHERE id = '{id}'",
+         {insert}; \
+         UPDATE operations SET result_sha256 = '{forged_sha}', result_location = '{forged_location}', result_size = {}, history_seq = {seq}, history_head = decode('{head}', 'hex') WHERE id = '{id}'",
         forged.len(),
         hex::encode(forged),
-        entry.seq,
-        entry.at.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
-        entry.actor,
-        detail,
-        hex::encode(&last.hash),
-        hex::encode(hash),
         forged.len(),
-        entry.seq,
-        hex::encode(hash),
     ))
     .await;
     // The row and the chain's last link agree on the forged bytes, and every hash holds...

@@ -649,11 +649,7 @@ impl HttpProvider {
                 .get(h.as_str())
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
-            Locator::Body(p) => body.and_then(|b| b.pointer(p)).and_then(|v| match v {
-                serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            }),
+            Locator::Body(p) => body.and_then(|b| b.pointer(p)).and_then(id_text),
         }
     }
 
@@ -1608,6 +1604,15 @@ impl HttpProvider {
     }
 }
 
+/// An id or a reference a provider wrote in JSON: a string, or a number as written.
+fn id_text(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
 /// A count as a provider may write it: a whole number, also written with a zero fraction (`10.0`)
 /// or as a string of digits (`"10"`).
 fn count_of(v: &serde_json::Value) -> Option<u64> {
@@ -1648,25 +1653,16 @@ fn listed_jobs(
     let mut job_ids: Vec<String> = Vec::new();
     for item in items {
         if let Some(p) = &rc.lookup_reference {
-            let theirs = item.pointer(p).and_then(|v| match v {
-                serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            });
+            let theirs = item.pointer(p).and_then(id_text);
             if !theirs.is_some_and(|t| ours.contains(&t)) {
                 continue;
             }
         }
-        let id = match item.pointer(id_ptr) {
-            Some(serde_json::Value::String(s)) => s.clone(),
-            // As `create` reads a numeric id.
-            Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => {
-                return Err(format!(
-                    "malformed_lookup: a listed job has no id at {id_ptr}"
-                ));
-            }
-        };
+        // Read as `create` reads an id: a string, or a number as written.
+        let id = item
+            .pointer(id_ptr)
+            .and_then(id_text)
+            .ok_or_else(|| format!("malformed_lookup: a listed job has no id at {id_ptr}"))?;
         jobtrail_core::ids::check_remote_job_id(&id)
             .map_err(|why| format!("unusable_job_id: {why}"))?;
         if !job_ids.contains(&id) {
