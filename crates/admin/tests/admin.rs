@@ -175,11 +175,16 @@ fn json(o: &Output) -> serde_json::Value {
 }
 
 async fn exec(db: &TestDb, sql: &str) {
+    try_exec(db, sql).await.unwrap();
+}
+
+/// Run `sql` (statements, maybe a `SET ROLE` first) on a connection of its own.
+async fn try_exec(db: &TestDb, sql: &str) -> Result<(), sqlx::Error> {
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
         .execute(&mut c)
         .await
-        .unwrap();
+        .map(|_| ())
 }
 
 #[tokio::test]
@@ -1184,11 +1189,31 @@ async fn next_link(
     cause: &str,
     detail: serde_json::Value,
 ) -> (i64, String, String) {
+    next_link_at(
+        store,
+        op,
+        (from, event, to),
+        (actor, cause),
+        detail,
+        chrono::Utc::now(),
+    )
+    .await
+}
+
+/// [`next_link`], dated `at`.
+async fn next_link_at(
+    store: &Store,
+    op: OperationId,
+    (from, event, to): (&str, &str, &str),
+    (actor, cause): (&str, &str),
+    detail: serde_json::Value,
+    at: chrono::DateTime<chrono::Utc>,
+) -> (i64, String, String) {
     let last = store.history(op).await.unwrap().pop().unwrap();
     let entry = chain::ChainEntry {
         operation_id: op.to_string(),
         seq: last.seq + 1,
-        at: chain::storable(chrono::Utc::now()),
+        at: chain::storable(at),
         actor: actor.into(),
         from_state: Some(from.into()),
         to_state: to.into(),
@@ -1244,6 +1269,52 @@ async fn append_as_api(
         op.as_uuid()
     ))
     .await;
+}
+
+#[tokio::test]
+async fn a_link_dated_away_from_the_database_clock_is_refused() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let asked = unconfirmed(&store, 1).await;
+    let state = asked.state.to_string();
+    let links = store.history(asked.id).await.unwrap().len();
+    // The worker's credentials append a well-hashed, well-placed link (a progress note, which its
+    // role may record), dated a week ago, then a minute and a half ahead: both refused.
+    let append = |at: chrono::DateTime<chrono::Utc>| {
+        let (store, state) = (&store, &state);
+        async move {
+            let (seq, insert, head) = next_link_at(
+                store,
+                asked.id,
+                (state, "remote_progress", state),
+                ("worker-x", "progress"),
+                serde_json::json!({}),
+                at,
+            )
+            .await;
+            format!(
+                "SET ROLE jobtrail_worker; BEGIN; {insert}; \
+                 UPDATE operations SET history_seq = {seq}, history_head = decode('{head}', 'hex') WHERE id = '{}'; COMMIT",
+                asked.id.as_uuid()
+            )
+        }
+    };
+    let now = chrono::Utc::now();
+    for at in [
+        now - chrono::Duration::days(7),
+        now + chrono::Duration::seconds(90),
+    ] {
+        let e = try_exec(&db, &append(at).await)
+            .await
+            .expect_err("a link dated away from the database's clock is refused");
+        assert!(e.to_string().contains("not by the database's clock"), "{e}");
+        assert_eq!(store.history(asked.id).await.unwrap().len(), links);
+    }
+    // The same link dated now is taken: the date is what was refused.
+    try_exec(&db, &append(chrono::Utc::now()).await)
+        .await
+        .unwrap();
+    assert_eq!(store.history(asked.id).await.unwrap().len(), links + 1);
 }
 
 #[tokio::test]

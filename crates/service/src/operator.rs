@@ -5,7 +5,7 @@
 
 use chrono::Utc;
 use jobtrail_core::machine::allowed_events;
-use jobtrail_core::{EventKind, OperationId, State, Submission, SubmitLimits};
+use jobtrail_core::{EventKind, OperationId, State, Submission};
 use jobtrail_store::{Step, Store, StoreError, VerifyReport};
 
 use crate::error::ServiceError;
@@ -345,12 +345,8 @@ impl Service {
                 old.provider
             ))
         })?;
-        let entropy = jobtrail_store::draw_entropy()?;
-        let intent = submission
-            .validate(terms, SubmitLimits::default(), Utc::now(), entropy)
-            .map_err(ServiceError::from)?;
         let s = store
-            .supersede(id, seen, seq, decision, &intent)
+            .supersede(id, (seen, seq), decision, &submission, terms)
             .await
             .map_err(|e| refused(id, e))?;
         let old = store.get(id).await?;

@@ -1007,17 +1007,23 @@ impl Store {
     /// Retry as a new operation linked to the old one: the new intent (a new token; the same or an
     /// edited request) and its first history link, and on the old operation a `superseded` link and
     /// `superseded_by`, all in one transaction. The old operation must be terminal and still as the
-    /// person saw it.
+    /// person saw it. The new intent is validated against the database's clock, as a submit is.
     pub async fn supersede(
         &self,
         old: OperationId,
-        seen_state: State,
-        seen_seq: Option<i64>,
+        (seen_state, seen_seq): (State, Option<i64>),
         decision: jobtrail_core::Decision,
-        intent: &Intent,
+        submission: &Submission,
+        terms: &ProviderTerms,
     ) -> Result<Submitted, StoreError> {
         let mut tx = self.begin_write().await?;
         let locked = lock_as_seen(&mut tx, old, seen_state, seen_seq).await?;
+        let intent = &submission.validate(
+            terms,
+            SubmitLimits::default(),
+            locked.db_now,
+            draw_entropy()?,
+        )?;
         if let Some(by) = locked.row_superseded_by() {
             return Err(StoreError::Conflict(format!(
                 "{old} was already retried as {}: retry that one, or look at it first",
