@@ -42,6 +42,54 @@ async fn drill_lost_create_response_makes_exactly_one_remote_job() {
     env.stop_workers().await;
 }
 
+/// Drill 1, and the resend answers otherwise: refused (a provider that refuses a replayed key, say),
+/// or with the finished result. Neither says anything against the job the first send created: the
+/// refusal leaves the operation on the job the lookup found (never `failed` with a job running
+/// unwatched), and the synchronous answer is collected at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_a_refused_or_synchronous_resend_settles_on_the_one_job() {
+    let mut env = Env::new().await;
+    let mut sync = vec!["drop_after_accept"];
+    sync.extend(["sync"; 30]);
+    let refused = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": ["drop_after_accept", "reject"], "duration_ms": 300}),
+            |_| {},
+        )
+        .await;
+    let answered = env
+        .submit(
+            "sim",
+            serde_json::json!({"create": sync, "duration_ms": 300}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    for op in [&refused, &answered] {
+        let done = env.wait_settled(op.id, T).await;
+        let history = env.history_states(&env.store.history(op.id).await.unwrap());
+        assert_eq!(done.state, State::Succeeded, "{history:?}");
+        let ledger = env.sim.ledger();
+        assert_eq!(ledger.tokens[op.token.as_str()].len(), 1, "one remote job");
+        assert_eq!(
+            ledger.create_requests[op.token.as_str()],
+            2,
+            "the first send and one resend: {history:?}"
+        );
+        assert!(
+            !history.iter().any(|h| h.starts_with("create_rejected")),
+            "{history:?}"
+        );
+    }
+    let history = env.history_states(&env.store.history(answered.id).await.unwrap());
+    assert!(
+        history.contains(&"create_completed:result_collecting".to_string()),
+        "the resend's result is the result: {history:?}"
+    );
+    env.stop_workers().await;
+}
+
 /// Drill 2: a worker process is SIGKILLed after saving the job id and before scheduling the first
 /// poll. Another worker resumes after the lease expires; no second create.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

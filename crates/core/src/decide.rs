@@ -446,30 +446,7 @@ pub fn after_create(
             status_url,
         ),
         CreateOutcome::Completed { job_id, result } => match kept {
-            Some((Ok(k), valid)) => {
-                let mut ctx = context
-                    .take()
-                    .unwrap_or_else(|| op.provider_context.clone());
-                if !ctx.is_object() {
-                    ctx = serde_json::json!({});
-                }
-                ctx["sync_result"] = serde_json::json!({
-                    "location": k.location, "size": k.size, "sha256": k.sha256,
-                    "content_type": result.content_type, "valid": valid,
-                });
-                context = Some(ctx);
-                Plan::write(Step {
-                    // The kept bytes' digest is chained with the step that stores them.
-                    detail: Some(serde_json::json!({
-                        "sync_result": {"location": k.location, "sha256": k.sha256},
-                    })),
-                    result_bytes: k.bytes,
-                    ..Step::event(Event::CreateCompleted {
-                        remote_job_id: job_id,
-                    })
-                })
-                .then_continue()
-            }
+            Some((Ok(k), valid)) => completed(op, job_id, &result, (k, valid), &mut context),
             // The job is done but its answer could not be kept: what we know is "created, result not
             // held", which reconciliation settles.
             _ => Plan::write(
@@ -511,6 +488,40 @@ pub fn after_create(
     plan.step.send_mark = SendMark::Clear;
     plan.step = with_call(plan.step, call, context);
     plan
+}
+
+/// A synchronous answer whose bytes were kept: the job is done, on to validating its result. The
+/// kept bytes' place and verdict go into the provider context, their digest into the step's chained
+/// detail.
+fn completed(
+    op: &OperationRecord,
+    job_id: Option<String>,
+    result: &FetchedResult,
+    (k, valid): (Kept, bool),
+    context: &mut Option<serde_json::Value>,
+) -> Plan {
+    let mut ctx = context
+        .take()
+        .unwrap_or_else(|| op.provider_context.clone());
+    if !ctx.is_object() {
+        ctx = serde_json::json!({});
+    }
+    ctx["sync_result"] = serde_json::json!({
+        "location": k.location, "size": k.size, "sha256": k.sha256,
+        "content_type": result.content_type, "valid": valid,
+    });
+    *context = Some(ctx);
+    Plan::write(Step {
+        // The kept bytes' digest is chained with the step that stores them.
+        detail: Some(serde_json::json!({
+            "sync_result": {"location": k.location, "sha256": k.sha256},
+        })),
+        result_bytes: k.bytes,
+        ..Step::event(Event::CreateCompleted {
+            remote_job_id: job_id,
+        })
+    })
+    .then_continue()
 }
 
 /// The provider named the job: accepted, and on at once to the first status read — unless another
@@ -670,18 +681,26 @@ pub fn after_lookup(
 
 /// The step for a resend with the same token (state `reconciliation`). `looked_up`: the jobs a
 /// lookup by client reference found just before (a cross-check), `None` if none was made or it
-/// failed; `lookup`: that lookup's call, logged on its own row first.
+/// failed; `lookup`: that lookup's call, logged on its own row first; `kept`: as for
+/// [`after_create`].
+///
+/// A resend's refusal settles nothing about the first send, which may have created the job (a
+/// provider refuses a replay while the original is in progress, or a body whose secret rotated since):
+/// the job the lookup found is taken, a 409 or 425 is tried again, and anything else goes to a person.
+/// It is never recorded as the create's rejection (`failed`), which would leave a job running that
+/// nobody watches, and which a retry would duplicate.
 pub fn after_resend(
     op: &OperationRecord,
     policy: &Policy,
     called: Called<CreateOutcome>,
     lookup: Option<(Option<Vec<String>>, CallRecord, Option<serde_json::Value>)>,
+    kept: Option<(Result<Kept, String>, bool)>,
     now: DateTime<Utc>,
 ) -> Plan {
     let Called {
         outcome,
         call,
-        context,
+        mut context,
     } = called;
     let (looked_up, first, detail) = match lookup {
         Some((ids, c, ctx)) => {
@@ -711,19 +730,54 @@ pub fn after_resend(
                 .or_else(|| op.remote_job_id.clone().filter(|p| *p != job_id));
             accepted_unless_another(other, job_id, remote_state, status_url)
         }
-        CreateOutcome::Completed { .. } => Plan::write(inconclusive(
-            op,
-            policy,
-            "the resend answered synchronously; collect by lookup".into(),
-            now,
-        )),
+        CreateOutcome::Completed { job_id, result } => {
+            let other = job_id.as_ref().and_then(|j| {
+                looked_up
+                    .as_ref()
+                    .and_then(|ids| ids.iter().find(|i| *i != j).cloned())
+                    .or_else(|| op.remote_job_id.clone().filter(|p| p != j))
+            });
+            match (other, job_id, kept) {
+                (Some(other), Some(job_id), _) => {
+                    Plan::write(Step::event(Event::ContractViolated {
+                        recorded_job_id: other,
+                        other_job_id: job_id,
+                    }))
+                }
+                (None, job_id, Some((Ok(k), valid))) => {
+                    completed(op, job_id, &result, (k, valid), &mut context)
+                }
+                _ => Plan::write(inconclusive(
+                    op,
+                    policy,
+                    "the resend answered with the result, which could not be kept".into(),
+                    now,
+                )),
+            }
+        }
         CreateOutcome::Rejected {
             http_status,
             reason,
-        } => Plan::write(Step::event(Event::CreateRejected {
-            http_status,
-            reason,
-        })),
+        } => match looked_up.as_deref() {
+            Some([job]) => accepted_unless_another(
+                op.remote_job_id.clone().filter(|p| p != job),
+                job.clone(),
+                None,
+                None,
+            ),
+            _ if matches!(http_status, Some(409 | 425)) => Plan::write(inconclusive(
+                op,
+                policy,
+                format!("the resend was refused for now: {reason}"),
+                now,
+            )),
+            _ => Plan::write(Step::event(Event::ReconciliationExhausted {
+                why: format!(
+                    "the resend was refused ({}: {reason}); a refused resend does not say whether the first send created a job",
+                    http_status.map_or("no status".to_owned(), |s| format!("HTTP {s}"))
+                ),
+            })),
+        },
         CreateOutcome::Ambiguous { error_class } | CreateOutcome::NotSent { error_class } => {
             Plan::write(inconclusive(op, policy, error_class, now))
         }
@@ -736,8 +790,15 @@ pub fn after_resend(
     };
     plan.step.counters.create_attempts = 1;
     plan.step.counters.reconcile_attempts = 1;
-    if detail.is_some() {
-        plan.step.detail = detail;
+    // The lookup's call joins the step's own detail (a kept result's digest stays chained).
+    if let Some(lookup) = detail {
+        plan.step.detail = Some(match plan.step.detail.take() {
+            Some(mut own) if own.is_object() => {
+                own["lookup"] = lookup["lookup"].clone();
+                own
+            }
+            _ => lookup,
+        });
     }
     plan.step = with_call(plan.step, call, context);
     plan.first = first;

@@ -604,6 +604,15 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
         status_url: None,
         duplicate: true,
     };
+    let rejected = |status: u16| CreateOutcome::Rejected {
+        http_status: Some(status),
+        reason: "no".into(),
+    };
+    let fetched = FetchedResult {
+        bytes: bytes::Bytes::from_static(b"{}"),
+        content_type: Some("application/json".into()),
+        checksum: None,
+    };
     let cases: Vec<(CreateOutcome, Option<Vec<String>>, EventKind)> = vec![
         (
             accepted("job_1"),
@@ -616,13 +625,50 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
             Some(vec!["job_1".into()]),
             EventKind::ContractViolated,
         ),
+        // A refused resend settles nothing about the first send: the job the lookup found is
+        // taken; "in progress" (409, 425) is tried again; anything else goes to a person. Never
+        // `failed`, which would leave a job running unwatched.
         (
-            CreateOutcome::Rejected {
-                http_status: Some(422),
-                reason: "no".into(),
-            },
+            rejected(422),
+            Some(vec!["job_1".into()]),
+            EventKind::CreateAccepted,
+        ),
+        (
+            rejected(422),
             Some(vec![]),
-            EventKind::CreateRejected,
+            EventKind::ReconciliationExhausted,
+        ),
+        (rejected(422), None, EventKind::ReconciliationExhausted),
+        (rejected(409), None, EventKind::ReconciliationInconclusive),
+        (
+            rejected(425),
+            Some(vec![]),
+            EventKind::ReconciliationInconclusive,
+        ),
+        // A resend answered with the finished result: collected, unless it names another job.
+        (
+            CreateOutcome::Completed {
+                job_id: Some("job_1".into()),
+                result: fetched.clone(),
+            },
+            Some(vec!["job_1".into()]),
+            EventKind::CreateCompleted,
+        ),
+        (
+            CreateOutcome::Completed {
+                job_id: None,
+                result: fetched.clone(),
+            },
+            None,
+            EventKind::CreateCompleted,
+        ),
+        (
+            CreateOutcome::Completed {
+                job_id: Some("job_2".into()),
+                result: fetched.clone(),
+            },
+            Some(vec!["job_1".into()]),
+            EventKind::ContractViolated,
         ),
         (
             CreateOutcome::Ambiguous {
@@ -649,14 +695,23 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
     ];
     for (outcome, looked_up, expected) in cases {
         let what = format!("{outcome:?} after {looked_up:?}");
+        let kept = matches!(outcome, CreateOutcome::Completed { .. }).then(|| (Ok(kept()), true));
         let plan = after_resend(
             &op,
             &policy(),
             called(CallKind::Create, outcome),
             Some((looked_up, call(CallKind::Lookup), None)),
+            kept,
             now,
         );
         assert_eq!(kind(&plan), Some(expected), "{what}");
+        if expected == EventKind::CreateCompleted {
+            let detail = plan.step.detail.as_ref().expect("a kept result is chained");
+            assert!(
+                detail["sync_result"]["sha256"].is_string() && detail["lookup"].is_object(),
+                "{what}: the kept result's digest and the lookup are both in the link: {detail}"
+            );
+        }
         assert!(
             plan.first.as_ref().and_then(|s| s.call.as_ref()).is_some(),
             "{what}: the lookup gets its own call-log row"
@@ -1075,7 +1130,9 @@ fn every_decision_is_allowed_by_the_table() {
                         .collect(),
                     Action::Call(Call::Resend { .. }) => creates()
                         .into_iter()
-                        .map(|o| after_resend(&op, &p, called(CallKind::Create, o), None, now))
+                        .map(|o| {
+                            after_resend(&op, &p, called(CallKind::Create, o), None, None, now)
+                        })
                         .collect(),
                     Action::Call(Call::Lookup { .. }) => [
                         LookupOutcome::NotFound,
@@ -1098,6 +1155,7 @@ fn every_decision_is_allowed_by_the_table() {
                                         &p,
                                         called(CallKind::Create, o),
                                         Some((looked_up.clone(), call(CallKind::Lookup), None)),
+                                        None,
                                         now,
                                     )
                                 })

@@ -430,16 +430,7 @@ async fn create(
     if let CreateOutcome::RetryLater { delay, .. } = &called.outcome {
         ctx.throttled(&called.call, *delay).await;
     }
-    let kept = match &called.outcome {
-        CreateOutcome::Completed { result, .. } => {
-            let valid = off_runtime(result.bytes.len(), || {
-                matches!(ctx.provider.check_result(op, result), Checked::Valid { .. })
-            })
-            .await;
-            Some((ctx.keep(op, result).await, valid))
-        }
-        _ => None,
-    };
+    let kept = kept_sync(ctx, op, &called.outcome).await;
     let now = ctx.clock.now();
     Ok(Box::new(decide::after_create(
         op,
@@ -449,6 +440,23 @@ async fn create(
         now,
         draw(),
     )))
+}
+
+/// A create's synchronous answer, its bytes kept and checked against the contract's rules before the
+/// step that records them is decided (`None` for any other answer).
+async fn kept_sync(
+    ctx: &Ctx<'_>,
+    op: &OperationRecord,
+    outcome: &CreateOutcome,
+) -> Option<(Result<decide::Kept, String>, bool)> {
+    let CreateOutcome::Completed { result, .. } = outcome else {
+        return None;
+    };
+    let valid = off_runtime(result.bytes.len(), || {
+        matches!(ctx.provider.check_result(op, result), Checked::Valid { .. })
+    })
+    .await;
+    Some((ctx.keep(op, result).await, valid))
 }
 
 async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
@@ -471,11 +479,13 @@ async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> 
                 .provider
                 .create(op, ctx.at(op.create_attempts + 1))
                 .await;
+            let kept = kept_sync(ctx, op, &resent.outcome).await;
             Box::new(decide::after_resend(
                 op,
                 &ctx.policy,
                 resent,
                 Some((looked_up, lookup_call, context)),
+                kept,
                 ctx.clock.now(),
             ))
         }
@@ -484,11 +494,13 @@ async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> 
 
 async fn resend(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
     let resent = ctx.provider.create(op, ctx.at(attempt)).await;
+    let kept = kept_sync(ctx, op, &resent.outcome).await;
     Box::new(decide::after_resend(
         op,
         &ctx.policy,
         resent,
         None,
+        kept,
         ctx.clock.now(),
     ))
 }
