@@ -189,6 +189,50 @@ async fn drill_success_racing_a_cancel_is_recorded_truthfully() {
     env.stop_workers().await;
 }
 
+/// A cancel asked for while a status read is out: the read's answer (decided before the cancel
+/// arrived, with a Retry-After of 8 s) does not hold the cancel past its 6 s window. The cancel is
+/// sent at once, and the operation is never "unconfirmed" without the provider having been asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_asked_while_a_status_read_is_out_is_sent_at_once() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"never_finish": true, "status_delay_ms": 1500, "poll_retry_after": 8}),
+            |s| s.cancel_window = Some(Duration::from_secs(6)),
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    // `accepted` lasts while the first status read is out (1.5 s).
+    let accepted = env.wait_state(op.id, State::Accepted, T).await;
+    env.store
+        .request_cancel(op.id, CancelRequest::new("alice", "stop").unwrap())
+        .await
+        .unwrap();
+    let job = accepted.remote_job_id.expect("accepted names the job");
+    let asked = std::time::Instant::now();
+    while env.sim.ledger().jobs[&job].cancel_requests == 0 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(4),
+            "the cancel was not sent within 4 s: {:?}",
+            env.history_states(&env.store.history(op.id).await.unwrap())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(env.sim.ledger().jobs[&job].cancel_requests, 1);
+    // The provider's Retry-After holds the next read past the window: unconfirmed, but asked.
+    assert!(
+        matches!(
+            done.state,
+            State::CancellationUnconfirmed | State::Cancelled
+        ),
+        "{:?}",
+        done.state
+    );
+    env.stop_workers().await;
+}
+
 /// Drill 4: a cancel the provider never confirms ends in cancellation_unconfirmed, with the evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drill_unconfirmed_cancel_escalates_with_the_evidence_bundle() {

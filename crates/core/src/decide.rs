@@ -296,7 +296,10 @@ pub fn next(op: &OperationRecord, policy: &Policy, own_epoch: i64, now: DateTime
             next_status(op, now)
         }
         State::CancelRequested => {
-            if op.cancel_deadline.is_some_and(|d| now >= d) {
+            // At least one cancel call before a person is asked, even past the window: a step
+            // decided before the cancel arrived, or a fleet-wide pause, may have held the
+            // operation past it, and "unconfirmed" must mean the provider was asked.
+            if op.cancel_deadline.is_some_and(|d| now >= d) && op.cancel_attempts > 0 {
                 return act(unconfirmed());
             }
             // One cancel call; again only where the contract says cancel is idempotent.

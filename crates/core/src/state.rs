@@ -90,8 +90,9 @@ states! {
     /// The provider answered the same idempotency token with a different job id. Both answers are kept;
     /// all automation stops until a person chooses which job is ours.
     ContractViolation = "contract_violation", Human;
-    /// The cancel deadline passed without the provider confirming. Held for a person with the evidence
-    /// bundle (job id, trace id, calls, provider request ids).
+    /// The cancel deadline passed without the provider confirming (the cancel was sent at least once,
+    /// even if that took it past the deadline). Held for a person with the evidence bundle (job id,
+    /// trace id, calls, provider request ids).
     CancellationUnconfirmed = "cancellation_unconfirmed", Human;
     /// The result deadline passed before the remote job ended. Automatic polling stopped; the remote job
     /// is not assumed stopped. Held for a person: request a cancel, resume, or abandon.

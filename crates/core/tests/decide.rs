@@ -335,11 +335,20 @@ fn observing_states_notice_deadlines_and_pending_cancels_first() {
     for state in [State::CancelRequested, State::Cancelling] {
         let mut op = with_cancel(record(state));
         op.cancel_deadline = Some(now - Td::seconds(1));
+        op.cancel_attempts = 1;
         let plan = write_of(next(&op, &p, EPOCH, now));
         assert_eq!(kind(&plan), Some(EventKind::CancelDeadlinePassed));
         assert!(plan.evidence_bundle);
         legal(&op, &plan);
     }
+    // Past the window with no cancel sent yet (held by a stale schedule or a fleet-wide pause):
+    // the provider is asked once before a person is.
+    let mut op = with_cancel(record(State::CancelRequested));
+    op.cancel_deadline = Some(now - Td::seconds(1));
+    assert_eq!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::Cancel { attempt: 1 }
+    );
     // One cancel call; again only when idempotent, after a failure, at most three times.
     let mut op = with_cancel(record(State::CancelRequested));
     assert_eq!(

@@ -143,8 +143,15 @@ pub(crate) fn plan<'s>(
         None => None,
     };
 
-    // The schedule and the lease.
-    let (delay, reason) = step.next_in.unwrap_or((Duration::ZERO, "immediate"));
+    // The schedule and the lease. A cancel asked for and not yet sent is due at once, whatever a
+    // step decided before the request arrived (a status read in flight scheduled its next read,
+    // maybe minutes off, past the cancel's window).
+    let (delay, reason) = match step.next_in {
+        Some(_) if rec.state == State::CancelRequested && rec.cancel_attempts == 0 => {
+            (Duration::ZERO, "cancel")
+        }
+        next_in => next_in.unwrap_or((Duration::ZERO, "immediate")),
+    };
     let automated = rec.state.is_automated();
     rec.next_action_at = if automated {
         now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::days(365))
