@@ -233,6 +233,33 @@ async fn a_cancel_asked_while_a_status_read_is_out_is_sent_at_once() {
     env.stop_workers().await;
 }
 
+/// A provider that answers the result download "429, retry after 1 s" eight times (more than the
+/// sim contract's six failures): the finished job's result is still collected, each "not now" waited
+/// out, none spent from the failure budget (it ended `result_unavailable`, terminal, for a job that
+/// had succeeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_rate_limits_downloads_still_delivers_the_result() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 200, "result_throttled": 8}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    assert_eq!(done.state, State::Succeeded, "{history:?}");
+    let waited = history
+        .iter()
+        .filter(|h| h.starts_with("result_fetch_failed"))
+        .count();
+    assert_eq!(waited, 8, "each 429 is recorded: {history:?}");
+    assert_eq!(done.failure_count, 0, "no failure was spent");
+    env.stop_workers().await;
+}
+
 /// Drill 4: a cancel the provider never confirms ends in cancellation_unconfirmed, with the evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drill_unconfirmed_cancel_escalates_with_the_evidence_bundle() {

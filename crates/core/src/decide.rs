@@ -1072,6 +1072,25 @@ pub fn after_final_get(
     Plan::write(with_call(step, call, Some(ctx))).then_continue()
 }
 
+/// A result fetch that failed: tried again after backoff, one more failure counted, until the
+/// contract's failure budget is spent.
+fn failed_fetch(op: &OperationRecord, policy: &Policy, error_class: String, draw: f64) -> Step {
+    if op.failure_count + 1 > policy.max_failures as i32 {
+        return Step::event(Event::RetryBudgetExhausted {
+            error_class,
+            failures: op.failure_count + 1,
+        });
+    }
+    let (d, why) = wait(policy, None, op.failure_count, draw);
+    Step {
+        counters: Counters {
+            failures: FailureCount::Increment,
+            ..Counters::default()
+        },
+        ..Step::event(Event::ResultFetchFailed { error_class }).next_in(d, why)
+    }
+}
+
 /// Where result bytes were kept, and the bytes to write with the step when they go to the database.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Kept {
@@ -1111,6 +1130,11 @@ pub enum Collected {
     Failed {
         error_class: String,
     },
+    /// The provider said "not now": after its `Retry-After`, if it gave one.
+    RetryLater {
+        delay: Option<Duration>,
+        reason: String,
+    },
 }
 
 impl Collected {
@@ -1137,11 +1161,17 @@ impl Collected {
 
 /// The step for result collection (state `result_collecting`). `call`: the fetch, if one was made
 /// (a synchronous result kept at create needs none).
+///
+/// A provider's "not now" is waited out (its `Retry-After`, within the contract's bounds) without
+/// spending the failure budget until the result deadline: a provider that rate-limits downloads
+/// must not turn a finished job into a terminal `result_unavailable`. Past the deadline it counts
+/// like any failure, so a provider that never serves still ends.
 pub fn after_collect(
     op: &OperationRecord,
     policy: &Policy,
     collected: Collected,
     call: Option<(CallRecord, Option<serde_json::Value>)>,
+    now: DateTime<Utc>,
     draw: f64,
 ) -> Plan {
     let mut step = match collected {
@@ -1185,23 +1215,17 @@ pub fn after_collect(
             detail: Some(serde_json::json!({"refused_url": url})),
             ..Step::event(Event::UrlRefused { url })
         },
-        Collected::Failed { error_class } => {
-            if op.failure_count + 1 > policy.max_failures as i32 {
-                Step::event(Event::RetryBudgetExhausted {
-                    error_class,
-                    failures: op.failure_count + 1,
-                })
-            } else {
-                let (d, why) = wait(policy, None, op.failure_count, draw);
-                Step {
-                    counters: Counters {
-                        failures: FailureCount::Increment,
-                        ..Counters::default()
-                    },
-                    ..Step::event(Event::ResultFetchFailed { error_class }).next_in(d, why)
-                }
-            }
+        Collected::RetryLater { delay, reason } if now < op.result_deadline => {
+            let (d, why) = wait(policy, delay, op.failure_count, draw);
+            Step::event(Event::ResultFetchFailed {
+                error_class: format!("retry later: {reason}"),
+            })
+            .next_in(d.min(until(op.result_deadline, now)), why)
         }
+        Collected::RetryLater { reason, .. } => {
+            failed_fetch(op, policy, format!("retry later: {reason}"), draw)
+        }
+        Collected::Failed { error_class } => failed_fetch(op, policy, error_class, draw),
     };
     if let Some((c, ctx)) = call {
         step.counters.result_attempts = 1;

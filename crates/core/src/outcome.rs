@@ -176,6 +176,12 @@ pub enum ResultOutcome {
     Failed {
         error_class: String,
     },
+    /// The provider said "not now" (429, or what the contract calls retry-later) without serving
+    /// anything: its `Retry-After`, if it gave one.
+    RetryLater {
+        delay: Option<Duration>,
+        reason: String,
+    },
     /// The result is larger than the contract allows (a validation failure, not a fetch failure).
     TooLarge {
         limit: u64,

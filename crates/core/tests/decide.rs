@@ -969,6 +969,14 @@ fn collection_outcomes_map_to_one_event_each() {
     };
     let mut spent = op.clone();
     spent.failure_count = p.max_failures as i32;
+    let now = t0();
+    spent.result_deadline = now + Td::seconds(60);
+    let mut late = spent.clone();
+    late.result_deadline = now;
+    let later = |secs: Option<u64>| Collected::RetryLater {
+        delay: secs.map(Duration::from_secs),
+        reason: "429".into(),
+    };
     let cases: Vec<(&OperationRecord, Collected, EventKind)> = vec![
         (&op, valid(Ok(kept())), EventKind::ResultValidated),
         (&op, valid(Err("disk".into())), EventKind::ResultFetchFailed),
@@ -1013,14 +1021,33 @@ fn collection_outcomes_map_to_one_event_each() {
             },
             EventKind::UrlRefused,
         ),
+        // "Not now" spends no failure, even with the budget spent, until the result deadline.
+        (&spent, later(Some(7)), EventKind::ResultFetchFailed),
+        (&late, later(Some(7)), EventKind::RetryBudgetExhausted),
     ];
     for (op, collected, expected) in cases {
         let what = format!("{collected:?}");
-        let plan = after_collect(op, &p, collected, Some((call(CallKind::Result), None)), 0.5);
+        let plan = after_collect(
+            op,
+            &p,
+            collected,
+            Some((call(CallKind::Result), None)),
+            now,
+            0.5,
+        );
         assert_eq!(kind(&plan), Some(expected), "{what}");
         assert_eq!(plan.step.counters.result_attempts, 1, "{what}");
         legal(op, &plan);
     }
+    // It waits out the provider's Retry-After, and counts nothing against the budget.
+    let plan = after_collect(&op, &p, later(Some(7)), None, now, 0.5);
+    assert_eq!(
+        plan.step.next_in,
+        Some((Duration::from_secs(7), "retry_after"))
+    );
+    assert_eq!(plan.step.counters.failures, FailureCount::Keep);
+    let plan = after_collect(&op, &p, later(None), None, now, 0.5);
+    assert!(plan.step.next_in.is_some_and(|(d, _)| d > Duration::ZERO));
 }
 
 #[test]
@@ -1208,6 +1235,7 @@ fn every_decision_is_allowed_by_the_table() {
                             &p,
                             Collected::Unavailable { reason: "x".into() },
                             None,
+                            now,
                             0.3,
                         )]
                     }

@@ -1528,7 +1528,14 @@ impl HttpProvider {
                 },
                 format!("unavailable: {reason}"),
             ),
-            Verdict::RetryLater { .. } | Verdict::Ambiguous { .. } => {
+            Verdict::RetryLater { delay, reason } => (
+                ResultOutcome::RetryLater {
+                    delay,
+                    reason: reason.clone(),
+                },
+                format!("retry later: {reason}"),
+            ),
+            Verdict::Ambiguous { .. } => {
                 let class = Self::ambiguous_class(&ex);
                 (
                     ResultOutcome::Failed {

@@ -142,6 +142,7 @@ struct Job {
     cancel_requested: Option<Instant>,
     forced_success: Option<Instant>,
     status_calls: u32,
+    result_calls: u32,
     in_flight: u32,
     not_before: Option<Instant>,
     cookie: String,
@@ -655,6 +656,7 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                             cancel_requested: None,
                             forced_success: None,
                             status_calls: 0,
+                            result_calls: 0,
                             in_flight: 0,
                             not_before: None,
                             cookie: format!(
@@ -1442,6 +1444,13 @@ async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
             return error(StatusCode::NOT_FOUND, "no such job");
         };
         job.touch("result", &headers);
+        job.result_calls += 1;
+        if job.result_calls <= job.script.result_throttled {
+            let mut r = error(StatusCode::TOO_MANY_REQUESTS, "downloads are rate limited");
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+            return r;
+        }
         (
             job.script.clone(),
             job.phase(Instant::now()).0,

@@ -199,6 +199,9 @@ pub struct Script {
     pub status_faults: BTreeMap<u32, StatusFault>,
     /// Delay every status response (makes overlapping polls visible in the ledger).
     pub status_delay_ms: u64,
+    /// The first this many result calls are answered 429 with `Retry-After: 1` (a provider that
+    /// rate-limits downloads).
+    pub result_throttled: u32,
     /// Hold every create request this long before deciding what it does (the request is in
     /// flight and the worker holds its lease meanwhile, whatever the answer will be).
     pub create_hold_ms: u64,
@@ -277,6 +280,7 @@ impl Default for Script {
             expected_items_as: None,
             status_faults: BTreeMap::new(),
             status_delay_ms: 0,
+            result_throttled: 0,
             create_hold_ms: 0,
             moving_status_url: false,
             status_via_header: false,

@@ -545,11 +545,15 @@ async fn final_get(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Pla
 
 async fn fetch_result(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
     let called = ctx.provider.fetch_result(op, ctx.at(attempt)).await;
+    if let ResultOutcome::RetryLater { delay, .. } = &called.outcome {
+        ctx.throttled(&called.call, *delay).await;
+    }
     let collected = match called.outcome {
         ResultOutcome::Fetched(f) => ctx.collected(op, f).await,
         ResultOutcome::TooLarge { limit } => Collected::TooLarge { limit },
         ResultOutcome::Unavailable { reason, .. } => Collected::Unavailable { reason },
         ResultOutcome::Failed { error_class } => Collected::Failed { error_class },
+        ResultOutcome::RetryLater { delay, reason } => Collected::RetryLater { delay, reason },
         ResultOutcome::Refused { url } => Collected::Refused { url },
     };
     Box::new(decide::after_collect(
@@ -557,6 +561,7 @@ async fn fetch_result(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<
         &ctx.policy,
         collected,
         Some((called.call, called.context)),
+        ctx.clock.now(),
         draw(),
     ))
 }
@@ -573,6 +578,7 @@ async fn no_result(ctx: &Ctx<'_>, op: &OperationRecord) -> Box<Plan> {
         &ctx.policy,
         collected,
         None,
+        ctx.clock.now(),
         draw(),
     ))
 }
@@ -605,6 +611,7 @@ async fn sync_result(
         &ctx.policy,
         collected,
         None,
+        ctx.clock.now(),
         draw(),
     )))
 }
