@@ -233,6 +233,38 @@ async fn a_cancel_asked_while_a_status_read_is_out_is_sent_at_once() {
     env.stop_workers().await;
 }
 
+/// A status read out when a cancel request lands, answering "cancelled" (the job was cancelled on
+/// the provider's side): its step, decided before the request, no longer fits and is dropped. The
+/// worker gives its lease back at once, so the operation goes on to its cancel now, not when a
+/// 10 s lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_dropped_because_a_cancel_landed_gives_its_lease_back() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"outcome": "cancelled", "duration_ms": 300, "status_delay_ms": 800}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    env.wait_state(op.id, State::Accepted, T).await;
+    env.store
+        .request_cancel(op.id, CancelRequest::new("alice", "stop").unwrap())
+        .await
+        .unwrap();
+    let asked = std::time::Instant::now();
+    let done = env.wait_settled(op.id, T).await;
+    let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    assert_eq!(done.state, State::Cancelled, "{history:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(7),
+        "settled {:?} after the cancel request: {history:?}",
+        asked.elapsed()
+    );
+    env.stop_workers().await;
+}
+
 /// A provider that answers the result download "429, retry after 1 s" eight times (more than the
 /// sim contract's six failures): the finished job's result is still collected, each "not now" waited
 /// out, none spent from the failure budget (it ended `result_unavailable`, terminal, for a job that

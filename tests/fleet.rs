@@ -124,7 +124,13 @@ async fn fleet_of_four_with_a_kill_settles_every_operation_once() {
             now.state
         );
         if *cancel {
-            assert_eq!(now.state, State::Cancelled, "{}", op.id);
+            assert_eq!(
+                now.state,
+                State::Cancelled,
+                "{}: {:?}",
+                op.id,
+                env.history_states(&env.store.history(op.id).await.unwrap())
+            );
         }
     }
     let report = env.store.verify_all().await.unwrap();

@@ -51,11 +51,7 @@ async fn driven(store: &Store, n: u32, events: Vec<Event>) -> OperationRecord {
                 claimed = Some(c);
             } else {
                 store
-                    .release(
-                        &c.lease,
-                        chrono::Utc::now() + chrono::Duration::hours(1),
-                        "test",
-                    )
+                    .release(&c.lease, std::time::Duration::from_secs(3600), "test")
                     .await
                     .unwrap();
             }

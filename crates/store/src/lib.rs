@@ -833,7 +833,7 @@ impl Store {
     pub async fn release(
         &self,
         lease: &Lease,
-        next_action_at: DateTime<Utc>,
+        after: Duration,
         reason: &str,
     ) -> Result<(), StoreError> {
         let row: Option<(uuid::Uuid,)> =
@@ -841,7 +841,7 @@ impl Store {
                 .bind(lease.operation_id.as_uuid())
                 .bind(&lease.owner)
                 .bind(lease.epoch)
-                .bind(next_action_at)
+                .bind(i64::try_from(after.as_millis()).unwrap_or(i64::MAX))
                 .bind(reason)
                 .fetch_optional(&self.pool)
                 .await?;

@@ -289,6 +289,30 @@ async fn claim_one(store: &Store, owner: &str, ttl: Duration) -> Claimed {
 }
 
 #[tokio::test]
+async fn a_lease_given_back_is_due_again_by_the_database_clock() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let c = claim_one(&store, "w1", Duration::from_secs(30)).await;
+    store
+        .release(&c.lease, Duration::from_secs(90), "later")
+        .await
+        .unwrap();
+    let due = store.get(op.id).await.unwrap().next_action_at;
+    // The delay is counted from the database's clock at release, never a time the worker names.
+    let after = (due - c.db_now).num_milliseconds();
+    assert!(
+        (90_000..95_000).contains(&after),
+        "due {after} ms after the claim"
+    );
+    assert_eq!(store.get(op.id).await.unwrap().lease_owner, None);
+}
+
+#[tokio::test]
 async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched() {
     let db = TestDb::new().await;
     let store = db.store().await;
@@ -319,11 +343,7 @@ async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched(
             .await
             .map(|_| ()),
     );
-    lost(
-        store
-            .release(&stale.lease, chrono::Utc::now(), "test")
-            .await,
-    );
+    lost(store.release(&stale.lease, Duration::ZERO, "test").await);
     let observe = Step {
         observation: Some(Observation {
             remote_state: Some("x".into()),
@@ -1172,7 +1192,7 @@ async fn claims_and_progress_steps_are_hot_updates_and_the_schedule_follows_ever
     leases.extend(claim(&store).await.into_iter().map(|c| c.lease));
     for l in &leases[2..] {
         store
-            .release(l, chrono::Utc::now() + chrono::Duration::hours(1), "test")
+            .release(l, Duration::from_secs(3600), "test")
             .await
             .unwrap();
     }

@@ -252,7 +252,11 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
     let mut out = Driven::default();
     for round in 0..6 {
         if round > 0 && ctx.shutdown.is_cancelled() {
-            let _ = Box::pin(ctx.store.release(&ctx.lease, Utc::now(), "worker shutdown")).await;
+            let _ = Box::pin(
+                ctx.store
+                    .release(&ctx.lease, Duration::ZERO, "worker shutdown"),
+            )
+            .await;
             return out;
         }
         // The step's span, under the operation's trace; provider calls made while planning are
@@ -325,6 +329,16 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 }
                 Err(Stop::Other(e @ (StoreError::Illegal { .. } | StoreError::Moved { .. }))) => {
                     tracing::info!(operation = %op.id, error = %e, "a decision landed meanwhile; the step was dropped (its call is logged)");
+                    // Give the lease back, due at once, if a cancel request (which keeps it) is
+                    // what landed: the operation must not wait out a lease extended for a long
+                    // call. (A person's decision already took it: nothing to give back then.)
+                    let _ = Box::pin(ctx.store.release(
+                        &ctx.lease,
+                        Duration::ZERO,
+                        "moved meanwhile",
+                    ))
+                    .await;
+                    out.due_in = Some(Duration::ZERO);
                     return out;
                 }
                 Err(Stop::Other(e)) => {
@@ -345,7 +359,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
         }
     }
     // Too many immediate steps in a row: give the lease back, due at once.
-    let _ = Box::pin(ctx.store.release(&ctx.lease, Utc::now(), "continue")).await;
+    let _ = Box::pin(ctx.store.release(&ctx.lease, Duration::ZERO, "continue")).await;
     out.due_in = Some(Duration::ZERO);
     out
 }

@@ -282,7 +282,7 @@ impl Worker {
             tracing::error!(operation = %c.operation.id, provider = %c.operation.provider, "no contract for this provider; giving it back");
             let _ = Box::pin(self.store.release(
                 &c.lease,
-                chrono::Utc::now(),
+                Duration::ZERO,
                 "provider not configured here",
             ))
             .await;
@@ -629,7 +629,7 @@ impl Worker {
         for lease in leftover {
             let _ = self
                 .store
-                .release(&lease, chrono::Utc::now(), "worker shutdown")
+                .release(&lease, Duration::ZERO, "worker shutdown")
                 .await;
         }
         let s = self.stats.snapshot();
