@@ -288,6 +288,71 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
     assert!(!server.log_text().contains(support::WEBHOOK_SECRET));
 }
 
+/// A webhook secret too short to prove anything (blank, a few bytes, a bare `whsec_`: a secret file
+/// created empty, a chart value left unset) refuses every delivery (503, the server's fault, logged):
+/// anyone could sign with it. And a Standard Webhooks timestamp of i64::MIN is a refusal, not a
+/// panic in the library's arithmetic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_secret_too_short_to_prove_anything_refuses_every_delivery() {
+    let c = support::http();
+    let body =
+        json!({"event_id": "evt_1", "job_id": "job_unknown", "state": "succeeded"}).to_string();
+    let env = slow_polling_env("hmac").await;
+    for key in ["   ", "short-key"] {
+        let server = env.serve_with("api", &[("JOBTRAIL_SIM_WEBHOOK_SECRET", key)]);
+        let sig = {
+            use hmac::{KeyInit, Mac};
+            let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+            m.update(body.as_bytes());
+            format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+        };
+        let r = c
+            .post(server.url("/v1/webhooks/sim"))
+            .header("content-type", "application/json")
+            .header("X-Sim-Signature", sig)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503, "a delivery signed with {key:?}");
+    }
+    assert!(rows(&env).await.is_empty(), "nothing recorded");
+
+    let env = slow_polling_env("standard").await;
+    let now = chrono::Utc::now().timestamp().to_string();
+    let post = |server: &support::Server, ts: String| {
+        c.post(server.url("/v1/webhooks/sim"))
+            .header("content-type", "application/json")
+            .header("webhook-id", "msg_1")
+            .header("webhook-timestamp", ts)
+            .header("webhook-signature", "v1,AAAA")
+            .body(body.clone())
+            .send()
+    };
+    let bare = env.serve_with("api", &[("JOBTRAIL_SIM_WEBHOOK_SECRET", "whsec_")]);
+    assert_eq!(post(&bare, now.clone()).await.unwrap().status(), 503);
+    drop(bare);
+    let server = env.serve("api");
+    for ts in [i64::MIN.to_string(), i64::MAX.to_string(), "soon".into()] {
+        assert_eq!(
+            post(&server, ts.clone()).await.unwrap().status(),
+            401,
+            "{ts}"
+        );
+    }
+    assert_eq!(
+        post(&server, now).await.unwrap().status(),
+        401,
+        "a wrong signature"
+    );
+    assert!(
+        !server.log_text().contains("panicked"),
+        "{}",
+        server.log_text()
+    );
+    assert!(rows(&env).await.is_empty(), "nothing recorded");
+}
+
 /// A webhook request written by hand: `len` declared, from `from` (named by the trusted proxy's
 /// `X-Forwarded-For`).
 fn webhook_head(addr: &str, provider: &str, len: usize, from: &str) -> String {

@@ -442,15 +442,11 @@ impl Env {
     ) -> Server {
         let log = self.dir.join(format!("{name}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
         match operator_url {
             Some(u) => cmd.env("JOBTRAIL_OPERATOR_DATABASE_URL", u),
             None => cmd.env_remove("JOBTRAIL_OPERATOR_DATABASE_URL"),
         };
-        let child = cmd
-            .args(["serve", "--listen", "127.0.0.1:0", "--drain", "2s"])
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--drain", "2s"])
             .env("DATABASE_URL", url)
             .env("JOBTRAIL_PROVIDERS", &self.providers)
             .env("JOBTRAIL_SIM_TOKEN", TOKEN)
@@ -460,7 +456,12 @@ impl Env {
             .env("JOBTRAIL_PROVIDER_SIM_LEGACY_BASE_URL", self.sim.base_url())
             .env("JOBTRAIL_LOG", "info")
             .env_remove("JOBTRAIL_API")
-            .env_remove("JOBTRAIL_TOKEN")
+            .env_remove("JOBTRAIL_TOKEN");
+        // The extras last: they may replace any of the above.
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))

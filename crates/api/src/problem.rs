@@ -64,7 +64,9 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let doc = self.doc();
         let status = StatusCode::from_u16(doc.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() {
+        // A server error, or a cause kept from the caller (an internal 403: the caller is told
+        // the log has it), is logged.
+        if status.is_server_error() || self.0.internal {
             tracing::warn!(kind = %doc.kind, detail = %self.0.message, "request failed");
         }
         let body = serde_json::to_vec(&doc).unwrap_or_default();
@@ -110,5 +112,37 @@ mod tests {
         let conflict = jobtrail_store::StoreError::Conflict("op_1 was already retried".into());
         let doc = Problem::from(ServiceError::from(conflict)).doc();
         assert_eq!(doc.detail, "op_1 was already retried");
+    }
+
+    /// A cause kept from the caller (a 403 for a permission the server's own role lacks, whose
+    /// answer says "the server's log has the cause") is in the server's log.
+    #[test]
+    fn a_cause_kept_from_the_caller_is_logged() {
+        #[derive(Clone, Default)]
+        struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let denied = jobtrail_store::StoreError::Denied(
+            "permission denied for table provider_calls".into(),
+        );
+        let response = tracing::subscriber::with_default(subscriber, || {
+            Problem::from(ServiceError::from(denied)).into_response()
+        });
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("permission denied for table provider_calls"), "{text}");
     }
 }

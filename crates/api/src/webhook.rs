@@ -58,6 +58,13 @@ fn unauthorized(why: &str) -> Problem {
     Problem::new(Kind::Unauthenticated, format!("webhook refused: {why}"))
 }
 
+/// A webhook key shorter than this is refused (the server answers 503 and logs why): a signature
+/// made with an empty or guessable key proves nothing, and an empty one is what a secret file
+/// created empty or a chart value left as `whsec_` gives.
+const MIN_WEBHOOK_KEY_BYTES: usize = 16;
+/// Standard Webhooks' tolerance for the timestamp, fixed by the scheme.
+const STANDARD_TOLERANCE_SECS: u64 = 300;
+
 /// Verify a delivery's signature (and timestamp) and return its event id if the scheme carries it.
 fn verify(
     spec: &WebhookSpec,
@@ -73,12 +80,28 @@ fn verify(
     };
     match &spec.scheme {
         WebhookScheme::StandardWebhooks => {
-            let wh = standardwebhooks::Webhook::new(secret.trim()).map_err(|_| {
-                Problem::new(
-                    Kind::Unavailable,
-                    "the contract's webhook secret is not a Standard Webhooks secret (whsec_<base64>)",
-                )
-            })?;
+            use base64::Engine as _;
+            let text = secret.trim();
+            let key = base64::engine::general_purpose::STANDARD
+                .decode(text.strip_prefix("whsec_").unwrap_or(text))
+                .map_err(|_| {
+                    Problem::new(
+                        Kind::Unavailable,
+                        "the contract's webhook secret is not a Standard Webhooks secret (whsec_<base64>)",
+                    )
+                })?;
+            too_short(key.len())?;
+            // The timestamp is checked here first: the library subtracts it from the clock
+            // unchecked, which overflows (a panic where overflow is checked) on i64::MIN.
+            let at: i64 = header(standardwebhooks::HEADER_WEBHOOK_TIMESTAMP)?
+                .trim()
+                .parse()
+                .map_err(|_| unauthorized("the timestamp is not unix seconds"))?;
+            if chrono::Utc::now().timestamp().abs_diff(at) > STANDARD_TOLERANCE_SECS {
+                return Err(unauthorized("the timestamp is outside the tolerance"));
+            }
+            let wh = standardwebhooks::Webhook::from_bytes(key)
+                .map_err(|_| Problem::new(Kind::Unavailable, "the webhook secret is unusable"))?;
             wh.verify(payload, headers).map_err(|e| {
                 use standardwebhooks::WebhookError as E;
                 unauthorized(match e {
@@ -103,6 +126,7 @@ fn verify(
             let given = given.trim();
             let given = given.strip_prefix("sha256=").unwrap_or(given);
             let given = hex::decode(given).map_err(|_| unauthorized("the signature is not hex"))?;
+            too_short(secret.len())?;
             let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
                 .map_err(|_| Problem::new(Kind::Unavailable, "the webhook secret is unusable"))?;
             if let Some(th) = timestamp_header {
@@ -125,6 +149,19 @@ fn verify(
             Ok(None)
         }
     }
+}
+
+/// Refuse a key too short to prove anything: the server's fault, not the sender's (503, logged).
+fn too_short(len: usize) -> Result<(), Problem> {
+    if len < MIN_WEBHOOK_KEY_BYTES {
+        return Err(Problem::new(
+            Kind::Unavailable,
+            format!(
+                "the webhook secret is {len} bytes: at least {MIN_WEBHOOK_KEY_BYTES} are needed for a signature to prove anything"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A string (or integer) at `pointer`, bounded.
@@ -163,6 +200,7 @@ fn check_id(s: &str, what: &str) -> Result<(), Problem> {
         (status = 401, description = "The signature or timestamp does not verify: nothing was recorded", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No provider of this name takes webhooks", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 413, description = "Body too large: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 503, description = "The contract's webhook secret is missing, or too short (under 16 bytes) for a signature to prove anything: nothing was recorded", body = ProblemDoc, content_type = PROBLEM_JSON),
     )
 )]
 pub(crate) async fn receive(
@@ -180,7 +218,10 @@ pub(crate) async fn receive(
         .ok_or_else(|| {
             Problem::new(
                 Kind::NotFound,
-                format!("no provider {provider:?} takes webhooks here"),
+                format!(
+                    "no provider {:?} takes webhooks here",
+                    jobtrail_core::ids::shown(&provider)
+                ),
             )
         })?;
     // Read only for a provider that takes webhooks, with one of its turns held to the answer:

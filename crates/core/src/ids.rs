@@ -25,7 +25,8 @@ pub struct BadId {
 /// not echoed back whole).
 const SHOWN_ID_CHARS: usize = 80;
 
-fn shown(s: &str) -> String {
+/// `s` as an error may repeat it: at most 80 characters, cut with an ellipsis.
+pub fn shown(s: &str) -> String {
     if s.chars().count() <= SHOWN_ID_CHARS {
         return s.to_owned();
     }

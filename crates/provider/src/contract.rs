@@ -2234,6 +2234,18 @@ impl Validator<'_> {
                             "not set with standard-webhooks (five minutes, fixed)",
                         ));
                     }
+                    (
+                        WebhookScheme::HmacSha256 {
+                            timestamp_header: None,
+                            ..
+                        },
+                        Some(_),
+                    ) => {
+                        return Err(self.err(
+                            "webhook.tolerance_ms",
+                            "only with webhook.timestamp_header: without a signed timestamp there is nothing to hold to it (replays are then refused only by event id, for 24 hours)",
+                        ));
+                    }
                     (_, Some(ms)) => {
                         self.ms_within("webhook.tolerance_ms", ms, 1_000, 3_600_000)?
                     }
@@ -2902,7 +2914,9 @@ fn own_credential(r: &SecretRef) -> Option<String> {
             let own = n == "DATABASE_URL"
                 || n.ends_with("_DATABASE_URL")
                 || matches!(n.as_str(), "PGPASSWORD" | "PGPASSFILE" | "JOBTRAIL_TOKEN")
-                || n.starts_with("JOBTRAIL_ANCHOR_");
+                || n.starts_with("JOBTRAIL_ANCHOR_")
+                // The telemetry backend's key (`OTEL_EXPORTER_OTLP_HEADERS`, and per signal).
+                || (n.starts_with("OTEL_EXPORTER_OTLP") && n.ends_with("HEADERS"));
             own.then(|| {
                 format!(
                     "env:{name} holds jobtrail's own credential: it is never sent to a provider"

@@ -158,10 +158,11 @@ impl Registry {
             for r in named {
                 let missing = match r {
                     jobtrail_core::SecretRef::Env(v) => std::env::var_os(v)
-                        .is_none_or(|x| x.is_empty())
+                        .is_none_or(|x| x.to_string_lossy().trim().is_empty())
                         .then(|| format!("env:{v} is not set (or empty)")),
-                    jobtrail_core::SecretRef::File(f) => (!std::path::Path::new(f).is_file())
-                        .then(|| format!("file:{f} is not a readable file")),
+                    jobtrail_core::SecretRef::File(f) => std::fs::metadata(f)
+                        .map_or(true, |m| !m.is_file() || m.len() == 0)
+                        .then(|| format!("file:{f} is not a readable file (or is empty)")),
                 };
                 if let Some(m) = missing {
                     out.push(format!("provider {name}: {m}"));

@@ -63,8 +63,8 @@ pub const SECRET_READ_TIMEOUT: Duration = Duration::from_secs(2);
 pub async fn resolve_secret(r: &SecretRef) -> Result<String, String> {
     match r {
         SecretRef::Env(name) => match std::env::var(name) {
-            Ok(v) if !v.is_empty() => Ok(v),
-            // An empty credential is a missing one (the worker's readiness says so too).
+            Ok(v) if !v.trim().is_empty() => Ok(v),
+            // An empty (or blank) credential is a missing one (the worker's readiness says so too).
             _ => Err(format!("secret env:{name} is not set (or empty)")),
         },
         SecretRef::File(path) => {
@@ -118,6 +118,10 @@ fn read_secret_file(path: &str) -> Result<String, String> {
         ));
     }
     let text = String::from_utf8(buf).map_err(|_| format!("secret file:{path} is not UTF-8"))?;
+    if text.trim().is_empty() {
+        // A file created empty (a secret mounted before it was filled) holds no credential.
+        return Err(format!("secret file:{path} is empty"));
+    }
     Ok(text.trim_end_matches(['\n', '\r']).to_owned())
 }
 
@@ -1009,6 +1013,18 @@ mod tests {
         std::fs::write(&ok, "s3cret\n").unwrap();
         let file = |p: &std::path::Path| SecretRef::File(p.display().to_string());
         assert_eq!(resolve_secret(&file(&ok)).await.unwrap(), "s3cret");
+        // A file created empty (or holding only a newline) is no credential.
+        for blank in ["", "\n", " \r\n"] {
+            let empty = dir.join("empty");
+            std::fs::write(&empty, blank).unwrap();
+            assert!(
+                resolve_secret(&file(&empty))
+                    .await
+                    .unwrap_err()
+                    .contains("is empty"),
+                "{blank:?}"
+            );
+        }
         let big = dir.join("big");
         std::fs::write(&big, vec![b'x'; MAX_SECRET_BYTES as usize + 1]).unwrap();
         assert!(

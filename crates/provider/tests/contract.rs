@@ -139,6 +139,12 @@ fn each_invalid_field_is_refused_with_its_name() {
             "signature = \"md5\"",
             "webhook.signature",
         ),
+        // A tolerance with no signed timestamp to hold to it would protect nothing.
+        (
+            "signature = \"hmac-sha256\"",
+            "signature = \"hmac-sha256\"\ntolerance_ms = 60000",
+            "webhook.tolerance_ms",
+        ),
         (
             "means = \"already_exists\"",
             "means = \"whatever\"",
@@ -1130,6 +1136,14 @@ fn what_the_review_found_is_refused_at_load() {
         ),
         (
             sim.replacen("from = \"env:JOBTRAIL_SIM_CARD\"", "from = \"env:JOBTRAIL_OPERATOR_DATABASE_URL\"", 1),
+            "secrets.customer_card",
+        ),
+        (
+            sim.replacen("secret = \"env:JOBTRAIL_SIM_TOKEN\"", "secret = \"env:OTEL_EXPORTER_OTLP_HEADERS\"", 1),
+            "auth.secret",
+        ),
+        (
+            sim.replacen("from = \"env:JOBTRAIL_SIM_CARD\"", "from = \"env:OTEL_EXPORTER_OTLP_TRACES_HEADERS\"", 1),
             "secrets.customer_card",
         ),
     ];
