@@ -135,14 +135,16 @@ mod tests {
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
-        let denied = jobtrail_store::StoreError::Denied(
-            "permission denied for table provider_calls".into(),
-        );
+        let denied =
+            jobtrail_store::StoreError::Denied("permission denied for table provider_calls".into());
         let response = tracing::subscriber::with_default(subscriber, || {
             Problem::from(ServiceError::from(denied)).into_response()
         });
         assert_eq!(response.status(), StatusCode::FORBIDDEN);
         let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-        assert!(text.contains("permission denied for table provider_calls"), "{text}");
+        assert!(
+            text.contains("permission denied for table provider_calls"),
+            "{text}"
+        );
     }
 }

@@ -920,17 +920,19 @@ impl Store {
         writes: &[(Lease, Step)],
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
         let mut tx = self.begin_write().await?;
-        let results = write_batch_in(&mut tx, writes).await?;
+        let mut results = write_batch_in(&mut tx, writes).await?;
         tx.commit().await?;
         self.announce(write::moved(results.iter().filter_map(|r| r.as_ref().ok())))
             .await;
         // The calls of refused writes, each after the batch (never holding the batch's locks while
-        // waiting for another worker's row).
-        for ((lease, step), result) in writes.iter().zip(&results) {
-            if let (Err(e), Some(call)) = (result, &step.call)
+        // waiting for another worker's row). The batch is committed: a call that cannot be logged
+        // now fails only its own write, as in `apply` (the batch is never applied a second time).
+        for ((lease, step), result) in writes.iter().zip(results.iter_mut()) {
+            if let (Err(e), Some(call)) = (&*result, &step.call)
                 && refuses_only_the_step(e)
+                && let Err(e) = self.log_refused_call(lease, call, step.retry_after).await
             {
-                self.log_refused_call(lease, call, step.retry_after).await?;
+                *result = Err(e);
             }
         }
         Ok(results)

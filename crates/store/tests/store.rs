@@ -444,6 +444,67 @@ async fn a_retry_after_answered_to_a_worker_that_lost_its_lease_still_binds_the_
 }
 
 #[tokio::test]
+async fn a_committed_batch_is_never_applied_a_second_time() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut claimed = submit_and_claim(&store, 2, "once").await;
+    let (lost, live) = (claimed.remove(0), claimed.remove(0));
+    for c in [&lost, &live] {
+        let accept = Step {
+            keep_lease: true,
+            ..Step::event(Event::CreateAccepted {
+                remote_job_id: format!("job_{}", c.lease.operation_id),
+                remote_state: None,
+            })
+        };
+        store.apply(&c.lease, accept).await.unwrap();
+    }
+    take_over(&db, &lost.lease).await;
+    // The refused write's call cannot be logged once the batch has committed.
+    exec(
+        &db,
+        "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.outcome = 'boom' THEN RAISE EXCEPTION 'boom'; END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_boom BEFORE INSERT ON provider_calls \
+         FOR EACH ROW EXECUTE FUNCTION refuse_boom()",
+    )
+    .await
+    .unwrap();
+    let read = |outcome: &str| Step {
+        keep_lease: true,
+        call: Some(CallRecord {
+            kind: CallKind::Status,
+            method: "GET".into(),
+            http_status: Some(200),
+            outcome: outcome.into(),
+            ..accepted_create("http://127.0.0.1:1/v1/jobs/x")
+        }),
+        ..Step::event(Event::RemoteProgress {
+            remote_state: "running".into(),
+            known: true,
+        })
+    };
+    let links = |id| {
+        let store = store.clone();
+        async move { store.history(id).await.unwrap().len() }
+    };
+    let before = links(live.lease.operation_id).await;
+    let results = store
+        .apply_many(vec![
+            (lost.lease.clone(), read("boom")),
+            (live.lease.clone(), read("running")),
+        ])
+        .await;
+    assert!(results[0].is_err(), "{:?}", results[0]);
+    results[1].as_ref().unwrap();
+    assert_eq!(
+        links(live.lease.operation_id).await,
+        before + 1,
+        "the live write is recorded once"
+    );
+}
+
+#[tokio::test]
 async fn a_live_lease_is_not_claimable_and_extension_keeps_it() {
     let db = TestDb::new().await;
     let store = db.store().await;
