@@ -654,10 +654,19 @@ async fn drill_retry_after_is_honoured() {
         )
         .await;
     let date = env.submit("sim", serde_json::json!({"duration_ms": 3000, "poll_retry_after": 1, "poll_retry_after_as_date": true}), |_| {}).await;
+    // The create's own 202 says when to look first (Azure's long-running operations do).
+    let first = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 200, "create_retry_after": 2}),
+            |_| {},
+        )
+        .await;
     env.start_worker("w1", Duration::from_secs(10));
     let a = env.wait_settled(secs.id, T).await;
     let b = env.wait_settled(date.id, T).await;
     assert_eq!((a.state, b.state), (State::Succeeded, State::Succeeded));
+    assert_eq!(env.wait_settled(first.id, T).await.state, State::Succeeded);
     let ledger = env.sim.ledger();
     assert_eq!(
         ledger.early_polls(),

@@ -441,12 +441,13 @@ pub fn after_create(
             job_id,
             remote_state,
             status_url,
+            retry_after,
             ..
         } => accepted_unless_another(
             op.remote_job_id.clone().filter(|p| *p != job_id),
             job_id,
-            remote_state,
-            status_url,
+            (remote_state, status_url),
+            retry_after.map(|d| policy.retry_after.clamp(d)),
         ),
         CreateOutcome::Completed { job_id, result } => match kept {
             Some((Ok(k), valid)) => completed(op, job_id, &result, (k, valid), &mut context),
@@ -527,13 +528,14 @@ fn completed(
     .then_continue()
 }
 
-/// The provider named the job: accepted, and on at once to the first status read — unless another
-/// job is already known for this token, which is a contract violation (both answers kept).
+/// The provider named the job: accepted, and on at once to the first status read (not before the
+/// answer's `Retry-After`, clamped) — unless another job is already known for this token, which is
+/// a contract violation (both answers kept).
 fn accepted_unless_another(
     other: Option<String>,
     job_id: String,
-    remote_state: Option<String>,
-    status_url: Option<String>,
+    (remote_state, status_url): (Option<String>, Option<String>),
+    retry_after: Option<Duration>,
 ) -> Plan {
     match other {
         Some(other) => Plan::write(Step::event(Event::ContractViolated {
@@ -546,6 +548,7 @@ fn accepted_unless_another(
                 status_url,
                 ..Observation::default()
             }),
+            retry_after,
             ..Step::event(Event::CreateAccepted {
                 remote_job_id: job_id,
                 remote_state,
@@ -725,13 +728,19 @@ pub fn after_resend(
             job_id,
             remote_state,
             status_url,
+            retry_after,
             ..
         } => {
             let other = looked_up
                 .as_ref()
                 .and_then(|ids| ids.iter().find(|i| **i != job_id).cloned())
                 .or_else(|| op.remote_job_id.clone().filter(|p| *p != job_id));
-            accepted_unless_another(other, job_id, remote_state, status_url)
+            accepted_unless_another(
+                other,
+                job_id,
+                (remote_state, status_url),
+                retry_after.map(|d| policy.retry_after.clamp(d)),
+            )
         }
         CreateOutcome::Completed { job_id, result } => {
             let other = job_id.as_ref().and_then(|j| {
@@ -765,7 +774,7 @@ pub fn after_resend(
             Some([job]) => accepted_unless_another(
                 op.remote_job_id.clone().filter(|p| p != job),
                 job.clone(),
-                None,
+                (None, None),
                 None,
             ),
             _ if matches!(http_status, Some(409 | 425)) => Plan::write(inconclusive(

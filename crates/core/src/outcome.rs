@@ -57,6 +57,9 @@ pub enum CreateOutcome {
         remote_state: Option<String>,
         status_url: Option<String>,
         duplicate: bool,
+        /// The answer's `Retry-After` (an Azure long-running operation's 202 says when to look
+        /// first): no status read before it.
+        retry_after: Option<Duration>,
     },
     /// The provider answered synchronously with the finished result.
     Completed {

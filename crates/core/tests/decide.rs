@@ -397,6 +397,7 @@ fn create_outcomes_map_to_one_event_each() {
                 remote_state: Some("queued".into()),
                 status_url: None,
                 duplicate: false,
+                retry_after: None,
             },
             None,
             false,
@@ -479,6 +480,7 @@ fn create_outcomes_map_to_one_event_each() {
                 remote_state: None,
                 status_url: None,
                 duplicate: false,
+                retry_after: None,
             },
             None,
             true,
@@ -612,6 +614,7 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
         remote_state: None,
         status_url: None,
         duplicate: true,
+        retry_after: None,
     };
     let rejected = |status: u16| CreateOutcome::Rejected {
         http_status: Some(status),
@@ -1092,12 +1095,14 @@ fn every_decision_is_allowed_by_the_table() {
                 remote_state: None,
                 status_url: None,
                 duplicate: false,
+                retry_after: None,
             },
             CreateOutcome::Accepted {
                 job_id: "job_9".into(),
                 remote_state: None,
                 status_url: None,
                 duplicate: true,
+                retry_after: None,
             },
             CreateOutcome::Rejected {
                 http_status: Some(400),

@@ -1035,6 +1035,7 @@ impl HttpProvider {
                         remote_state,
                         status_url,
                         duplicate,
+                        retry_after: wire::retry_after(&ex.headers),
                     },
                     d,
                 )

@@ -868,6 +868,13 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
     if replay {
         h.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
+    if let Some(secs) = script.create_retry_after {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        let mut g = sim.inner.lock().expect("sim lock");
+        if let Some(job) = g.jobs.get_mut(&id) {
+            job.not_before = Some(Instant::now() + Duration::from_secs(secs));
+        }
+    }
     r
 }
 
