@@ -287,11 +287,13 @@ pub fn next(op: &OperationRecord, policy: &Policy, own_epoch: i64, now: DateTime
             }
         }
         State::Accepted | State::Observing => {
-            if now >= op.result_deadline {
-                return act(Plan::write(Step::event(Event::ResultDeadlinePassed)));
-            }
+            // A cancel noted earlier (while the create was unsettled) goes first: past the result
+            // deadline too, the job must be asked to stop, not left running for a person.
             if let Some(req) = pending_cancel(op) {
                 return act(Plan::write(Step::event(Event::CancelRequested(req))).then_continue());
+            }
+            if now >= op.result_deadline {
+                return act(Plan::write(Step::event(Event::ResultDeadlinePassed)));
             }
             next_status(op, now)
         }
@@ -793,12 +795,20 @@ pub fn after_resend(
         CreateOutcome::Ambiguous { error_class } | CreateOutcome::NotSent { error_class } => {
             Plan::write(inconclusive(op, policy, error_class, now))
         }
-        CreateOutcome::RetryLater { reason, .. } => Plan::write(inconclusive(
-            op,
-            policy,
-            format!("retry later: {reason}"),
-            now,
-        )),
+        // "Not now": the next attempt waits for the provider's Retry-After (clamped) if it is
+        // longer than the contract's interval, within the create deadline.
+        CreateOutcome::RetryLater { reason, delay } => {
+            let mut step = inconclusive(op, policy, format!("retry later: {reason}"), now);
+            if let Some(d) = delay.map(|d| policy.retry_after.clamp(d))
+                && d > policy.reconcile_interval
+            {
+                step.next_in = Some((
+                    d.min(until(op.create_deadline, now)),
+                    NextReason::RetryAfter.as_str(),
+                ));
+            }
+            Plan::write(step)
+        }
     };
     plan.step.counters.create_attempts = 1;
     plan.step.counters.reconcile_attempts = 1;

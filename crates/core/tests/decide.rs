@@ -331,6 +331,12 @@ fn observing_states_notice_deadlines_and_pending_cancels_first() {
     assert_eq!(kind(&plan), Some(EventKind::CancelRequested));
     assert!(plan.go_on);
     legal(&op, &plan);
+    // A cancel noted earlier goes first, past the result deadline too: the job is asked to stop.
+    let mut op = with_cancel(record(State::Observing));
+    op.result_deadline = now;
+    let plan = write_of(next(&op, &p, EPOCH, now));
+    assert_eq!(kind(&plan), Some(EventKind::CancelRequested));
+    legal(&op, &plan);
 
     for state in [State::CancelRequested, State::Cancelling] {
         let mut op = with_cancel(record(state));
@@ -508,6 +514,36 @@ fn create_outcomes_map_to_one_event_each() {
         assert!(plan.step.call.is_some(), "{what}: the call is logged");
         legal(&op, &plan);
     }
+}
+
+#[test]
+fn a_resend_told_not_now_waits_for_retry_after_within_the_create_deadline() {
+    let p = policy();
+    let now = t0();
+    let mut op = record(State::Reconciliation);
+    op.create_deadline = now + Td::seconds(60);
+    let later = |secs: u64| {
+        called(
+            CallKind::Create,
+            CreateOutcome::RetryLater {
+                delay: Some(Duration::from_secs(secs)),
+                reason: "429".into(),
+            },
+        )
+    };
+    let plan = after_resend(&op, &p, later(9), None, None, now);
+    assert_eq!(kind(&plan), Some(EventKind::ReconciliationInconclusive));
+    assert_eq!(
+        plan.step.next_in,
+        Some((Duration::from_secs(9), "retry_after"))
+    );
+    // Shorter than the contract's interval: the interval.
+    let plan = after_resend(&op, &p, later(1), None, None, now);
+    assert_eq!(plan.step.next_in.unwrap().0, p.reconcile_interval);
+    // Never past the create deadline.
+    op.create_deadline = now + Td::seconds(4);
+    let plan = after_resend(&op, &p, later(9), None, None, now);
+    assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(4));
 }
 
 #[test]

@@ -441,10 +441,7 @@ async fn create(
     }
     fault::point("after_create_marked");
     let called = ctx.provider.create(op, ctx.at(attempt)).await;
-    if let CreateOutcome::RetryLater { delay, .. } = &called.outcome {
-        ctx.throttled(&called.call, *delay).await;
-    }
-    let kept = kept_sync(ctx, op, &called.outcome).await;
+    let kept = create_answered(ctx, op, &called).await;
     let now = ctx.clock.now();
     Ok(Box::new(decide::after_create(
         op,
@@ -456,14 +453,18 @@ async fn create(
     )))
 }
 
-/// A create's synchronous answer, its bytes kept and checked against the contract's rules before the
-/// step that records them is decided (`None` for any other answer).
-async fn kept_sync(
+/// What a create's answer (a first send or a resend) needs before its step is decided: a `429`
+/// pauses the provider fleet-wide; a synchronous answer's bytes are kept and checked against the
+/// contract's rules (`None` for any other answer).
+async fn create_answered(
     ctx: &Ctx<'_>,
     op: &OperationRecord,
-    outcome: &CreateOutcome,
+    called: &Called<CreateOutcome>,
 ) -> Option<(Result<decide::Kept, String>, bool)> {
-    let CreateOutcome::Completed { result, .. } = outcome else {
+    if let CreateOutcome::RetryLater { delay, .. } = &called.outcome {
+        ctx.throttled(&called.call, *delay).await;
+    }
+    let CreateOutcome::Completed { result, .. } = &called.outcome else {
         return None;
     };
     let valid = off_runtime(result.bytes.len(), || {
@@ -493,7 +494,7 @@ async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> 
                 .provider
                 .create(op, ctx.at(op.create_attempts + 1))
                 .await;
-            let kept = kept_sync(ctx, op, &resent.outcome).await;
+            let kept = create_answered(ctx, op, &resent).await;
             Box::new(decide::after_resend(
                 op,
                 &ctx.policy,
@@ -508,7 +509,7 @@ async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> 
 
 async fn resend(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
     let resent = ctx.provider.create(op, ctx.at(attempt)).await;
-    let kept = kept_sync(ctx, op, &resent.outcome).await;
+    let kept = create_answered(ctx, op, &resent).await;
     Box::new(decide::after_resend(
         op,
         &ctx.policy,
