@@ -205,10 +205,7 @@ async fn a_cancel_asked_while_a_status_read_is_out_is_sent_at_once() {
     env.start_worker("w1", Duration::from_secs(10));
     // `accepted` lasts while the first status read is out (1.5 s).
     let accepted = env.wait_state(op.id, State::Accepted, T).await;
-    env.store
-        .request_cancel(op.id, CancelRequest::new("alice", "stop").unwrap())
-        .await
-        .unwrap();
+    env.cancel(op.id).await;
     let job = accepted.remote_job_id.expect("accepted names the job");
     let asked = std::time::Instant::now();
     while env.sim.ledger().jobs[&job].cancel_requests == 0 {
@@ -249,10 +246,7 @@ async fn a_step_dropped_because_a_cancel_landed_gives_its_lease_back() {
         .await;
     env.start_worker("w1", Duration::from_secs(10));
     env.wait_state(op.id, State::Accepted, T).await;
-    env.store
-        .request_cancel(op.id, CancelRequest::new("alice", "stop").unwrap())
-        .await
-        .unwrap();
+    env.cancel(op.id).await;
     let asked = std::time::Instant::now();
     let done = env.wait_settled(op.id, T).await;
     let history = env.history_states(&env.store.history(op.id).await.unwrap());
@@ -262,6 +256,32 @@ async fn a_step_dropped_because_a_cancel_landed_gives_its_lease_back() {
         "settled {:?} after the cancel request: {history:?}",
         asked.elapsed()
     );
+    env.stop_workers().await;
+}
+
+/// A cancel the provider defers ("429, retry after 1 s", twice) under a contract whose cancel is not
+/// idempotent: a deferral did nothing, so the cancel is sent again after the wait and confirmed (it
+/// was never sent again: the operation polled until its window ran out, unconfirmed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_cancel_is_sent_again_even_when_not_idempotent() {
+    let mut env =
+        Env::with_edited_contracts(&[("sim.toml", "idempotent = true", "idempotent = false")])
+            .await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"never_finish": true, "cancel_throttled": 2}),
+            |s| s.cancel_window = Some(Duration::from_secs(20)),
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let observing = env.wait_state(op.id, State::Observing, T).await;
+    env.cancel(op.id).await;
+    let done = env.wait_settled(op.id, T).await;
+    let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    assert_eq!(done.state, State::Cancelled, "{history:?}");
+    let job = observing.remote_job_id.expect("a job");
+    assert_eq!(env.sim.ledger().jobs[&job].cancel_requests, 3);
     env.stop_workers().await;
 }
 
@@ -743,10 +763,7 @@ async fn notifications_wake_an_idle_worker() {
     );
     // The next poll is a minute away; a cancel request must not wait for it.
     let started = std::time::Instant::now();
-    env.store
-        .request_cancel(op.id, CancelRequest::new("alice", "stop").unwrap())
-        .await
-        .unwrap();
+    env.cancel(op.id).await;
     let op = env
         .wait_state(op.id, State::Cancelling, Duration::from_secs(10))
         .await;

@@ -313,6 +313,17 @@ impl Env {
         .await
     }
 
+    /// Ask for a cancel of `id` as a person would ("alice": "stop").
+    pub async fn cancel(&self, id: OperationId) {
+        self.store
+            .request_cancel(
+                id,
+                jobtrail_core::CancelRequest::new("alice", "stop").unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+
     pub async fn wait_state(
         &self,
         id: OperationId,

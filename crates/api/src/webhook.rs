@@ -200,7 +200,7 @@ fn check_id(s: &str, what: &str) -> Result<(), Problem> {
         (status = 401, description = "The signature or timestamp does not verify: nothing was recorded", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No provider of this name takes webhooks", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 413, description = "Body too large: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
-        (status = 503, description = "The contract's webhook secret is missing, or too short (under 16 bytes) for a signature to prove anything: nothing was recorded", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 503, description = "Nothing was recorded: the contract's webhook secret is missing, unusable or too short (under 16 bytes) for a signature to prove anything, the contract names no event id, or the database is away (the provider should deliver again later)", body = ProblemDoc, content_type = PROBLEM_JSON),
     )
 )]
 pub(crate) async fn receive(

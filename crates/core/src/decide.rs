@@ -694,7 +694,8 @@ pub fn after_lookup(
 ///
 /// A resend's refusal settles nothing about the first send, which may have created the job (a
 /// provider refuses a replay while the original is in progress, or a body whose secret rotated since):
-/// the job the lookup found is taken, a 409 or 425 is tried again, and anything else goes to a person.
+/// the job the lookup found is taken (as it is after any answer short of naming a job), a 409 or
+/// 425 is tried again, and anything else goes to a person.
 /// It is never recorded as the create's rejection (`failed`), which would leave a job running that
 /// nobody watches, and which a retry would duplicate.
 pub fn after_resend(
@@ -725,14 +726,23 @@ pub fn after_resend(
         }
         None => (None, None, None),
     };
-    let mut plan = match outcome {
-        CreateOutcome::Accepted {
-            job_id,
-            remote_state,
-            status_url,
-            retry_after,
-            ..
-        } => {
+    // The one job a lookup found for our reference is ours whatever the resend answered short of
+    // naming a job (a refusal, "not now", no answer): the resend only cross-checks it.
+    let found = match looked_up.as_deref() {
+        Some([job]) => Some(job.clone()),
+        _ => None,
+    };
+    let mut plan = match (outcome, found) {
+        (
+            CreateOutcome::Accepted {
+                job_id,
+                remote_state,
+                status_url,
+                retry_after,
+                ..
+            },
+            _,
+        ) => {
             let other = looked_up
                 .as_ref()
                 .and_then(|ids| ids.iter().find(|i| **i != job_id).cloned())
@@ -744,7 +754,8 @@ pub fn after_resend(
                 retry_after.map(|d| policy.retry_after.clamp(d)),
             )
         }
-        CreateOutcome::Completed { job_id, result } => {
+        (CreateOutcome::Completed { job_id, result }, found) => {
+            let job_id = job_id.or(found);
             let other = job_id.as_ref().and_then(|j| {
                 looked_up
                     .as_ref()
@@ -769,35 +780,42 @@ pub fn after_resend(
                 )),
             }
         }
-        CreateOutcome::Rejected {
-            http_status,
-            reason,
-        } => match looked_up.as_deref() {
-            Some([job]) => accepted_unless_another(
-                op.remote_job_id.clone().filter(|p| p != job),
-                job.clone(),
-                (None, None),
-                None,
-            ),
-            _ if matches!(http_status, Some(409 | 425)) => Plan::write(inconclusive(
-                op,
-                policy,
-                format!("the resend was refused for now: {reason}"),
-                now,
-            )),
-            _ => Plan::write(Step::event(Event::ReconciliationExhausted {
-                why: format!(
-                    "the resend was refused ({}: {reason}); a refused resend does not say whether the first send created a job",
-                    http_status.map_or("no status".to_owned(), |s| format!("HTTP {s}"))
-                ),
-            })),
-        },
-        CreateOutcome::Ambiguous { error_class } | CreateOutcome::NotSent { error_class } => {
-            Plan::write(inconclusive(op, policy, error_class, now))
+        (_, Some(job)) => accepted_unless_another(
+            op.remote_job_id.clone().filter(|p| *p != job),
+            job,
+            (None, None),
+            None,
+        ),
+        (
+            CreateOutcome::Rejected {
+                http_status,
+                reason,
+            },
+            None,
+        ) => {
+            if matches!(http_status, Some(409 | 425)) {
+                Plan::write(inconclusive(
+                    op,
+                    policy,
+                    format!("the resend was refused for now: {reason}"),
+                    now,
+                ))
+            } else {
+                Plan::write(Step::event(Event::ReconciliationExhausted {
+                    why: format!(
+                        "the resend was refused ({}: {reason}); a refused resend does not say whether the first send created a job",
+                        http_status.map_or("no status".to_owned(), |s| format!("HTTP {s}"))
+                    ),
+                }))
+            }
         }
+        (
+            CreateOutcome::Ambiguous { error_class } | CreateOutcome::NotSent { error_class },
+            None,
+        ) => Plan::write(inconclusive(op, policy, error_class, now)),
         // "Not now": the next attempt waits for the provider's Retry-After (clamped) if it is
         // longer than the contract's interval, within the create deadline.
-        CreateOutcome::RetryLater { reason, delay } => {
+        (CreateOutcome::RetryLater { reason, delay }, None) => {
             let mut step = inconclusive(op, policy, format!("retry later: {reason}"), now);
             if let Some(d) = delay.map(|d| policy.retry_after.clamp(d))
                 && d > policy.reconcile_interval
@@ -986,6 +1004,7 @@ pub fn after_cancel(
         context,
     } = called;
     let mut retry_after = None;
+    let retry_later = matches!(outcome, CancelOutcome::RetryLater { .. });
     let mut step = match outcome {
         // The answer is the confirmation: the cancel is recorded as sent (with its call), then
         // the provider's cancelled state, as a status read would have recorded it.
@@ -1052,11 +1071,12 @@ pub fn after_cancel(
             })
             .next_in(d, if held { "retry_after" } else { "after_cancel" })
         }
+        // Backed off on the failures so far: a deferral is no attempt, so the attempts stay put.
         CancelOutcome::RetryLater { delay, reason } => {
             retry_after = delay.map(|d| policy.retry_after.clamp(d));
             failed_call(
                 format!("cancel deferred: {reason}"),
-                wait(policy, delay, op.cancel_attempts, draw),
+                wait(policy, delay, op.failure_count, draw),
             )
         }
         CancelOutcome::Failed { error_class } => failed_call(
@@ -1064,7 +1084,11 @@ pub fn after_cancel(
             wait(policy, None, op.cancel_attempts, draw),
         ),
     };
-    step.counters.cancel_attempts = 1;
+    // "Not now" asked nothing of the job: it is no attempt, and the cancel goes again after the
+    // provider's wait, idempotent or not — within the window. Past it, it counts: the one call
+    // past the window (see `next`) is the last before a person.
+    let deferred = retry_later && op.cancel_deadline.is_some_and(|d| now < d);
+    step.counters.cancel_attempts = i32::from(!deferred);
     step.retry_after = retry_after;
     Plan::write(with_call(step, call, context))
 }
@@ -1091,16 +1115,22 @@ pub fn after_final_get(
     Plan::write(with_call(step, call, Some(ctx))).then_continue()
 }
 
-/// A result fetch that failed: tried again after backoff, one more failure counted, until the
-/// contract's failure budget is spent.
-fn failed_fetch(op: &OperationRecord, policy: &Policy, error_class: String, draw: f64) -> Step {
+/// A result fetch that failed: tried again after the provider's Retry-After or backoff, one more
+/// failure counted, until the contract's failure budget is spent.
+fn failed_fetch(
+    op: &OperationRecord,
+    policy: &Policy,
+    error_class: String,
+    retry_after: Option<Duration>,
+    draw: f64,
+) -> Step {
     if op.failure_count + 1 > policy.max_failures as i32 {
         return Step::event(Event::RetryBudgetExhausted {
             error_class,
             failures: op.failure_count + 1,
         });
     }
-    let (d, why) = wait(policy, None, op.failure_count, draw);
+    let (d, why) = wait(policy, retry_after, op.failure_count, draw);
     Step {
         counters: Counters {
             failures: FailureCount::Increment,
@@ -1234,17 +1264,18 @@ pub fn after_collect(
             detail: Some(serde_json::json!({"refused_url": url})),
             ..Step::event(Event::UrlRefused { url })
         },
+        // Backed off on the fetches made (no failure is counted, so the failure count stays put).
         Collected::RetryLater { delay, reason } if now < op.result_deadline => {
-            let (d, why) = wait(policy, delay, op.failure_count, draw);
+            let (d, why) = wait(policy, delay, op.result_attempts, draw);
             Step::event(Event::ResultFetchFailed {
                 error_class: format!("retry later: {reason}"),
             })
             .next_in(d.min(until(op.result_deadline, now)), why)
         }
-        Collected::RetryLater { reason, .. } => {
-            failed_fetch(op, policy, format!("retry later: {reason}"), draw)
+        Collected::RetryLater { delay, reason } => {
+            failed_fetch(op, policy, format!("retry later: {reason}"), delay, draw)
         }
-        Collected::Failed { error_class } => failed_fetch(op, policy, error_class, draw),
+        Collected::Failed { error_class } => failed_fetch(op, policy, error_class, None, draw),
     };
     if let Some((c, ctx)) = call {
         step.counters.result_attempts = 1;

@@ -688,6 +688,22 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
         ),
         (rejected(422), None, EventKind::ReconciliationExhausted),
         (rejected(409), None, EventKind::ReconciliationInconclusive),
+        // The one job the lookup found is ours whatever the resend answered short of naming one.
+        (
+            CreateOutcome::Ambiguous {
+                error_class: "timeout".into(),
+            },
+            Some(vec!["job_1".into()]),
+            EventKind::CreateAccepted,
+        ),
+        (
+            CreateOutcome::RetryLater {
+                delay: None,
+                reason: "429".into(),
+            },
+            Some(vec!["job_1".into()]),
+            EventKind::CreateAccepted,
+        ),
         (
             rejected(425),
             Some(vec![]),
@@ -979,21 +995,44 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     assert!(first.call.is_some() && plan.step.call.is_none());
     assert_eq!(first.counters.cancel_attempts, 1);
     legal(&op, &plan);
-    for outcome in [
-        CancelOutcome::RetryLater {
-            delay: None,
-            reason: "429".into(),
-        },
-        CancelOutcome::Failed {
-            error_class: "timeout".into(),
-        },
+    let later = || CancelOutcome::RetryLater {
+        delay: Some(Duration::from_secs(2)),
+        reason: "429".into(),
+    };
+    let mut late = op.clone();
+    late.cancel_deadline = Some(now);
+    // "Not now" within the window is no attempt (the cancel goes again, idempotent or not, after
+    // the provider's wait); past it, or any other failure, is one.
+    for (op, outcome, attempts) in [
+        (&op, later(), 0),
+        (&late, later(), 1),
+        (
+            &op,
+            CancelOutcome::Failed {
+                error_class: "timeout".into(),
+            },
+            1,
+        ),
     ] {
-        let plan = after_cancel(&op, &p, called(CallKind::Cancel, outcome), now, 0.5);
+        let plan = after_cancel(op, &p, called(CallKind::Cancel, outcome), now, 0.5);
         assert_eq!(kind(&plan), Some(EventKind::CallFailed));
         assert_eq!(plan.step.counters.failures, FailureCount::Increment);
-        assert_eq!(plan.step.counters.cancel_attempts, 1);
-        legal(&op, &plan);
+        assert_eq!(plan.step.counters.cancel_attempts, attempts);
+        legal(op, &plan);
     }
+    let plan = after_cancel(&op, &p, called(CallKind::Cancel, later()), now, 0.5);
+    assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(2));
+    // A contract whose cancel is not idempotent still sends it again after a deferral.
+    let once = Policy {
+        cancel_idempotent: false,
+        ..p.clone()
+    };
+    let mut deferred = op.clone();
+    deferred.failure_count = 1;
+    assert_eq!(
+        call_of(next(&deferred, &once, EPOCH, now)),
+        Call::Cancel { attempt: 1 }
+    );
 }
 
 #[test]

@@ -68,10 +68,13 @@ pub fn otel_trace(t: TraceId) -> opentelemetry::trace::TraceId {
     opentelemetry::trace::TraceId::from_bytes(t.to_bytes())
 }
 
-/// The operation's root span id: the random tail of its id (never zero).
+/// The operation's root span id: the first 8 bytes of the SHA-256 of its whole id (never zero). Not
+/// the id's own tail: a caller may choose its operation id and may send another's trace id, and
+/// with the same tail its root span would have been that other operation's, corrupting its trace.
 pub fn root_span_id(op: OperationId) -> SpanId {
-    let b = op.as_uuid().into_bytes();
-    let mut id: [u8; 8] = b[8..16].try_into().expect("8 bytes");
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(op.as_uuid().as_bytes());
+    let mut id: [u8; 8] = digest[..8].try_into().expect("8 bytes");
     if id == [0; 8] {
         id[7] = 1;
     }
@@ -116,4 +119,26 @@ pub fn record_operation(
             .start_with_context(&tracer, &Context::new())
     });
     span.end();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two operation ids that share their last 8 bytes (a caller chose one to match another's)
+    /// have different root spans.
+    #[test]
+    fn root_spans_differ_for_ids_that_share_a_tail() {
+        let a: OperationId = "op_01JAAAAAAAAAAAAAAAAAAAAAAA".parse().unwrap();
+        let mut bytes = a.as_uuid().into_bytes();
+        bytes[0] ^= 0x01;
+        let b = OperationId::from_uuid(uuid::Uuid::from_bytes(bytes));
+        assert_eq!(a.as_uuid().as_bytes()[8..], b.as_uuid().as_bytes()[8..]);
+        assert_ne!(root_span_id(a), root_span_id(b));
+        assert_eq!(
+            root_span_id(a),
+            root_span_id(a),
+            "stable: every step finds its root"
+        );
+    }
 }

@@ -793,7 +793,9 @@ pub fn raw_at<'a>(body: &'a [u8], pointer: &str) -> Option<&'a [u8]> {
 
 /// `Retry-After` as a delay: delta-seconds or an HTTP-date (parsed by `httpdate`). A number of
 /// seconds too large for 64 bits means "a very long time": it becomes the largest delay (which the
-/// contract's bounds then clamp), never "no Retry-After".
+/// contract's bounds then clamp), never "no Retry-After". A date is counted from the answer's own
+/// `Date` when it has one (the provider's clock against the provider's clock: a worker whose clock
+/// is off does not shorten or stretch the wait), else from this host's clock.
 pub fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
@@ -804,10 +806,12 @@ pub fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
         );
     }
     let at = httpdate::parse_http_date(v).ok()?;
-    Some(
-        at.duration_since(std::time::SystemTime::now())
-            .unwrap_or(Duration::ZERO),
-    )
+    let now = h
+        .get(http::header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
+        .unwrap_or_else(std::time::SystemTime::now);
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
@@ -883,6 +887,15 @@ mod tests {
             d > Duration::from_secs(27) && d <= Duration::from_secs(30),
             "{d:?}"
         );
+        // Counted from the answer's own Date: a provider (or a worker) whose clock is off by
+        // years still means "30 s".
+        h.insert("date", "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap());
+        h.insert(
+            "retry-after",
+            "Sun, 06 Nov 1994 08:50:07 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(30)));
+        h.remove("date");
         h.insert("retry-after", "soon".parse().unwrap());
         assert_eq!(retry_after(&h), None);
         // Beyond u64: the longest wait, not none at all.

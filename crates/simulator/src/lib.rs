@@ -1285,6 +1285,12 @@ async fn cancel_inner(sim: Sim, id: String, headers: HeaderMap, aip: bool) -> Re
     };
     job.touch("cancel", &headers);
     job.ledger.cancel_requests += 1;
+    if job.ledger.cancel_requests <= job.script.cancel_throttled {
+        let mut r = error(StatusCode::TOO_MANY_REQUESTS, "cancels are rate limited");
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+        return r;
+    }
     let now = Instant::now();
     let (state, _, _) = job.phase(now);
     if matches!(state, "succeeded" | "failed" | "cancelled") {

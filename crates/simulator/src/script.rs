@@ -199,6 +199,8 @@ pub struct Script {
     pub status_faults: BTreeMap<u32, StatusFault>,
     /// Delay every status response (makes overlapping polls visible in the ledger).
     pub status_delay_ms: u64,
+    /// The first this many cancel calls are answered 429 with `Retry-After: 1`, nothing done.
+    pub cancel_throttled: u32,
     /// The create's `202` says `Retry-After: <seconds>` (Azure's long-running operations do): a
     /// status read before it is counted early.
     pub create_retry_after: Option<u64>,
@@ -285,6 +287,7 @@ impl Default for Script {
             status_delay_ms: 0,
             result_throttled: 0,
             create_retry_after: None,
+            cancel_throttled: 0,
             create_hold_ms: 0,
             moving_status_url: false,
             status_via_header: false,

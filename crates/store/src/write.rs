@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use jobtrail_core::chain::{self, CallEntry, ChainEntry, Linked, storable};
 use jobtrail_core::machine::Transition;
-use jobtrail_core::{Event, EventKind, transition};
+use jobtrail_core::{CallKind, Event, EventKind, transition};
 use sqlx::{Postgres, Transaction};
 use std::time::Duration;
 
@@ -144,10 +144,18 @@ pub(crate) fn plan<'s>(
     };
 
     // The schedule and the lease. A cancel asked for and not yet sent is due at once, whatever a
-    // step decided before the request arrived (a status read in flight scheduled its next read,
-    // maybe minutes off, past the cancel's window).
+    // call decided before the request arrived (a status read in flight scheduled its next read,
+    // maybe minutes off, past the cancel's window). A step with no call (a wait for the provider's
+    // call rate) and a cancel call the provider deferred keep their waits: they were decided for
+    // the cancel.
+    let stale_call = step
+        .call
+        .as_ref()
+        .is_some_and(|c| c.kind != CallKind::Cancel);
     let (delay, reason) = match step.next_in {
-        Some(_) if rec.state == State::CancelRequested && rec.cancel_attempts == 0 => {
+        Some(_)
+            if rec.state == State::CancelRequested && rec.cancel_attempts == 0 && stale_call =>
+        {
             (Duration::ZERO, "cancel")
         }
         next_in => next_in.unwrap_or((Duration::ZERO, "immediate")),

@@ -371,13 +371,9 @@ async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched(
     assert_eq!(applied.record.lease_owner, None, "released after the step");
 }
 
-#[tokio::test]
-async fn a_retry_after_answered_to_a_worker_that_lost_its_lease_still_binds_the_next_owner() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
-    let mut claimed = submit_and_claim(&store, 3, "ra").await;
-    let (a, b, live) = (claimed.remove(0), claimed.remove(0), claimed.remove(0));
-    for c in [&a, &b, &live] {
+/// Each claimed operation's create accepted, its lease kept.
+async fn accept_keeping_leases(store: &Store, claimed: &[&Claimed]) {
+    for c in claimed {
         let accept = Step {
             keep_lease: true,
             ..Step::event(Event::CreateAccepted {
@@ -387,6 +383,26 @@ async fn a_retry_after_answered_to_a_worker_that_lost_its_lease_still_binds_the_
         };
         store.apply(&c.lease, accept).await.unwrap();
     }
+}
+
+/// A status read the provider answered 200, its outcome as logged.
+fn status_read(outcome: &str) -> CallRecord {
+    CallRecord {
+        kind: CallKind::Status,
+        method: "GET".into(),
+        http_status: Some(200),
+        outcome: outcome.into(),
+        ..accepted_create("http://127.0.0.1:1/v1/jobs/x")
+    }
+}
+
+#[tokio::test]
+async fn a_retry_after_answered_to_a_worker_that_lost_its_lease_still_binds_the_next_owner() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut claimed = submit_and_claim(&store, 3, "ra").await;
+    let (a, b, live) = (claimed.remove(0), claimed.remove(0), claimed.remove(0));
+    accept_keeping_leases(&store, &[&a, &b, &live]).await;
     // Worker "w" read the status of both jobs; the provider said "not before N s"; meanwhile "w"
     // lost both leases (paused past them, say).
     take_over(&db, &a.lease).await;
@@ -397,13 +413,7 @@ async fn a_retry_after_answered_to_a_worker_that_lost_its_lease_still_binds_the_
             ..Default::default()
         }),
         retry_after: Some(Duration::from_secs(secs)),
-        call: Some(CallRecord {
-            kind: CallKind::Status,
-            method: "GET".into(),
-            http_status: Some(200),
-            outcome: "running".into(),
-            ..accepted_create("http://127.0.0.1:1/v1/jobs/x")
-        }),
+        call: Some(status_read("running")),
         ..Default::default()
     };
     let not_before = |id| {
@@ -449,16 +459,7 @@ async fn a_committed_batch_is_never_applied_a_second_time() {
     let store = db.store().await;
     let mut claimed = submit_and_claim(&store, 2, "once").await;
     let (lost, live) = (claimed.remove(0), claimed.remove(0));
-    for c in [&lost, &live] {
-        let accept = Step {
-            keep_lease: true,
-            ..Step::event(Event::CreateAccepted {
-                remote_job_id: format!("job_{}", c.lease.operation_id),
-                remote_state: None,
-            })
-        };
-        store.apply(&c.lease, accept).await.unwrap();
-    }
+    accept_keeping_leases(&store, &[&lost, &live]).await;
     take_over(&db, &lost.lease).await;
     // The refused write's call cannot be logged once the batch has committed.
     exec(
@@ -472,13 +473,7 @@ async fn a_committed_batch_is_never_applied_a_second_time() {
     .unwrap();
     let read = |outcome: &str| Step {
         keep_lease: true,
-        call: Some(CallRecord {
-            kind: CallKind::Status,
-            method: "GET".into(),
-            http_status: Some(200),
-            outcome: outcome.into(),
-            ..accepted_create("http://127.0.0.1:1/v1/jobs/x")
-        }),
+        call: Some(status_read(outcome)),
         ..Step::event(Event::RemoteProgress {
             remote_state: "running".into(),
             known: true,
@@ -502,6 +497,50 @@ async fn a_committed_batch_is_never_applied_a_second_time() {
         before + 1,
         "the live write is recorded once"
     );
+}
+
+/// A cancel asked for and not yet sent is due at once after a step a call decided before it
+/// arrived (a status read's next read, seconds off); a wait decided for the cancel itself (the
+/// provider deferred the cancel call; the provider's call rate) stands.
+#[tokio::test]
+async fn a_cancel_not_yet_sent_is_due_at_once_unless_the_wait_was_for_the_cancel() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let claimed = submit_and_claim(&store, 3, "cancel-due").await;
+    accept_keeping_leases(&store, &claimed.iter().collect::<Vec<_>>()).await;
+    let cancel_call = CallRecord {
+        kind: CallKind::Cancel,
+        method: "POST".into(),
+        http_status: Some(503),
+        outcome: "retry later".into(),
+        ..accepted_create("http://127.0.0.1:1/v1/jobs/x/cancel")
+    };
+    let cases = [
+        (Some(status_read("running")), -1_000..1_000),
+        (Some(cancel_call), 4_000..6_000),
+        (None, 4_000..6_000),
+    ];
+    for (c, (call, due_in)) in claimed.iter().zip(cases) {
+        let id = c.lease.operation_id;
+        store
+            .request_cancel(id, CancelRequest::new("alice", "stop").unwrap())
+            .await
+            .unwrap();
+        let what = format!("{:?}", call.as_ref().map(|c| c.kind));
+        let step = Step {
+            call,
+            next_in: Some((Duration::from_secs(5), "later")),
+            ..Default::default()
+        };
+        let applied = store.apply(&c.lease, step).await.unwrap();
+        assert_eq!(applied.record.state, State::CancelRequested);
+        let (now,): (chrono::DateTime<chrono::Utc>,) = sqlx::query_as("SELECT now()")
+            .fetch_one(&sqlx::PgPool::connect(&db.url).await.unwrap())
+            .await
+            .unwrap();
+        let after = (applied.record.next_action_at - now).num_milliseconds();
+        assert!(due_in.contains(&after), "{what}: due in {after} ms");
+    }
 }
 
 #[tokio::test]

@@ -329,16 +329,25 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 }
                 Err(Stop::Other(e @ (StoreError::Illegal { .. } | StoreError::Moved { .. }))) => {
                     tracing::info!(operation = %op.id, error = %e, "a decision landed meanwhile; the step was dropped (its call is logged)");
-                    // Give the lease back, due at once, if a cancel request (which keeps it) is
-                    // what landed: the operation must not wait out a lease extended for a long
-                    // call. (A person's decision already took it: nothing to give back then.)
-                    let _ = Box::pin(ctx.store.release(
-                        &ctx.lease,
-                        Duration::ZERO,
-                        "moved meanwhile",
-                    ))
-                    .await;
-                    out.due_in = Some(Duration::ZERO);
+                    // Give the lease back, due at once, if the state moved under us (a cancel
+                    // request keeps the lease): the operation must not wait out a lease extended
+                    // for a long call. (A person's decision already took it.) A step refused in
+                    // the state it was decided for is a fault, not a race: the lease runs out
+                    // instead, so it is not retried in a loop.
+                    let moved = match &e {
+                        StoreError::Illegal { source, .. } => source.from != op.state,
+                        StoreError::Moved { state, .. } => *state != op.state,
+                        _ => false,
+                    };
+                    if moved {
+                        let _ = Box::pin(ctx.store.release(
+                            &ctx.lease,
+                            Duration::ZERO,
+                            "moved meanwhile",
+                        ))
+                        .await;
+                        out.due_in = Some(Duration::ZERO);
+                    }
                     return out;
                 }
                 Err(Stop::Other(e)) => {
@@ -389,7 +398,12 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
     let call = match decide::next(op, &ctx.policy, ctx.lease.epoch, ctx.clock.now()) {
         Action::Write(mut plan) => {
             if plan.evidence_bundle {
-                plan.step.detail = Some(Box::pin(evidence_bundle(ctx.store, op)).await);
+                // The database is away: no bundle missing its calls goes into the record for
+                // ever; the step is tried again once it answers.
+                let bundle = Box::pin(evidence_bundle(ctx.store, op))
+                    .await
+                    .map_err(Stop::Other)?;
+                plan.step.detail = Some(bundle);
             }
             return Ok(plan);
         }
@@ -633,9 +647,12 @@ async fn sync_result(
 
 /// The evidence a person (or the provider's support) needs when a cancel is not confirmed: the
 /// remote job id, the trace id, and every call with its provider request id.
-async fn evidence_bundle(store: &Store, op: &OperationRecord) -> serde_json::Value {
-    let calls = store.calls(op.id).await.unwrap_or_default();
-    serde_json::json!({
+async fn evidence_bundle(
+    store: &Store,
+    op: &OperationRecord,
+) -> Result<serde_json::Value, StoreError> {
+    let calls = store.calls(op.id).await?;
+    Ok(serde_json::json!({
         "remote_job_id": op.remote_job_id,
         "trace_id": op.trace_id.to_string(),
         "cancel_requested_by": op.cancel_requested_by,
@@ -645,7 +662,7 @@ async fn evidence_bundle(store: &Store, op: &OperationRecord) -> serde_json::Val
             "kind": c.kind, "at": c.started_at, "http_status": c.http_status,
             "provider_request_id": c.provider_request_id, "outcome": c.outcome,
         })).collect::<Vec<_>>(),
-    })
+    }))
 }
 
 #[cfg(test)]
