@@ -48,9 +48,10 @@ impl Receiver {
 /// What a delivery led to.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct WebhookAck {
-    /// `scheduled` (a status read is due now), `duplicate` (seen before: nothing done),
-    /// `no_operation` (no operation holds this job), `not_observing` (the operation is not waiting
-    /// for a status read).
+    /// `scheduled` (a status read is due now, or as soon as the worker holding the operation
+    /// records the read in flight), `duplicate` (seen before: nothing done), `no_operation` (no
+    /// operation holds this job), `not_observing` (the operation is not waiting for a status read,
+    /// or is due for one already).
     pub outcome: String,
 }
 

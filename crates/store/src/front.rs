@@ -52,12 +52,13 @@ pub struct NewToken<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryOutcome {
-    /// The operation was made due for a status read.
+    /// The operation was made due for a status read (or, while a worker holds its lease, marked so
+    /// that its next read is due as soon as that worker records the one in flight).
     Scheduled,
     /// No operation of this provider holds the job.
     NoOperation,
-    /// The operation is not waiting for a status read (finished, held for a person, or its lease
-    /// owner is reading it right now).
+    /// The operation is not waiting for a status read (finished, held for a person), or is due
+    /// for one already.
     NotObserving,
 }
 

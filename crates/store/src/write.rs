@@ -44,6 +44,9 @@ pub(crate) struct Planned<'s> {
     result: Option<&'s ResultBytes>,
 }
 
+/// The schedule's mark for a webhook that arrived while a worker held the operation's lease.
+pub(crate) const WEBHOOK_WHILE_LEASED: &str = "webhook_while_leased";
+
 /// Decide a write against a locked row: the transition (or `Illegal`), the new column values, the
 /// history link and its hash. Pure: nothing is written.
 pub(crate) fn plan<'s>(
@@ -54,6 +57,8 @@ pub(crate) fn plan<'s>(
     let now = storable(locked.db_now);
     let mut rec: OperationRecord = locked.row.try_into()?;
     let epoch = rec.lease_epoch;
+    // A webhook arrived while this lease was held (see `operation_poke_by_remote_job.sql`).
+    let poked = rec.next_action_reason == WEBHOOK_WHILE_LEASED;
 
     let decided = match &step.event {
         Some(ev) => Some(
@@ -177,6 +182,22 @@ pub(crate) fn plan<'s>(
     } else if let Some(exp) = rec.lease_expires_at {
         // A kept lease stays out of the due index until it expires.
         rec.next_action_at = exp;
+    }
+    // A webhook that came while the lease was held: the next status read is due at once (never
+    // before the provider's Retry-After); a step that keeps the lease keeps the mark for the next.
+    if poked && automated {
+        if rec.lease_owner.is_some() {
+            rec.next_action_reason = WEBHOOK_WHILE_LEASED.to_owned();
+        } else if matches!(
+            rec.state,
+            State::Accepted | State::Observing | State::CancelRequested | State::Cancelling
+        ) {
+            let soonest = rec.poll_not_before.map_or(now, |t| t.max(now));
+            if rec.next_action_at > soonest {
+                rec.next_action_at = soonest;
+                rec.next_action_reason = "webhook".to_owned();
+            }
+        }
     }
 
     // The history link.

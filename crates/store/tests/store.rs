@@ -1614,6 +1614,49 @@ async fn a_job_id_as_long_as_a_status_url_is_recorded_and_found() {
     }
 }
 
+/// A webhook that arrives while a worker holds the lease (its status read may have been answered
+/// just before the job finished) is not lost: the worker's next write makes the next read due at
+/// once, not after the backoff its step chose; a step that keeps the lease keeps the mark.
+#[tokio::test]
+async fn a_webhook_during_a_lease_makes_the_next_read_due_at_once() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let claimed = submit_and_claim(&store, 2, "poked").await;
+    accept_keeping_leases(&store, &claimed.iter().collect::<Vec<_>>()).await;
+    let (poked, quiet) = (&claimed[0], &claimed[1]);
+    let job = format!("job_{}", poked.lease.operation_id);
+    match store
+        .webhook_delivered("sim", "evt-1", Some(&job), Duration::from_secs(3600))
+        .await
+        .unwrap()
+    {
+        Delivery::New { outcome, .. } => assert_eq!(outcome, DeliveryOutcome::Scheduled),
+        other => panic!("{other:?}"),
+    }
+    let read = |keep_lease: bool| Step {
+        keep_lease,
+        call: Some(status_read("running")),
+        next_in: Some((Duration::from_secs(60), "backoff")),
+        ..Step::event(Event::RemoteProgress {
+            remote_state: "running".into(),
+            known: true,
+        })
+    };
+    // A step that keeps the lease carries the mark on.
+    store.apply(&poked.lease, read(true)).await.unwrap();
+    let due_in = |r: &OperationRecord| (r.next_action_at - chrono::Utc::now()).num_seconds();
+    for (c, expected) in [(poked, 0..=1), (quiet, 55..=60)] {
+        let r = store.apply(&c.lease, read(false)).await.unwrap().record;
+        assert!(
+            expected.contains(&due_in(&r)),
+            "{}: due in {} s ({})",
+            c.lease.operation_id,
+            due_in(&r),
+            r.next_action_reason
+        );
+    }
+}
+
 #[tokio::test]
 async fn verifying_everything_refuses_a_pool_too_small_for_its_streams() {
     let db = TestDb::new().await;

@@ -1,12 +1,17 @@
 -- A verified webhook names a remote job: make its operation due for a status read now (or as soon as
--- the provider's Retry-After allows), if a worker would read its status and nobody holds its lease.
--- It changes nothing else: the state moves only by that status read, under the normal lease rules.
+-- the provider's Retry-After allows), if a worker would read its status. While a worker holds the
+-- lease the schedule is that worker's: the webhook is left as a mark (`webhook_while_leased`) that
+-- the worker's next write honours (its next read is then due at once, the one in flight may have
+-- been answered before the job finished). It changes nothing else: the state moves only by a status
+-- read, under the normal lease rules.
 UPDATE operations
-SET next_action_at     = greatest(now(), coalesce(poll_not_before, now())),
-    next_action_reason = 'webhook'
+SET next_action_at     = CASE WHEN lease_expires_at > now() THEN next_action_at
+                              ELSE greatest(now(), coalesce(poll_not_before, now())) END,
+    next_action_reason = CASE WHEN lease_expires_at > now() THEN 'webhook_while_leased'
+                              ELSE 'webhook' END
 WHERE provider = $1
   AND remote_job_id = $2
   AND state IN ('accepted', 'observing', 'cancel_requested', 'cancelling')
-  AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-  AND next_action_at > greatest(now(), coalesce(poll_not_before, now()))
+  AND (lease_expires_at > now()
+       OR next_action_at > greatest(now(), coalesce(poll_not_before, now())))
 RETURNING id
