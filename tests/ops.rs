@@ -652,6 +652,35 @@ async fn the_api_serves_its_probes_and_metrics_apart_from_the_api() {
     );
     // The probes are not on the API's port, and the API's port serves no metrics.
     assert_eq!(get(&server.url("/metrics")).await.0, 404);
+    // Webhook deliveries are counted by provider and outcome: two forged ones (a secret rotated on
+    // one side looks like this), and said once in the log; a name no contract has is not a series.
+    let post = |path: &str| {
+        support::http()
+            .post(server.url(path))
+            .header("content-type", "application/json")
+            .header("X-Sim-Signature", "sha256=00")
+            .body(r#"{"event_id":"e","job_id":"j"}"#)
+            .send()
+    };
+    for path in ["/v1/webhooks/sim", "/v1/webhooks/sim", "/v1/webhooks/nobody"] {
+        post(path).await.unwrap();
+    }
+    let (_, metrics) = get(&format!("{base}/metrics")).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "jobtrail_webhooks_total",
+            &["provider=\"sim\"", "outcome=\"refused_signature\""]
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("nobody"), "{metrics}");
+    let said = server
+        .log_text()
+        .matches("webhook deliveries are refused")
+        .count();
+    assert_eq!(said, 1, "{}", server.log_text());
     assert!(server.stop().is_some_and(|s| s.success()));
 }
 

@@ -37,11 +37,48 @@ const MAX_ID: usize = 200;
 #[derive(Clone)]
 pub struct Receiver {
     service: Arc<Service>,
+    /// When each provider's refused deliveries were last logged (at most once a minute each: an
+    /// anonymous sender must not flood the log, nor a rotated secret go unsaid).
+    warned: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
 
 impl Receiver {
     pub fn new(service: Arc<Service>) -> Self {
-        Self { service }
+        Self {
+            service,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Count a delivery to a provider that takes webhooks, and say once a minute per provider
+    /// that its deliveries are refused (a secret rotated on one side only shows as this).
+    fn account(&self, provider: &str, outcome: &Result<(StatusCode, Json<WebhookAck>), Problem>) {
+        let label = match outcome {
+            Ok((_, Json(ack))) => ack.outcome.clone(),
+            Err(p) => match p.0.kind {
+                Kind::Unauthenticated => "refused_signature",
+                Kind::BadInput => "refused_payload",
+                Kind::TooLarge => "refused_size",
+                Kind::RateLimited => "busy",
+                _ => "unavailable",
+            }
+            .to_owned(),
+        };
+        metrics::counter!("jobtrail_webhooks_total", "provider" => provider.to_owned(), "outcome" => label.clone())
+            .increment(1);
+        if let Err(p) = outcome
+            && matches!(p.0.kind, Kind::Unauthenticated | Kind::Unavailable)
+        {
+            let now = std::time::Instant::now();
+            let mut warned = self.warned.lock().expect("lock");
+            let due = warned
+                .get(provider)
+                .is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(60));
+            if due {
+                warned.insert(provider.to_owned(), now);
+                tracing::warn!(provider = %provider, outcome = %label, detail = %p.0.message, "webhook deliveries are refused (said at most once a minute; jobtrail_webhooks_total counts them)");
+            }
+        }
     }
 }
 
@@ -211,12 +248,14 @@ pub(crate) async fn receive(
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<WebhookAck>), Problem> {
-    let service = &s.webhooks.service;
-    let spec = service
+    let spec = s
+        .webhooks
+        .service
         .registry()
         .get(&provider)
         .and_then(|p| p.contract().webhook.clone())
         .ok_or_else(|| {
+            // Not counted: the name is the sender's, not a contract's.
             Problem::new(
                 Kind::NotFound,
                 format!(
@@ -225,25 +264,38 @@ pub(crate) async fn receive(
                 ),
             )
         })?;
+    let outcome = deliver(&s.webhooks, &provider, &spec, sender, &headers, body).await;
+    s.webhooks.account(&provider, &outcome);
+    outcome
+}
+
+/// A delivery to a provider that takes webhooks, from its read to its record.
+async fn deliver(
+    receiver: &Receiver,
+    provider: &str,
+    spec: &WebhookSpec,
+    sender: Option<Extension<Sender>>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<WebhookAck>), Problem> {
+    let service = &receiver.service;
     // Read only for a provider that takes webhooks, with one of its turns held to the answer:
     // anyone may send a payload (its signature is checked once it is whole), and one that
     // trickles holds its turn.
     let (payload, _turn) = crate::body::read_holding(
-        || service.webhook_body_slot(&provider, sender.map(|Extension(Sender(ip))| ip)),
-        &headers,
+        || service.webhook_body_slot(provider, sender.map(|Extension(Sender(ip))| ip)),
+        headers,
         body,
         MAX_PAYLOAD,
         PAYLOAD_TIMEOUT,
     )
     .await?;
+    // The reason may name the secret's location: neither sent nor logged per delivery (the
+    // readiness check and the start name it; `account` says once a minute that deliveries fail).
     let secret = jobtrail_provider::wire::resolve_secret(&spec.secret)
         .await
-        .map_err(|_| {
-            // The reason may name the secret's location: logged, not sent.
-            tracing::warn!(provider = %provider, "the webhook secret is unavailable");
-            Problem::new(Kind::Unavailable, "the webhook secret is unavailable")
-        })?;
-    let header_event_id = verify(&spec, &secret, &headers, &payload)?;
+        .map_err(|_| Problem::new(Kind::Unavailable, "the webhook secret is unavailable"))?;
+    let header_event_id = verify(spec, &secret, headers, &payload)?;
     let v = jobtrail_core::json::parse_strict(&payload).map_err(|e| {
         Problem::new(
             Kind::BadInput,
@@ -269,7 +321,7 @@ pub(crate) async fn receive(
     };
     let outcome = match service
         .store()
-        .webhook_delivered(&provider, &event_id, job.as_deref(), RETENTION)
+        .webhook_delivered(provider, &event_id, job.as_deref(), RETENTION)
         .await
         .map_err(jobtrail_service::ServiceError::from)?
     {

@@ -89,6 +89,10 @@ fn describe() {
         "Age of the oldest open escalation (0 when none)"
     );
     describe_counter!(
+        "jobtrail_webhooks_total",
+        "Webhook deliveries to a provider that takes them, by outcome: scheduled, duplicate, no_operation, not_observing, or refused_signature, refused_payload, refused_size, busy, unavailable (a delivery to an unknown provider is not counted)"
+    );
+    describe_counter!(
         "jobtrail_metrics_refresh_failures_total",
         "Scrapes whose database gauges could not be refreshed (the previous values were kept)"
     );
