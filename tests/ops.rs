@@ -662,7 +662,11 @@ async fn the_api_serves_its_probes_and_metrics_apart_from_the_api() {
             .body(r#"{"event_id":"e","job_id":"j"}"#)
             .send()
     };
-    for path in ["/v1/webhooks/sim", "/v1/webhooks/sim", "/v1/webhooks/nobody"] {
+    for path in [
+        "/v1/webhooks/sim",
+        "/v1/webhooks/sim",
+        "/v1/webhooks/nobody",
+    ] {
         post(path).await.unwrap();
     }
     let (_, metrics) = get(&format!("{base}/metrics")).await;
@@ -695,7 +699,8 @@ async fn a_credential_the_worker_cannot_find_keeps_it_unready_and_named() {
         "10s",
         &[
             ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
-            ("JOBTRAIL_SIM_TOKEN", ""),
+            // Blank is missing: a value of spaces is no credential.
+            ("JOBTRAIL_SIM_TOKEN", "  "),
         ],
     );
     let base = ops_address(&worker.log);

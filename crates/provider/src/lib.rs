@@ -161,7 +161,7 @@ impl Registry {
                         .is_none_or(|x| x.to_string_lossy().trim().is_empty())
                         .then(|| format!("env:{v} is not set (or empty)")),
                     jobtrail_core::SecretRef::File(f) => std::fs::metadata(f)
-                        .map_or(true, |m| !m.is_file() || m.len() == 0)
+                        .map_or(true, |m| !m.is_file() || blank_file(f, m.len()))
                         .then(|| format!("file:{f} is not a readable file (or is empty)")),
                 };
                 if let Some(m) = missing {
@@ -183,6 +183,14 @@ impl Registry {
     }
 }
 
+/// Whether a regular file of `len` bytes holds no credential: empty, or a few bytes of whitespace
+/// (a newline an editor added). Only such tiny files are read: a credential's value never is.
+fn blank_file(path: &str, len: u64) -> bool {
+    len == 0
+        || (len <= 4
+            && std::fs::read(path).is_ok_and(|b| b.iter().all(|c| c.is_ascii_whitespace())))
+}
+
 /// Which of a contract's secrets: what every call needs (its credential), what only requests that
 /// name a grant need, or what the API's webhook receiver needs (signing secrets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,4 +206,27 @@ pub fn install_crypto() {
     ONCE.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    /// A secret file holding nothing, or only the newline an editor added, is missing; one with a
+    /// value is there (and is not read: it is longer than a few bytes).
+    #[test]
+    fn a_blank_secret_file_is_a_missing_one() {
+        let dir = std::env::temp_dir().join(format!("jt-blank-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (text, blank) in [
+            ("", true),
+            ("\n", true),
+            (" \r\n", true),
+            ("s3cret-value\n", false),
+        ] {
+            let f = dir.join("secret");
+            std::fs::write(&f, text).unwrap();
+            let p = f.display().to_string();
+            assert_eq!(super::blank_file(&p, text.len() as u64), blank, "{text:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
