@@ -1267,6 +1267,39 @@ async fn append_as_api(
     .await;
 }
 
+/// An older build's resume did not say which deadlines it moved, and `audit verify` excuses that
+/// shape; a resume of that shape written today (links are dated by the database's clock) is no
+/// older build's: the deadline it moved on the row is reported.
+#[tokio::test]
+async fn an_older_builds_shape_written_today_is_not_excused() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let held = unconfirmed(&store, 1).await;
+    let (seq, insert, head) = next_link(
+        &store,
+        held.id,
+        ("cancellation_unconfirmed", "resume", "cancelling"),
+        "alice",
+        "resumed",
+        serde_json::json!({}),
+    )
+    .await;
+    exec(&db, &format!(
+        "SET ROLE jobtrail_operator; {insert}; \
+         UPDATE operations SET state = 'cancelling', escalated_at = NULL, escalation_reason = NULL, \
+         cancel_deadline = cancel_deadline + interval '1 day', history_seq = {seq}, history_head = decode('{head}', 'hex') WHERE id = '{}'",
+        held.id.as_uuid()
+    ))
+    .await;
+    let out = admin(&db, &["audit", "verify", &held.id.to_string(), "--json"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 1, "{text}");
+    assert!(
+        text.contains("cancel_deadline differs from what its history records"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn a_link_dated_away_from_the_database_clock_is_refused() {
     let db = TestDb::new().await;

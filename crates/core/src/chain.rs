@@ -263,8 +263,19 @@ pub struct Deadlines {
 /// The detail key under which a link records the deadlines its step set (a resume's, even none).
 pub const DEADLINES_SET: &str = "deadlines_set";
 
+/// Whether a link dated `at` may be an earlier build's (see [`illegal_moves`]). Links are dated
+/// by the database's clock (migration 0021), so one written today cannot pass as older.
+fn older(old_shapes_until: Option<DateTime<Utc>>, at: DateTime<Utc>) -> bool {
+    old_shapes_until.is_none_or(|until| at < until)
+}
+
 /// Replay a chain into the columns it determines; `None` if it does not open with a submission.
-pub fn chained_columns(entries: &[ChainEntry]) -> Option<ChainedColumns> {
+/// `old_shapes_until` as for [`illegal_moves`]: a resume that does not say what it moved leaves
+/// the deadlines unchecked only if an earlier build may have written it.
+pub fn chained_columns(
+    entries: &[ChainEntry],
+    old_shapes_until: Option<DateTime<Utc>>,
+) -> Option<ChainedColumns> {
     use crate::state::State;
     let first = entries
         .first()
@@ -308,7 +319,7 @@ pub fn chained_columns(entries: &[ChainEntry]) -> Option<ChainedColumns> {
                 dl.result = time(set, "result_deadline").unwrap_or(dl.result);
                 dl.cancel = time(set, "cancel_deadline").or(dl.cancel);
             }
-            (None, _) if e.event == "resume" => deadlines = None,
+            (None, _) if e.event == "resume" && older(old_shapes_until, e.at) => deadlines = None,
             _ => {}
         }
         match e.event.as_str() {
@@ -422,9 +433,16 @@ pub fn verify<E: Linked>(links: &[StoredLink<E>]) -> Vec<ChainBreak> {
 /// the machine says. The hashes show a chain was not changed after it was anchored; this shows each
 /// link is a legal move, so a role that may append (the API's, a worker's) cannot record one that
 /// is not — withdrawing a running job, say — and have `audit verify` call the record intact.
-pub fn illegal_moves(entries: &[ChainEntry]) -> Vec<ChainBreak> {
+///
+/// `old_shapes_until`: links dated before it may have been written by an earlier build, so a rule
+/// since retired still makes them legal; `None` where the database does not say since when its
+/// writers are this build's (every link may be an earlier build's).
+pub fn illegal_moves(
+    entries: &[ChainEntry],
+    old_shapes_until: Option<DateTime<Utc>>,
+) -> Vec<ChainBreak> {
     use crate::event::EventKind;
-    use crate::machine::{To, rule_ever};
+    use crate::machine::{To, rule_ever, rule_for};
     use crate::state::State;
     let mut breaks = Vec::new();
     let mut led_to: Option<&str> = None;
@@ -469,7 +487,12 @@ pub fn illegal_moves(entries: &[ChainEntry]) -> Vec<ChainBreak> {
                     led_to = Some(&e.to_state);
                     continue;
                 };
-                match rule_ever(state, on) {
+                let rule = if older(old_shapes_until, e.at) {
+                    rule_ever(state, on)
+                } else {
+                    rule_for(state, on)
+                };
+                match rule {
                     None => br(
                         format!("the state machine does not allow {} in {from}", e.event),
                         "an allowed event".into(),
@@ -666,7 +689,7 @@ mod tests {
                 serde_json::json!({"recorded_job_id": "job_a", "other_job_id": "job_b"}),
             ),
         ];
-        let held = chained_columns(&c).unwrap();
+        let held = chained_columns(&c, None).unwrap();
         assert_eq!(
             (held.escalated_at, held.escalation_reason.as_deref()),
             (Some(at(2)), Some("cause 2"))
@@ -681,7 +704,7 @@ mod tests {
             Some("job_b"),
             serde_json::json!({"remote_job_id": "job_b"}),
         ));
-        let chosen = chained_columns(&c).unwrap();
+        let chosen = chained_columns(&c, None).unwrap();
         assert_eq!(chosen.conflicting_remote_job_id.as_deref(), Some("job_a"));
         assert_eq!(
             (chosen.escalated_at, chosen.state_changed_at),
@@ -704,7 +727,7 @@ mod tests {
             Some("job_b"),
             serde_json::json!({}),
         ));
-        let asked = chained_columns(&c).unwrap();
+        let asked = chained_columns(&c, None).unwrap();
         assert_eq!(asked.state_changed_at, at(5));
         assert_eq!(
             asked.deadlines,
@@ -725,7 +748,7 @@ mod tests {
             serde_json::json!({DEADLINES_SET: {"result_deadline": at(900)}}),
         ));
         assert_eq!(
-            chained_columns(&c).unwrap().deadlines.unwrap().result,
+            chained_columns(&c, None).unwrap().deadlines.unwrap().result,
             at(900)
         );
         c.push(link(
@@ -736,7 +759,18 @@ mod tests {
             Some("job_b"),
             serde_json::json!({}),
         ));
-        assert_eq!(chained_columns(&c).unwrap().deadlines, None);
+        assert_eq!(chained_columns(&c, None).unwrap().deadlines, None);
+        // Dated after this database's writers were all this build's (links are dated by the
+        // database's clock), it is no older build's: the deadlines are still held to the row.
+        assert_eq!(chained_columns(&c, Some(at(8))).unwrap().deadlines, None);
+        assert_eq!(
+            chained_columns(&c, Some(at(7)))
+                .unwrap()
+                .deadlines
+                .unwrap()
+                .result,
+            at(900)
+        );
         c.push(link(
             8,
             "observing",
@@ -745,9 +779,9 @@ mod tests {
             Some("job_b"),
             serde_json::json!({}),
         ));
-        assert_eq!(chained_columns(&c).unwrap().finished_at, Some(at(8)));
+        assert_eq!(chained_columns(&c, None).unwrap().finished_at, Some(at(8)));
         assert_eq!(
-            chained_columns(&c[1..]),
+            chained_columns(&c[1..], None),
             None,
             "no submission, nothing to replay"
         );
@@ -761,11 +795,11 @@ mod tests {
             moved(3, "accepted", "remote_progress", "observing"),
             moved(4, "observing", "remote_progress", "observing"),
         ];
-        assert_eq!(illegal_moves(&legal), vec![]);
+        assert_eq!(illegal_moves(&legal, None), vec![]);
         // Withdrawn while the remote job runs: the machine allows withdraw only before a create.
         let mut withdrawn = legal.clone();
         withdrawn.push(moved(5, "observing", "withdraw", "withdrawn"));
-        let b = illegal_moves(&withdrawn);
+        let b = illegal_moves(&withdrawn, None);
         assert_eq!(b.len(), 1, "{b:?}");
         assert_eq!(b[0].seq, 5);
         assert!(
@@ -775,7 +809,7 @@ mod tests {
         // A link that starts from a state the previous one did not lead to.
         let mut jumped = legal.clone();
         jumped.push(moved(5, "create_pending", "withdraw", "withdrawn"));
-        let b = illegal_moves(&jumped);
+        let b = illegal_moves(&jumped, None);
         assert_eq!(b.len(), 1, "{b:?}");
         assert!(b[0].problem.contains("does not start where"));
         assert_eq!(
@@ -785,7 +819,7 @@ mod tests {
         // An allowed event recorded as leading somewhere else.
         let mut elsewhere = legal.clone();
         elsewhere.push(moved(5, "observing", "remote_progress", "succeeded"));
-        let b = illegal_moves(&elsewhere);
+        let b = illegal_moves(&elsewhere, None);
         assert_eq!(b.len(), 1, "{b:?}");
         assert_eq!(b[0].expected, "observing");
         // A move an earlier build made by a rule since retired is still legal history.
@@ -798,7 +832,14 @@ mod tests {
                 "create_unresolved",
             ),
         ];
-        assert_eq!(illegal_moves(&retired), vec![]);
+        assert_eq!(illegal_moves(&retired, None), vec![]);
+        // ... but not one dated after this database's writers were all this build's.
+        let written = retired[1].at;
+        let later = written + chrono::Duration::seconds(1);
+        assert_eq!(illegal_moves(&retired, Some(later)), vec![]);
+        let b = illegal_moves(&retired, Some(written));
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(b[0].problem.contains("does not allow"), "{b:?}");
         // A rule that keeps the state: an observation recorded as a move is found.
         let mut cancelling = legal.clone();
         cancelling.push(moved(
@@ -813,14 +854,21 @@ mod tests {
             "remote_progress",
             "cancel_requested",
         ));
-        assert_eq!(illegal_moves(&cancelling), vec![]);
+        assert_eq!(illegal_moves(&cancelling, None), vec![]);
         cancelling.push(moved(7, "cancel_requested", "remote_progress", "observing"));
-        assert_eq!(illegal_moves(&cancelling)[0].expected, "cancel_requested");
+        assert_eq!(
+            illegal_moves(&cancelling, None)[0].expected,
+            "cancel_requested"
+        );
         // Names the machine does not know, and a first link that is no submission.
         let mut unknown = legal.clone();
         unknown.push(moved(5, "observing", "teleported", "succeeded"));
-        assert!(illegal_moves(&unknown)[0].problem.contains("does not know"));
-        let b = illegal_moves(&legal[1..]);
+        assert!(
+            illegal_moves(&unknown, None)[0]
+                .problem
+                .contains("does not know")
+        );
+        let b = illegal_moves(&legal[1..], None);
         assert!(b[0].problem.contains("not a submission"), "{b:?}");
     }
 

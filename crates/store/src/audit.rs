@@ -209,8 +209,14 @@ impl Store {
                 .bind(Some(id.as_uuid()))
                 .fetch_all(&mut *tx)
                 .await?;
+        let old_shapes_until = old_shapes_until(&mut *tx).await?;
         let mut report = VerifyReport::default();
-        check_operation(&facts, &history, &calls, &results, &mut report);
+        check_operation(
+            &facts,
+            (&history, &calls, &results),
+            old_shapes_until,
+            &mut report,
+        );
         Ok(report)
     }
 
@@ -278,6 +284,7 @@ impl Store {
         let [mut t_ops, mut t_history, mut t_calls, mut t_results] = self
             .one_snapshot::<{ Self::VERIFY_ALL_CONNECTIONS as usize }>()
             .await?;
+        let old_shapes_until = old_shapes_until(&mut *t_ops).await?;
         let mut ops = sqlx::query_as::<_, Facts>(include_str!("sql/operation_list_facts.sql"))
             .fetch(&mut *t_ops);
         let mut history = PerOperation::new(
@@ -324,7 +331,12 @@ impl Store {
             }
             let Some(op) = op else { break };
             let links: Vec<HistoryRecord> = links.into_iter().map(HistoryRecord::from).collect();
-            check_operation(&op, &links, &op_calls, &op_results, &mut report);
+            check_operation(
+                &op,
+                (&links, &op_calls, &op_results),
+                old_shapes_until,
+                &mut report,
+            );
         }
         Ok(report)
     }
@@ -529,7 +541,8 @@ impl Store {
         // Well hashed is not enough: a writer role can append links that hash (the trigger checks
         // only their place in the chain), so a chain with a move the state machine never makes
         // serves nothing.
-        if let Some(b) = chain::illegal_moves(&entries).first() {
+        let old_shapes_until = old_shapes_until(&self.pool).await?;
+        if let Some(b) = chain::illegal_moves(&entries, old_shapes_until).first() {
             return Err(StoreError::Tampered(format!(
                 "the history of {id} holds a move the state machine never makes (#{}: {}); its result is not served",
                 b.seq, b.problem
@@ -580,12 +593,22 @@ pub struct ChainedResult {
     pub content_type: Option<String>,
 }
 
+/// Since when every writer of this database records links in their current shapes (see
+/// `chain::illegal_moves`); `None` in a database that does not say.
+async fn old_shapes_until<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let row: Option<(DateTime<Utc>,)> = sqlx::query_as(include_str!("sql/cutover_link_shapes.sql"))
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|(since,)| since))
+}
+
 /// Everything one operation's evidence must agree on.
 fn check_operation(
     f: &Facts,
-    history: &[HistoryRecord],
-    calls: &[StoredCall],
-    results: &[ResultDigest],
+    (history, calls, results): (&[HistoryRecord], &[StoredCall], &[ResultDigest]),
+    old_shapes_until: Option<DateTime<Utc>>,
     report: &mut VerifyReport,
 ) {
     let op = OperationId::from_uuid(f.id).to_string();
@@ -617,7 +640,9 @@ fn check_operation(
 
     // Every link a move the state machine allows, each from where the last one led.
     let entries: Vec<_> = links.iter().map(|l| l.entry.clone()).collect();
-    report.breaks.extend(chain::illegal_moves(&entries));
+    report
+        .breaks
+        .extend(chain::illegal_moves(&entries, old_shapes_until));
 
     // The row's facts against the chain.
     match entries.first().and_then(SubmittedFacts::from_first_link) {
@@ -770,7 +795,7 @@ fn check_operation(
         public(f.superseded_by),
     ));
     // The columns each step sets beside the state: replayed from the chain.
-    if let Some(c) = chain::chained_columns(&entries) {
+    if let Some(c) = chain::chained_columns(&entries, old_shapes_until) {
         let time = |t: Option<DateTime<Utc>>| {
             t.map(|t| chain::storable(t).to_rfc3339())
                 .unwrap_or_else(|| "none".into())
