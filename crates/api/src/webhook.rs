@@ -66,16 +66,26 @@ impl Receiver {
         };
         metrics::counter!("jobtrail_webhooks_total", "provider" => provider.to_owned(), "outcome" => label.clone())
             .increment(1);
+        // A refused signature (a secret rotated on one side), a signed payload the contract does
+        // not describe (the provider changed its shape), or no usable secret here.
         if let Err(p) = outcome
-            && matches!(p.0.kind, Kind::Unauthenticated | Kind::Unavailable)
+            && matches!(
+                p.0.kind,
+                Kind::Unauthenticated | Kind::BadInput | Kind::Unavailable
+            )
         {
             let now = std::time::Instant::now();
-            let mut warned = self.warned.lock().expect("lock");
-            let due = warned
-                .get(provider)
-                .is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(60));
+            let due = {
+                let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+                let due = warned
+                    .get(provider)
+                    .is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(60));
+                if due {
+                    warned.insert(provider.to_owned(), now);
+                }
+                due
+            };
             if due {
-                warned.insert(provider.to_owned(), now);
                 tracing::warn!(provider = %provider, outcome = %label, detail = %p.0.message, "webhook deliveries are refused (said at most once a minute; jobtrail_webhooks_total counts them)");
             }
         }

@@ -780,6 +780,11 @@ pub fn after_resend(
                 )),
             }
         }
+        // A resend that may have reached the provider is not settled by the lookup made before it:
+        // the next round's lookup cross-checks it (two jobs for our reference is a violation).
+        (CreateOutcome::Ambiguous { error_class }, _) => {
+            Plan::write(inconclusive(op, policy, error_class, now))
+        }
         (_, Some(job)) => accepted_unless_another(
             op.remote_job_id.clone().filter(|p| *p != job),
             job,
@@ -809,10 +814,9 @@ pub fn after_resend(
                 }))
             }
         }
-        (
-            CreateOutcome::Ambiguous { error_class } | CreateOutcome::NotSent { error_class },
-            None,
-        ) => Plan::write(inconclusive(op, policy, error_class, now)),
+        (CreateOutcome::NotSent { error_class }, None) => {
+            Plan::write(inconclusive(op, policy, error_class, now))
+        }
         // "Not now": the next attempt waits for the provider's Retry-After (clamped) if it is
         // longer than the contract's interval, within the create deadline.
         (CreateOutcome::RetryLater { reason, delay }, None) => {
@@ -1071,13 +1075,18 @@ pub fn after_cancel(
             })
             .next_in(d, if held { "retry_after" } else { "after_cancel" })
         }
-        // Backed off on the failures so far: a deferral is no attempt, so the attempts stay put.
+        // "Not now" within the window spends no failure (as for status reads and results): many
+        // deferrals must not leave one transient error short of the failure budget.
         CancelOutcome::RetryLater { delay, reason } => {
             retry_after = delay.map(|d| policy.retry_after.clamp(d));
-            failed_call(
+            let mut step = failed_call(
                 format!("cancel deferred: {reason}"),
                 wait(policy, delay, op.failure_count, draw),
-            )
+            );
+            if op.cancel_deadline.is_some_and(|d| now < d) {
+                step.counters.failures = FailureCount::Keep;
+            }
+            step
         }
         CancelOutcome::Failed { error_class } => failed_call(
             format!("cancel failed: {error_class}"),

@@ -688,13 +688,14 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
         ),
         (rejected(422), None, EventKind::ReconciliationExhausted),
         (rejected(409), None, EventKind::ReconciliationInconclusive),
-        // The one job the lookup found is ours whatever the resend answered short of naming one.
+        // The one job the lookup found is ours whatever the resend answered short of naming one,
+        // unless the resend may have reached the provider: the next lookup cross-checks it.
         (
             CreateOutcome::Ambiguous {
                 error_class: "timeout".into(),
             },
             Some(vec!["job_1".into()]),
-            EventKind::CreateAccepted,
+            EventKind::ReconciliationInconclusive,
         ),
         (
             CreateOutcome::RetryLater {
@@ -1003,20 +1004,21 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     late.cancel_deadline = Some(now);
     // "Not now" within the window is no attempt (the cancel goes again, idempotent or not, after
     // the provider's wait); past it, or any other failure, is one.
-    for (op, outcome, attempts) in [
-        (&op, later(), 0),
-        (&late, later(), 1),
+    for (op, outcome, attempts, failures) in [
+        (&op, later(), 0, FailureCount::Keep),
+        (&late, later(), 1, FailureCount::Increment),
         (
             &op,
             CancelOutcome::Failed {
                 error_class: "timeout".into(),
             },
             1,
+            FailureCount::Increment,
         ),
     ] {
         let plan = after_cancel(op, &p, called(CallKind::Cancel, outcome), now, 0.5);
         assert_eq!(kind(&plan), Some(EventKind::CallFailed));
-        assert_eq!(plan.step.counters.failures, FailureCount::Increment);
+        assert_eq!(plan.step.counters.failures, failures);
         assert_eq!(plan.step.counters.cancel_attempts, attempts);
         legal(op, &plan);
     }

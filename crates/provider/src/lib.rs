@@ -145,7 +145,8 @@ impl Registry {
     /// Every secret a loaded contract names that cannot be read now (an `env:` variable not set, a
     /// `file:` that does not exist), as "provider P: env:NAME is not set": a misspelt variable in a
     /// deployment is then seen when the worker starts, not as every call failing unsent. Only
-    /// whether it is there is checked: no value is read.
+    /// whether it is there and not blank is checked: no value is read (a file of at most 4 bytes
+    /// is, to tell a blank one).
     pub fn unresolvable_secrets(&self, role: SecretsFor) -> Vec<String> {
         let mut out = Vec::new();
         for (name, p) in &self.providers {
@@ -160,8 +161,8 @@ impl Registry {
                     jobtrail_core::SecretRef::Env(v) => std::env::var_os(v)
                         .is_none_or(|x| x.to_string_lossy().trim().is_empty())
                         .then(|| format!("env:{v} is not set (or empty)")),
-                    jobtrail_core::SecretRef::File(f) => std::fs::metadata(f)
-                        .map_or(true, |m| !m.is_file() || blank_file(f, m.len()))
+                    jobtrail_core::SecretRef::File(f) => wire::secret_file_is_blank(f)
+                        .unwrap_or(true)
                         .then(|| format!("file:{f} is not a readable file (or is empty)")),
                 };
                 if let Some(m) = missing {
@@ -181,14 +182,6 @@ impl Registry {
             .map(|(k, p)| (k.clone(), p.contract().terms()))
             .collect()
     }
-}
-
-/// Whether a regular file of `len` bytes holds no credential: empty, or a few bytes of whitespace
-/// (a newline an editor added). Only such tiny files are read: a credential's value never is.
-fn blank_file(path: &str, len: u64) -> bool {
-    len == 0
-        || (len <= 4
-            && std::fs::read(path).is_ok_and(|b| b.iter().all(|c| c.is_ascii_whitespace())))
 }
 
 /// Which of a contract's secrets: what every call needs (its credential), what only requests that
@@ -225,8 +218,13 @@ mod tests {
             let f = dir.join("secret");
             std::fs::write(&f, text).unwrap();
             let p = f.display().to_string();
-            assert_eq!(super::blank_file(&p, text.len() as u64), blank, "{text:?}");
+            assert_eq!(
+                crate::wire::secret_file_is_blank(&p).unwrap(),
+                blank,
+                "{text:?}"
+            );
         }
+        assert!(crate::wire::secret_file_is_blank("/dev/zero").is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

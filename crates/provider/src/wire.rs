@@ -86,10 +86,10 @@ pub async fn resolve_secret(r: &SecretRef) -> Result<String, String> {
     }
 }
 
-fn read_secret_file(path: &str) -> Result<String, String> {
-    use std::io::Read;
+/// A secret file, opened without blocking (opening a FIFO for reading must not wait for a
+/// writer) and only if the open handle is a regular file: its size too.
+fn open_secret_file(path: &str) -> Result<(std::fs::File, u64), String> {
     use std::os::unix::fs::OpenOptionsExt;
-    // Non-blocking open: opening a FIFO for reading must not wait for a writer.
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -103,7 +103,29 @@ fn read_secret_file(path: &str) -> Result<String, String> {
             "secret file:{path} is not a regular file (devices, FIFOs and directories are never read)"
         ));
     }
-    if meta.len() > MAX_SECRET_BYTES {
+    Ok((f, meta.len()))
+}
+
+/// Whether a secret file holds no usable credential: empty, or a few bytes of whitespace (a
+/// newline an editor added), read as it would be when used. Only files of at most 4 bytes are
+/// read to tell: a credential's value never is. `Err` if it is no regular file that can be read.
+pub fn secret_file_is_blank(path: &str) -> Result<bool, String> {
+    use std::io::Read;
+    let (f, len) = open_secret_file(path)?;
+    if len > 4 {
+        return Ok(false);
+    }
+    let mut buf = Vec::new();
+    f.take(5)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("secret file:{path} cannot be read: {}", e.kind()))?;
+    Ok(std::str::from_utf8(&buf).is_ok_and(|t| t.trim().is_empty()))
+}
+
+fn read_secret_file(path: &str) -> Result<String, String> {
+    use std::io::Read;
+    let (f, len) = open_secret_file(path)?;
+    if len > MAX_SECRET_BYTES {
         return Err(format!(
             "secret file:{path} is larger than {MAX_SECRET_BYTES} bytes"
         ));

@@ -189,9 +189,11 @@ impl Store {
             }
             None => None,
         };
+        // Marked for the worker holding it: no other worker needs waking.
+        let mut held = false;
         let (outcome, op) = match (&found, remote_job_id) {
             (Some((id, _)), Some(job)) => {
-                let poked: Option<(uuid::Uuid,)> =
+                let poked: Option<(uuid::Uuid, bool)> =
                     sqlx::query_as(include_str!("sql/operation_poke_by_remote_job.sql"))
                         .bind(provider)
                         .bind(job)
@@ -202,6 +204,7 @@ impl Store {
                 } else {
                     DeliveryOutcome::NotObserving
                 };
+                held = poked.is_some_and(|(_, held)| held);
                 (outcome, Some(*id))
             }
             _ => (DeliveryOutcome::NoOperation, None),
@@ -221,6 +224,7 @@ impl Store {
             return Ok(Delivery::Duplicate);
         }
         if outcome == DeliveryOutcome::Scheduled
+            && !held
             && let Some(id) = op
         {
             sqlx::query(include_str!("sql/notify_work.sql"))

@@ -190,8 +190,9 @@ pub(crate) fn plan<'s>(
             rec.next_action_reason = WEBHOOK_WHILE_LEASED.to_owned();
         } else if matches!(
             rec.state,
-            State::Accepted | State::Observing | State::CancelRequested | State::Cancelling
-        ) {
+            State::Accepted | State::Observing | State::Cancelling
+        ) || (rec.state == State::CancelRequested && rec.cancel_attempts > 0)
+        {
             let soonest = rec.poll_not_before.map_or(now, |t| t.max(now));
             if rec.next_action_at > soonest {
                 rec.next_action_at = soonest;

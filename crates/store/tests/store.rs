@@ -1621,9 +1621,29 @@ async fn a_job_id_as_long_as_a_status_url_is_recorded_and_found() {
 async fn a_webhook_during_a_lease_makes_the_next_read_due_at_once() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let claimed = submit_and_claim(&store, 2, "poked").await;
+    let claimed = submit_and_claim(&store, 3, "poked").await;
     accept_keeping_leases(&store, &claimed.iter().collect::<Vec<_>>()).await;
-    let (poked, quiet) = (&claimed[0], &claimed[1]);
+    let (poked, quiet, cancelled) = (&claimed[0], &claimed[1], &claimed[2]);
+    // Where a cancel not yet sent comes next, a webhook brings nothing forward (it would bring
+    // the cancel call forward, not a status read).
+    let id = cancelled.lease.operation_id;
+    store
+        .request_cancel(id, CancelRequest::new("alice", "stop").unwrap())
+        .await
+        .unwrap();
+    match store
+        .webhook_delivered(
+            "sim",
+            "evt-0",
+            Some(&format!("job_{id}")),
+            Duration::from_secs(3600),
+        )
+        .await
+        .unwrap()
+    {
+        Delivery::New { outcome, .. } => assert_eq!(outcome, DeliveryOutcome::NotObserving),
+        other => panic!("{other:?}"),
+    }
     let job = format!("job_{}", poked.lease.operation_id);
     match store
         .webhook_delivered("sim", "evt-1", Some(&job), Duration::from_secs(3600))

@@ -1,9 +1,11 @@
 -- A verified webhook names a remote job: make its operation due for a status read now (or as soon as
--- the provider's Retry-After allows), if a worker would read its status. While a worker holds the
--- lease the schedule is that worker's: the webhook is left as a mark (`webhook_while_leased`) that
--- the worker's next write honours (its next read is then due at once, the one in flight may have
--- been answered before the job finished). It changes nothing else: the state moves only by a status
--- read, under the normal lease rules.
+-- the provider's Retry-After allows), if a worker would read its status next (not while a cancel
+-- not yet sent is what comes next: a webhook must not bring a cancel call forward). While a worker
+-- holds the lease the schedule is that worker's: the webhook is left as a mark
+-- (`webhook_while_leased`) that the worker's next write honours (its next read is then due at once:
+-- the one in flight may have been answered before the job finished). It changes nothing else: the
+-- state moves only by a status read, under the normal lease rules. `held`: the mark was left (no
+-- worker needs waking).
 UPDATE operations
 SET next_action_at     = CASE WHEN lease_expires_at > now() THEN next_action_at
                               ELSE greatest(now(), coalesce(poll_not_before, now())) END,
@@ -11,7 +13,8 @@ SET next_action_at     = CASE WHEN lease_expires_at > now() THEN next_action_at
                               ELSE 'webhook' END
 WHERE provider = $1
   AND remote_job_id = $2
-  AND state IN ('accepted', 'observing', 'cancel_requested', 'cancelling')
+  AND (state IN ('accepted', 'observing', 'cancelling')
+       OR (state = 'cancel_requested' AND cancel_attempts > 0))
   AND (lease_expires_at > now()
        OR next_action_at > greatest(now(), coalesce(poll_not_before, now())))
-RETURNING id
+RETURNING id, coalesce(lease_expires_at > now(), false) AS held
