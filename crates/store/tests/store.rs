@@ -292,24 +292,20 @@ async fn claim_one(store: &Store, owner: &str, ttl: Duration) -> Claimed {
 async fn a_lease_given_back_is_due_again_by_the_database_clock() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let op = store
-        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
-        .await
-        .unwrap()
-        .operation;
-    let c = claim_one(&store, "w1", Duration::from_secs(30)).await;
+    let c = submit_and_claim(&store, 1, "released").await.remove(0);
     store
         .release(&c.lease, Duration::from_secs(90), "later")
         .await
         .unwrap();
-    let due = store.get(op.id).await.unwrap().next_action_at;
+    let op = store.get(c.lease.operation_id).await.unwrap();
+    let due = op.next_action_at;
     // The delay is counted from the database's clock at release, never a time the worker names.
     let after = (due - c.db_now).num_milliseconds();
     assert!(
         (90_000..95_000).contains(&after),
         "due {after} ms after the claim"
     );
-    assert_eq!(store.get(op.id).await.unwrap().lease_owner, None);
+    assert_eq!(op.lease_owner, None);
 }
 
 #[tokio::test]
