@@ -73,6 +73,9 @@ pub struct Step {
     /// Result bytes to keep in the database with this step (its event, evidence or observed provider
     /// context names their location, [`ResultBytes::location`]): both are written, or neither.
     pub result_bytes: Option<ResultBytes>,
+    /// The state the worker decided this step in (the write may find another: a cancel request
+    /// that landed meanwhile). `None` for steps not decided by a worker.
+    pub decided_in: Option<crate::state::State>,
 }
 
 /// Result bytes kept in the `operation_results` table, written by the transaction of the step that

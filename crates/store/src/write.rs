@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use jobtrail_core::chain::{self, CallEntry, ChainEntry, Linked, storable};
 use jobtrail_core::machine::Transition;
-use jobtrail_core::{CallKind, Event, EventKind, transition};
+use jobtrail_core::{Event, EventKind, transition};
 use sqlx::{Postgres, Transaction};
 use std::time::Duration;
 
@@ -149,17 +149,16 @@ pub(crate) fn plan<'s>(
     };
 
     // The schedule and the lease. A cancel asked for and not yet sent is due at once, whatever a
-    // call decided before the request arrived (a status read in flight scheduled its next read,
-    // maybe minutes off, past the cancel's window). A step with no call (a wait for the provider's
-    // call rate) and a cancel call the provider deferred keep their waits: they were decided for
-    // the cancel.
-    let stale_call = step
-        .call
-        .as_ref()
-        .is_some_and(|c| c.kind != CallKind::Cancel);
+    // step the worker decided before the request arrived scheduled (a status read in flight, or a
+    // wait for an earlier Retry-After, put its next read minutes off, past the cancel's window).
+    // A wait decided for the cancel itself (the provider deferred it; the provider's call rate)
+    // stands.
+    let decided_before_the_cancel = step.decided_in.is_some_and(|s| s != State::CancelRequested);
     let (delay, reason) = match step.next_in {
         Some(_)
-            if rec.state == State::CancelRequested && rec.cancel_attempts == 0 && stale_call =>
+            if rec.state == State::CancelRequested
+                && rec.cancel_attempts == 0
+                && decided_before_the_cancel =>
         {
             (Duration::ZERO, "cancel")
         }

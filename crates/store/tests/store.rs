@@ -495,14 +495,15 @@ async fn a_committed_batch_is_never_applied_a_second_time() {
     );
 }
 
-/// A cancel asked for and not yet sent is due at once after a step a call decided before it
-/// arrived (a status read's next read, seconds off); a wait decided for the cancel itself (the
-/// provider deferred the cancel call; the provider's call rate) stands.
+/// A cancel asked for and not yet sent is due at once after a step the worker decided before it
+/// arrived (a status read's next read, or a wait for an earlier Retry-After, seconds off); a wait
+/// decided for the cancel itself (the provider deferred the cancel call; the provider's call
+/// rate) stands.
 #[tokio::test]
 async fn a_cancel_not_yet_sent_is_due_at_once_unless_the_wait_was_for_the_cancel() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let claimed = submit_and_claim(&store, 3, "cancel-due").await;
+    let claimed = submit_and_claim(&store, 4, "cancel-due").await;
     accept_keeping_leases(&store, &claimed.iter().collect::<Vec<_>>()).await;
     let cancel_call = CallRecord {
         kind: CallKind::Cancel,
@@ -512,20 +513,29 @@ async fn a_cancel_not_yet_sent_is_due_at_once_unless_the_wait_was_for_the_cancel
         ..accepted_create("http://127.0.0.1:1/v1/jobs/x/cancel")
     };
     let cases = [
-        (Some(status_read("running")), -1_000..1_000),
-        (Some(cancel_call), 4_000..6_000),
-        (None, 4_000..6_000),
+        (
+            Some(status_read("running")),
+            State::Observing,
+            -1_000..1_000,
+        ),
+        (None, State::Observing, -1_000..1_000),
+        (Some(cancel_call), State::CancelRequested, 4_000..6_000),
+        (None, State::CancelRequested, 4_000..6_000),
     ];
-    for (c, (call, due_in)) in claimed.iter().zip(cases) {
+    for (c, (call, decided_in, due_in)) in claimed.iter().zip(cases) {
         let id = c.lease.operation_id;
         store
             .request_cancel(id, CancelRequest::new("alice", "stop").unwrap())
             .await
             .unwrap();
-        let what = format!("{:?}", call.as_ref().map(|c| c.kind));
+        let what = format!(
+            "{:?} decided in {decided_in}",
+            call.as_ref().map(|c| c.kind)
+        );
         let step = Step {
             call,
             next_in: Some((Duration::from_secs(5), "later")),
+            decided_in: Some(decided_in),
             ..Default::default()
         };
         let applied = store.apply(&c.lease, step).await.unwrap();

@@ -264,7 +264,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
         let step_cx = step_context(&op);
         let planned =
             opentelemetry::context::FutureExt::with_context(plan(ctx, &op), step_cx.clone()).await;
-        let plan = match planned {
+        let mut plan = match planned {
             Ok(p) => p,
             Err(Stop::LeaseLost) => {
                 metrics::lease_lost();
@@ -276,6 +276,11 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 return out;
             }
         };
+        // What the store needs to tell a step decided before a cancel landed from one decided
+        // for it.
+        for step in plan.first.iter_mut().chain(std::iter::once(&mut plan.step)) {
+            step.decided_in = Some(op.state);
+        }
         // By reference: a step is 776 bytes, and one held here across its write would size the
         // task of every operation in flight for it.
         for step in plan.first.iter().chain(std::iter::once(&plan.step)) {
