@@ -14,8 +14,14 @@ fn ops_address(log: &std::path::Path) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(rest) = text.split("/metrics on ").nth(1) {
-            return rest.split_whitespace().next().unwrap().to_owned();
+        // Only a whole line: the log is read while the process writes it.
+        if let Some((line, _)) = text
+            .split("/metrics on ")
+            .nth(1)
+            .and_then(|rest| rest.split_once('\n'))
+            && let Some(base) = line.split_whitespace().next()
+        {
+            return base.to_owned();
         }
         assert!(
             Instant::now() < deadline,

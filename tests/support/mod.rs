@@ -482,8 +482,15 @@ impl Env {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(rest) = text.split("listening on ").nth(1) {
-                let base = rest.split_whitespace().next().unwrap().to_owned();
+            // Only a whole line: the log is read while the server writes it, and half a line
+            // names half an address.
+            if let Some((line, _)) = text
+                .split("listening on ")
+                .nth(1)
+                .and_then(|rest| rest.split_once('\n'))
+                && let Some(base) = line.split_whitespace().next()
+            {
+                let base = base.to_owned();
                 return Server { child, base, log };
             }
             if Instant::now() > deadline {
