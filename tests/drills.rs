@@ -542,6 +542,11 @@ async fn drill_result_endings_land_where_the_brief_says() {
     .await
     .unwrap();
     assert_eq!(bytes.len() as i64, p.result_size.unwrap());
+    // What each row tells its agent of the result is what its chain records.
+    for id in [timeout.id, invalid.id, gone.id, partial.id] {
+        let report = env.store.verify_operation(id).await.unwrap();
+        assert!(report.is_clean(), "{id}: {:#?}", report.breaks);
+    }
     env.stop_workers().await;
 }
 

@@ -1553,6 +1553,16 @@ async fn a_step_column_edited_beside_the_chain_is_found() {
             "conflicting_remote_job_id = 'job_other'",
             "conflicting_remote_job_id",
         ),
+        (
+            finished.id,
+            r#"result_summary = '{"items": 4, "verdict": "all clear"}'"#,
+            "result_summary",
+        ),
+        (
+            finished.id,
+            "result_content_type = 'text/html'",
+            "result_content_type",
+        ),
     ];
     for (id, set, _) in &edits {
         exec(
@@ -1583,7 +1593,7 @@ async fn a_step_column_edited_beside_the_chain_is_found() {
     );
     // The auditor's role reads what it compares (verify runs as the owner here).
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::raw_sql("SET ROLE jobtrail_auditor; SELECT state_changed_at, finished_at, escalated_at, escalation_reason, conflicting_remote_job_id, create_deadline, result_deadline, cancel_deadline FROM operations")
+    sqlx::raw_sql("SET ROLE jobtrail_auditor; SELECT state_changed_at, finished_at, escalated_at, escalation_reason, conflicting_remote_job_id, create_deadline, result_deadline, cancel_deadline, result_summary, result_content_type FROM operations")
         .execute(&mut c)
         .await
         .unwrap();

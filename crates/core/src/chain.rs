@@ -250,6 +250,11 @@ pub struct ChainedColumns {
     /// `None` where a link written before deadlines were recorded in the chain moved them (or the
     /// submission predates them): then they are not checked.
     pub deadlines: Option<Deadlines>,
+    /// What the agent is told of its result: the last validated result's summary, the rules a
+    /// result broke, or why it could not be had.
+    pub result_summary: Option<serde_json::Value>,
+    /// The content type the last validated result was served with.
+    pub result_content_type: Option<String>,
 }
 
 /// An operation's deadlines as its chain sets them.
@@ -306,6 +311,8 @@ pub fn chained_columns(
         escalation_reason: None,
         conflicting_remote_job_id: None,
         deadlines: None,
+        result_summary: None,
+        result_content_type: None,
     };
     let mut remote_job_id = first.remote_job_id.as_deref();
     for e in &entries[1..] {
@@ -334,6 +341,23 @@ pub fn chained_columns(
                     .get("other_job_id")
                     .and_then(|v| v.as_str())
                     .map(str::to_owned);
+            }
+            "result_validated" => {
+                out.result_summary = d.get("summary").cloned();
+                out.result_content_type = d
+                    .get("content_type")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned);
+            }
+            "result_invalid" => {
+                out.result_summary = d
+                    .get("violations")
+                    .map(|v| serde_json::json!({ "violations": v }));
+            }
+            "result_unavailable" => {
+                out.result_summary = d
+                    .get("why")
+                    .map(|v| serde_json::json!({ "unavailable": v }));
             }
             "cancel_requested" | "withdraw" => {
                 if let Some(dl) = &mut deadlines

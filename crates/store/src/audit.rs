@@ -113,6 +113,8 @@ struct Facts {
     result_location: Option<String>,
     result_size: Option<i64>,
     result_sha256: Option<String>,
+    result_summary: Option<serde_json::Value>,
+    result_content_type: Option<String>,
     cancel_requested_at: Option<DateTime<Utc>>,
     cancel_requested_by: Option<String>,
     cancel_reason: Option<String>,
@@ -801,6 +803,10 @@ fn check_operation(
                 .unwrap_or_else(|| "none".into())
         };
         let text = |t: &Option<String>| t.clone().unwrap_or_else(|| "none".into());
+        // Compared as JSON values (both went through `jsonb`), shown as their text.
+        let json = |v: &Option<serde_json::Value>| {
+            v.as_ref().map_or_else(|| "none".into(), |v| v.to_string())
+        };
         let mut replayed = vec![
             (
                 "state_changed_at",
@@ -818,6 +824,16 @@ fn check_operation(
                 "conflicting_remote_job_id",
                 text(&c.conflicting_remote_job_id),
                 text(&f.conflicting_remote_job_id),
+            ),
+            (
+                "result_summary",
+                json(&c.result_summary),
+                json(&f.result_summary),
+            ),
+            (
+                "result_content_type",
+                text(&c.result_content_type),
+                text(&f.result_content_type),
             ),
         ];
         if let Some(d) = c.deadlines {
