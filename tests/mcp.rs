@@ -901,3 +901,94 @@ async fn an_mcp_call_with_a_key_twice_is_refused_and_writes_nothing() {
     let _ = taken.bytes().await;
     assert_eq!(env.store.totals().await.unwrap().0, 1);
 }
+
+/// An agent's trace reaches its operations over MCP as over the HTTP API: the W3C `traceparent` in
+/// a tool call's `_meta` (MCP SEP-414), else the Streamable HTTP request's `traceparent` header; one
+/// that is not valid is ignored (the operation starts a trace of its own), over both transports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_trace_reaches_its_operations_over_mcp() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let token = env.token("agent-traced", &["submit", "read"]).await;
+    let header_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let meta_trace = "0af7651916cd43dd8448eb211c80319c";
+    let parent = |trace: &str| format!("00-{trace}-00f067aa0ba902b7-01");
+    // What a submit with this `_meta.traceparent` (or none) records as its operation's trace.
+    let submitted_trace = async |client: &Client, traceparent: Option<&str>| {
+        let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7());
+        let mut params = CallToolRequestParams::new("submit_operation").with_arguments(
+            json!({"id": id.to_string(), "provider": "sim", "target": "reports",
+                   "approved_by": "alice", "request": request(json!({}))})
+            .as_object()
+            .cloned()
+            .unwrap(),
+        );
+        if let Some(t) = traceparent {
+            let mut meta = RequestMetaObject::new();
+            meta.set_traceparent(t);
+            params.meta = Some(meta);
+        }
+        let r = tokio::time::timeout(Duration::from_secs(30), client.call_tool(params))
+            .await
+            .expect("tool call in time")
+            .expect("tool call");
+        assert_eq!(r.is_error, Some(false), "{r:?}");
+        env.store.get(id).await.unwrap().trace_id.to_string()
+    };
+    let invalid = [
+        // All-zero trace id and span id are invalid by the W3C spec, as is anything unparsable.
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01".to_owned(),
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01".to_owned(),
+        "not a traceparent".to_owned(),
+        format!("00-{meta_trace}"),
+    ];
+
+    // Streamable HTTP, every request carrying the agent's `traceparent` header.
+    let headers = std::collections::HashMap::from([(
+        reqwest::header::HeaderName::from_static("traceparent"),
+        reqwest::header::HeaderValue::from_str(&parent(header_trace)).unwrap(),
+    )]);
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(server.url("/mcp"))
+            .auth_header(&token)
+            .custom_headers(headers),
+    );
+    let http = tokio::time::timeout(Duration::from_secs(20), config(false).serve(transport))
+        .await
+        .expect("initialize in time")
+        .expect("initialize");
+    assert_eq!(submitted_trace(&http, None).await, header_trace);
+    assert_eq!(
+        submitted_trace(&http, Some(&parent(meta_trace))).await,
+        meta_trace,
+        "the call's own context comes before its transport's"
+    );
+    for bad in &invalid {
+        assert_eq!(
+            submitted_trace(&http, Some(bad)).await,
+            header_trace,
+            "{bad}"
+        );
+    }
+    let _ = http.cancel().await;
+
+    // stdio: `_meta` is the only carrier; the stdio server passes it on to the API.
+    let stdio = over_stdio(&server, &token, false).await;
+    assert_eq!(
+        submitted_trace(&stdio, Some(&parent(meta_trace))).await,
+        meta_trace
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for bad in invalid.iter().map(Some).chain([None]) {
+        let t = submitted_trace(&stdio, bad.map(String::as_str)).await;
+        assert!(
+            t != meta_trace && t != header_trace && t.len() == 32,
+            "{bad:?}: {t}"
+        );
+        assert!(
+            seen.insert(t),
+            "each operation without a caller's trace has its own"
+        );
+    }
+    let _ = stdio.cancel().await;
+}

@@ -228,6 +228,22 @@ fn mcp_error(e: ServiceError) -> McpError {
     }
 }
 
+/// The caller's trace, which the operation's provider calls then join: the W3C `traceparent` in
+/// the call's `_meta` (MCP SEP-414: it names the tool call's own span), else the HTTP request's
+/// `traceparent` header (Streamable HTTP). One that is not valid is ignored, as the W3C spec asks:
+/// the operation then starts a trace of its own.
+fn caller_trace(ctx: &RequestContext<RoleServer>) -> Option<jobtrail_core::TraceId> {
+    let from = |v: &str| {
+        let mut h = http::HeaderMap::new();
+        h.insert("traceparent", http::HeaderValue::from_str(v).ok()?);
+        jobtrail_provider::wire::extract_trace(&h)
+    };
+    ctx.meta.get_traceparent().and_then(from).or_else(|| {
+        let parts = ctx.extensions.get::<http::request::Parts>()?;
+        jobtrail_provider::wire::extract_trace(&parts.headers)
+    })
+}
+
 #[tool_router]
 impl JobtrailMcp {
     pub fn new(backend: Backend) -> Self {
@@ -273,7 +289,7 @@ impl JobtrailMcp {
             Ok(o) => o,
             Err(e) => return Ok(tool_error(e).into()),
         };
-        let r = match ops.submit(req, None).await {
+        let r = match ops.submit(req, caller_trace(&ctx)).await {
             Ok(r) => r,
             Err(e) => return Ok(tool_error(e).into()),
         };
