@@ -1928,3 +1928,136 @@ async fn a_caller_sends_a_bounded_number_of_bodies_at_once() {
         "answered, the turn is free"
     );
 }
+
+/// A caller holds at most `--open-per-caller` operations open (not yet finished) at once, counted
+/// by the database across servers: a submit past it is refused with 429 `too-many-open` and writes
+/// nothing, a batch as a whole; the same id again is answered as ever; other callers are not held
+/// back; an operation that finishes makes room. Concurrent submits through two servers never open
+/// more than the cap between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_holds_at_most_its_cap_of_open_operations() {
+    let mut env = Env::new().await;
+    let cap = [
+        ("JOBTRAIL_OPEN_PER_CALLER", "3"),
+        ("JOBTRAIL_BODIES_PER_CALLER", "32"),
+    ];
+    let one = env.serve_with("api-1", &cap);
+    let two = env.serve_with("api-2", &cap);
+    let c = support::http();
+    let alice = env
+        .token("agent-alice", &["submit", "read", "cancel"])
+        .await;
+    let bob = env.token("agent-bob", &["submit", "read"]).await;
+    let new_id = || jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    let item = |id: &str| {
+        json!({"id": id, "provider": "sim", "target": "reports", "approved_by": "alice",
+               "request": body(json!({"duration_ms": 200}))})
+    };
+    let submit = |server: &support::Server, token: &str, id: &str| {
+        c.post(server.url("/v1/operations"))
+            .bearer_auth(token)
+            .json(&item(id))
+            .send()
+    };
+    let db_url = env.url.clone();
+    let open_of = async |caller: &str| {
+        let mut conn = sqlx::PgConnection::connect(&db_url).await.unwrap();
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM operations WHERE caller = $1 AND finished_at IS NULL",
+        )
+        .bind(caller)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        n
+    };
+
+    // Concurrent submits of one caller through both servers: three are taken, the rest refused.
+    let ids: Vec<String> = (0..12).map(|_| new_id()).collect();
+    let answers = futures::future::join_all(
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| submit(if i % 2 == 0 { &one } else { &two }, &alice, id)),
+    )
+    .await;
+    let mut taken = Vec::new();
+    for (id, r) in ids.iter().zip(answers) {
+        let r = r.unwrap();
+        if r.status() == StatusCode::CREATED {
+            taken.push(id.clone());
+            continue;
+        }
+        let p = problem(r, StatusCode::TOO_MANY_REQUESTS, "too-many-open").await;
+        assert_eq!(
+            (&p["extra"]["open"], &p["extra"]["limit"]),
+            (&json!(4), &json!(3)),
+            "{p}"
+        );
+        assert!(
+            p["detail"].as_str().unwrap().contains("--open-per-caller"),
+            "{p}"
+        );
+    }
+    assert_eq!(taken.len(), 3, "{taken:?}");
+    assert_eq!(open_of("agent-alice").await, 3);
+    assert_eq!(
+        env.store.totals().await.unwrap().0,
+        3,
+        "a refused submit wrote nothing"
+    );
+
+    // The same id again is the same operation, at the cap or not.
+    let again = submit(&one, &alice, &taken[0]).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    // Refused without Retry-After: when room comes is the providers' doing, not a rate.
+    let r = submit(&two, &alice, &new_id()).await.unwrap();
+    assert!(r.headers().get(reqwest::header::RETRY_AFTER).is_none());
+    problem(r, StatusCode::TOO_MANY_REQUESTS, "too-many-open").await;
+    // Another caller is not held back; its batch past the cap is refused whole, nothing of it
+    // written, as the batch's refusal (not an item's).
+    let batch = || json!({"operations": [item(&new_id()), item(&new_id())]});
+    let post_batch = |b: Value| {
+        c.post(one.url("/v1/operations:batch"))
+            .bearer_auth(&bob)
+            .json(&b)
+            .send()
+    };
+    assert_eq!(
+        post_batch(batch()).await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    let p = problem(
+        post_batch(batch()).await.unwrap(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-open",
+    )
+    .await;
+    assert!(!p["detail"].as_str().unwrap().starts_with("item"), "{p}");
+    assert_eq!(
+        (&p["extra"]["open"], &p["extra"]["limit"]),
+        (&json!(4), &json!(3)),
+        "{p}"
+    );
+    assert_eq!(open_of("agent-bob").await, 2);
+
+    // Finished operations make room.
+    env.start_worker("w1", Duration::from_secs(5));
+    for id in &taken {
+        let op = env
+            .wait_settled(id.parse().unwrap(), Duration::from_secs(30))
+            .await;
+        assert_eq!(op.state, jobtrail_core::State::Succeeded);
+    }
+    assert_eq!(open_of("agent-alice").await, 0);
+    for server in [&one, &two, &one] {
+        let r = submit(server, &alice, &new_id()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    problem(
+        submit(&two, &alice, &new_id()).await.unwrap(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-open",
+    )
+    .await;
+    env.stop_workers().await;
+}

@@ -199,7 +199,7 @@ fn every_route_may_answer(doc: &mut utoipa::openapi::OpenApi) {
     };
     let limited = ResponseBuilder::new()
         .description(
-            "Rate-limited: too many requests from this address or token, or too many waits, MCP sessions, results or request bodies (for a webhook: payloads of its provider) held at once. Nothing was done: try again after `Retry-After` seconds (also `extra.retry_after_secs`)",
+            "Rate-limited: too many requests from this address or token, or too many waits, MCP sessions, results or request bodies (for a webhook: payloads of its provider) held at once. Nothing was done: try again after `Retry-After` seconds (also `extra.retry_after_secs`). A submit (or a batch) may instead be refused as `too-many-open`, without `Retry-After`: the caller holds as many open operations as the server allows (`extra.open`, `extra.limit`); nothing was written, wait for some to finish",
         )
         .content(PROBLEM_JSON, problem())
         .header(

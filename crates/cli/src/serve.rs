@@ -78,6 +78,14 @@ pub struct ServeArgs {
           default_value_t = jobtrail_mcp::SESSIONS_PER_CALLER,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub mcp_sessions_per_caller: u32,
+    /// Operations one caller may hold open (not yet finished: running, or waiting for a person) at
+    /// once, counted across every server by the database; a submit past it is refused (429
+    /// too-many-open) and writes nothing. A guard against a runaway agent starting paid jobs
+    /// without end.
+    #[arg(long, env = "JOBTRAIL_OPEN_PER_CALLER",
+          default_value_t = jobtrail_service::OPEN_PER_CALLER,
+          value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    pub open_per_caller: u32,
     /// Waits (HTTP and MCP) one caller may hold open at once; past it, another is refused (429).
     #[arg(long, env = "JOBTRAIL_WAITS_PER_CALLER",
           default_value_t = jobtrail_service::WAITS_PER_CALLER as u32,
@@ -172,6 +180,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         }
         None => jobtrail_service::Service::new(store, registry),
     };
+    service.set_open_per_caller(a.open_per_caller);
     service.set_waits_per_caller(a.waits_per_caller as usize);
     service.set_results_per_caller(a.results_per_caller as usize);
     service.set_bodies_per_caller(a.bodies_per_caller as usize);

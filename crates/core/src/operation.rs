@@ -154,6 +154,10 @@ pub struct Entropy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SubmitLimits {
     pub max_body_bytes: usize,
+    /// Operations one caller may hold open (not yet terminal: running, or waiting for a person)
+    /// at once; a submit that would open one more is refused ([`SubmitError::TooManyOpen`]).
+    /// `None`: no cap (the library's default; `jobtrail serve` sets one).
+    pub max_open_per_caller: Option<u32>,
 }
 
 /// The largest request body any contract may allow.
@@ -166,6 +170,7 @@ impl Default for SubmitLimits {
     fn default() -> Self {
         Self {
             max_body_bytes: MAX_BODY_BYTES,
+            max_open_per_caller: None,
         }
     }
 }
@@ -251,6 +256,14 @@ pub enum SubmitError {
         operation_id: OperationId,
         stored: Fingerprint,
         submitted: Fingerprint,
+    },
+    #[error(
+        "caller {caller} may hold {limit} open operations at once (the server's --open-per-caller) and this submit would make it {open}: nothing was submitted; wait for some to finish (or cancel some), then submit again"
+    )]
+    TooManyOpen {
+        caller: String,
+        open: i64,
+        limit: u32,
     },
     #[error("operation {0} named by supersedes does not exist")]
     SupersededMissing(OperationId),
@@ -512,7 +525,10 @@ mod tests {
         let v = |s: Submission| {
             s.validate(
                 &terms(),
-                SubmitLimits { max_body_bytes: 16 },
+                SubmitLimits {
+                    max_body_bytes: 16,
+                    ..SubmitLimits::default()
+                },
                 now(),
                 entropy(),
             )

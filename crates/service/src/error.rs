@@ -27,6 +27,9 @@ pub enum Kind {
     TooLarge,
     /// Too many requests from this address or token: slow down (`Retry-After` says how long).
     RateLimited,
+    /// The caller holds as many open operations as the server lets one caller hold: nothing was
+    /// submitted. Wait for some to finish (no `Retry-After`: that depends on the providers).
+    TooManyOpen,
 }
 
 impl Kind {
@@ -37,7 +40,11 @@ impl Kind {
             Kind::BadInput | Kind::TooLarge => 2,
             Kind::NotFound => 3,
             Kind::Conflict => 4,
-            Kind::Unavailable | Kind::Unauthenticated | Kind::Forbidden | Kind::RateLimited => 5,
+            Kind::Unavailable
+            | Kind::Unauthenticated
+            | Kind::Forbidden
+            | Kind::RateLimited
+            | Kind::TooManyOpen => 5,
             Kind::Tampered => 8,
         }
     }
@@ -51,7 +58,7 @@ impl Kind {
             Kind::NotFound => 404,
             Kind::Conflict | Kind::NotSucceeded => 409,
             Kind::TooLarge => 413,
-            Kind::RateLimited => 429,
+            Kind::RateLimited | Kind::TooManyOpen => 429,
             Kind::Tampered => 500,
             Kind::Unavailable => 503,
         }
@@ -70,6 +77,7 @@ impl Kind {
             Kind::Unavailable => "unavailable",
             Kind::TooLarge => "too-large",
             Kind::RateLimited => "rate-limited",
+            Kind::TooManyOpen => "too-many-open",
         }
     }
 
@@ -90,11 +98,12 @@ impl Kind {
             Kind::Unavailable => "Temporarily unavailable",
             Kind::TooLarge => "Request body too large",
             Kind::RateLimited => "Too many requests: slow down",
+            Kind::TooManyOpen => "Too many open operations: nothing was submitted",
         }
     }
 }
 
-pub const ALL: [Kind; 10] = [
+pub const ALL: [Kind; 11] = [
     Kind::BadInput,
     Kind::Unauthenticated,
     Kind::Forbidden,
@@ -105,6 +114,7 @@ pub const ALL: [Kind; 10] = [
     Kind::Unavailable,
     Kind::TooLarge,
     Kind::RateLimited,
+    Kind::TooManyOpen,
 ];
 
 /// A refused or failed request, with a message for the person or agent who sent it.
@@ -186,6 +196,10 @@ impl From<StoreError> for ServiceError {
                 }));
             }
             StoreError::Submit(jobtrail_core::SubmitError::BodyTooLarge { .. }) => Kind::TooLarge,
+            StoreError::Submit(jobtrail_core::SubmitError::TooManyOpen { open, limit, .. }) => {
+                return ServiceError::new(Kind::TooManyOpen, e.to_string())
+                    .with_detail(serde_json::json!({ "open": open, "limit": limit }));
+            }
             StoreError::Submit(_) => Kind::BadInput,
             StoreError::Stale {
                 current, seq, seen, ..

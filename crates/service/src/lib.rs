@@ -67,7 +67,13 @@ pub struct Service {
     hinting: per_caller::PerCaller,
     /// ... and by provider and sending address, so one address holds a part of them only.
     hinting_from: per_caller::PerCaller,
+    /// Operations one caller may hold open at once ([`SubmitLimits::max_open_per_caller`]).
+    open_per_caller: std::sync::atomic::AtomicU32,
 }
+
+/// Operations one caller may hold open (not yet terminal) at once by default: a runaway agent
+/// cannot start paid jobs without end, nor fill the database, while its operations pile up.
+pub const OPEN_PER_CALLER: u32 = 10_000;
 
 /// Results one caller may be sent at once by default: each is held in memory until the last of it
 /// is handed to the connection, so a reader that stops reading holds one.
@@ -142,11 +148,28 @@ impl Service {
             receiving: per_caller::PerCaller::new(BODIES_PER_CALLER),
             hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
             hinting_from: per_caller::PerCaller::new(per_sender(WEBHOOK_BODIES_PER_PROVIDER)),
+            open_per_caller: std::sync::atomic::AtomicU32::new(OPEN_PER_CALLER),
             store,
             operator_store,
             terms: registry.terms(),
             registry: Arc::new(registry),
         })
+    }
+
+    /// Operations one caller may hold open at once from now on (at least 1).
+    pub fn set_open_per_caller(&self, n: u32) {
+        self.open_per_caller
+            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn submit_limits(&self) -> SubmitLimits {
+        SubmitLimits {
+            max_open_per_caller: Some(
+                self.open_per_caller
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            ..SubmitLimits::default()
+        }
     }
 
     /// Waits one caller may hold open at once from now on (at least 1).
@@ -392,7 +415,7 @@ impl Service {
         let submission = self.submission(p, req, trace).await?;
         let s = match self
             .store
-            .submit_new(&submission, &self.terms, SubmitLimits::default())
+            .submit_new(&submission, &self.terms, self.submit_limits())
             .await
         {
             Ok(s) => s,
@@ -445,9 +468,13 @@ impl Service {
         }
         let written = self
             .store
-            .submit_new_batch(&submissions, &self.terms, SubmitLimits::default())
+            .submit_new_batch(&submissions, &self.terms, self.submit_limits())
             .await
-            .map_err(|(i, e)| item(i, e.into()))?;
+            .map_err(|(i, e)| match e {
+                // The batch as a whole is over the caller's cap, not one item of it.
+                e @ StoreError::Submit(jobtrail_core::SubmitError::TooManyOpen { .. }) => e.into(),
+                e => item(i, e.into()),
+            })?;
         Ok(written
             .into_iter()
             .map(|s| SubmitResponse {

@@ -442,7 +442,8 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
         let intent = submission.validate(terms, limits, now, draw_entropy()?)?;
-        self.submit_in(tx, &intent).await
+        self.submit_in(tx, &intent, limits.max_open_per_caller)
+            .await
     }
 
     /// Submit many operations in one transaction (an agent fanning out): all are written, or none.
@@ -507,6 +508,15 @@ impl Store {
             }
             written.push((intent.operation_id, created));
         }
+        // Counted once the batch is written (all of it, or none, is taken); each caller once.
+        if let Some(cap) = limits.max_open_per_caller {
+            let mut callers: Vec<&str> = submissions.iter().map(|s| s.caller.as_str()).collect();
+            callers.sort_unstable();
+            callers.dedup();
+            for caller in callers {
+                within_open_cap(&mut tx, caller, cap).await.map_err(whole)?;
+            }
+        }
         sqlx::query(include_str!("sql/notify_work.sql"))
             .bind("batch")
             .execute(&mut *tx)
@@ -528,13 +538,14 @@ impl Store {
     /// id is refused and nothing is written.
     pub async fn submit(&self, intent: &Intent) -> Result<Submitted, StoreError> {
         let tx = self.begin_write().await?;
-        self.submit_in(tx, intent).await
+        self.submit_in(tx, intent, None).await
     }
 
     async fn submit_in(
         &self,
         mut tx: Transaction<'_, Postgres>,
         intent: &Intent,
+        open_cap: Option<u32>,
     ) -> Result<Submitted, StoreError> {
         let superseded = match intent.supersedes {
             Some(old) => lock_superseded(&mut tx, old, intent.operation_id).await?,
@@ -555,6 +566,9 @@ impl Store {
                 operation: existing,
                 created: false,
             });
+        }
+        if let Some(cap) = open_cap {
+            within_open_cap(&mut tx, &intent.caller, cap).await?;
         }
         if let Some(old) = superseded {
             link_superseded(&mut tx, old, intent).await?;
@@ -1161,6 +1175,33 @@ async fn job_not_owned_elsewhere(
 }
 
 /// Insert an intent and its first history link. False when the id already exists (nothing written).
+/// Refuse (the caller's transaction then rolls back) if `caller` now holds more than `cap` open
+/// operations, counting what this transaction wrote. Taken under a lock per caller held until
+/// commit, so concurrent submits of one caller (through any server) are counted one after the other.
+async fn within_open_cap(
+    tx: &mut Transaction<'_, Postgres>,
+    caller: &str,
+    cap: u32,
+) -> Result<(), StoreError> {
+    sqlx::query(include_str!("sql/caller_open_lock.sql"))
+        .bind(caller)
+        .execute(&mut **tx)
+        .await?;
+    let (open,): (i64,) = sqlx::query_as(include_str!("sql/caller_open_count.sql"))
+        .bind(caller)
+        .fetch_one(&mut **tx)
+        .await?;
+    if open > i64::from(cap) {
+        return Err(SubmitError::TooManyOpen {
+            caller: caller.to_owned(),
+            open,
+            limit: cap,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 async fn insert_intent(
     tx: &mut Transaction<'_, Postgres>,
     intent: &Intent,

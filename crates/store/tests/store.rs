@@ -170,7 +170,10 @@ async fn bad_input_is_refused_and_nothing_is_written() {
     cases.push((
         "too large (configured)",
         submission(r#"{"a":"0123456789"}"#),
-        SubmitLimits { max_body_bytes: 8 },
+        SubmitLimits {
+            max_body_bytes: 8,
+            ..SubmitLimits::default()
+        },
     ));
     let mut past = submission("{}");
     past.create_deadline = Some(now - chrono::Duration::seconds(5));
