@@ -153,6 +153,8 @@ pub enum CancelOutcome {
         http_status: Option<u16>,
         reason: String,
     },
+    /// Not now (a `429`/`503` with its wait), or nothing reached the provider: the job was not
+    /// asked, so within the window it is no attempt and the cancel goes again.
     RetryLater {
         delay: Option<Duration>,
         reason: String,

@@ -1363,6 +1363,16 @@ impl HttpProvider {
             .await;
         let ctx = self.context_after(op, &ex, None);
         let (outcome, d) = match self.verdict(CallName::Cancel, &ex) {
+            // Nothing reached the provider (refused connection, a secret missing): the job was not
+            // asked, so this is no attempt; the cancel goes again (within the window), even where
+            // the contract does not let a sent cancel be repeated.
+            Verdict::Wire(e) if e.not_sent() => (
+                CancelOutcome::RetryLater {
+                    delay: None,
+                    reason: format!("not sent: {}", e.class()),
+                },
+                format!("not sent: {}", e.class()),
+            ),
             Verdict::Wire(e) => (
                 CancelOutcome::Failed {
                     error_class: e.class().into(),

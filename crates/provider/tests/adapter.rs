@@ -416,6 +416,17 @@ async fn a_provider_that_is_down_means_nothing_was_sent() {
             error_class: "connect_failed".into()
         }
     );
+    // A cancel that never left asked nothing of the job: "not now", not a spent attempt.
+    let mut created = op.clone();
+    created.remote_job_id = Some("job_1".into());
+    created.state = jobtrail_core::State::CancelRequested;
+    assert_eq!(
+        dead.cancel(&created, 1.into()).await.outcome,
+        CancelOutcome::RetryLater {
+            delay: None,
+            reason: "not sent: connect_failed".into()
+        }
+    );
 }
 
 #[tokio::test]
