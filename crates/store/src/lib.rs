@@ -1083,6 +1083,18 @@ impl Store {
         };
         let mut tx = self.begin_write().await?;
         let locked = lock_as_seen(&mut tx, id, seen_state, seen_seq).await?;
+        // What a person found at the provider settles the create only if no worker is creating
+        // or looking up the job this moment: its answer (a job it just created) would land after
+        // the decision, be refused, and a retry of a "not created" operation start a second job.
+        if matches!(
+            step.event,
+            Some(Event::AdoptRemoteJob { .. } | Event::DeclareNotCreated { .. })
+        ) && let Some((owner, until)) = locked.live_lease()
+        {
+            return Err(StoreError::Conflict(format!(
+                "worker {owner} holds {id} until {until}: it may be creating or looking up the job at this moment, so what you found may already be out of date; wait until it settles the create (create_unresolved comes to a person) or its lease ends, then decide again"
+            )));
+        }
         if let Some(Event::AdoptRemoteJob { remote_job_id, .. }) = &step.event {
             job_not_owned_elsewhere(&mut tx, id, locked.row_provider(), remote_job_id).await?;
         }

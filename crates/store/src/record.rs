@@ -333,6 +333,12 @@ impl LockedRow {
     pub(crate) fn row_cancel_requested(&self) -> bool {
         self.row.cancel_requested_at.is_some()
     }
+    /// Who holds the row's lease and until when, if it is still running (by the database clock).
+    pub(crate) fn live_lease(&self) -> Option<(&str, DateTime<Utc>)> {
+        let owner = self.row.lease_owner.as_deref()?;
+        let until = self.row.lease_expires_at?;
+        (until > self.db_now).then_some((owner, until))
+    }
     pub(crate) fn row_lease_owner(&self) -> Option<&str> {
         self.row.lease_owner.as_deref()
     }

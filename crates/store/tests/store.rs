@@ -1725,3 +1725,59 @@ async fn an_unknown_database_url_parameter_is_refused_without_its_value() {
         .unwrap();
     store.totals().await.unwrap();
 }
+
+/// A person may settle an unsettled create (adopt a job, declare none created) only while no worker
+/// holds the operation: a worker resending the create or looking the job up may land a job after
+/// the decision, whose answer would be refused, and a retry of "not created" start a second one.
+#[tokio::test]
+async fn a_create_is_not_settled_by_a_person_while_a_worker_holds_it() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let c = submit_and_claim(&store, 1, "held").await.remove(0);
+    let id = c.lease.operation_id;
+    let unknown = Step {
+        keep_lease: true,
+        ..Step::event(Event::CreateAmbiguous {
+            error_class: "timeout".into(),
+        })
+        .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"))
+    };
+    store.apply(&c.lease, unknown).await.unwrap();
+    let decisions = || {
+        let d = || Decision::new("alice", "looked at the provider's console").unwrap();
+        [
+            Step::event(Event::DeclareNotCreated { decision: d() }),
+            Step::event(Event::AdoptRemoteJob {
+                decision: d(),
+                remote_job_id: "job_seen".into(),
+            }),
+        ]
+    };
+    for step in decisions() {
+        let e = store
+            .decide(id, State::CreateUnknown, None, step)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Conflict(m) if m.contains("holds")),
+            "{e:?}"
+        );
+    }
+    let op = store.get(id).await.unwrap();
+    assert_eq!(
+        (op.state, op.history_seq),
+        (State::CreateUnknown, 2),
+        "nothing written"
+    );
+    // Once the worker gives the lease back, the person decides.
+    store
+        .release(&c.lease, Duration::ZERO, "test")
+        .await
+        .unwrap();
+    let [declare, _] = decisions();
+    let applied = store
+        .decide(id, State::CreateUnknown, None, declare)
+        .await
+        .unwrap();
+    assert_eq!(applied.record.state, State::NotCreated);
+}
