@@ -1325,6 +1325,18 @@ impl HttpProvider {
         })
     }
 
+    /// The state a status document names when the contract maps it to another phase than
+    /// succeeded (running, failed, cancelled). A document that names no state, or one the contract
+    /// does not map, says nothing against the success already seen.
+    fn not_succeeded_in(&self, ex: &Exchange) -> Option<String> {
+        let spec = &self.contract.status;
+        let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok()?;
+        let state = spec.state_in(&json)?;
+        spec.phase(&state)
+            .is_some_and(|p| p != Phase::Succeeded)
+            .then_some(state)
+    }
+
     /// The state a cancel's answer names, when the contract maps it to cancelled: only a state
     /// the body states (never a status code, never `state_absent`: an empty answer confirms
     /// nothing).
@@ -1508,6 +1520,23 @@ impl HttpProvider {
                 },
                 "refused: the result repeats a credential".into(),
             ),
+            // A result read from the status (or the resource) is that document read again: it
+            // must still say the job succeeded, or it is no result (a provider that went back to
+            // "running", or answered from a stale replica). Read again, within the failure budget.
+            Verdict::Success | Verdict::AlreadyExists
+                if matches!(spec.from, ResultFrom::Status | ResultFrom::Resource)
+                    && let Some(state) = self.not_succeeded_in(&ex) =>
+            {
+                (
+                    ResultOutcome::Failed {
+                        error_class: "status_no_longer_succeeded".into(),
+                    },
+                    format!(
+                        "failed: the status read for the result says {:?}, not a success",
+                        text::truncate(state, MAX_STATE_BYTES)
+                    ),
+                )
+            }
             Verdict::Success | Verdict::AlreadyExists => {
                 let header = |name: &http::HeaderName| {
                     ex.headers

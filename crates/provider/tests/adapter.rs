@@ -1150,3 +1150,61 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
     }
     server.abort();
 }
+
+/// A result read from the status document (or the resource) is that document read again: if it
+/// no longer says the job succeeded (a provider gone back to "running", or a stale replica that
+/// says "failed"), it is no result, and is read again within the failure budget; never kept as
+/// one. A document that names no state, or one the contract does not map, says nothing against
+/// the success already seen. Over real HTTP from a provider on 127.0.0.1.
+#[tokio::test]
+async fn a_status_read_for_the_result_that_no_longer_says_succeeded_is_no_result() {
+    use jobtrail_provider::contract::ResultFrom;
+    use std::sync::{Arc, Mutex};
+    let answer = Arc::new(Mutex::new(String::new()));
+    let app = axum::Router::new().route(
+        "/v1/jobs/{id}",
+        axum::routing::get({
+            let answer = answer.clone();
+            move || {
+                let body = answer.lock().unwrap().clone();
+                async move { ([("content-type", "application/json")], body) }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    for from in [ResultFrom::Status, ResultFrom::Resource] {
+        let h = harness_with(jobtrail_sim::Config::default(), |_| {
+            let mut c = contract("sim", &format!("http://{addr}"));
+            c.result.as_mut().unwrap().from = from;
+            c
+        })
+        .await;
+        let mut op = h.op(serde_json::json!({})).await;
+        op.remote_job_id = Some("job_1".into());
+        op.state = jobtrail_core::State::ResultCollecting;
+        for (body, kept) in [
+            (serde_json::json!({"state": "running"}), false),
+            (
+                serde_json::json!({"state": "failed", "error": "late"}),
+                false,
+            ),
+            (serde_json::json!({"state": "cancelled"}), false),
+            (serde_json::json!({"state": "succeeded", "items": []}), true),
+            (serde_json::json!({"items": []}), true),
+            (serde_json::json!({"state": "archived", "items": []}), true),
+        ] {
+            *answer.lock().unwrap() = body.to_string();
+            let r = h.provider.fetch_result(&op, 1.into()).await;
+            match (&r.outcome, kept) {
+                (ResultOutcome::Fetched(f), true) => assert_eq!(f.bytes, body.to_string()),
+                (ResultOutcome::Failed { error_class }, false) => {
+                    assert_eq!(error_class, "status_no_longer_succeeded")
+                }
+                (other, _) => panic!("{from:?} {body}: {other:?}"),
+            }
+        }
+    }
+    server.abort();
+}
