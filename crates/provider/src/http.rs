@@ -408,9 +408,13 @@ impl HttpProvider {
             .contract
             .access(&u)
             .ok_or_else(|| Refused::Foreign(u.clone()))?;
-        for (k, v) in &self.contract.query {
-            if !u.query_pairs().any(|(qk, _)| qk == k.as_str()) {
-                u.query_pairs_mut().append_pair(k, v);
+        // The contract's query goes where its credentials go: it may hold a key (`?code=`), and a
+        // pre-signed URL's signature covers its query, so an added `api-version` would void it.
+        if access == Access::Credentials {
+            for (k, v) in &self.contract.query {
+                if !u.query_pairs().any(|(qk, _)| qk == k.as_str()) {
+                    u.query_pairs_mut().append_pair(k, v);
+                }
             }
         }
         Ok((u, access))
