@@ -1015,14 +1015,13 @@ impl Contract {
     }
 
     /// The most of a status answer that is read: the result's own limit too where the final status
-    /// answer is the result (`result.from = "status"`: Google's `Operation` with its `response`),
-    /// else a result within its limit would fail every poll that sees it as too large.
+    /// answer is the result (`result.from = "status"`: Google's `Operation` with its `response`) or
+    /// the polls read the result itself (`"resource"`), else a result within its limit would fail
+    /// every poll that sees it as too large.
     pub fn status_read_limit(&self) -> u64 {
+        let whole = |f: ResultFrom| matches!(f, ResultFrom::Status | ResultFrom::Resource);
         match &self.result {
-            Some(r)
-                if r.from == ResultFrom::Status
-                    || r.formats.values().any(|f| f.from == ResultFrom::Status) =>
-            {
+            Some(r) if whole(r.from) || r.formats.values().any(|f| whole(f.from)) => {
                 self.max_response_bytes.max(r.largest())
             }
             _ => self.max_response_bytes,
@@ -1030,10 +1029,10 @@ impl Contract {
     }
 
     /// The most of a create answer that is read: the result's own limit too where an answer may be
-    /// the result (`create.sync_codes`).
+    /// the result (`create.sync_codes`, or `create.sync_result` naming it inside the answer).
     pub fn create_read_limit(&self) -> u64 {
         match &self.result {
-            Some(r) if !self.create.sync_codes.is_empty() => {
+            Some(r) if !self.create.sync_codes.is_empty() || self.create.sync_result.is_some() => {
                 self.max_response_bytes.max(r.largest())
             }
             _ => self.max_response_bytes,

@@ -328,6 +328,18 @@ async fn create_faults_become_the_right_outcomes() {
         } => assert!(!result.bytes.is_empty()),
         other => panic!("{other:?}"),
     }
+    // One over the contract's answer limit (256 KiB) but within its result limit (1 MiB) is read
+    // whole: the answer is the result (`create.sync_result`, no `sync_codes` needed).
+    let op = h
+        .op(serde_json::json!({"create": ["sync"], "items": 4000}))
+        .await;
+    match h.provider.create(&op, 1.into()).await.outcome {
+        CreateOutcome::Completed {
+            job_id: Some(_),
+            result,
+        } => assert!(result.bytes.len() > 262_144, "{}", result.bytes.len()),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// What the provider sees is the HTTP the contract names: HTTP/2 by prior knowledge over plain
