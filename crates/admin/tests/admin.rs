@@ -2147,3 +2147,63 @@ async fn a_head_added_to_an_old_anchor_is_refused() {
     let out = admin(&db, &["audit", "anchor", "--actor", "auditor-jane"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// One remote job, one operation, when two people decide at once: two adopts of the same job onto
+/// two operations (two terminals, the same minute) leave it adopted by exactly one, every time;
+/// and a person cannot choose, for a contract violation, a job another operation holds.
+#[tokio::test]
+async fn one_job_is_adopted_by_one_operation_when_two_people_decide_at_once() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let adopt = |op: &OperationRecord, job: &str, who: &str| {
+        let store = store.clone();
+        let (id, job, who) = (op.id, job.to_owned(), who.to_owned());
+        async move {
+            store
+                .decide(
+                    id,
+                    State::CreateUnresolved,
+                    None,
+                    Step::event(Event::AdoptRemoteJob {
+                        decision: Decision::new(&who, "found it in the console").unwrap(),
+                        remote_job_id: job,
+                    }),
+                )
+                .await
+        }
+    };
+    for round in 0..12u32 {
+        let a = unresolved(&store, 100 + 2 * round).await;
+        let b = unresolved(&store, 101 + 2 * round).await;
+        let job = format!("job_shared_{round}");
+        let (x, y) = tokio::join!(adopt(&a, &job, "alice"), adopt(&b, &job, "bob"));
+        assert_eq!(
+            usize::from(x.is_ok()) + usize::from(y.is_ok()),
+            1,
+            "round {round}: {:?} / {:?}",
+            x.as_ref().err(),
+            y.as_ref().err()
+        );
+        let refused = if x.is_ok() { y } else { x };
+        assert!(
+            matches!(&refused, Err(jobtrail_store::StoreError::Conflict(m)) if m.contains("one remote job, one operation")),
+            "{refused:?}"
+        );
+    }
+    // A contract violation's other answer that another operation holds is not chosen.
+    let held = driven(&store, 200, vec![accepted("job_b")]).await;
+    let v = violation(&store, 201).await;
+    let e = store
+        .decide(
+            v.id,
+            State::ContractViolation,
+            None,
+            Step::event(Event::ChooseRemoteJob {
+                decision: Decision::new("alice", "the provider says b").unwrap(),
+                remote_job_id: "job_b".into(),
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains(&held.id.to_string()), "{e}");
+}

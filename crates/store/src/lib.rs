@@ -1095,7 +1095,11 @@ impl Store {
                 "worker {owner} holds {id} until {until}: it may be creating or looking up the job at this moment, so what you found may already be out of date; wait until it settles the create (create_unresolved comes to a person) or its lease ends, then decide again"
             )));
         }
-        if let Some(Event::AdoptRemoteJob { remote_job_id, .. }) = &step.event {
+        if let Some(
+            Event::AdoptRemoteJob { remote_job_id, .. }
+            | Event::ChooseRemoteJob { remote_job_id, .. },
+        ) = &step.event
+        {
             job_not_owned_elsewhere(&mut tx, id, locked.row_provider(), remote_job_id).await?;
         }
         let applied = write::apply_locked(&mut tx, locked, &actor, step).await?;
@@ -1170,6 +1174,11 @@ async fn job_not_owned_elsewhere(
 ) -> Result<(), StoreError> {
     jobtrail_core::ids::check_remote_job_id(job)
         .map_err(|why| StoreError::Submit(SubmitError::UnusableJobId(why)))?;
+    sqlx::query(include_str!("sql/remote_job_lock.sql"))
+        .bind(provider)
+        .bind(job)
+        .execute(&mut **tx)
+        .await?;
     let owner: Option<(uuid::Uuid,)> =
         sqlx::query_as(include_str!("sql/operation_find_by_remote_job.sql"))
             .bind(provider)
