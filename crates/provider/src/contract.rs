@@ -2825,6 +2825,52 @@ impl Validator<'_> {
                 "no items pointer for CSV results (rows are the items)",
             ));
         }
+        // Keys the format never checks are refused by name: accepted, they would read as checks
+        // that pass every result (a batch whose every item failed `succeeded`).
+        let csv_keys = [
+            ("result.csv_status_column", r.csv_status_column.is_some()),
+            ("result.csv_error_values", !r.csv_error_values.is_empty()),
+        ];
+        let unchecked: &[(&str, bool)] = match r.format {
+            ResultFormat::Bytes => &[
+                ("result.items", r.items.is_some()),
+                ("result.item_error", r.item_error.is_some()),
+                ("result.item_ref", r.item_ref.is_some()),
+                ("result.item_status", r.item_status.is_some()),
+                (
+                    "result.item_failed_values",
+                    !r.item_failed_values.is_empty(),
+                ),
+                (
+                    "result.item_succeeded_values",
+                    !r.item_succeeded_values.is_empty(),
+                ),
+                csv_keys[0],
+                csv_keys[1],
+                ("result.expected_count", r.expected_count.is_some()),
+                ("result.max_failed_items", r.max_failed_items.is_some()),
+            ],
+            ResultFormat::Json => &csv_keys,
+            ResultFormat::Csv | ResultFormat::None => &[],
+        };
+        if let Some((key, _)) = unchecked.iter().find(|(_, set)| *set) {
+            let format = match r.format {
+                ResultFormat::Bytes => "bytes",
+                _ => "json",
+            };
+            return Err(self.err(
+                key,
+                format!(
+                    "nothing: result.format = \"{format}\" never checks it (items are checked in \"json\" results with result.items, rows in \"csv\" ones)"
+                ),
+            ));
+        }
+        if r.format == ResultFormat::Json && r.items.is_none() && r.max_failed_items.is_some() {
+            return Err(self.err(
+                "result.items",
+                "a JSON pointer to the item array when max_failed_items is set",
+            ));
+        }
         let item_keys = r.item_error.is_some()
             || r.item_ref.is_some()
             || r.item_status.is_some()

@@ -1309,3 +1309,68 @@ fn credentials_never_go_over_plain_http_to_another_host_unless_the_contract_says
     let anonymous = anonymous.split("[secrets.").next().unwrap().to_owned();
     parse(&anonymous).unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// A check the result's format never makes is refused by name at load, not accepted to pass every
+/// result: item keys with `format = "bytes"` (a batch whose every item failed would be
+/// `succeeded`), CSV keys with JSON, a failed-item bound without the items it counts.
+#[test]
+fn result_checks_the_format_never_makes_are_refused_by_name() {
+    let base = sim_text();
+    let json = "format = \"json\"\nchecksum_header = \"X-Checksum-Sha256\"\nschema_file = \"schemas/sim-result.json\"\n";
+    assert!(base.contains(json));
+    let bytes = base.replacen(
+        json,
+        "format = \"bytes\"\nchecksum_header = \"X-Checksum-Sha256\"\n",
+        1,
+    );
+    // The item keys the shipped contract sets: the first is named.
+    let err = parse(&bytes).unwrap_err();
+    assert!(
+        err.contains("result.items") && err.contains("\"bytes\""),
+        "{err}"
+    );
+    let bare_bytes = [
+        "items = \"/items\"\n",
+        "item_error = \"/error\"\n",
+        "item_ref = \"/id\"\n",
+        "item_status = \"/status\"\n",
+        "item_succeeded_values = [\"ok\"]\n",
+    ]
+    .iter()
+    .fold(bytes.clone(), |t, k| t.replacen(k, "", 1));
+    parse(&bare_bytes).unwrap();
+    for (key, line) in [
+        ("result.max_failed_items", "max_failed_items = 0\n"),
+        ("result.expected_count", "expected_count = 5\n"),
+        (
+            "result.csv_error_values",
+            "csv_error_values = [\"ERROR\"]\n",
+        ),
+    ] {
+        let text = bare_bytes.replacen(
+            "format = \"bytes\"\n",
+            &format!("format = \"bytes\"\n{line}"),
+            1,
+        );
+        let err = parse(&text).unwrap_err();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+    let csv_in_json = base.replacen(json, &format!("{json}csv_status_column = \"status\"\n"), 1);
+    assert!(
+        parse(&csv_in_json)
+            .unwrap_err()
+            .contains("result.csv_status_column")
+    );
+    let no_items = [
+        "items = \"/items\"\n",
+        "item_error = \"/error\"\n",
+        "item_ref = \"/id\"\n",
+        "item_status = \"/status\"\n",
+        "item_succeeded_values = [\"ok\"]\n",
+    ]
+    .iter()
+    .fold(base.clone(), |t, k| t.replacen(k, "", 1));
+    parse(&no_items).unwrap();
+    let bound = no_items.replacen(json, &format!("{json}max_failed_items = 0\n"), 1);
+    assert!(parse(&bound).unwrap_err().contains("result.items"));
+}
