@@ -89,6 +89,13 @@ impl StoreError {
             {
                 StoreError::Unavailable(e.to_string())
             }
+            // A lock wait past the transaction's bound: another session holds the row.
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03") => {
+                StoreError::Unavailable(format!(
+                    "another database session has held a lock this write needs for longer than it waits ({}); try again",
+                    db.message()
+                ))
+            }
             // Insufficient privilege, or a read-only role's session.
             sqlx::Error::Database(db)
                 if matches!(db.code().as_deref(), Some("42501" | "25006")) =>

@@ -1781,3 +1781,58 @@ async fn a_create_is_not_settled_by_a_person_while_a_worker_holds_it() {
         .unwrap();
     assert_eq!(applied.record.state, State::NotCreated);
 }
+
+/// A write waits a bounded time for a lock another session holds (a psql left in `BEGIN; SELECT …
+/// FOR UPDATE`, a stalled process): a person's decision fails as unavailable, naming why, instead
+/// of hanging; once the row is free it goes through.
+#[tokio::test]
+async fn a_decision_behind_a_row_held_elsewhere_fails_in_bounded_time() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    // A lock a row lock waits behind. (Held by a table lock, which takes no transaction id: a row
+    // lock would, and an open transaction id held for 10 s stops HOT pruning for the other tests
+    // of this binary, measured in `claims_and_progress_steps_are_hot_updates…`.)
+    sqlx::raw_sql("BEGIN; LOCK TABLE operations IN EXCLUSIVE MODE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let abandon = || {
+        Step::event(Event::Abandon {
+            decision: Decision::new("alice", "duplicate order").unwrap(),
+        })
+    };
+    let t0 = std::time::Instant::now();
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.decide(op.id, State::CreatePending, None, abandon()),
+    )
+    .await
+    .expect("the decision gave up on its own")
+    .unwrap_err();
+    assert!(
+        matches!(&e, StoreError::Unavailable(m) if m.contains("another database session")),
+        "{e:?}"
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(9), "{:?}", t0.elapsed());
+    assert_eq!(
+        store.get(op.id).await.unwrap().history_seq,
+        1,
+        "nothing written"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let applied = store
+        .decide(op.id, State::CreatePending, None, abandon())
+        .await
+        .unwrap();
+    assert_eq!(applied.record.state, State::Abandoned);
+}

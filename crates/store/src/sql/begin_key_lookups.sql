@@ -7,6 +7,11 @@
 -- stay cheap and stay index lookups. JIT is off: a ruled-out plan's notional cost must never make a
 -- statement compile itself. SET LOCAL: this transaction only. Sent as one simple query with the
 -- BEGIN (one round trip); it takes no parameters.
+-- Its lock waits are bounded: a row held by a session that stopped mid-transaction (a psql left
+-- in BEGIN, a stalled process) fails this write after 10 s, as unavailable, instead of holding it
+-- (a whole group commit, a person's decision) for ever; every write here holds its locks for
+-- milliseconds.
 BEGIN;
 SET LOCAL enable_seqscan = off;
-SET LOCAL jit = off
+SET LOCAL jit = off;
+SET LOCAL lock_timeout = '10s'
