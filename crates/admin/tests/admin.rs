@@ -2207,3 +2207,38 @@ async fn one_job_is_adopted_by_one_operation_when_two_people_decide_at_once() {
         .unwrap_err();
     assert!(e.to_string().contains(&held.id.to_string()), "{e}");
 }
+
+/// No role, the owner included, can move an operation back into `create_pending` with plain SQL
+/// (where a worker would send the create again: a second paid job): the database refuses it and
+/// the row stays as it was.
+#[tokio::test]
+async fn no_role_rewinds_an_operation_to_be_created_again() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let done = succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
+    let not_created = unresolved(&store, 2).await;
+    for (op, role) in [
+        (&done, "SET ROLE jobtrail_operator; "),
+        (&done, "SET ROLE jobtrail_worker; "),
+        (&done, "SET ROLE jobtrail_api; "),
+        (&not_created, ""),
+    ] {
+        let e = try_exec(
+            &db,
+            &format!(
+                "{role}UPDATE operations SET state = 'create_pending', remote_job_id = NULL, \
+                 finished_at = NULL, escalated_at = NULL, escalation_reason = NULL, \
+                 create_attempts = 0, next_action_at = now() WHERE id = '{}'",
+                op.id.as_uuid()
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("back into create_pending"),
+            "{role}{e}"
+        );
+        let now = store.get(op.id).await.unwrap();
+        assert_eq!((now.state, now.history_seq), (op.state, op.history_seq));
+    }
+}
