@@ -1103,12 +1103,29 @@ pub fn after_cancel(
 }
 
 /// The step for the final GET of the created resource: its answer may carry result hints (kept in
-/// the provider context); the result is fetched next.
+/// the provider context); the result is fetched next. A read that failed or was told "not now"
+/// is made again (after the provider's `Retry-After`, within the failure budget): going on
+/// without it would check the result without the checksum or count it would have given.
 pub fn after_final_get(
     op: &OperationRecord,
-    call: CallRecord,
-    context: Option<serde_json::Value>,
+    policy: &Policy,
+    called: Called<StatusOutcome>,
+    draw: f64,
 ) -> Plan {
+    let Called {
+        outcome,
+        call,
+        context,
+    } = called;
+    let failed = match outcome {
+        StatusOutcome::Failed { error_class } => Some((error_class, None)),
+        StatusOutcome::RetryLater { delay, reason } => Some((reason, delay)),
+        _ => None,
+    };
+    if let Some((why, delay)) = failed {
+        let step = failed_fetch(op, policy, format!("final GET: {why}"), delay, draw);
+        return Plan::write(with_call(step, call, context));
+    }
     let mut ctx = context.unwrap_or_else(|| op.provider_context.clone());
     if !ctx.is_object() {
         ctx = serde_json::json!({});

@@ -1142,7 +1142,41 @@ fn result_collection_reads_a_kept_sync_result_or_does_the_final_get_first() {
         call_of(next(&op, &p, EPOCH, now)),
         Call::FinalGet { attempt: 1 }
     );
-    let plan = after_final_get(&op, call(CallKind::Status), None);
+    // A read that failed, or was told "not now", is made again: not marked done, one failure
+    // counted, the provider's wait honoured; the result is not fetched without its hints.
+    for (outcome, wait) in [
+        (
+            StatusOutcome::Failed {
+                error_class: "timeout".into(),
+            },
+            None,
+        ),
+        (
+            StatusOutcome::RetryLater {
+                delay: Some(Duration::from_secs(30)),
+                reason: "429".into(),
+            },
+            Some(Duration::from_secs(30)),
+        ),
+    ] {
+        let plan = after_final_get(&op, &p, called(CallKind::Status, outcome), 0.3);
+        assert!(!plan.go_on);
+        assert!(plan.step.observation.is_none(), "{:?}", plan.step);
+        assert_eq!(plan.step.counters.failures, FailureCount::Increment);
+        assert!(matches!(
+            plan.step.event,
+            Some(Event::ResultFetchFailed { .. })
+        ));
+        if let Some(w) = wait {
+            assert!(plan.step.next_in.unwrap().0 >= w, "{:?}", plan.step.next_in);
+        }
+    }
+    let plan = after_final_get(
+        &op,
+        &p,
+        called(CallKind::Status, status(Some(Phase::Succeeded), None)),
+        0.3,
+    );
     assert!(plan.go_on);
     assert_eq!(
         plan.step.observation.unwrap().provider_context.unwrap()["final_get_done"],
@@ -1322,7 +1356,12 @@ fn every_decision_is_allowed_by_the_table() {
                         )]
                     }
                     Action::Call(Call::FinalGet { .. }) => {
-                        vec![after_final_get(&op, call(CallKind::Status), None)]
+                        vec![after_final_get(
+                            &op,
+                            &p,
+                            called(CallKind::Status, status(Some(Phase::Succeeded), None)),
+                            0.3,
+                        )]
                     }
                 };
                 for plan in plans {

@@ -574,7 +574,10 @@ async fn cancel(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> 
 
 async fn final_get(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
     let called = ctx.provider.final_get(op, ctx.at(attempt)).await;
-    Box::new(decide::after_final_get(op, called.call, called.context))
+    if let StatusOutcome::RetryLater { delay, .. } = &called.outcome {
+        ctx.throttled(&called.call, *delay).await;
+    }
+    Box::new(decide::after_final_get(op, &ctx.policy, called, draw()))
 }
 
 async fn fetch_result(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
