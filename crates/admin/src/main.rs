@@ -139,7 +139,9 @@ enum Command {
         #[command(flatten)]
         decided: Decided,
     },
-    /// Retry as a new operation linked to this (terminal) one: a new token, the same request or an edited one.
+    /// Retry as a new operation linked to this (terminal) one: a new token, the same request or an
+    /// edited one. The original approval carries over only to the same request after no job was
+    /// created (not_created, withdrawn); otherwise --actor is recorded as the run's approver.
     #[command(
         after_help = "Examples:\n  jobtrail-admin retry op_01KB… --seen not_created --actor alice --reason \"never reached the provider\"\n  jobtrail-admin retry op_01KB… --body fixed.json --seen failed --actor alice --reason \"corrected the range\""
     )]

@@ -361,6 +361,11 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
         "a retry is a new operation with a new token"
     );
     assert_eq!(old.fingerprint, new.fingerprint, "same request");
+    assert_eq!(
+        (&new.approved_by, &new.approval_ref),
+        (&old.approved_by, &old.approval_ref),
+        "no job ran: the retry is the run the original approval approved"
+    );
     assert_eq!(old.state, State::NotCreated, "terminal states never change");
     assert_eq!(last(store.clone(), b.id).await.event, "superseded");
 
@@ -442,6 +447,36 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
     assert_ne!(was.approved_by, "carol");
     assert_eq!(now.approved_by, "carol");
     assert_eq!(now.approval_ref, None);
+
+    // After a job ran, the same request again is a new paid run: approved by whoever retries it,
+    // never recorded under the original approval.
+    let done = succeeded_with_result(&store, 10, br#"{"items":[10]}"#).await;
+    let out = admin(
+        &db,
+        &[
+            "retry",
+            &done.id.to_string(),
+            "--seen",
+            &format!("succeeded@{}", done.history_seq),
+            "--actor",
+            "dave",
+            "--reason",
+            "run it again for the new quarter",
+            "--json",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let rerun: OperationId = json(&out)["operation_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rerun = store.get(rerun).await.unwrap();
+    assert_eq!(rerun.fingerprint, done.fingerprint, "the same request");
+    assert_eq!(
+        (rerun.approved_by.as_str(), rerun.approval_ref.as_deref()),
+        ("dave", None)
+    );
 
     let c = unconfirmed(&store, 3).await;
     check(

@@ -312,7 +312,12 @@ impl Service {
         {
             crate::check_request(&schema.validator, &c.redact, r)?;
         }
-        let (approved_by, approval_ref) = if edited {
+        // The original approval covers the one run it approved: carried over only where no job
+        // was ever created (not_created, withdrawn), so the retry is that run. After a job ran
+        // (succeeded, failed, cancelled, abandoned …) the retry is a new paid run, approved by the
+        // person who decides it.
+        let never_ran = matches!(old.state, State::NotCreated | State::Withdrawn);
+        let (approved_by, approval_ref) = if edited || !never_ran {
             (decision.actor().to_owned(), None)
         } else {
             (old.approved_by.clone(), old.approval_ref.clone())
