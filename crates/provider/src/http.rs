@@ -1551,7 +1551,10 @@ impl HttpProvider {
                 let fetched = FetchedResult {
                     bytes: ex.body.clone(),
                     content_type: header(&http::header::CONTENT_TYPE),
-                    checksum: spec.checksum_header.as_ref().and_then(header),
+                    checksum: spec
+                        .checksum_header
+                        .as_ref()
+                        .and_then(|name| given_checksum(&ex.headers, name)),
                 };
                 let d = format!("fetched {} bytes", fetched.bytes.len());
                 (ResultOutcome::Fetched(fetched), d)
@@ -1815,9 +1818,55 @@ impl Provider for HttpProvider {
     }
 }
 
+/// The checksum a result's answer gives in `name`: one that is there but cannot be read (not
+/// text), or given twice over with different values, stands as a checksum no digest matches, so
+/// the result is refused rather than recorded as given without one.
+fn given_checksum(headers: &http::HeaderMap, name: &http::HeaderName) -> Option<String> {
+    let given: Vec<_> = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().map(str::trim))
+        .collect();
+    match given.as_slice() {
+        [] => None,
+        _ if given.iter().any(Result::is_err) => Some("(a value that is not text)".to_owned()),
+        [Ok(a), rest @ ..] if rest.iter().all(|v| v.as_ref().is_ok_and(|b| b == a)) => {
+            Some((*a).to_owned())
+        }
+        _ => Some(format!("{} different values", given.len())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{as_path, followable, job_id_of_url, with_path};
+    use super::{as_path, followable, given_checksum, job_id_of_url, with_path};
+
+    /// A checksum header that is there is never read as none: one that is not text, or two that
+    /// disagree, give a checksum no digest matches (the result is refused, not recorded as given
+    /// without one); two that agree, or one, are the checksum.
+    #[test]
+    fn a_checksum_header_that_cannot_be_read_is_no_missing_checksum() {
+        let name = http::HeaderName::from_static("x-checksum-sha256");
+        let with = |values: &[&[u8]]| {
+            let mut h = http::HeaderMap::new();
+            for v in values {
+                h.append(&name, http::HeaderValue::from_bytes(v).unwrap());
+            }
+            given_checksum(&h, &name)
+        };
+        let hex = "ab".repeat(32);
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&[hex.as_bytes()]), Some(hex.clone()));
+        assert_eq!(with(&[hex.as_bytes(), hex.as_bytes()]), Some(hex.clone()));
+        for bad in [
+            with(&[b"\x80abc"]),
+            with(&[hex.as_bytes(), b"\xff"]),
+            with(&[hex.as_bytes(), "cd".repeat(32).as_bytes()]),
+        ] {
+            let bad = bad.expect("a checksum was given");
+            assert!(bad.len() != 64 && !bad.is_empty(), "{bad}");
+        }
+    }
 
     #[test]
     fn a_status_url_as_a_job_id_keeps_what_names_the_job_and_no_key() {
