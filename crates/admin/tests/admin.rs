@@ -872,6 +872,28 @@ async fn a_whole_operation_deleted_after_an_anchor_is_found_through_the_anchor()
             && b["problem"].as_str().unwrap().contains("deleted")),
         "{breaks:#?}"
     );
+    // Checked by its id against the anchor, it is the same finding (exit 1), not "not found"
+    // (exit 3, a mistyped id); an id the anchor never recorded is still not found.
+    let one = |id: &str| {
+        admin(
+            &db,
+            &["audit", "verify", id, "--json", "--expect-anchor", &digest],
+        )
+    };
+    let out = one(&gone.to_string());
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        json(&out)["breaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["operation_id"] == gone.to_string()
+                && b["problem"].as_str().unwrap().contains("deleted")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let never = OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    assert_eq!(code(&one(&never)), 3);
 
     // A forged anchor (heads rewritten to hide it) no longer matches the digest kept outside.
     exec(

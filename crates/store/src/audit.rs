@@ -512,7 +512,30 @@ impl Store {
         expected_digest: Option<&str>,
     ) -> Result<VerifyReport, StoreError> {
         let anchor = self.anchor_to_check(expected_digest).await?;
-        let mut report = self.verify_operation(id).await?;
+        let mut report = match (self.verify_operation(id).await, &anchor) {
+            (Ok(r), _) => r,
+            // Gone, but the anchor recorded it: the deletion is the finding (exit 1), not "no
+            // such operation" (exit 3, which a script reads as a mistyped id).
+            (Err(StoreError::NotFound(_)), Some(a)) => {
+                let named: Vec<_> = self
+                    .verify_anchor(a, Some(id))
+                    .await?
+                    .into_iter()
+                    .filter(|b| b.operation_id == id.to_string())
+                    .collect();
+                if named.is_empty() {
+                    return Err(StoreError::NotFound(id));
+                }
+                let mut report = VerifyReport {
+                    breaks: named,
+                    ..VerifyReport::default()
+                };
+                report.unanchored = Some(self.unanchored(Some(a), Some(id)).await?);
+                report.anchor = anchor;
+                return Ok(report);
+            }
+            (Err(e), _) => return Err(e),
+        };
         if let Some(anchor) = &anchor {
             report.breaks.extend(
                 self.verify_anchor(anchor, Some(id))
