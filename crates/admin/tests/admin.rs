@@ -2299,3 +2299,41 @@ async fn no_role_rewinds_an_operation_to_be_created_again() {
         assert_eq!((now.state, now.history_seq), (op.state, op.history_seq));
     }
 }
+
+/// A deadline a person sets is in the future by the database's clock, whatever the deciding
+/// machine's clock says: one already past is refused and nothing is written.
+#[tokio::test]
+async fn a_deadline_a_person_sets_is_checked_by_the_database_clock() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = timed_out(&store, 1).await;
+    let resume = |at: chrono::DateTime<chrono::Utc>| {
+        let mut step = Step::event(Event::Resume {
+            decision: Decision::new("alice", "the provider needs another hour").unwrap(),
+        });
+        step.set_result_deadline = Some(at);
+        step
+    };
+    let now = store.db_now().await.unwrap();
+    let e = store
+        .decide(
+            op.id,
+            State::ResultTimedOut,
+            None,
+            resume(now - chrono::Duration::seconds(5)),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("database's clock"), "{e}");
+    assert_eq!(store.get(op.id).await.unwrap().history_seq, op.history_seq);
+    let applied = store
+        .decide(
+            op.id,
+            State::ResultTimedOut,
+            None,
+            resume(now + chrono::Duration::hours(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.record.state, State::Observing);
+}

@@ -9,7 +9,11 @@ pub const MAX_FLAG_DURATION: std::time::Duration = crate::operation::MAX_HORIZON
 
 /// An absolute RFC 3339 time, or a relative one: `+90s`, `+5m`, `+2h`, `+1d`. At most ten years ahead.
 pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
-    let now = Utc::now();
+    parse_time_at(s, Utc::now())
+}
+
+/// As [`parse_time`], relative to `now` (the database's clock, where a decision is recorded).
+pub fn parse_time_at(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
     let latest = now + chrono::Duration::from_std(MAX_FLAG_DURATION).expect("ten years fit");
     let t = if let Some(rel) = s.strip_prefix('+') {
         let d = parse_duration(rel)?;

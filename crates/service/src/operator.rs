@@ -57,10 +57,15 @@ pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
     Ok((state, seq))
 }
 
-fn in_future(s: &str, what: &str) -> Result<chrono::DateTime<Utc>, ServiceError> {
-    let t = jobtrail_core::when::parse_time(s)
+/// A time a person gives (RFC 3339, or relative: `+2h`), counted from `now`, the database's clock.
+fn in_future(
+    s: &str,
+    what: &str,
+    now: chrono::DateTime<Utc>,
+) -> Result<chrono::DateTime<Utc>, ServiceError> {
+    let t = jobtrail_core::when::parse_time_at(s, now)
         .map_err(|e| ServiceError::bad_input(format!("{what}: {e}")))?;
-    if t <= Utc::now() {
+    if t <= now {
         return Err(ServiceError::bad_input(format!(
             "{what}: {t} is not in the future"
         )));
@@ -216,7 +221,8 @@ impl Service {
                 match seen {
                     State::ResultTimedOut => {
                         let t = result_deadline.ok_or_else(|| ServiceError::bad_input("resuming result_timed_out needs a result deadline (else it times out again at once)"))?;
-                        step.set_result_deadline = Some(in_future(&t, "result_deadline")?);
+                        let now = store.db_now().await?;
+                        step.set_result_deadline = Some(in_future(&t, "result_deadline", now)?);
                     }
                     State::CancellationUnconfirmed => {
                         let w = cancel_window.ok_or_else(|| {
@@ -232,7 +238,8 @@ impl Service {
                         )
                         .map_err(ServiceError::bad_input)?;
                         step.set_cancel_deadline = Some(
-                            Utc::now() + chrono::Duration::from_std(w).expect("thirty days fit"),
+                            store.db_now().await?
+                                + chrono::Duration::from_std(w).expect("thirty days fit"),
                         );
                     }
                     // The contract now declares the origin (or the provider moved on): a status
@@ -244,7 +251,7 @@ impl Service {
                                 "resuming create_unresolved needs a create deadline",
                             )
                         })?;
-                        let t = in_future(&t, "create_deadline")?;
+                        let t = in_future(&t, "create_deadline", store.db_now().await?)?;
                         step.set_create_deadline = Some(t);
                         let op = store.get(id).await?;
                         if op.result_deadline < t {
@@ -324,6 +331,15 @@ impl Service {
         };
         let body = serde_json::to_vec(request.as_ref().unwrap_or(&old.request_body))
             .map_err(|e| ServiceError::bad_input(format!("request: {e}")))?;
+        // A relative deadline (`+2h`) counts from the database's clock, as the submission is
+        // checked by it.
+        let result_deadline = match result_deadline.as_deref() {
+            Some(t) => Some(
+                jobtrail_core::when::parse_time_at(t, store.db_now().await?)
+                    .map_err(|e| ServiceError::bad_input(format!("result_deadline: {e}")))?,
+            ),
+            None => None,
+        };
         let submission = Submission {
             operation_id: None,
             provider: old.provider.clone(),
@@ -333,13 +349,7 @@ impl Service {
             approved_by,
             approval_ref,
             create_deadline: None,
-            result_deadline: result_deadline
-                .as_deref()
-                .map(|t| {
-                    jobtrail_core::when::parse_time(t)
-                        .map_err(|e| ServiceError::bad_input(format!("result_deadline: {e}")))
-                })
-                .transpose()?,
+            result_deadline,
             cancel_window: None,
             supersedes: Some(id),
             trace_id: None,

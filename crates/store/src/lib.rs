@@ -905,6 +905,15 @@ impl Store {
         Ok(())
     }
 
+    /// The database's clock: what a person's relative times (`+2h`, a cancel window) count from,
+    /// as every step is dated by it.
+    pub async fn db_now(&self) -> Result<DateTime<Utc>, StoreError> {
+        let (now,): (DateTime<Utc>,) = sqlx::query_as(include_str!("sql/db_now.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(now)
+    }
+
     /// Many fenced writes in one transaction (group commit): one lock statement for all rows, one
     /// commit for all. Each write gets its own result, exactly as [`Store::apply`] would give it:
     /// `LeaseLost` and `Illegal` refuse only that write (its call is still logged). If the batch as a
@@ -1083,6 +1092,22 @@ impl Store {
         };
         let mut tx = self.begin_write().await?;
         let locked = lock_as_seen(&mut tx, id, seen_state, seen_seq).await?;
+        // A deadline a person sets is in the future by the database's clock, the one every step
+        // is dated and scheduled by (not the deciding machine's, which may be off).
+        for (name, at) in [
+            ("create_deadline", step.set_create_deadline),
+            ("result_deadline", step.set_result_deadline),
+            ("cancel_deadline", step.set_cancel_deadline),
+        ] {
+            if let Some(at) = at
+                && at <= locked.db_now
+            {
+                return Err(StoreError::Conflict(format!(
+                    "{name} {at} is not in the future by the database's clock (now {}): nothing was written",
+                    locked.db_now
+                )));
+            }
+        }
         // What a person found at the provider settles the create only if no worker is creating
         // or looking up the job this moment: its answer (a job it just created) would land after
         // the decision, be refused, and a retry of a "not created" operation start a second job.
