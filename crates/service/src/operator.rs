@@ -364,7 +364,15 @@ impl Service {
             .supersede(id, (seen, seq), decision, &submission, terms)
             .await
             .map_err(|e| refused(id, e))?;
-        let old = store.get(id).await?;
+        // The retry is written: its answer never fails on a read after it (the old record as read
+        // before, now linked, stands in).
+        let old = match store.get(id).await {
+            Ok(now) => now,
+            Err(_) => jobtrail_store::OperationRecord {
+                superseded_by: Some(s.operation.id),
+                ..old
+            },
+        };
         Ok(DecideResponse {
             moved: format!("{} → {}", old.state, old.state),
             operation: OperationView::of(&old),

@@ -577,9 +577,18 @@ impl Store {
             .bind(intent.operation_id.to_string())
             .execute(&mut *tx)
             .await?;
+        // Read before the commit: once the retry is written, its answer cannot fail (a person
+        // told "unavailable" would not know a new operation exists).
+        let row: Option<OperationRow> = sqlx::query_as(include_str!("sql/operation_get.sql"))
+            .bind(intent.operation_id.as_uuid())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let operation = row
+            .ok_or(StoreError::NotFound(intent.operation_id))?
+            .try_into()?;
         tx.commit().await?;
         Ok(Submitted {
-            operation: self.get(intent.operation_id).await?,
+            operation,
             created: true,
         })
     }
