@@ -2622,27 +2622,12 @@ impl Validator<'_> {
             ("result.checksum_header", r.checksum_header.is_some()),
             ("result.schema", r.schema.is_some()),
             ("result.schema_file", r.schema_file.is_some()),
-            ("result.items", r.items.is_some()),
-            ("result.item_error", r.item_error.is_some()),
-            ("result.item_ref", r.item_ref.is_some()),
-            ("result.item_status", r.item_status.is_some()),
-            (
-                "result.item_failed_values",
-                !r.item_failed_values.is_empty(),
-            ),
-            (
-                "result.item_succeeded_values",
-                !r.item_succeeded_values.is_empty(),
-            ),
-            ("result.csv_status_column", r.csv_status_column.is_some()),
-            ("result.csv_error_values", !r.csv_error_values.is_empty()),
-            ("result.expected_count", r.expected_count.is_some()),
-            ("result.max_failed_items", r.max_failed_items.is_some()),
             ("result.from", r.from != ResultFrom::Url),
             ("result.within", r.within.is_some()),
             ("status.result_url", status_gives_url),
         ];
-        if let Some((key, _)) = set.iter().find(|(_, is_set)| *is_set) {
+        let inside = inside_checks(&r);
+        if let Some((key, _)) = set.iter().chain(&inside).find(|(_, is_set)| *is_set) {
             return Err(self.err(
                 key,
                 "nothing: result.format = \"none\" says the job has no result",
@@ -2827,30 +2812,10 @@ impl Validator<'_> {
         }
         // Keys the format never checks are refused by name: accepted, they would read as checks
         // that pass every result (a batch whose every item failed `succeeded`).
-        let csv_keys = [
-            ("result.csv_status_column", r.csv_status_column.is_some()),
-            ("result.csv_error_values", !r.csv_error_values.is_empty()),
-        ];
+        let inside = inside_checks(&r);
         let unchecked: &[(&str, bool)] = match r.format {
-            ResultFormat::Bytes => &[
-                ("result.items", r.items.is_some()),
-                ("result.item_error", r.item_error.is_some()),
-                ("result.item_ref", r.item_ref.is_some()),
-                ("result.item_status", r.item_status.is_some()),
-                (
-                    "result.item_failed_values",
-                    !r.item_failed_values.is_empty(),
-                ),
-                (
-                    "result.item_succeeded_values",
-                    !r.item_succeeded_values.is_empty(),
-                ),
-                csv_keys[0],
-                csv_keys[1],
-                ("result.expected_count", r.expected_count.is_some()),
-                ("result.max_failed_items", r.max_failed_items.is_some()),
-            ],
-            ResultFormat::Json => &csv_keys,
+            ResultFormat::Bytes => &inside,
+            ResultFormat::Json => &inside[CSV_CHECKS],
             ResultFormat::Csv | ResultFormat::None => &[],
         };
         if let Some((key, _)) = unchecked.iter().find(|(_, set)| *set) {
@@ -2935,6 +2900,32 @@ impl Validator<'_> {
         })
     }
 }
+
+/// The checks a result's keys ask for inside its bytes (items, CSV rows, counts), each with
+/// whether the contract sets it: refused by name where the format never makes them.
+fn inside_checks(r: &RawResult) -> [(&'static str, bool); 10] {
+    [
+        ("result.items", r.items.is_some()),
+        ("result.item_error", r.item_error.is_some()),
+        ("result.item_ref", r.item_ref.is_some()),
+        ("result.item_status", r.item_status.is_some()),
+        (
+            "result.item_failed_values",
+            !r.item_failed_values.is_empty(),
+        ),
+        (
+            "result.item_succeeded_values",
+            !r.item_succeeded_values.is_empty(),
+        ),
+        ("result.csv_status_column", r.csv_status_column.is_some()),
+        ("result.csv_error_values", !r.csv_error_values.is_empty()),
+        ("result.expected_count", r.expected_count.is_some()),
+        ("result.max_failed_items", r.max_failed_items.is_some()),
+    ]
+}
+
+/// Where the CSV keys are in [`inside_checks`].
+const CSV_CHECKS: std::ops::Range<usize> = 6..8;
 
 /// An `http://` origin on a host other than this machine's loopback.
 fn plain_and_remote(o: &url::Origin) -> bool {

@@ -1080,16 +1080,18 @@ async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
     assert_eq!(h.sim.ledger().requests, before, "nothing sent");
 }
 
-/// A lookup's answer says "none of ours" only when it is a readable list without any: "none found"
-/// lets a second job be created. A provider that ignored the filter and listed another's job, one
-/// that listed ours twice, one with a numeric id, and answers with no list or a listed job without
-/// an id, each over real HTTP from a provider on 127.0.0.1.
-#[tokio::test]
-async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
-    use std::sync::{Arc, Mutex};
-    let answer = Arc::new(Mutex::new(String::new()));
+/// A provider on 127.0.0.1 that answers GETs of `route` with whatever JSON the test puts in the
+/// returned cell (its address, the cell, the server's task).
+async fn stub_provider(
+    route: &str,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<String>>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let answer = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let app = axum::Router::new().route(
-        "/v1/jobs",
+        route,
         axum::routing::get({
             let answer = answer.clone();
             move || {
@@ -1101,6 +1103,16 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, answer, server)
+}
+
+/// A lookup's answer says "none of ours" only when it is a readable list without any: "none found"
+/// lets a second job be created. A provider that ignored the filter and listed another's job, one
+/// that listed ours twice, one with a numeric id, and answers with no list or a listed job without
+/// an id, each over real HTTP from a provider on 127.0.0.1.
+#[tokio::test]
+async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
+    let (addr, answer, server) = stub_provider("/v1/jobs").await;
     let h = harness_with(jobtrail_sim::Config::default(), |_| {
         let mut c = contract("sim", &format!("http://{addr}"));
         c.reconcile.lookup_reference = Some("/client_reference".into());
@@ -1171,21 +1183,7 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
 #[tokio::test]
 async fn a_status_read_for_the_result_that_no_longer_says_succeeded_is_no_result() {
     use jobtrail_provider::contract::ResultFrom;
-    use std::sync::{Arc, Mutex};
-    let answer = Arc::new(Mutex::new(String::new()));
-    let app = axum::Router::new().route(
-        "/v1/jobs/{id}",
-        axum::routing::get({
-            let answer = answer.clone();
-            move || {
-                let body = answer.lock().unwrap().clone();
-                async move { ([("content-type", "application/json")], body) }
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, answer, server) = stub_provider("/v1/jobs/{id}").await;
     for from in [ResultFrom::Status, ResultFrom::Resource] {
         let h = harness_with(jobtrail_sim::Config::default(), |_| {
             let mut c = contract("sim", &format!("http://{addr}"));
