@@ -1008,7 +1008,10 @@ pub fn after_cancel(
         context,
     } = called;
     let mut retry_after = None;
-    let retry_later = matches!(outcome, CancelOutcome::RetryLater { .. });
+    let retry_later = matches!(
+        outcome,
+        CancelOutcome::RetryLater { .. } | CancelOutcome::NotSent { .. }
+    );
     let mut step = match outcome {
         // The answer is the confirmation: the cancel is recorded as sent (with its call), then
         // the provider's cancelled state, as a status read would have recorded it.
@@ -1088,14 +1091,21 @@ pub fn after_cancel(
             }
             step
         }
+        // Backed off on the failures: a provider that cannot be reached is asked less and less
+        // often, not every few seconds for the whole window.
+        CancelOutcome::NotSent { error_class } => failed_call(
+            format!("cancel not sent: {error_class}"),
+            wait(policy, None, op.failure_count, draw),
+        ),
         CancelOutcome::Failed { error_class } => failed_call(
             format!("cancel failed: {error_class}"),
             wait(policy, None, op.cancel_attempts, draw),
         ),
     };
-    // "Not now" asked nothing of the job: it is no attempt, and the cancel goes again after the
-    // provider's wait, idempotent or not — within the window. Past it, it counts: the one call
-    // past the window (see `next`) is the last before a person.
+    // "Not now", and a cancel that never left, asked nothing of the job: no attempt, and the
+    // cancel goes again after the provider's wait (or the backoff), idempotent or not — within the
+    // window. Past it, it counts: the one call past the window (see `next`) is the last before a
+    // person.
     let deferred = retry_later && op.cancel_deadline.is_some_and(|d| now < d);
     step.counters.cancel_attempts = i32::from(!deferred);
     step.retry_after = retry_after;
@@ -1104,12 +1114,15 @@ pub fn after_cancel(
 
 /// The step for the final GET of the created resource: its answer may carry result hints (kept in
 /// the provider context); the result is fetched next. A read that failed or was told "not now"
-/// is made again (after the provider's `Retry-After`, within the failure budget): going on
-/// without it would check the result without the checksum or count it would have given.
+/// is made again: going on without it would check the result without the checksum or count it
+/// would have given. "Not now" is waited out (its `Retry-After`, backed off on the reads made)
+/// without spending the failure budget until the result deadline, as for the result itself; a
+/// failure counts.
 pub fn after_final_get(
     op: &OperationRecord,
     policy: &Policy,
     called: Called<StatusOutcome>,
+    now: DateTime<Utc>,
     draw: f64,
 ) -> Plan {
     let Called {
@@ -1117,13 +1130,35 @@ pub fn after_final_get(
         call,
         context,
     } = called;
-    let failed = match outcome {
-        StatusOutcome::Failed { error_class } => Some((error_class, None)),
-        StatusOutcome::RetryLater { delay, reason } => Some((reason, delay)),
+    let again = match outcome {
+        StatusOutcome::RetryLater { delay, reason } if now < op.result_deadline => {
+            let (d, why) = wait(policy, delay, op.poll_count, draw);
+            Some(
+                Step::event(Event::ResultFetchFailed {
+                    error_class: format!("final GET: retry later: {reason}"),
+                })
+                .next_in(d.min(until(op.result_deadline, now)), why),
+            )
+        }
+        StatusOutcome::RetryLater { delay, reason } => Some(failed_fetch(
+            op,
+            policy,
+            format!("final GET: retry later: {reason}"),
+            delay,
+            draw,
+        )),
+        StatusOutcome::Failed { error_class } => Some(failed_fetch(
+            op,
+            policy,
+            format!("final GET: {error_class}"),
+            None,
+            draw,
+        )),
         _ => None,
     };
-    if let Some((why, delay)) = failed {
-        let step = failed_fetch(op, policy, format!("final GET: {why}"), delay, draw);
+    if let Some(mut step) = again {
+        // Each read is counted: the next one is a new attempt.
+        step.counters.polls = 1;
         return Plan::write(with_call(step, call, context));
     }
     let mut ctx = context.unwrap_or_else(|| op.provider_context.clone());

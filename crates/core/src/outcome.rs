@@ -153,11 +153,16 @@ pub enum CancelOutcome {
         http_status: Option<u16>,
         reason: String,
     },
-    /// Not now (a `429`/`503` with its wait), or nothing reached the provider: the job was not
-    /// asked, so within the window it is no attempt and the cancel goes again.
+    /// Not now (a `429`/`503` with its wait): the job was not asked, so within the window it is
+    /// no attempt and the cancel goes again.
     RetryLater {
         delay: Option<Duration>,
         reason: String,
+    },
+    /// Nothing reached the provider (a refused connection, a secret that could not be read): no
+    /// attempt within the window either, but a failure, backed off.
+    NotSent {
+        error_class: String,
     },
     Failed {
         error_class: String,

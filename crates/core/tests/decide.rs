@@ -1002,11 +1002,17 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     };
     let mut late = op.clone();
     late.cancel_deadline = Some(now);
+    let unsent = || CancelOutcome::NotSent {
+        error_class: "connect_failed".into(),
+    };
     // "Not now" within the window is no attempt (the cancel goes again, idempotent or not, after
-    // the provider's wait); past it, or any other failure, is one.
+    // the provider's wait); nor is a cancel that never left, though it is a failure (backed off);
+    // past the window either is one, as is any other failure.
     for (op, outcome, attempts, failures) in [
         (&op, later(), 0, FailureCount::Keep),
         (&late, later(), 1, FailureCount::Increment),
+        (&op, unsent(), 0, FailureCount::Increment),
+        (&late, unsent(), 1, FailureCount::Increment),
         (
             &op,
             CancelOutcome::Failed {
@@ -1024,6 +1030,19 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     }
     let plan = after_cancel(&op, &p, called(CallKind::Cancel, later()), now, 0.5);
     assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(2));
+    // An unreachable provider is asked less and less often: the wait grows with the failures.
+    let waits: Vec<Duration> = (0..4)
+        .map(|failures| {
+            let mut o = op.clone();
+            o.failure_count = failures;
+            after_cancel(&o, &p, called(CallKind::Cancel, unsent()), now, 0.5)
+                .step
+                .next_in
+                .unwrap()
+                .0
+        })
+        .collect();
+    assert!(waits.windows(2).all(|w| w[1] > w[0]), "{waits:?}");
     // A contract whose cancel is not idempotent still sends it again after a deferral.
     let once = Policy {
         cancel_idempotent: false,
@@ -1142,27 +1161,37 @@ fn result_collection_reads_a_kept_sync_result_or_does_the_final_get_first() {
         call_of(next(&op, &p, EPOCH, now)),
         Call::FinalGet { attempt: 1 }
     );
-    // A read that failed, or was told "not now", is made again: not marked done, one failure
-    // counted, the provider's wait honoured; the result is not fetched without its hints.
-    for (outcome, wait) in [
+    // A read that failed, or was told "not now", is made again: not marked done, the read
+    // counted, the provider's wait honoured; the result is not fetched without its hints. A
+    // failure spends the budget; "not now" does not before the result deadline (a provider that
+    // throttles must not turn a succeeded job into result_unavailable), and does after it.
+    let throttled = || StatusOutcome::RetryLater {
+        delay: Some(Duration::from_secs(30)),
+        reason: "429".into(),
+    };
+    let mut spent = op.clone();
+    spent.failure_count = p.max_failures as i32;
+    for (at, outcome, failures, wait) in [
         (
+            &op,
             StatusOutcome::Failed {
                 error_class: "timeout".into(),
             },
+            FailureCount::Increment,
             None,
         ),
         (
-            StatusOutcome::RetryLater {
-                delay: Some(Duration::from_secs(30)),
-                reason: "429".into(),
-            },
+            &spent,
+            throttled(),
+            FailureCount::Keep,
             Some(Duration::from_secs(30)),
         ),
     ] {
-        let plan = after_final_get(&op, &p, called(CallKind::Status, outcome), 0.3);
+        let plan = after_final_get(at, &p, called(CallKind::Status, outcome), now, 0.3);
         assert!(!plan.go_on);
         assert!(plan.step.observation.is_none(), "{:?}", plan.step);
-        assert_eq!(plan.step.counters.failures, FailureCount::Increment);
+        assert_eq!(plan.step.counters.failures, failures);
+        assert_eq!(plan.step.counters.polls, 1, "each read is an attempt");
         assert!(matches!(
             plan.step.event,
             Some(Event::ResultFetchFailed { .. })
@@ -1171,10 +1200,18 @@ fn result_collection_reads_a_kept_sync_result_or_does_the_final_get_first() {
             assert!(plan.step.next_in.unwrap().0 >= w, "{:?}", plan.step.next_in);
         }
     }
+    let late = spent.result_deadline + chrono::Duration::seconds(1);
+    let plan = after_final_get(&spent, &p, called(CallKind::Status, throttled()), late, 0.3);
+    assert!(
+        matches!(plan.step.event, Some(Event::RetryBudgetExhausted { .. })),
+        "{:?}",
+        plan.step.event
+    );
     let plan = after_final_get(
         &op,
         &p,
         called(CallKind::Status, status(Some(Phase::Succeeded), None)),
+        now,
         0.3,
     );
     assert!(plan.go_on);
@@ -1336,6 +1373,9 @@ fn every_decision_is_allowed_by_the_table() {
                             delay: None,
                             reason: "x".into(),
                         },
+                        CancelOutcome::NotSent {
+                            error_class: "x".into(),
+                        },
                         CancelOutcome::Failed {
                             error_class: "x".into(),
                         },
@@ -1360,6 +1400,7 @@ fn every_decision_is_allowed_by_the_table() {
                             &op,
                             &p,
                             called(CallKind::Status, status(Some(Phase::Succeeded), None)),
+                            now,
                             0.3,
                         )]
                     }

@@ -2716,10 +2716,28 @@ impl Validator<'_> {
                 return Err(self.err(&key, "a name of 1 to 64 characters"));
             }
             let mut table = base_table.clone();
+            let own = |k: &str| over.contains_key(k);
+            let (own_count, own_bound) = (own("expected_count"), own("max_failed_items"));
             merge(&mut table, over);
-            let raw: RawResult = table
+            let mut raw: RawResult = table
                 .try_into()
                 .map_err(|e: toml::de::Error| self.err(&key, e.message().to_owned()))?;
+            // An item count or bound inherited by a format that counts no items (bytes, JSON
+            // without an items pointer) is not its own: dropped, where set on the format itself
+            // it is refused by name.
+            let counts_items = match raw.format {
+                ResultFormat::Csv => true,
+                ResultFormat::Json => raw.items.is_some(),
+                ResultFormat::Bytes | ResultFormat::None => false,
+            };
+            if !counts_items {
+                if !own_count {
+                    raw.expected_count = None;
+                }
+                if !own_bound {
+                    raw.max_failed_items = None;
+                }
+            }
             if raw.format == ResultFormat::None
                 || raw.format_from.is_some()
                 || !raw.formats.is_empty()

@@ -1331,9 +1331,19 @@ impl HttpProvider {
 
     /// The state a status document names when the contract maps it to another phase than
     /// succeeded (running, failed, cancelled). A document that names no state, or one the contract
-    /// does not map, says nothing against the success already seen.
-    fn not_succeeded_in(&self, ex: &Exchange) -> Option<String> {
+    /// does not map, says nothing against the success already seen. `named_url`: read at a URL the
+    /// provider named, where a status code the contract maps is the state whatever the body (as a
+    /// status read takes it).
+    fn not_succeeded_in(&self, ex: &Exchange, named_url: bool) -> Option<String> {
         let spec = &self.contract.status;
+        if let Some(phase) = ex
+            .status
+            .filter(|_| named_url)
+            .and_then(|c| spec.codes.get(&c))
+        {
+            return (*phase != Phase::Succeeded)
+                .then(|| format!("HTTP {}", ex.status.unwrap_or_default()));
+        }
         let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok()?;
         let state = spec.state_in(&json)?;
         spec.phase(&state)
@@ -1383,9 +1393,8 @@ impl HttpProvider {
             // asked, so this is no attempt; the cancel goes again (within the window), even where
             // the contract does not let a sent cancel be repeated.
             Verdict::Wire(e) if e.not_sent() => (
-                CancelOutcome::RetryLater {
-                    delay: None,
-                    reason: format!("not sent: {}", e.class()),
+                CancelOutcome::NotSent {
+                    error_class: e.class().into(),
                 },
                 format!("not sent: {}", e.class()),
             ),
@@ -1529,7 +1538,10 @@ impl HttpProvider {
             // "running", or answered from a stale replica). Read again, within the failure budget.
             Verdict::Success | Verdict::AlreadyExists
                 if matches!(spec.from, ResultFrom::Status | ResultFrom::Resource)
-                    && let Some(state) = self.not_succeeded_in(&ex) =>
+                    && let Some(state) = self.not_succeeded_in(
+                        &ex,
+                        spec.from == ResultFrom::Status && op.status_url.is_some(),
+                    ) =>
             {
                 (
                     ResultOutcome::Failed {

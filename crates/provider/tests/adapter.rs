@@ -434,9 +434,8 @@ async fn a_provider_that_is_down_means_nothing_was_sent() {
     created.state = jobtrail_core::State::CancelRequested;
     assert_eq!(
         dead.cancel(&created, 1.into()).await.outcome,
-        CancelOutcome::RetryLater {
-            delay: None,
-            reason: "not sent: connect_failed".into()
+        CancelOutcome::NotSent {
+            error_class: "connect_failed".into()
         }
     );
 }
@@ -1216,5 +1215,25 @@ async fn a_status_read_for_the_result_that_no_longer_says_succeeded_is_no_result
             }
         }
     }
+    // Read at a URL the provider named, a status code the contract maps is the state, whatever
+    // the body says (a resource's own "status" field), as a status read takes it.
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.result.as_mut().unwrap().from = ResultFrom::Status;
+        c.status.codes.insert(200, Phase::Succeeded);
+        c
+    })
+    .await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.remote_job_id = Some("job_1".into());
+    op.status_url = Some(format!("http://{addr}/v1/jobs/job_1"));
+    op.state = jobtrail_core::State::ResultCollecting;
+    *answer.lock().unwrap() = serde_json::json!({"state": "running"}).to_string();
+    let r = h.provider.fetch_result(&op, 1.into()).await;
+    assert!(
+        matches!(r.outcome, ResultOutcome::Fetched(_)),
+        "{:?}",
+        r.outcome
+    );
     server.abort();
 }

@@ -1371,3 +1371,27 @@ fn result_checks_the_format_never_makes_are_refused_by_name() {
     let bound = no_items.replacen(json, &format!("{json}max_failed_items = 0\n"), 1);
     assert!(parse(&bound).unwrap_err().contains("result.items"));
 }
+
+/// A format chosen by the request inherits an item count or bound from beside it only if it
+/// counts items: a bytes format beside a CSV base that bounds failed rows loads without the bound
+/// (it was never its own), one that sets the bound itself is refused by name.
+#[test]
+fn an_item_bound_inherited_by_a_format_that_counts_no_items_is_not_its_own() {
+    let csv = std::fs::read_to_string(providers_dir().join("sim-csv.toml")).unwrap();
+    assert!(csv.contains("max_failed_items = 0\n"));
+    let base = csv.replacen("[result]\n", "[result]\nformat_from = \"/output\"\n", 1);
+    let with =
+        |formats: &str| base.replacen("[reconcile]\n", &format!("{formats}\n[reconcile]\n"), 1);
+    let c = parse(&with("[result.formats.raw]\nformat = \"bytes\"\n")).unwrap();
+    let r = c.result.as_ref().unwrap();
+    assert_eq!(r.max_failed_items, Some(0), "the base keeps its own");
+    assert_eq!(r.formats["raw"].max_failed_items, None);
+    let err = parse(&with(
+        "[result.formats.raw]\nformat = \"bytes\"\nmax_failed_items = 1\n",
+    ))
+    .unwrap_err();
+    assert!(
+        err.contains("result.formats.raw") && err.contains("result.max_failed_items"),
+        "{err}"
+    );
+}

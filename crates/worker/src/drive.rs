@@ -577,7 +577,13 @@ async fn final_get(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Pla
     if let StatusOutcome::RetryLater { delay, .. } = &called.outcome {
         ctx.throttled(&called.call, *delay).await;
     }
-    Box::new(decide::after_final_get(op, &ctx.policy, called, draw()))
+    Box::new(decide::after_final_get(
+        op,
+        &ctx.policy,
+        called,
+        ctx.clock.now(),
+        draw(),
+    ))
 }
 
 async fn fetch_result(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
