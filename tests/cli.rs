@@ -833,3 +833,52 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// A submit straight to the database takes `JOBTRAIL_OPEN_PER_CALLER` as `jobtrail serve` does: past
+/// it, refused (exit 5, naming the cap) with nothing written; a value that is no count is bad input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_submit_holds_the_caller_to_its_open_operations_cap() {
+    let env = Env::new().await;
+    let submit = |cap: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args([
+                "submit",
+                "--provider",
+                "sim",
+                "--target",
+                "reports",
+                "--caller",
+                "agent-7",
+                "--approved-by",
+                "alice",
+            ])
+            .env("DATABASE_URL", &env.url)
+            .env("JOBTRAIL_PROVIDERS", support::providers_dir())
+            .env("JOBTRAIL_OPEN_PER_CALLER", cap)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(br#"{"account":"acct_1"}"#)
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    assert_eq!(code(&submit("1")), 0);
+    let refused = submit("1");
+    assert_eq!(code(&refused), 5);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--open-per-caller"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let bad = submit("ten");
+    assert_eq!(code(&bad), 2, "{}", String::from_utf8_lossy(&bad.stderr));
+    assert_eq!(env.store.totals().await.unwrap().0, 1, "one written");
+    assert_eq!(code(&submit("2")), 0);
+}

@@ -2006,9 +2006,39 @@ async fn a_caller_holds_at_most_its_cap_of_open_operations() {
         "a refused submit wrote nothing"
     );
 
-    // The same id again is the same operation, at the cap or not.
+    // The same id again is the same operation, at the cap or over it (a server whose cap was
+    // lowered below what the caller holds): alone or as a batch that opens nothing.
     let again = submit(&one, &alice, &taken[0]).await.unwrap();
     assert_eq!(again.status(), StatusCode::OK);
+    let lowered = env.serve_with(
+        "api-low",
+        &[
+            ("JOBTRAIL_OPEN_PER_CALLER", "2"),
+            ("JOBTRAIL_BODIES_PER_CALLER", "32"),
+        ],
+    );
+    assert_eq!(
+        submit(&lowered, &alice, &taken[1]).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let resent = c
+        .post(lowered.url("/v1/operations:batch"))
+        .bearer_auth(&alice)
+        .json(&json!({"operations": taken.iter().map(|id| item(id)).collect::<Vec<_>>()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resent.status(), StatusCode::CREATED);
+    let resent: Value = resent.json().await.unwrap();
+    assert!(
+        resent["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["created"] == false),
+        "{resent}"
+    );
+    drop(lowered);
     // Refused without Retry-After: when room comes is the providers' doing, not a rate.
     let r = submit(&two, &alice, &new_id()).await.unwrap();
     assert!(r.headers().get(reqwest::header::RETRY_AFTER).is_none());

@@ -49,15 +49,37 @@ pub async fn door(
         }
         None => "cli".to_owned(),
     };
+    let open_cap = open_per_caller()?;
     let registry = if needs_contracts {
         shell::registry(&common.providers)?
     } else {
         jobtrail_provider::Registry::default()
     };
     let store = shell::store(common).await?;
-    Ok(Door::Local(
-        jobtrail_service::Service::new(store, registry).bind(Principal::trusted(caller)),
-    ))
+    let service = jobtrail_service::Service::new(store, registry);
+    if let Some(n) = open_cap {
+        service.set_open_per_caller(n);
+    }
+    Ok(Door::Local(service.bind(Principal::trusted(caller))))
+}
+
+/// `JOBTRAIL_OPEN_PER_CALLER` for a submit straight to the database, as `jobtrail serve` takes
+/// it (unset: the same default); a value that is no count is bad input, never ignored.
+fn open_per_caller() -> Result<Option<u32>, Failure> {
+    let Ok(v) = std::env::var("JOBTRAIL_OPEN_PER_CALLER") else {
+        return Ok(None);
+    };
+    v.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=100_000_000).contains(n))
+        .map(Some)
+        .ok_or_else(|| {
+            fail(
+                exit::BAD_INPUT,
+                format!("JOBTRAIL_OPEN_PER_CALLER={v:?}: a count of 1 to 100000000"),
+            )
+        })
 }
 
 /// A service error as the command's failure (the exit code of its kind).

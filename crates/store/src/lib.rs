@@ -508,8 +508,12 @@ impl Store {
             }
             written.push((intent.operation_id, created));
         }
-        // Counted once the batch is written (all of it, or none, is taken); each caller once.
-        if let Some(cap) = limits.max_open_per_caller {
+        // Counted once the batch is written (all of it, or none, is taken); each caller once. A
+        // batch that opens nothing (every item already there) is answered as ever.
+        if let Some(cap) = limits
+            .max_open_per_caller
+            .filter(|_| written.iter().any(|(_, created)| *created))
+        {
             let mut callers: Vec<&str> = submissions.iter().map(|s| s.caller.as_str()).collect();
             callers.sort_unstable();
             callers.dedup();
