@@ -1,5 +1,14 @@
+-- no-transaction
 -- A submit counts its caller's open operations (not yet terminal) against the server's cap
 -- (`--open-per-caller`); this index keeps that count to those rows. `finished_at` changes only on
 -- a step into a terminal state, which changes the (indexed) state too, so no step that could be a
--- HOT update stops being one. Never edit this file once landed: add a new migration instead.
-CREATE INDEX operations_open_by_caller ON operations (caller) WHERE finished_at IS NULL;
+-- HOT update stops being one.
+--
+-- Built CONCURRENTLY, outside a transaction (the first line tells the migrator), so that writes go
+-- on while it is built on a large table: a plain build would hold every write to `operations`
+-- for its whole length, past their 10 s lock wait. It is the file's only statement (PostgreSQL
+-- runs several sent at once in one transaction, which CONCURRENTLY refuses). If a build is
+-- interrupted, PostgreSQL leaves the index INVALID and this migration unrecorded: drop it
+-- (`DROP INDEX CONCURRENTLY operations_open_by_caller;`) and run `jobtrail migrate` again.
+-- Never edit this file once landed: add a new migration instead.
+CREATE INDEX CONCURRENTLY operations_open_by_caller ON operations (caller) WHERE finished_at IS NULL
