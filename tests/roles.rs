@@ -555,3 +555,34 @@ async fn the_api_runs_as_the_api_role_and_people_decide_through_an_operator_logi
     .await;
     server.stop();
 }
+
+/// Two `jobtrail migrate` runs at once (two pods of a release, an operator and a Job) serialise:
+/// both succeed, one after the other, with migrations that build an index concurrently among them
+/// (such a build waits for every older transaction, so a run waiting its turn must hold none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_migrations_at_once_both_succeed() {
+    use sqlx::Connection;
+    let env = Env::new().await;
+    let name = format!("jobtrail_twice_{}", uuid::Uuid::now_v7().simple());
+    let mut admin_conn = sqlx::PgConnection::connect(env.db().admin_url())
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin_conn)
+        .await
+        .unwrap();
+    let empty = env.url.replace(&env.db().name, &name);
+    let t0 = std::time::Instant::now();
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| jobtrail(&empty, &["migrate"], None));
+        let b = s.spawn(|| jobtrail(&empty, &["migrate"], None));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    allowed(&a, "the first migrate");
+    allowed(&b, "the second migrate");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(45),
+        "{:?}: one waited out the other's lock",
+        t0.elapsed()
+    );
+}

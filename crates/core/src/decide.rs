@@ -1070,13 +1070,22 @@ pub fn after_cancel(
                 ..Step::event(Event::CancelSent { http_status }).next_in(d, why)
             }
         }
-        // Refused (e.g. already finished): do not ask again; polling will tell what happened.
+        // Refused (e.g. already finished): do not ask again; polling will tell what happened. The
+        // provider answered, so earlier failures (a cancel that could not reach it) are behind us:
+        // left counted, they would send the refused cancel again and spend the next status read's
+        // budget at once.
         CancelOutcome::Rejected { reason, .. } => {
             let (d, held) = poll_delay(op, Duration::ZERO, now);
-            Step::event(Event::CallFailed {
-                error_class: format!("cancel refused: {reason}"),
-            })
-            .next_in(d, if held { "retry_after" } else { "after_cancel" })
+            Step {
+                counters: Counters {
+                    failures: FailureCount::Reset,
+                    ..Counters::default()
+                },
+                ..Step::event(Event::CallFailed {
+                    error_class: format!("cancel refused: {reason}"),
+                })
+                .next_in(d, if held { "retry_after" } else { "after_cancel" })
+            }
         }
         // "Not now" within the window spends no failure (as for status reads and results): many
         // deferrals must not leave one transient error short of the failure budget.

@@ -1030,6 +1030,35 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     }
     let plan = after_cancel(&op, &p, called(CallKind::Cancel, later()), now, 0.5);
     assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(2));
+    // A refusal after failures to reach the provider ends them: the refused cancel is not sent
+    // again (idempotent or not), and the next status read has its whole budget.
+    let mut tried = op.clone();
+    tried.failure_count = p.max_failures as i32;
+    let refused = after_cancel(
+        &tried,
+        &p,
+        called(
+            CallKind::Cancel,
+            CancelOutcome::Rejected {
+                http_status: Some(409),
+                reason: "already finished".into(),
+            },
+        ),
+        now,
+        0.5,
+    );
+    assert_eq!(refused.step.counters.failures, FailureCount::Reset);
+    assert_eq!(refused.step.counters.cancel_attempts, 1);
+    let mut after = tried.clone();
+    after.failure_count = 0;
+    after.cancel_attempts = 1;
+    assert!(
+        !matches!(
+            next(&after, &p, EPOCH, now),
+            Action::Call(Call::Cancel { .. })
+        ),
+        "a refused cancel is not sent again"
+    );
     // An unreachable provider is asked less and less often: the wait grows with the failures.
     let waits: Vec<Duration> = (0..4)
         .map(|failures| {

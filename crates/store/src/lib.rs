@@ -314,22 +314,33 @@ impl Store {
             {
                 Ok(_) => break,
                 Err(sqlx::Error::Database(db))
-                    if attempt < 2 && matches!(db.code().as_deref(), Some("23505" | "42P07")) => {}
+                    if attempt < 2
+                        && matches!(db.code().as_deref(), Some("23505" | "42P07" | "42710")) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        let mut lock = sqlx::Connection::begin(&mut guard).await?;
-        sqlx::raw_sql(include_str!("sql/migration_lock_take.sql"))
-            .execute(&mut *lock)
-            .await
-            .map_err(|e| match e {
-                sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03") => {
-                    StoreError::Unavailable(
-                        "another migration holds jobtrail_migration_lock for over 60 s".into(),
-                    )
+        // Another run holds the lock: try again, each time in a new transaction, for up to 60 s
+        // (never waiting inside the statement: see migration_lock_take.sql).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let lock = loop {
+            let mut lock = sqlx::Connection::begin(&mut guard).await?;
+            match sqlx::raw_sql(include_str!("sql/migration_lock_take.sql"))
+                .execute(&mut *lock)
+                .await
+            {
+                Ok(_) => break lock,
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                    lock.rollback().await?;
+                    if std::time::Instant::now() >= deadline {
+                        return Err(StoreError::Unavailable(
+                            "another migration holds jobtrail_migration_lock for over 60 s".into(),
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                e => e.into(),
-            })?;
+                Err(e) => return Err(e.into()),
+            }
+        };
         let unlocked = sqlx::migrate::Migrator {
             migrations: MIGRATOR.migrations.clone(),
             locking: false,
