@@ -2129,6 +2129,29 @@ impl Validator<'_> {
                 "no synchronous result when result.format = \"none\" (the job has no result)",
             ));
         }
+        // A count the status gives is checked against a JSON result's items: a JSON result (or
+        // a JSON format a request may choose) without an items pointer would fail every time.
+        // (CSV counts its rows; bytes are checked for digest, size and type only.)
+        if status.expected_count.is_some()
+            && let Some(r) = &result
+        {
+            let counts = |f: &ResultSpec| f.format != ResultFormat::Json || f.items.is_some();
+            let uncounted = std::iter::once(("[result]".to_owned(), r))
+                .chain(
+                    r.formats
+                        .iter()
+                        .map(|(n, f)| (format!("[result.formats.{n}]"), f)),
+                )
+                .find(|(_, f)| !counts(f));
+            if let Some((which, _)) = uncounted {
+                return Err(self.err(
+                    "status.expected_count",
+                    format!(
+                        "nothing unless every JSON result names its items (result.items): {which} names none, so every result would fail"
+                    ),
+                ));
+            }
+        }
 
         let rc = &r.reconcile;
         let reconcile = ReconcileSpec {

@@ -1366,7 +1366,13 @@ fn result_checks_the_format_never_makes_are_refused_by_name() {
             .unwrap_err()
             .contains("result.csv_status_column")
     );
-    let no_items = without_items(&base);
+    // (Without the status's expected count too: a JSON result without items cannot check it.)
+    let no_items = without_items(&base).replacen("expected_count = \"/expected_items\"\n", "", 1);
+    assert!(
+        parse(&without_items(&base))
+            .unwrap_err()
+            .contains("status.expected_count")
+    );
     parse(&no_items).unwrap();
     let bound = no_items.replacen(json, &format!("{json}max_failed_items = 0\n"), 1);
     assert!(parse(&bound).unwrap_err().contains("result.items"));
@@ -1392,6 +1398,26 @@ fn an_item_bound_inherited_by_a_format_that_counts_no_items_is_not_its_own() {
     .unwrap_err();
     assert!(
         err.contains("result.formats.raw") && err.contains("result.max_failed_items"),
+        "{err}"
+    );
+}
+
+/// A count the status gives is checked against a JSON result's items, so a JSON result, or a JSON
+/// format a request may choose, without an items pointer is refused at load (every result would
+/// fail validation); bytes and CSV formats beside it load.
+#[test]
+fn an_expected_count_from_the_status_needs_items_in_every_json_result() {
+    let base = sim_text().replacen("[result]\n", "[result]\nformat_from = \"/output\"\n", 1);
+    assert!(base.contains("expected_count = \"/expected_items\""));
+    let with =
+        |formats: &str| base.replacen("[reconcile]\n", &format!("{formats}\n[reconcile]\n"), 1);
+    parse(&with(
+        "[result.formats.raw]\nformat = \"bytes\"\n[result.formats.csv]\nformat = \"csv\"\n",
+    ))
+    .unwrap();
+    let err = parse(&with("[result.formats.bare]\nformat = \"json\"\n")).unwrap_err();
+    assert!(
+        err.contains("status.expected_count") && err.contains("[result.formats.bare]"),
         "{err}"
     );
 }
