@@ -187,7 +187,7 @@ impl Ctx<'_> {
                 Ok(a) => return Ok(a),
                 Err(StoreError::LeaseLost { .. }) => return Err(Stop::LeaseLost),
                 Err(e) if e.is_transient() && Instant::now() + delay < self.expires => {
-                    tracing::warn!(operation = %self.lease.operation_id, error = %e, "database unavailable; retrying the write");
+                    tracing::warn!(operation = %self.lease.operation_id, error = %e, "the write could not be applied now (database unavailable, or the row held by another session); retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
