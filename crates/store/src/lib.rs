@@ -938,6 +938,41 @@ impl Store {
         Ok(now)
     }
 
+    /// Whether writes whose commit failed committed after all (its answer lost with the
+    /// connection): each wrote a history link, and every row's history head is the one it planned.
+    /// A write without a link says nothing, so with none it is "not known" (false), as when the
+    /// rows cannot be read within about two seconds.
+    async fn committed_after_all(&self, applied: &[&Applied]) -> bool {
+        let linked: Vec<&&Applied> = applied.iter().filter(|a| a.transition.is_some()).collect();
+        if linked.is_empty() {
+            return false;
+        }
+        let ids: Vec<uuid::Uuid> = linked.iter().map(|a| a.record.id.as_uuid()).collect();
+        for attempt in 0..4 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let Ok(rows) = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>)>(include_str!(
+                "sql/operation_history_heads.sql"
+            ))
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await
+            else {
+                continue;
+            };
+            let heads: std::collections::HashMap<_, _> = rows
+                .into_iter()
+                .map(|(id, seq, head)| (id, (seq, head)))
+                .collect();
+            return linked.iter().all(|a| {
+                heads.get(&a.record.id.as_uuid())
+                    == Some(&(a.record.history_seq, a.record.history_head.clone()))
+            });
+        }
+        false
+    }
+
     /// Many fenced writes in one transaction (group commit): one lock statement for all rows, one
     /// commit for all. Each write gets its own result, exactly as [`Store::apply`] would give it:
     /// `LeaseLost` and `Illegal` refuse only that write (its call is still logged). If the batch as a
@@ -968,7 +1003,15 @@ impl Store {
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
         let mut tx = self.begin_write().await?;
         let mut results = write_batch_in(&mut tx, writes).await?;
-        tx.commit().await?;
+        if let Err(e) = tx.commit().await {
+            // A commit whose answer was lost (the connection dropped, a failover) may have
+            // committed: then the batch must never be applied again.
+            let applied: Vec<&Applied> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+            if !self.committed_after_all(&applied).await {
+                return Err(e.into());
+            }
+            tracing::warn!(error = %e, "the commit's answer was lost, but the batch committed");
+        }
         self.announce(write::moved(results.iter().filter_map(|r| r.as_ref().ok())))
             .await;
         // The calls of refused writes, each after the batch (never holding the batch's locks while
@@ -989,7 +1032,12 @@ impl Store {
         let mut tx = self.begin_write().await?;
         let locked = lock_if_leased(&mut tx, lease).await?;
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
-        tx.commit().await?;
+        if let Err(e) = tx.commit().await {
+            if !self.committed_after_all(&[&applied]).await {
+                return Err(e.into());
+            }
+            tracing::warn!(error = %e, "the commit's answer was lost, but the write committed");
+        }
         self.announce(write::moved([&applied])).await;
         Ok(applied)
     }

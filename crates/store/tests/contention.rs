@@ -1,5 +1,6 @@
-//! Fenced writes against rows another session holds, against a real PostgreSQL. Its own test
-//! binary: holding a row lock takes a transaction id, which would stop HOT pruning for the
+//! Fenced writes under contention and faults, against a real PostgreSQL: rows another session
+//! holds, and a commit whose answer is lost on the way back (through a proxy on 127.0.0.1). Its own
+//! test binary: holding a row lock takes a transaction id, which would stop HOT pruning for the
 //! measurements of `store.rs` running beside it.
 
 use jobtrail_core::*;
@@ -115,4 +116,203 @@ async fn a_row_held_elsewhere_holds_up_neither_the_batch_nor_the_writer() {
         store.apply(&stale, accept("job_9")).await,
         Err(StoreError::LeaseLost { .. })
     ));
+}
+
+/// A TCP proxy to PostgreSQL on 127.0.0.1 that, when armed, lets the next `COMMIT` through to the
+/// server and then cuts the connection before its answer comes back: a commit whose
+/// acknowledgement is lost (a dropped connection, a failover). Plain connections only
+/// (`sslmode=disable`): it reads the protocol's message frames.
+async fn lossy_proxy(
+    upstream: url::Url,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let armed = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let arm = armed.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = connect(&upstream).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = tokio::io::split(server);
+            let cut = Arc::new(AtomicBool::new(false));
+            let back = {
+                let cut = cut.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = sr.read(&mut buf).await {
+                        if n == 0 || cut.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = cw.shutdown().await;
+                })
+            };
+            let arm = arm.clone();
+            tokio::spawn(async move {
+                // The startup message has no type byte; every later one does.
+                let mut started = false;
+                loop {
+                    let mut head = vec![0u8; if started { 5 } else { 4 }];
+                    if cr.read_exact(&mut head).await.is_err() {
+                        break;
+                    }
+                    let len_at = head.len() - 4;
+                    let len = u32::from_be_bytes(head[len_at..].try_into().unwrap()) as usize;
+                    let mut body = vec![0u8; len.saturating_sub(4)];
+                    if cr.read_exact(&mut body).await.is_err() {
+                        break;
+                    }
+                    let commit = started
+                        && head[0] == b'Q'
+                        && body.to_ascii_uppercase().starts_with(b"COMMIT")
+                        && arm.swap(false, Ordering::SeqCst);
+                    if commit {
+                        cut.store(true, Ordering::SeqCst);
+                    }
+                    started = true;
+                    if sw.write_all(&head).await.is_err() || sw.write_all(&body).await.is_err() {
+                        break;
+                    }
+                    if commit {
+                        // The server commits; its answer never reaches the client.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        back.abort();
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, armed)
+}
+
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// The server a test database URL names: its socket directory (`?host=/dir`), or host and port.
+async fn connect(url: &url::Url) -> std::io::Result<Box<dyn Io>> {
+    let port = url.port().unwrap_or(5432);
+    let dir = url
+        .query_pairs()
+        .find(|(k, _)| k == "host")
+        .map(|(_, v)| v.into_owned())
+        .filter(|d| d.starts_with('/'));
+    Ok(match dir {
+        Some(dir) => {
+            Box::new(tokio::net::UnixStream::connect(format!("{dir}/.s.PGSQL.{port}")).await?)
+        }
+        None => Box::new(
+            tokio::net::TcpStream::connect((url.host_str().unwrap_or("127.0.0.1"), port)).await?,
+        ),
+    })
+}
+
+/// A commit whose acknowledgement is lost is found committed, by the history heads each write
+/// planned, and answered as written: never applied a second time (each step's call would be
+/// refused as a duplicate, and the worker would stop on an operation that moved). Both for a
+/// group commit and a lone write.
+#[tokio::test]
+async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twice() {
+    let db = TestDb::new().await;
+    let direct = db.store().await;
+    let url = url::Url::parse(&db.url).unwrap();
+    let (proxy, armed) = lossy_proxy(url.clone()).await;
+    let mut through = url.clone();
+    through.set_host(Some("127.0.0.1")).unwrap();
+    through.set_port(Some(proxy.port())).unwrap();
+    let kept: Vec<(String, String)> = url
+        .query_pairs()
+        .filter(|(k, _)| k != "host" && k != "sslmode")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    through.set_query(None);
+    through
+        .query_pairs_mut()
+        .extend_pairs(kept)
+        .append_pair("sslmode", "disable");
+    let store = Store::connect(through.as_str()).await.unwrap();
+
+    let mut terms = BTreeMap::new();
+    terms.insert(
+        "sim".to_owned(),
+        ProviderTerms::new("sim", IdempotencyMode::Header),
+    );
+    for i in 0..3 {
+        direct
+            .submit_new(
+                &Submission {
+                    provider: "sim".into(),
+                    target: "reports".into(),
+                    body: format!(r#"{{"lost":{i}}}"#).into_bytes(),
+                    caller: "agent-7".into(),
+                    approved_by: "alice".into(),
+                    ..Default::default()
+                },
+                &terms,
+                SubmitLimits::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let mut claimed = Vec::new();
+    for _ in 0..100 {
+        claimed.extend(
+            direct
+                .claim_due("w", 10, Duration::from_secs(60))
+                .await
+                .unwrap(),
+        );
+        if claimed.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(claimed.len(), 3);
+
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let results = store
+        .apply_many(
+            claimed[..2]
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.lease.clone(), accept(&format!("job_{i}"))))
+                .collect(),
+        )
+        .await;
+    assert!(
+        !armed.load(std::sync::atomic::Ordering::SeqCst),
+        "a commit was cut"
+    );
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let alone = store.apply(&claimed[2].lease, accept("job_2")).await;
+    assert!(
+        !armed.load(std::sync::atomic::Ordering::SeqCst),
+        "a commit was cut"
+    );
+    for (i, r) in results.iter().chain([&alone]).enumerate() {
+        let applied = r.as_ref().unwrap_or_else(|e| panic!("write {i}: {e:?}"));
+        assert_eq!(applied.record.state, State::Accepted);
+        let op = direct.get(claimed[i].lease.operation_id).await.unwrap();
+        assert_eq!(
+            (op.state, op.history_seq),
+            (State::Accepted, 2),
+            "written once"
+        );
+        assert_eq!(
+            direct.calls(op.id).await.unwrap().len(),
+            1,
+            "its call logged once"
+        );
+    }
 }
