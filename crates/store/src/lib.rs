@@ -939,38 +939,40 @@ impl Store {
     }
 
     /// Whether writes whose commit failed committed after all (its answer lost with the
-    /// connection): each wrote a history link, and every row's history head is the one it planned.
-    /// A write without a link says nothing, so with none it is "not known" (false), as when the
-    /// rows cannot be read within about two seconds.
+    /// connection): each wrote a history link, and every link it planned is there (by operation,
+    /// place and hash; history is append-only, so what was written after it does not matter). A
+    /// write without a link says nothing, so with none it is "not known" (false), as when the links
+    /// cannot be read within 5 s in all.
     async fn committed_after_all(&self, applied: &[&Applied]) -> bool {
         let linked: Vec<&&Applied> = applied.iter().filter(|a| a.transition.is_some()).collect();
         if linked.is_empty() {
             return false;
         }
         let ids: Vec<uuid::Uuid> = linked.iter().map(|a| a.record.id.as_uuid()).collect();
-        for attempt in 0..4 {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+        let seqs: Vec<i64> = linked.iter().map(|a| a.record.history_seq).collect();
+        let hashes: Vec<&[u8]> = linked
+            .iter()
+            .map(|a| a.record.history_head.as_slice())
+            .collect();
+        let read = async {
+            loop {
+                match sqlx::query_as::<_, (uuid::Uuid,)>(include_str!(
+                    "sql/history_links_exist.sql"
+                ))
+                .bind(&ids)
+                .bind(&seqs)
+                .bind(&hashes)
+                .fetch_all(&self.pool)
+                .await
+                {
+                    Ok(found) => return found.len() == linked.len(),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                }
             }
-            let Ok(rows) = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>)>(include_str!(
-                "sql/operation_history_heads.sql"
-            ))
-            .bind(&ids)
-            .fetch_all(&self.pool)
+        };
+        tokio::time::timeout(Duration::from_secs(5), read)
             .await
-            else {
-                continue;
-            };
-            let heads: std::collections::HashMap<_, _> = rows
-                .into_iter()
-                .map(|(id, seq, head)| (id, (seq, head)))
-                .collect();
-            return linked.iter().all(|a| {
-                heads.get(&a.record.id.as_uuid())
-                    == Some(&(a.record.history_seq, a.record.history_head.clone()))
-            });
-        }
-        false
+            .unwrap_or(false)
     }
 
     /// Many fenced writes in one transaction (group commit): one lock statement for all rows, one

@@ -122,8 +122,11 @@ async fn a_row_held_elsewhere_holds_up_neither_the_batch_nor_the_writer() {
 /// server and then cuts the connection before its answer comes back: a commit whose
 /// acknowledgement is lost (a dropped connection, a failover). Plain connections only
 /// (`sslmode=disable`): it reads the protocol's message frames.
+/// `between`: awaited after the server has committed and before the connection is cut (another
+/// session's write landing in between).
 async fn lossy_proxy(
     upstream: url::Url,
+    between: std::sync::Arc<tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
 ) -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -148,8 +151,13 @@ async fn lossy_proxy(
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 * 1024];
                     while let Ok(n) = sr.read(&mut buf).await {
-                        if n == 0 || cut.load(Ordering::SeqCst) {
+                        if n == 0 {
                             break;
+                        }
+                        // Cut: what the server answers is dropped, and the client is left
+                        // waiting until the connection is closed.
+                        if cut.load(Ordering::SeqCst) {
+                            continue;
                         }
                         if cw.write_all(&buf[..n]).await.is_err() {
                             break;
@@ -159,6 +167,7 @@ async fn lossy_proxy(
                 })
             };
             let arm = arm.clone();
+            let between = between.clone();
             tokio::spawn(async move {
                 // The startup message has no type byte; every later one does.
                 let mut started = false;
@@ -187,6 +196,9 @@ async fn lossy_proxy(
                     if commit {
                         // The server commits; its answer never reaches the client.
                         tokio::time::sleep(Duration::from_millis(300)).await;
+                        if let Some(wait) = between.lock().await.take() {
+                            let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
+                        }
                         back.abort();
                         break;
                     }
@@ -218,16 +230,18 @@ async fn connect(url: &url::Url) -> std::io::Result<Box<dyn Io>> {
     })
 }
 
-/// A commit whose acknowledgement is lost is found committed, by the history heads each write
+/// A commit whose acknowledgement is lost is found committed, by the history links each write
 /// planned, and answered as written: never applied a second time (each step's call would be
 /// refused as a duplicate, and the worker would stop on an operation that moved). Both for a
-/// group commit and a lone write.
+/// group commit and a lone write, and also when another write (a cancel request) landed on the
+/// operation before the check.
 #[tokio::test]
 async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twice() {
     let db = TestDb::new().await;
     let direct = db.store().await;
     let url = url::Url::parse(&db.url).unwrap();
-    let (proxy, armed) = lossy_proxy(url.clone()).await;
+    let between = std::sync::Arc::new(tokio::sync::Mutex::new(None));
+    let (proxy, armed) = lossy_proxy(url.clone(), between.clone()).await;
     let mut through = url.clone();
     through.set_host(Some("127.0.0.1")).unwrap();
     through.set_port(Some(proxy.port())).unwrap();
@@ -280,6 +294,29 @@ async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twic
     }
     assert_eq!(claimed.len(), 3);
 
+    // While the first commit's answer is held back, a cancel request lands on the first operation.
+    let (go_on, wait) = tokio::sync::oneshot::channel();
+    *between.lock().await = Some(wait);
+    let cancelled = claimed[0].lease.operation_id;
+    let canceller = {
+        let direct = direct.clone();
+        tokio::spawn(async move {
+            for _ in 0..200 {
+                if direct.get(cancelled).await.unwrap().state == State::Accepted {
+                    direct
+                        .request_cancel(
+                            cancelled,
+                            CancelRequest::new("alice", "changed my mind").unwrap(),
+                        )
+                        .await
+                        .unwrap();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = go_on.send(());
+        })
+    };
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let results = store
         .apply_many(
@@ -294,6 +331,7 @@ async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twic
         !armed.load(std::sync::atomic::Ordering::SeqCst),
         "a commit was cut"
     );
+    canceller.await.unwrap();
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let alone = store.apply(&claimed[2].lease, accept("job_2")).await;
     assert!(
@@ -304,11 +342,20 @@ async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twic
         let applied = r.as_ref().unwrap_or_else(|e| panic!("write {i}: {e:?}"));
         assert_eq!(applied.record.state, State::Accepted);
         let op = direct.get(claimed[i].lease.operation_id).await.unwrap();
-        assert_eq!(
-            (op.state, op.history_seq),
-            (State::Accepted, 2),
-            "written once"
-        );
+        let accepted = direct
+            .history(op.id)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|h| h.event == "create_accepted")
+            .count();
+        assert_eq!(accepted, 1, "write {i} written once");
+        let expected = if i == 0 {
+            (State::CancelRequested, 3)
+        } else {
+            (State::Accepted, 2)
+        };
+        assert_eq!((op.state, op.history_seq), expected);
         assert_eq!(
             direct.calls(op.id).await.unwrap().len(),
             1,
