@@ -335,21 +335,32 @@ async fn each_role_runs_its_commands_and_nothing_else() {
     );
 }
 
+/// A new, empty database on the test server (nothing migrated): its URL and its name.
+async fn empty_database(env: &Env) -> (String, String) {
+    let name = format!("jobtrail_empty_{}", uuid::Uuid::now_v7().simple());
+    admin_sql(env, &format!("CREATE DATABASE {name}")).await;
+    (env.url.replace(&env.db().name, &name), name)
+}
+
+/// Run `sql` on the test server as its administrator (database-level statements).
+async fn admin_sql(env: &Env, sql: &str) {
+    use sqlx::Connection;
+    let mut admin_conn = sqlx::PgConnection::connect(env.db().admin_url())
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut admin_conn)
+        .await
+        .unwrap();
+}
+
 /// Every command but `migrate` checks the schema with one read and refuses a database that is behind
 /// (never migrating it: a read-only `show` on an empty database creates nothing) or ahead of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
     use sqlx::Connection;
     let env = Env::new().await;
-    let name = format!("jobtrail_empty_{}", uuid::Uuid::now_v7().simple());
-    let mut admin_conn = sqlx::PgConnection::connect(env.db().admin_url())
-        .await
-        .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin_conn)
-        .await
-        .unwrap();
-    let empty = env.url.replace(&env.db().name, &name);
+    let (empty, name) = empty_database(&env).await;
     let tables = |url: String| async move {
         let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
         let (n,): (i64,) =
@@ -390,11 +401,7 @@ async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
     assert_eq!(out.status.code(), Some(5), "{err}");
     assert!(err.contains("newer than this jobtrail"), "{err}");
     drop(c);
-    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {name} WITH (FORCE)"
-    )))
-    .execute(&mut admin_conn)
-    .await;
+    admin_sql(&env, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
 }
 
 /// `jobtrail serve` runs as the `jobtrail_api` role, with an operator login only for decisions and
@@ -561,17 +568,8 @@ async fn the_api_runs_as_the_api_role_and_people_decide_through_an_operator_logi
 /// (such a build waits for every older transaction, so a run waiting its turn must hold none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_migrations_at_once_both_succeed() {
-    use sqlx::Connection;
     let env = Env::new().await;
-    let name = format!("jobtrail_twice_{}", uuid::Uuid::now_v7().simple());
-    let mut admin_conn = sqlx::PgConnection::connect(env.db().admin_url())
-        .await
-        .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin_conn)
-        .await
-        .unwrap();
-    let empty = env.url.replace(&env.db().name, &name);
+    let (empty, name) = empty_database(&env).await;
     let t0 = std::time::Instant::now();
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| jobtrail(&empty, &["migrate"], None));
@@ -585,4 +583,5 @@ async fn two_migrations_at_once_both_succeed() {
         "{:?}: one waited out the other's lock",
         t0.elapsed()
     );
+    admin_sql(&env, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
 }

@@ -743,6 +743,14 @@ impl Store {
             .await?)
     }
 
+    /// A worker's fenced write: a row lock waits at most 1 s (`begin_fenced_write.sql`).
+    async fn begin_fenced(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        Ok(self
+            .pool
+            .begin_with(include_str!("sql/begin_fenced_write.sql"))
+            .await?)
+    }
+
     /// A transaction that reads the schedule in due order (a claim, the next-due read): the first
     /// rows of each provider's due index, whatever the statistics say (`begin_due_in_order.sql`).
     pub(crate) async fn begin_due_in_order(
@@ -1003,7 +1011,7 @@ impl Store {
         &self,
         writes: &[(Lease, Step)],
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.begin_fenced().await?;
         let mut results = write_batch_in(&mut tx, writes).await?;
         if let Err(e) = tx.commit().await {
             // A commit whose answer was lost (the connection dropped, a failover) may have
@@ -1031,7 +1039,7 @@ impl Store {
     }
 
     async fn apply_fenced(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut tx = self.begin_fenced().await?;
         let locked = lock_if_leased(&mut tx, lease).await?;
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
         if let Err(e) = tx.commit().await {
@@ -1412,20 +1420,10 @@ pub(crate) async fn write_batch_in(
             .await?;
     let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
         locked.into_iter().map(|l| (l.row_id(), l)).collect();
-    // Rows the lock did not return: lost leases, or rows another session holds right now (skipped,
-    // so that one held row does not hold up the batch). Told apart without waiting.
-    let missing: Vec<&Lease> = writes
-        .iter()
-        .map(|(l, _)| l)
-        .filter(|l| !by_id.contains_key(&l.operation_id.as_uuid()))
-        .collect();
-    let held_now = held_elsewhere(tx, &missing).await?;
     let mut planned = Vec::new();
     let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
     for (lease, step) in writes {
-        let id = lease.operation_id.as_uuid();
-        let outcome = match by_id.remove(&id) {
-            None if held_now.contains(&id) => Err(held(lease)),
+        let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
             None => Err(lost(lease)),
             Some(row) => write::plan(row, &lease.owner, step),
         };
@@ -1561,43 +1559,7 @@ async fn lock_if_leased(
         .bind(lease.epoch)
         .fetch_optional(&mut **tx)
         .await?;
-    match row {
-        Some(row) => Ok(row),
-        None if held_elsewhere(tx, &[lease]).await?.is_empty() => Err(lost(lease)),
-        None => Err(held(lease)),
-    }
-}
-
-/// Of these leases whose rows a lock skipped or did not find, the rows still leased to them as last
-/// committed: another session holds those for now (a write to try again, not a lost lease).
-async fn held_elsewhere(
-    tx: &mut Transaction<'_, Postgres>,
-    leases: &[&Lease],
-) -> Result<std::collections::HashSet<uuid::Uuid>, StoreError> {
-    if leases.is_empty() {
-        return Ok(Default::default());
-    }
-    let rows: Vec<(uuid::Uuid,)> =
-        sqlx::query_as(include_str!("sql/operation_still_leased_many.sql"))
-            .bind(
-                leases
-                    .iter()
-                    .map(|l| l.operation_id.as_uuid())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(leases.iter().map(|l| l.owner.as_str()).collect::<Vec<_>>())
-            .bind(leases.iter().map(|l| l.epoch).collect::<Vec<_>>())
-            .fetch_all(&mut **tx)
-            .await?;
-    Ok(rows.into_iter().map(|(id,)| id).collect())
-}
-
-/// A fenced write whose row another session holds for the moment: transient, tried again.
-fn held(lease: &Lease) -> StoreError {
-    StoreError::Unavailable(format!(
-        "operation {} is held by another database session at the moment; try again",
-        lease.operation_id
-    ))
+    row.ok_or_else(|| lost(lease))
 }
 
 /// Lock a row for a person's decision, refusing with `Stale` if it is no longer in the state (and, if

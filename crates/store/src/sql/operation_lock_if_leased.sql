@@ -1,8 +1,6 @@
--- Lock the row for a fenced write: only the current, unexpired lease holder finds it. A row another
--- session holds is skipped, not waited for (the caller asks operation_still_leased_many.sql whether
--- it is held or lost); zero rows otherwise is LeaseLost. Returns the database clock so every
--- timestamp of the write comes from one clock.
+-- Lock the row for a fenced write: only the current, unexpired lease holder finds it. Zero rows is
+-- LeaseLost. Returns the database clock so every timestamp of the write comes from one clock.
 SELECT now() AS db_now, o.*
 FROM operations o
 WHERE o.id = $1 AND o.lease_owner = $2 AND o.lease_epoch = $3 AND o.lease_expires_at > now()
-FOR UPDATE SKIP LOCKED
+FOR UPDATE
