@@ -840,9 +840,11 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
 async fn a_local_submit_holds_the_caller_to_its_open_operations_cap() {
     let env = Env::new().await;
     let submit = |cap: &str| {
-        use std::io::Write;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobtrail"))
-            .args([
+        support::run_bin_with(
+            std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+            &env.url,
+            &support::providers_dir(),
+            &[
                 "submit",
                 "--provider",
                 "sim",
@@ -852,22 +854,10 @@ async fn a_local_submit_holds_the_caller_to_its_open_operations_cap() {
                 "agent-7",
                 "--approved-by",
                 "alice",
-            ])
-            .env("DATABASE_URL", &env.url)
-            .env("JOBTRAIL_PROVIDERS", support::providers_dir())
-            .env("JOBTRAIL_OPEN_PER_CALLER", cap)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(br#"{"account":"acct_1"}"#)
-            .unwrap();
-        child.wait_with_output().unwrap()
+            ],
+            Some(r#"{"account":"acct_1"}"#),
+            &[("JOBTRAIL_OPEN_PER_CALLER", cap)],
+        )
     };
     assert_eq!(code(&submit("1")), 0);
     let refused = submit("1");

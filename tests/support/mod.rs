@@ -22,11 +22,24 @@ pub fn run_bin(
     args: &[&str],
     stdin: Option<&str>,
 ) -> std::process::Output {
+    run_bin_with(bin, url, providers, args, stdin, &[])
+}
+
+/// As [`run_bin`], with more environment variables set for the process.
+pub fn run_bin_with(
+    bin: &Path,
+    url: &str,
+    providers: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+    env: &[(&str, &str)],
+) -> std::process::Output {
     use std::io::Write;
     let mut child = Command::new(bin)
         .args(args)
         .env("DATABASE_URL", url)
         .env("JOBTRAIL_PROVIDERS", providers)
+        .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
