@@ -64,6 +64,12 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     assert_eq!(s["operation"]["caller"], "agent-alice");
     assert_eq!(s["operation"]["trace_id"], trace);
     let op_id = s["operation"]["id"].as_str().unwrap().to_owned();
+    // The caller's span is kept: the operation's root span is recorded under it.
+    let stored = env.store.get(op_id.parse().unwrap()).await.unwrap();
+    assert_eq!(
+        stored.parent_span.map(|s| s.to_string()).as_deref(),
+        Some("00f067aa0ba902b7")
+    );
 
     // The same request again: 200, the same operation, nothing new.
     let r = c
@@ -574,6 +580,11 @@ async fn the_cli_works_through_the_api_with_a_token_and_nothing_else() {
         "the token names the caller, not JOBTRAIL_CALLER"
     );
     assert_eq!(op.trace_id.to_string(), "0af7651916cd43dd8448eb211c80319c");
+    assert_eq!(
+        op.parent_span.map(|s| s.to_string()).as_deref(),
+        Some("b7ad6b7169203331"),
+        "the CLI passes the caller's span on, not a span of its own no one records"
+    );
 
     let out = jobtrail(&["wait", &id, "--timeout", "60s"], &token, None);
     assert_eq!(

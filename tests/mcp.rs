@@ -912,8 +912,12 @@ async fn an_agents_trace_reaches_its_operations_over_mcp() {
     let token = env.token("agent-traced", &["submit", "read"]).await;
     let header_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let meta_trace = "0af7651916cd43dd8448eb211c80319c";
-    let parent = |trace: &str| format!("00-{trace}-00f067aa0ba902b7-01");
-    // What a submit with this `_meta.traceparent` (or none) records as its operation's trace.
+    let (header_span, meta_span) = ("00f067aa0ba902b7", "b7ad6b7169203331");
+    let parent = |trace: &str, span: &str| format!("00-{trace}-{span}-01");
+    // The caller's context an operation recorded: its trace and the caller's span.
+    let context = |trace: &str, span: &str| format!("{trace} {span}");
+    // What a submit with this `_meta.traceparent` (or none) records as its operation's trace and
+    // the caller's span its root span is recorded under.
     let submitted_trace = async |client: &Client, traceparent: Option<&str>| {
         let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7());
         let mut params = CallToolRequestParams::new("submit_operation").with_arguments(
@@ -933,7 +937,9 @@ async fn an_agents_trace_reaches_its_operations_over_mcp() {
             .expect("tool call in time")
             .expect("tool call");
         assert_eq!(r.is_error, Some(false), "{r:?}");
-        env.store.get(id).await.unwrap().trace_id.to_string()
+        let op = env.store.get(id).await.unwrap();
+        let span = op.parent_span.map_or("-".to_owned(), |s| s.to_string());
+        format!("{} {span}", op.trace_id)
     };
     let invalid = [
         // All-zero trace id and span id are invalid by the W3C spec, as is anything unparsable.
@@ -946,7 +952,7 @@ async fn an_agents_trace_reaches_its_operations_over_mcp() {
     // Streamable HTTP, every request carrying the agent's `traceparent` header.
     let headers = std::collections::HashMap::from([(
         reqwest::header::HeaderName::from_static("traceparent"),
-        reqwest::header::HeaderValue::from_str(&parent(header_trace)).unwrap(),
+        reqwest::header::HeaderValue::from_str(&parent(header_trace, header_span)).unwrap(),
     )]);
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(server.url("/mcp"))
@@ -957,16 +963,19 @@ async fn an_agents_trace_reaches_its_operations_over_mcp() {
         .await
         .expect("initialize in time")
         .expect("initialize");
-    assert_eq!(submitted_trace(&http, None).await, header_trace);
     assert_eq!(
-        submitted_trace(&http, Some(&parent(meta_trace))).await,
-        meta_trace,
+        submitted_trace(&http, None).await,
+        context(header_trace, header_span)
+    );
+    assert_eq!(
+        submitted_trace(&http, Some(&parent(meta_trace, meta_span))).await,
+        context(meta_trace, meta_span),
         "the call's own context comes before its transport's"
     );
     for bad in &invalid {
         assert_eq!(
             submitted_trace(&http, Some(bad)).await,
-            header_trace,
+            context(header_trace, header_span),
             "{bad}"
         );
     }
@@ -975,16 +984,18 @@ async fn an_agents_trace_reaches_its_operations_over_mcp() {
     // stdio: `_meta` is the only carrier; the stdio server passes it on to the API.
     let stdio = over_stdio(&server, &token, false).await;
     assert_eq!(
-        submitted_trace(&stdio, Some(&parent(meta_trace))).await,
-        meta_trace
+        submitted_trace(&stdio, Some(&parent(meta_trace, meta_span))).await,
+        context(meta_trace, meta_span)
     );
     let mut seen = std::collections::BTreeSet::new();
     for bad in invalid.iter().map(Some).chain([None]) {
-        let t = submitted_trace(&stdio, bad.map(String::as_str)).await;
+        let got = submitted_trace(&stdio, bad.map(String::as_str)).await;
+        let (t, span) = got.split_once(' ').unwrap();
         assert!(
-            t != meta_trace && t != header_trace && t.len() == 32,
-            "{bad:?}: {t}"
+            t != meta_trace && t != header_trace && t.len() == 32 && span == "-",
+            "{bad:?}: {got}"
         );
+        let t = t.to_owned();
         assert!(
             seen.insert(t),
             "each operation without a caller's trace has its own"

@@ -517,6 +517,18 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
         .await;
     let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
     assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    // An operation of an agent's trace: its root span is recorded under the agent's span.
+    let agent = jobtrail_core::TraceParent {
+        trace: "0af7651916cd43dd8448eb211c80319c".parse().unwrap(),
+        span: "b7ad6b7169203331".parse().unwrap(),
+    };
+    let joined = env
+        .submit("sim", serde_json::json!({"duration_ms": 100}), |s| {
+            s.trace = Some(agent)
+        })
+        .await;
+    let done = env.wait_settled(joined.id, Duration::from_secs(60)).await;
+    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
     worker.signal(libc::SIGTERM);
     assert!(
         worker
@@ -527,6 +539,12 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
 
     let trace = hex::decode(op.trace_id.to_string()).unwrap();
     let spans = spans.lock().unwrap().clone();
+    let joined_roots: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("operation ") && s.trace_id == agent.trace.to_bytes())
+        .collect();
+    assert_eq!(joined_roots.len(), 1, "{joined_roots:?}");
+    assert_eq!(joined_roots[0].parent_span_id, agent.span.to_bytes());
     let ours: Vec<_> = spans.iter().filter(|s| s.trace_id == trace).collect();
     let hexid = |b: &[u8]| hex::encode(b);
     let names: Vec<&str> = ours.iter().map(|s| s.name.as_str()).collect();

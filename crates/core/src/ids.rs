@@ -184,21 +184,80 @@ impl std::fmt::Display for TraceId {
 impl std::str::FromStr for TraceId {
     type Err = BadId;
     fn from_str(s: &str) -> Result<Self, BadId> {
-        let bad = || BadId {
-            what: "trace id",
-            value: shown(s),
-            expected: "32 lowercase hex characters, not all zero",
-        };
-        if s.len() != 32 || s.bytes().any(|b| b.is_ascii_uppercase()) {
-            return Err(bad());
-        }
-        let mut out = [0u8; 16];
-        hex::decode_to_slice(s, &mut out).map_err(|_| bad())?;
-        if out == [0; 16] {
-            return Err(bad());
-        }
-        Ok(Self(out))
+        nonzero_hex(s, "trace id", "32 lowercase hex characters, not all zero").map(Self)
     }
+}
+
+/// `N` bytes from `2N` lowercase hex characters, not all zero (W3C trace context's ids).
+fn nonzero_hex<const N: usize>(
+    s: &str,
+    what: &'static str,
+    expected: &'static str,
+) -> Result<[u8; N], BadId> {
+    let bad = || BadId {
+        what,
+        value: shown(s),
+        expected,
+    };
+    if s.len() != 2 * N || s.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(bad());
+    }
+    let mut out = [0u8; N];
+    hex::decode_to_slice(s, &mut out).map_err(|_| bad())?;
+    if out == [0; N] {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// A W3C span id: 8 bytes, lowercase hex, not all zero. Kept for one span only: the caller's,
+/// which the operation's root span is recorded under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SpanId([u8; 8]);
+
+impl SpanId {
+    /// `None` for all zero, which W3C trace context does not allow.
+    pub fn from_bytes(bytes: [u8; 8]) -> Option<Self> {
+        (bytes != [0; 8]).then_some(Self(bytes))
+    }
+    pub fn to_bytes(self) -> [u8; 8] {
+        self.0
+    }
+}
+
+impl std::fmt::Display for SpanId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl std::str::FromStr for SpanId {
+    type Err = BadId;
+    fn from_str(s: &str) -> Result<Self, BadId> {
+        nonzero_hex(s, "span id", "16 lowercase hex characters, not all zero").map(Self)
+    }
+}
+
+impl TryFrom<String> for SpanId {
+    type Error = BadId;
+    fn try_from(s: String) -> Result<Self, BadId> {
+        s.parse()
+    }
+}
+
+impl From<SpanId> for String {
+    fn from(id: SpanId) -> String {
+        id.to_string()
+    }
+}
+
+/// A caller's W3C trace context (`traceparent`): the operation joins its trace, and the
+/// operation's root span is recorded as a child of the caller's span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    pub trace: TraceId,
+    pub span: SpanId,
 }
 
 impl TryFrom<String> for TraceId {
@@ -276,6 +335,17 @@ mod tests {
 
     #[test]
     fn trace_ids_are_w3c_shaped() {
+        let s: SpanId = "00f067aa0ba902b7".parse().unwrap();
+        assert_eq!(s.to_string(), "00f067aa0ba902b7");
+        for bad in [
+            "0000000000000000",
+            "00F067AA0BA902B7",
+            "00f067aa0ba902",
+            "00f067aa0ba902b7z",
+        ] {
+            assert!(bad.parse::<SpanId>().is_err(), "{bad}");
+        }
+        assert!(SpanId::from_bytes([0; 8]).is_none());
         let t = TraceId::from_random([0xab; 16]);
         assert_eq!(t.to_string(), "ab".repeat(16));
         assert_eq!(t.to_string().parse::<TraceId>().unwrap(), t);

@@ -27,7 +27,7 @@ pub mod text;
 pub mod when;
 
 pub use event::{CancelConfirmation, CancelRequest, Decision, Event, EventKind, ValidatedResult};
-pub use ids::{IdempotencyToken, OperationId, TraceId};
+pub use ids::{IdempotencyToken, OperationId, SpanId, TraceId, TraceParent};
 pub use machine::{IllegalTransition, Transition, transition};
 pub use operation::{
     BodyShape, Entropy, IdempotencyMode, Intent, ProviderTerms, Submission, SubmitError,

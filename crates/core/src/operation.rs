@@ -4,7 +4,7 @@
 //! or a [`SubmitError`] that says exactly what is wrong. It is pure: the clock reading and the random
 //! bytes for the operation id, the token and the trace id are arguments.
 
-use crate::ids::{IdempotencyToken, OperationId, TraceId};
+use crate::ids::{IdempotencyToken, OperationId, SpanId, TraceId, TraceParent};
 use crate::request::{Fingerprint, SecretGrant, SensitiveFieldError, check_sensitive_fields};
 use crate::text;
 use chrono::{DateTime, Utc};
@@ -136,9 +136,9 @@ pub struct Submission {
     pub result_deadline: Option<DateTime<Utc>>,
     pub cancel_window: Option<Duration>,
     pub supersedes: Option<OperationId>,
-    /// The caller's trace (W3C `traceparent`), so the operation's trace joins the agent's; a new
-    /// trace otherwise.
-    pub trace_id: Option<TraceId>,
+    /// The caller's trace context (W3C `traceparent`), so the operation's trace joins the agent's
+    /// under the agent's span; a new trace otherwise.
+    pub trace: Option<TraceParent>,
 }
 
 /// Caller-drawn randomness for a new intent.
@@ -186,6 +186,10 @@ pub struct Intent {
     pub token: IdempotencyToken,
     pub idempotency: IdempotencyMode,
     pub trace_id: TraceId,
+    /// The caller's span the operation's root span is recorded under (trace metadata, not
+    /// evidence: no decision reads it, and it is outside the record's hashes).
+    #[serde(default)]
+    pub parent_span: Option<SpanId>,
     pub caller: String,
     pub approved_by: String,
     pub approval_ref: Option<String>,
@@ -412,7 +416,10 @@ impl Submission {
             body,
             token: IdempotencyToken::from_random(entropy.token),
             idempotency: terms.idempotency,
-            trace_id: self.trace_id.unwrap_or(TraceId::from_random(entropy.trace)),
+            trace_id: self
+                .trace
+                .map_or(TraceId::from_random(entropy.trace), |t| t.trace),
+            parent_span: self.trace.map(|t| t.span),
             caller,
             approved_by,
             approval_ref,

@@ -4,7 +4,7 @@
 //! build requests, and the pure decisions in [`crate::decide`] take them as input. Keeping them here
 //! lets the provider adapter depend on the core alone.
 
-use crate::ids::{IdempotencyToken, OperationId, TraceId};
+use crate::ids::{IdempotencyToken, OperationId, SpanId, TraceId};
 use crate::operation::IdempotencyMode;
 use crate::request::Fingerprint;
 use crate::state::State;
@@ -27,6 +27,8 @@ pub struct OperationRecord {
     pub approved_by: String,
     pub approval_ref: Option<String>,
     pub trace_id: TraceId,
+    /// The caller's span the operation's root span is recorded under (trace metadata only).
+    pub parent_span: Option<SpanId>,
     pub created_at: DateTime<Utc>,
     pub create_deadline: DateTime<Utc>,
     pub result_deadline: DateTime<Utc>,

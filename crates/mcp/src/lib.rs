@@ -232,7 +232,7 @@ fn mcp_error(e: ServiceError) -> McpError {
 /// the call's `_meta` (MCP SEP-414: it names the tool call's own span), else the HTTP request's
 /// `traceparent` header (Streamable HTTP). One that is not valid is ignored, as the W3C spec asks:
 /// the operation then starts a trace of its own.
-fn caller_trace(ctx: &RequestContext<RoleServer>) -> Option<jobtrail_core::TraceId> {
+fn caller_trace(ctx: &RequestContext<RoleServer>) -> Option<jobtrail_core::TraceParent> {
     let from = |v: &str| {
         let mut h = http::HeaderMap::new();
         h.insert("traceparent", http::HeaderValue::from_str(v).ok()?);

@@ -97,16 +97,29 @@ pub fn tracer() -> opentelemetry::global::BoxedTracer {
     opentelemetry::global::tracer(SCOPE)
 }
 
-/// Export the operation's root span: from its submission to now, named after where it ended.
+/// Export the operation's root span: from its submission to now, named after where it ended; a
+/// child of the caller's span when the caller sent one (its `traceparent`), so the operation shows
+/// inside the agent's own trace tree.
 pub fn record_operation(
     op: OperationId,
     trace: TraceId,
+    caller_span: Option<jobtrail_core::SpanId>,
     submitted: std::time::SystemTime,
     state: &str,
     provider: &str,
 ) {
     use opentelemetry::trace::Span as _;
     let tracer = tracer();
+    let parent = match caller_span {
+        Some(s) => Context::new().with_remote_span_context(SpanContext::new(
+            otel_trace(trace),
+            SpanId::from_bytes(s.to_bytes()),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::default(),
+        )),
+        None => Context::new(),
+    };
     let mut span = with_ids(Some(trace), root_span_id(op), || {
         tracer
             .span_builder(format!("operation {provider}"))
@@ -116,7 +129,7 @@ pub fn record_operation(
                 KeyValue::new("jobtrail.provider", provider.to_owned()),
                 KeyValue::new("jobtrail.state", state.to_owned()),
             ])
-            .start_with_context(&tracer, &Context::new())
+            .start_with_context(&tracer, &parent)
     });
     span.end();
 }

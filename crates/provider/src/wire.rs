@@ -409,14 +409,19 @@ pub fn inject_trace(headers: &mut http::HeaderMap, trace: TraceId, span: SpanId)
     propagator.inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
 }
 
-/// The trace id of a caller's W3C `traceparent`, if it carries a valid one (an invalid header is
-/// ignored, as the W3C spec asks: the operation then starts a trace of its own).
-pub fn extract_trace(headers: &http::HeaderMap) -> Option<TraceId> {
+/// The trace context of a caller's W3C `traceparent`, if it carries a valid one (an invalid header
+/// is ignored, as the W3C spec asks: the operation then starts a trace of its own).
+pub fn extract_trace(headers: &http::HeaderMap) -> Option<jobtrail_core::TraceParent> {
     let propagator = opentelemetry_sdk::propagation::TraceContextPropagator::new();
     let cx = propagator.extract(&opentelemetry_http::HeaderExtractor(headers));
     let sc = cx.span().span_context().clone();
-    sc.is_valid()
-        .then(|| TraceId::from_random(sc.trace_id().to_bytes()))
+    if !sc.is_valid() {
+        return None;
+    }
+    Some(jobtrail_core::TraceParent {
+        trace: TraceId::from_random(sc.trace_id().to_bytes()),
+        span: jobtrail_core::SpanId::from_bytes(sc.span_id().to_bytes())?,
+    })
 }
 
 /// The span of one provider call, exported under the operation's trace: its id is the one the

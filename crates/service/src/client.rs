@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use jobtrail_core::TraceId;
+use jobtrail_core::TraceParent;
 use reqwest::{Method, StatusCode};
 
 use crate::error::{Kind, ServiceError};
@@ -101,7 +101,7 @@ impl ApiClient {
         query: &[(&str, String)],
         body: Option<&impl serde::Serialize>,
         timeout: Duration,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<reqwest::Response, ServiceError> {
         let mut req = self
             .http
@@ -113,12 +113,13 @@ impl ApiClient {
             req = req.json(b);
         }
         if let Some(t) = trace {
-            // A new span of the caller's trace.
+            // The caller's context as given: this client records no span of its own, so the
+            // operation's root span is recorded under the caller's.
             let mut headers = reqwest::header::HeaderMap::new();
             jobtrail_provider::wire::inject_trace(
                 &mut headers,
-                t,
-                jobtrail_provider::wire::new_span_id(),
+                t.trace,
+                opentelemetry::trace::SpanId::from_bytes(t.span.to_bytes()),
             );
             req = req.headers(headers);
         }
@@ -142,7 +143,7 @@ impl ApiClient {
         query: &[(&str, String)],
         body: Option<&impl serde::Serialize>,
         timeout: Duration,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<T, ServiceError> {
         let resp = self.send(method, path, query, body, timeout, trace).await?;
         let bytes = read_bounded(resp).await?;
@@ -210,7 +211,7 @@ impl Operations for ApiClient {
     async fn submit(
         &self,
         req: SubmitRequest,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<SubmitResponse, ServiceError> {
         self.json(
             Method::POST,
@@ -226,7 +227,7 @@ impl Operations for ApiClient {
     async fn submit_batch(
         &self,
         reqs: Vec<SubmitRequest>,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<Vec<SubmitResponse>, ServiceError> {
         let r: BatchSubmitResponse = self
             .json(

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobtrail_core::{OperationId, ProviderTerms, State, Submission, SubmitLimits, TraceId};
+use jobtrail_core::{OperationId, ProviderTerms, State, Submission, SubmitLimits, TraceParent};
 use jobtrail_provider::Registry;
 use jobtrail_store::{ListFilter, OperationRecord, Store, StoreError};
 
@@ -331,7 +331,7 @@ impl Service {
         &self,
         p: &Principal,
         req: SubmitRequest,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<Submission, ServiceError> {
         let provider = req.provider.trim();
         let contract = self.registry.get(provider).map(|x| x.contract());
@@ -394,7 +394,7 @@ impl Service {
                 })
                 .transpose()?,
             supersedes: id(&req.supersedes, "supersedes")?,
-            trace_id: trace,
+            trace,
         };
         // A predecessor of another caller's is "not found", whatever else the request says. (An id
         // of another caller's is found out only after the request is validated, in `submit`: a bad
@@ -409,7 +409,7 @@ impl Service {
         &self,
         p: &Principal,
         req: SubmitRequest,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<SubmitResponse, ServiceError> {
         p.require(Scope::Submit)?;
         let submission = self.submission(p, req, trace).await?;
@@ -444,7 +444,7 @@ impl Service {
         &self,
         p: &Principal,
         reqs: Vec<SubmitRequest>,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<Vec<SubmitResponse>, ServiceError> {
         p.require(Scope::Submit)?;
         if reqs.is_empty() || reqs.len() > MAX_BATCH {
@@ -859,13 +859,13 @@ pub trait Operations: Send + Sync {
     fn submit(
         &self,
         req: SubmitRequest,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> impl Future<Output = Result<SubmitResponse, ServiceError>> + Send;
     /// Many submissions at once, all or none.
     fn submit_batch(
         &self,
         reqs: Vec<SubmitRequest>,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> impl Future<Output = Result<Vec<SubmitResponse>, ServiceError>> + Send;
     fn get(
         &self,
@@ -895,14 +895,14 @@ impl Operations for Bound {
     async fn submit(
         &self,
         req: SubmitRequest,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<SubmitResponse, ServiceError> {
         self.service.submit(&self.principal, req, trace).await
     }
     async fn submit_batch(
         &self,
         reqs: Vec<SubmitRequest>,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<Vec<SubmitResponse>, ServiceError> {
         self.service
             .submit_batch(&self.principal, reqs, trace)
@@ -945,7 +945,7 @@ impl Operations for Door {
     async fn submit(
         &self,
         req: SubmitRequest,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<SubmitResponse, ServiceError> {
         match self {
             Door::Local(b) => b.submit(req, trace).await,
@@ -955,7 +955,7 @@ impl Operations for Door {
     async fn submit_batch(
         &self,
         reqs: Vec<SubmitRequest>,
-        trace: Option<TraceId>,
+        trace: Option<TraceParent>,
     ) -> Result<Vec<SubmitResponse>, ServiceError> {
         match self {
             Door::Local(b) => b.submit_batch(reqs, trace).await,

@@ -352,7 +352,7 @@ impl Service {
             result_deadline,
             cancel_window: None,
             supersedes: Some(id),
-            trace_id: None,
+            trace: None,
         };
         let terms = self.terms.get(&old.provider).ok_or_else(|| {
             ServiceError::unavailable(format!(

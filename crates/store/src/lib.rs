@@ -1384,6 +1384,7 @@ async fn insert_intent(
         .bind(intent.cancel_window.as_millis() as i64)
         .bind(intent.supersedes.map(|s| s.as_uuid()))
         .bind(hash.as_slice())
+        .bind(intent.parent_span.map(|s| s.to_string()))
         .fetch_optional(&mut **tx)
         .await;
     match inserted {

@@ -29,6 +29,7 @@ pub(crate) struct OperationRow {
     approved_by: String,
     approval_ref: Option<String>,
     trace_id: String,
+    parent_span_id: Option<String>,
     created_at: DateTime<Utc>,
     create_deadline: DateTime<Utc>,
     result_deadline: DateTime<Utc>,
@@ -116,6 +117,11 @@ impl TryFrom<OperationRow> for OperationRecord {
             approved_by: r.approved_by,
             approval_ref: r.approval_ref,
             trace_id: r.trace_id.parse().map_err(|e| corrupt("trace_id", e))?,
+            parent_span: r
+                .parent_span_id
+                .map(|s| s.parse())
+                .transpose()
+                .map_err(|e| corrupt("parent_span_id", e))?,
             created_at: r.created_at,
             create_deadline: r.create_deadline,
             result_deadline: r.result_deadline,

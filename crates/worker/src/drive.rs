@@ -316,6 +316,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                         jobtrail_provider::spans::record_operation(
                             op.id,
                             op.trace_id,
+                            op.parent_span,
                             op.created_at.into(),
                             ended.as_str(),
                             &op.provider,
