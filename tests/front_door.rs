@@ -315,6 +315,15 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     assert_eq!(r.headers()["content-disposition"], "attachment");
     let bytes = r.bytes().await.unwrap();
+    // The auditor sees the operation and its result's digest, not the bytes: they are the
+    // caller's (and the operators'), as the auditor's database role never reads them either.
+    let r = c
+        .get(server.url(&format!("/v1/operations/{op_id}/result")))
+        .bearer_auth(&snoop)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::FORBIDDEN, "forbidden").await;
     let op = env.store.get(op_id.parse().unwrap()).await.unwrap();
     assert_eq!(op.result_sha256.as_deref(), Some(sha.as_str()));
     assert_eq!(

@@ -316,6 +316,7 @@ fn sent_holding(bytes: bytes::Bytes, slot: jobtrail_service::ResultSlot) -> axum
          headers(("jobtrail-result-sha256" = String, description = "hex sha256 of the body, as the history chain records it"),
                  ("repr-digest" = String, description = "RFC 9530 digest of the body"))),
         (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "Another caller's operation, and the token has no decide scope (an audit token sees operations, not their result bytes)", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 409, description = "Not succeeded: there is no validated result", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 500, description = "The stored bytes disagree with the chain: refused", body = ProblemDoc, content_type = PROBLEM_JSON),

@@ -714,6 +714,15 @@ impl Service {
     pub async fn result(&self, p: &Principal, id: &str) -> Result<ResultBytes, ServiceError> {
         p.require(Scope::Read)?;
         let op = self.visible(p, id).await?;
+        // An auditor verifies the evidence, which names the result's digest; the bytes themselves
+        // (a customer's report, a payment's receipt) are its caller's and the operators', as the
+        // auditor's database role never reads them either.
+        if op.caller != p.caller() && !p.has(Scope::Decide) {
+            return Err(ServiceError::forbidden(format!(
+                "{} is another caller's operation: its result is served to its caller and to tokens with the decide scope, not to audit",
+                op.id
+            )));
+        }
         if op.state != State::Succeeded {
             return Err(ServiceError::new(
                 Kind::NotSucceeded,

@@ -474,7 +474,9 @@ impl Store {
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| whole(e.into()))?;
-        let mut written = Vec::with_capacity(submissions.len());
+        // Every item is validated before any is written or looked up: which item refuses a batch
+        // must not depend on what other callers' ids exist.
+        let mut intents = Vec::with_capacity(submissions.len());
         for (i, submission) in submissions.iter().enumerate() {
             let at = |e: StoreError| (i, e);
             let terms = providers.get(submission.provider.trim()).ok_or_else(|| {
@@ -484,18 +486,24 @@ impl Store {
                 }
                 .into())
             })?;
-            let intent = submission
-                .validate(terms, limits, now, draw_entropy().map_err(at)?)
-                .map_err(|e| at(e.into()))?;
+            intents.push(
+                submission
+                    .validate(terms, limits, now, draw_entropy().map_err(at)?)
+                    .map_err(|e| at(e.into()))?,
+            );
+        }
+        let mut written = Vec::with_capacity(submissions.len());
+        for (i, (submission, intent)) in submissions.iter().zip(&intents).enumerate() {
+            let at = |e: StoreError| (i, e);
             let superseded = match intent.supersedes {
                 Some(old) => lock_superseded(&mut tx, old, intent.operation_id)
                     .await
                     .map_err(at)?,
                 None => None,
             };
-            let created = insert_intent(&mut tx, &intent).await.map_err(at)?;
+            let created = insert_intent(&mut tx, intent).await.map_err(at)?;
             if let (true, Some(old)) = (created, superseded) {
-                link_superseded(&mut tx, old, &intent).await.map_err(at)?;
+                link_superseded(&mut tx, old, intent).await.map_err(at)?;
             }
             if !created {
                 let existing: OperationRecord = lock(&mut tx, intent.operation_id)
@@ -537,14 +545,30 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(|e| whole(e.into()))?;
-        tx.commit().await.map_err(|e| whole(e.into()))?;
-        let mut out = Vec::with_capacity(written.len());
-        for (id, created) in written {
-            out.push(Submitted {
-                operation: self.get(id).await.map_err(whole)?,
-                created,
-            });
+        // Read before the commit, as a single submit does: once the batch is written, its answer
+        // cannot fail (an agent told "unavailable" would send it again, and items without an id
+        // would then start their jobs twice).
+        let ids: Vec<uuid::Uuid> = written.iter().map(|(id, _)| id.as_uuid()).collect();
+        let rows: Vec<OperationRow> = sqlx::query_as(include_str!("sql/operation_get_many.sql"))
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| whole(e.into()))?;
+        let mut records = std::collections::HashMap::with_capacity(rows.len());
+        for row in rows {
+            let record: OperationRecord = row.try_into().map_err(whole)?;
+            records.insert(record.id, record);
         }
+        let mut out = Vec::with_capacity(written.len());
+        for (i, (id, created)) in written.into_iter().enumerate() {
+            // An id twice in one batch is answered twice, from the one row.
+            let operation = records
+                .get(&id)
+                .cloned()
+                .ok_or((i, StoreError::NotFound(id)))?;
+            out.push(Submitted { operation, created });
+        }
+        tx.commit().await.map_err(|e| whole(e.into()))?;
         Ok(out)
     }
 

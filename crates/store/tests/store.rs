@@ -1450,6 +1450,66 @@ async fn claims_read_the_due_index_in_order_whatever_the_statistics() {
     );
 }
 
+/// A batch is refused by its first bad item whatever other callers' ids exist: every item is
+/// validated before any id is looked up (before, an item holding another caller's id refused the
+/// batch as "not found" ahead of a later bad item, so a free id and a taken one answered apart).
+/// An id twice in one batch is one operation, answered twice.
+#[tokio::test]
+async fn a_batch_is_refused_by_its_bad_item_before_any_id_is_looked_up() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let taken = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let mut probe = submission("{}");
+    probe.caller = "agent-8".into();
+    probe.operation_id = Some(taken.id);
+    let mut bad = submission("{}");
+    bad.caller = "agent-8".into();
+    bad.provider = "nope".into();
+    for first in [Some(taken.id), None] {
+        probe.operation_id = first;
+        let refused = store
+            .submit_new_batch(
+                &[probe.clone(), bad.clone()],
+                &providers(),
+                SubmitLimits::default(),
+            )
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err((1, StoreError::Submit(SubmitError::UnknownProvider { .. })))
+            ),
+            "{first:?}: {refused:?}"
+        );
+    }
+    assert_eq!(count(&db, "operations").await, 1, "nothing written");
+
+    let mut twice = submission(r#"{"n": 2}"#);
+    twice.operation_id = Some(OperationId::from_uuid(uuid::Uuid::now_v7()));
+    let got = store
+        .submit_new_batch(
+            &[twice.clone(), twice.clone()],
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|s| (s.operation.id, s.created))
+            .collect::<Vec<_>>(),
+        [
+            (twice.operation_id.unwrap(), true),
+            (twice.operation_id.unwrap(), false)
+        ]
+    );
+    assert_eq!(count(&db, "operations").await, 2);
+}
+
 /// An agent's retry (`supersedes` in a submission) links both ways in one transaction, as a
 /// person's retry does: the old operation gets its `superseded` link and `superseded_by`. The same
 /// submission again is the same operation; any other retry of the same operation is refused, alone
