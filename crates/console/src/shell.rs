@@ -109,9 +109,10 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 pub fn code_for(e: &StoreError) -> u8 {
     match e {
         StoreError::NotFound(_) => exit::NOT_FOUND,
-        StoreError::Submit(jobtrail_core::SubmitError::FingerprintConflict { .. }) => {
-            exit::CONFLICT
-        }
+        StoreError::Submit(
+            jobtrail_core::SubmitError::FingerprintConflict { .. }
+            | jobtrail_core::SubmitError::TermsConflict { .. },
+        ) => exit::CONFLICT,
         StoreError::Submit(_) | StoreError::BadUrl(_) => exit::BAD_INPUT,
         StoreError::Stale { .. }
         | StoreError::Illegal { .. }

@@ -262,6 +262,15 @@ pub enum SubmitError {
         submitted: Fingerprint,
     },
     #[error(
+        "operation {operation_id} already exists with {field} {stored}; this request has {field} {submitted}. The same id answers only the same submission: submit a changed one without an id (or with a new one)"
+    )]
+    TermsConflict {
+        operation_id: OperationId,
+        field: &'static str,
+        stored: String,
+        submitted: String,
+    },
+    #[error(
         "caller {caller} may hold {limit} open operations at once (the server's --open-per-caller) and this submit would make it {open}: nothing was submitted; wait for some to finish (or cancel some), then submit again"
     )]
     TooManyOpen {
@@ -280,6 +289,49 @@ pub enum SubmitError {
         found: String,
         known: String,
     },
+}
+
+impl Intent {
+    /// Why this intent is not the stored operation under its id submitted again: another request
+    /// (its fingerprint), or other terms a person or agent relies on being recorded (who approved
+    /// it, the approval's reference, the operation it retries). Deadlines and the cancel window
+    /// are not compared: a relative time resolves anew on every send.
+    pub fn conflict_with(&self, stored: &crate::OperationRecord) -> Option<SubmitError> {
+        if stored.fingerprint != self.fingerprint {
+            return Some(SubmitError::FingerprintConflict {
+                operation_id: self.operation_id,
+                stored: stored.fingerprint.clone(),
+                submitted: self.fingerprint.clone(),
+            });
+        }
+        let shown = |v: Option<&str>| v.map_or("(none)".to_owned(), |v| format!("{v:?}"));
+        let supersedes = |v: Option<OperationId>| v.map(|v| v.to_string());
+        [
+            (
+                "approved_by",
+                Some(stored.approved_by.as_str()),
+                Some(self.approved_by.as_str()),
+            ),
+            (
+                "approval_ref",
+                stored.approval_ref.as_deref(),
+                self.approval_ref.as_deref(),
+            ),
+            (
+                "supersedes",
+                supersedes(stored.supersedes).as_deref(),
+                supersedes(self.supersedes).as_deref(),
+            ),
+        ]
+        .into_iter()
+        .find(|(_, a, b)| a != b)
+        .map(|(field, a, b)| SubmitError::TermsConflict {
+            operation_id: self.operation_id,
+            field,
+            stored: shown(a),
+            submitted: shown(b),
+        })
+    }
 }
 
 /// How far ahead of the database's clock a caller's own operation id may name its time (clock skew;

@@ -195,6 +195,16 @@ impl From<StoreError> for ServiceError {
                     "submitted_fingerprint": submitted.as_str(),
                 }));
             }
+            StoreError::Submit(jobtrail_core::SubmitError::TermsConflict {
+                operation_id,
+                field,
+                ..
+            }) => {
+                return ServiceError::conflict(e.to_string()).with_detail(serde_json::json!({
+                    "operation_id": operation_id.to_string(),
+                    "field": field,
+                }));
+            }
             StoreError::Submit(jobtrail_core::SubmitError::BodyTooLarge { .. }) => Kind::TooLarge,
             StoreError::Submit(jobtrail_core::SubmitError::TooManyOpen { open, limit, .. }) => {
                 return ServiceError::new(Kind::TooManyOpen, e.to_string())

@@ -413,22 +413,12 @@ impl Service {
     ) -> Result<SubmitResponse, ServiceError> {
         p.require(Scope::Submit)?;
         let submission = self.submission(p, req, trace).await?;
-        let s = match self
+        // An id that exists is "not found" if it is another caller's (neither what it holds nor
+        // that it differs is revealed), a conflict if it is this caller's with other terms.
+        let s = self
             .store
             .submit_new(&submission, &self.terms, self.submit_limits())
-            .await
-        {
-            Ok(s) => s,
-            // The id exists with another request: "not found" if it is another caller's (neither
-            // its existence nor its fingerprint is revealed), a conflict if it is this caller's.
-            Err(e @ StoreError::Submit(jobtrail_core::SubmitError::FingerprintConflict { .. })) => {
-                if let Some(id) = submission.operation_id {
-                    self.not_foreign(p, id).await?;
-                }
-                return Err(e.into());
-            }
-            Err(e) => return Err(e.into()),
-        };
+            .await?;
         if s.operation.caller != p.caller() {
             return Err(StoreError::NotFound(s.operation.id).into());
         }
@@ -493,15 +483,6 @@ impl Service {
             return Err(StoreError::NotFound(id).into());
         }
         Ok(op)
-    }
-
-    /// Refused as "not found" if `id` exists and belongs to another caller.
-    async fn not_foreign(&self, p: &Principal, id: OperationId) -> Result<(), ServiceError> {
-        match self.store.get(id).await {
-            Ok(op) if op.caller != p.caller() => Err(StoreError::NotFound(id).into()),
-            Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// The operation, if this principal may act on it (cancel it, retry it): its own caller's, or

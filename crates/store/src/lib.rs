@@ -516,13 +516,8 @@ impl Store {
                 if existing.caller != submission.caller {
                     return Err(at(StoreError::NotFound(intent.operation_id)));
                 }
-                if existing.fingerprint != intent.fingerprint {
-                    return Err(at(SubmitError::FingerprintConflict {
-                        operation_id: intent.operation_id,
-                        stored: existing.fingerprint,
-                        submitted: intent.fingerprint.clone(),
-                    }
-                    .into()));
+                if let Some(e) = intent.conflict_with(&existing) {
+                    return Err(at(e.into()));
                 }
             }
             written.push((intent.operation_id, created));
@@ -593,13 +588,12 @@ impl Store {
         if !insert_intent(&mut tx, intent).await? {
             tx.rollback().await?;
             let existing = self.get(intent.operation_id).await?;
-            if existing.fingerprint != intent.fingerprint {
-                return Err(SubmitError::FingerprintConflict {
-                    operation_id: intent.operation_id,
-                    stored: existing.fingerprint,
-                    submitted: intent.fingerprint.clone(),
-                }
-                .into());
+            // Another caller's id is "not found": neither what it holds nor that it differs.
+            if existing.caller != intent.caller {
+                return Err(StoreError::NotFound(intent.operation_id));
+            }
+            if let Some(e) = intent.conflict_with(&existing) {
+                return Err(e.into());
             }
             return Ok(Submitted {
                 operation: existing,

@@ -147,6 +147,100 @@ async fn the_same_id_with_a_changed_body_is_refused_and_nothing_is_written() {
     assert_eq!(count(&db, "operation_history").await, 1);
 }
 
+/// The same id answers only the same submission: the same request under other recorded terms (who
+/// approved it, the approval's reference, the operation it retries) is a conflict naming the
+/// field, not a silent "already there" that drops them; other deadlines are the same submission
+/// (a relative time resolves anew on every send); another caller's id is "not found", whatever it
+/// holds. Nothing is written.
+#[tokio::test]
+async fn the_same_id_under_other_terms_is_refused_and_another_callers_is_not_found() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let id = OperationId::from_uuid(uuid::Uuid::now_v7());
+    let mut s = submission("{}");
+    s.operation_id = Some(id);
+    let first = store
+        .submit_new(&s, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
+    let later = chrono::Utc::now() + chrono::Duration::hours(2);
+    let mut again = s.clone();
+    again.create_deadline = Some(later);
+    again.result_deadline = Some(later);
+    let same = store
+        .submit_new(&again, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
+    assert!(!same.created);
+    assert_eq!(same.operation, first.operation);
+
+    let finished = store
+        .submit_new(
+            &submission(r#"{"n": 0}"#),
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await
+        .unwrap()
+        .operation;
+    store
+        .request_cancel(finished.id, CancelRequest::new("agent-7", "wrong").unwrap())
+        .await
+        .unwrap();
+    let mut batch_twice = Vec::new();
+    let changes: [(&str, &dyn Fn(&mut Submission)); 3] = [
+        ("approved_by", &|s| s.approved_by = "bob".into()),
+        ("approval_ref", &|s| s.approval_ref = None),
+        ("supersedes", &|s| s.supersedes = Some(finished.id)),
+    ];
+    for (field, change) in changes {
+        let mut other = s.clone();
+        change(&mut other);
+        let err = store
+            .submit_new(&other, &providers(), SubmitLimits::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Submit(SubmitError::TermsConflict { field: f, .. }) if *f == field),
+            "{field}: {err}"
+        );
+        batch_twice.push(other);
+    }
+    let refused = store
+        .submit_new_batch(
+            &[s.clone(), batch_twice[0].clone()],
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err((1, StoreError::Submit(SubmitError::TermsConflict { .. })))
+        ),
+        "{refused:?}"
+    );
+
+    let mut foreign = s.clone();
+    foreign.caller = "agent-8".into();
+    foreign.approved_by = "mallory".into();
+    let err = store
+        .submit_new(&foreign, &providers(), SubmitLimits::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound(n) if n == id), "{err}");
+    assert_eq!(store.get(id).await.unwrap(), first.operation);
+    assert_eq!(count(&db, "operations").await, 2);
+    assert!(
+        store
+            .get(finished.id)
+            .await
+            .unwrap()
+            .superseded_by
+            .is_none()
+    );
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_and_nothing_is_written() {
     let db = TestDb::new().await;
