@@ -188,7 +188,8 @@ async fn the_same_id_under_other_terms_is_refused_and_another_callers_is_not_fou
         .await
         .unwrap();
     let mut batch_twice = Vec::new();
-    let changes: [(&str, &dyn Fn(&mut Submission)); 3] = [
+    type Change<'a> = (&'a str, &'a dyn Fn(&mut Submission));
+    let changes: [Change; 3] = [
         ("approved_by", &|s| s.approved_by = "bob".into()),
         ("approval_ref", &|s| s.approval_ref = None),
         ("supersedes", &|s| s.supersedes = Some(finished.id)),
