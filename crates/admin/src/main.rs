@@ -18,7 +18,9 @@ const EXIT_CODES: &str = "Exit codes:
   1  audit verify found an alteration, a removal or an out-of-order insert
   2  bad input or usage: nothing was written
   3  operation not found
-  4  refused: the operation changed since you looked, or the state machine does not allow this decision
+  4  refused: the operation changed since you looked, the state machine does not allow this
+     decision, or it conflicts with another record; adopt and declare-not-created also while a
+     worker holds the operation (it may be creating or looking up the job that moment)
   5  database or provider configuration unavailable
   8  audit verify: the anchor you named is not in the database, or its signature does not verify";
 

@@ -33,6 +33,9 @@ pub enum TokensCmd {
     /// Every token: id, caller, scopes, created, expiry, revocation (never the token).
     List,
     /// Revoke a token at once (by the id `list` shows).
+    #[command(
+        after_help = "Example:\n  jobtrail-admin tokens revoke 0193a5c4-1f2e-7d3b-9a8c-5e6f7a8b9c0d --actor alice     (the id `tokens list` prints)"
+    )]
     Revoke {
         id: uuid::Uuid,
         /// Who revokes it (recorded).

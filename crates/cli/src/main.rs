@@ -21,14 +21,16 @@ const EXIT_CODES: &str = "Exit codes:
   2  bad input or usage: nothing was written
   3  operation not found
   4  conflict: another request under this id, a stale view, or a move the state machine refuses
-  5  database or provider configuration unavailable; through the API also: the token is refused,
-     or the API asked to slow down (rate-limited)
+  5  database or provider configuration unavailable; a submit refused past the caller's open
+     operations (too-many-open); through the API also: the token is refused, or the API asked to
+     slow down (rate-limited)
   6  wait timed out
   7  the operation is held for a person (see jobtrail-admin escalations)
   8  evidence disagrees with its chain (a result refused as tampered)
 
-Agents on another machine: set JOBTRAIL_API (or --api) and JOBTRAIL_TOKEN; then submit, show, list,
-providers, cancel, result and wait go through the HTTP API and need no database URL or contracts.";
+Agents on another machine: set JOBTRAIL_API (or --api) and JOBTRAIL_TOKEN; then submit,
+submit-batch, show, list, providers, cancel, result and wait go through the HTTP API and need no
+database URL or contracts.";
 
 #[derive(Subcommand)]
 enum ContractCommand {
@@ -109,6 +111,9 @@ enum Command {
     #[command(subcommand)]
     Contract(ContractCommand),
     /// Request a cancel (recorded with actor and reason; confirmed only by the provider).
+    #[command(
+        after_help = "Examples:\n  jobtrail cancel op_01J... --actor alice --reason \"wrong range\"\n  JOBTRAIL_API=http://127.0.0.1:8080 jobtrail cancel op_01J... --reason \"no longer needed\"   (the token is the actor)"
+    )]
     Cancel {
         operation: String,
         /// Who asks (with --api the token decides).
@@ -118,6 +123,9 @@ enum Command {
         reason: String,
     },
     /// Write the validated result of a succeeded operation (checked against its recorded sha256).
+    #[command(
+        after_help = "Examples:\n  jobtrail result op_01J... -o report.json\n  jobtrail result op_01J... > report.csv"
+    )]
     Result {
         operation: String,
         /// Output file; `-` or absent: stdout.
@@ -125,6 +133,9 @@ enum Command {
         output: Option<PathBuf>,
     },
     /// Wait until the operation ends or needs a person (woken by notifications, not polling).
+    #[command(
+        after_help = "Examples:\n  jobtrail wait op_01J... --timeout 90s\n  jobtrail wait op_01J... --timeout 1h --json\n\nExits 0 when it succeeded, 1 when it ended otherwise, 7 when it is held for a person, 6 when\nthe timeout passed first."
+    )]
     Wait {
         operation: String,
         /// Give up after this long (90s, 5m).
@@ -151,9 +162,10 @@ enum Command {
     /// print its URL: `export DATABASE_URL=$(jobtrail dev-db)`. Not for production: one machine,
     /// data under $XDG_DATA_HOME/jobtrail/postgres.
     DevDb,
-    /// Apply database migrations and exit: the only command that changes the schema. Run it as the
-    /// owner role, once per release (a Kubernetes Job); every other command checks the schema
-    /// version at start and refuses (exit 5) when it is behind or ahead.
+    /// Apply database migrations and exit: the command meant for a shared database (dev-db, demo
+    /// and bench migrate the database they run on). Run it as the owner role, once per release (a
+    /// Kubernetes Job); every other command checks the schema version at start and refuses (exit 5)
+    /// when it is behind or ahead.
     Migrate,
 }
 
@@ -227,7 +239,7 @@ async fn run(cli: Cli) -> CmdResult {
     if !through_api && cli.door.api.is_some() && std::env::var_os("JOBTRAIL_API").is_none() {
         return Err(common::fail(
             exit::BAD_INPUT,
-            "--api applies to submit, show, list, providers, cancel, result, wait and mcp; this command works on the database (DATABASE_URL)",
+            "--api applies to submit, submit-batch, show, list, providers, cancel, result, wait and mcp; this command works on the database (DATABASE_URL)",
         ));
     }
     // Likewise `--json` where nothing is printed as records: refused rather than ignored.

@@ -51,7 +51,7 @@ pub struct ServeArgs {
     /// Connections one client address may hold open at once (a number, or `off`); past it a new
     /// one from that address is answered 429 and closed, so one client cannot take every place.
     /// Addresses in --trusted-proxies are not counted. Behind a proxy not named there, every
-    /// client has the proxy's address: set `off` (the Helm chart does unless it names proxies).
+    /// client has the proxy's address: set `off` (the Helm chart does unless told otherwise).
     #[arg(long, env = "JOBTRAIL_MAX_CONNECTIONS_PER_ADDRESS",
           default_value_t = Bound(Some(jobtrail_api::MAX_CONNECTIONS_PER_ADDRESS as u32)))]
     pub max_connections_per_address: Bound,
