@@ -1326,7 +1326,7 @@ async fn a_batch_submits_all_or_nothing() {
 }
 
 /// Text the record keeps for ever is checked at the door: a target, approver or approval reference
-/// that is too long or holds a control character is refused as bad input with nothing written, and
+/// that is too long or holds a control, invisible or reordering character is refused as bad input with nothing written, and
 /// so is a cancel reason. A cancel asked again while the first is still only noted (the create is
 /// in flight) writes nothing: no new history link, and the first request stands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1352,6 +1352,9 @@ async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
         ("target", "t".repeat(1025)),
         ("approved_by", "alice\nbob".to_owned()),
         ("approval_ref", "ref\u{7f}".to_owned()),
+        // Reads as "alice" and is not: invisible and reordering characters in a name.
+        ("approved_by", "alice\u{200b}".to_owned()),
+        ("target", "reports\u{202e}fdp.exe".to_owned()),
     ] {
         let mut req = good.clone();
         req[field] = json!(value);

@@ -9,29 +9,7 @@
 use jobtrail_store::{HistoryRecord, OperationRecord, StoredCall};
 use std::borrow::Cow;
 
-/// Would a terminal act on this character instead of printing it, or print nothing a person could
-/// see? Controls; direction marks, embeddings, overrides and isolates (which reorder what is read);
-/// the line and paragraph separators (which break a line as `\n` does); and the characters that
-/// print as nothing — zero-width ones, the soft hyphen, the Hangul fillers, tags — which make two
-/// ids that read alike differ (`job_1` and `job\u{200b}_1`).
-fn acts(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{00ad}'
-                | '\u{061c}'
-                | '\u{115f}'
-                | '\u{1160}'
-                | '\u{180e}'
-                | '\u{200b}'..='\u{200f}'
-                | '\u{2028}'..='\u{202e}'
-                | '\u{2060}'..='\u{2069}'
-                | '\u{3164}'
-                | '\u{feff}'
-                | '\u{ffa0}'
-                | '\u{e0000}'..='\u{e007f}'
-        )
-}
+use jobtrail_core::text::acts_instead_of_printing as acts;
 
 /// `s` with every control, line-break and direction-override character shown escaped (`\u{1b}`,
 /// `\n`).

@@ -50,6 +50,38 @@ pub enum TextError {
         at: usize,
         allowed: &'static str,
     },
+    #[error(
+        "{field} holds U+{code:04X} at character {at}, which prints as nothing or reorders the text around it; one-line fields take visible characters only (two names that read alike must be alike)"
+    )]
+    Unseen {
+        field: &'static str,
+        code: u32,
+        at: usize,
+    },
+}
+
+/// Would a terminal act on this character instead of printing it, or print nothing a person could
+/// see? Controls; direction marks, embeddings, overrides and isolates (which reorder what is read);
+/// the line and paragraph separators (which break a line as `\n` does); and the characters that
+/// print as nothing — zero-width ones, the soft hyphen, the Hangul fillers, tags — which make two
+/// ids that read alike differ (`job_1` and `job\u{200b}_1`).
+pub fn acts_instead_of_printing(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00ad}'
+                | '\u{061c}'
+                | '\u{115f}'
+                | '\u{1160}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{3164}'
+                | '\u{feff}'
+                | '\u{ffa0}'
+                | '\u{e0000}'..='\u{e007f}'
+        )
 }
 
 impl Field {
@@ -102,6 +134,20 @@ impl Field {
                 },
             });
         }
+        // A name or reference kept for ever must read as what it is: `alice\u{200b}` is not
+        // `alice`, yet shows as it. (Prose keeps them: scripts join and order words with some.)
+        if self.shape == Shape::Line
+            && let Some((at, c)) = v
+                .chars()
+                .enumerate()
+                .find(|&(_, c)| acts_instead_of_printing(c))
+        {
+            return Err(TextError::Unseen {
+                field: self.name,
+                code: u32::from(c),
+                at,
+            });
+        }
         Ok(v.to_owned())
     }
 
@@ -144,6 +190,24 @@ mod tests {
         assert!(TARGET.check("two\nlines").is_err());
         assert!(TARGET.check("esc\u{1b}[2J").is_err());
         assert!(REASON.check("two\nlines\tand a tab").is_ok());
+        for unseen in [
+            "alice\u{200b}",
+            "al\u{202e}ecila",
+            "a\u{2028}b",
+            "\u{feff}alice",
+            "a\u{e0041}",
+        ] {
+            assert!(
+                matches!(APPROVED_BY.check(unseen), Err(TextError::Unseen { .. })),
+                "{unseen:?}"
+            );
+        }
+        assert!(APPROVED_BY.check("Zoë Ødegård 山田").is_ok());
+        assert!(
+            REASON
+                .check("\u{05e9}\u{05dc}\u{05d5}\u{05dd}\u{200f} ok")
+                .is_ok()
+        );
         assert!(REASON.check("bell\u{7}").is_err());
         assert_eq!(APPROVAL_REF.check_optional(Some("  ")), Ok(None));
         assert_eq!(APPROVAL_REF.check_optional(None), Ok(None));

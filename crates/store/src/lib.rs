@@ -212,7 +212,19 @@ fn unverified_tls(opts: &PgConnectOptions) -> Option<String> {
         PgSslMode::Allow => "allow",
         PgSslMode::Prefer => "prefer (the default)",
         PgSslMode::Require => "require",
-        PgSslMode::Disable | PgSslMode::VerifyCa | PgSslMode::VerifyFull => return None,
+        // The driver trusts the bundled public roots beside `sslrootcert`, and verify-ca checks no
+        // name: any host with a publicly trusted certificate for any site passes.
+        PgSslMode::VerifyCa => {
+            return (!local).then(|| {
+                format!(
+                    "the database connection to {host} checks the certificate's chain but not \
+                     its name (sslmode=verify-ca), and the public web roots are trusted beside \
+                     sslrootcert: whoever holds any publicly trusted certificate can sit on the \
+                     path; set sslmode=verify-full"
+                )
+            });
+        }
+        PgSslMode::Disable | PgSslMode::VerifyFull => return None,
     };
     (!local).then(|| {
         format!(
@@ -1656,13 +1668,13 @@ mod tests {
             "postgres://u@db.example/j?sslmode=require",
             "postgres://u@10.1.2.3:5432/j?sslmode=allow",
             "postgres://u@[2001:db8::1]/j",
+            "postgres://u@db.example/j?sslmode=verify-ca",
         ] {
             let w = said(url).unwrap_or_else(|| panic!("{url}: not named"));
             assert!(w.contains("sslmode=verify-full"), "{w}");
         }
         for url in [
             "postgres://u@db.example/j?sslmode=verify-full",
-            "postgres://u@db.example/j?sslmode=verify-ca",
             "postgres://u@db.example/j?sslmode=disable",
             "postgres://u@localhost/j",
             "postgres://u@127.0.0.1:5432/j?sslmode=require",
@@ -1671,6 +1683,7 @@ mod tests {
         ] {
             assert_eq!(said(url), None, "{url}");
         }
+        assert_eq!(said("postgres://u@127.0.0.1/j?sslmode=verify-ca"), None);
         // The password is never in it.
         let w = said("postgres://u:hunter2@db.example/j").unwrap();
         assert!(!w.contains("hunter2"), "{w}");
