@@ -353,6 +353,7 @@ impl Store {
                 Err(e) => return Err(e.into()),
             }
         };
+        self.drop_interrupted_index_builds().await?;
         let unlocked = sqlx::migrate::Migrator {
             migrations: MIGRATOR.migrations.clone(),
             locking: false,
@@ -362,6 +363,52 @@ impl Store {
         lock.commit().await?;
         applied?;
         let _ = sqlx::Connection::close(guard).await;
+        Ok(())
+    }
+
+    /// Drop what an interrupted run left of an index a pending migration builds `CONCURRENTLY`:
+    /// PostgreSQL keeps such a build as an INVALID index, and the migration, run again, fails on
+    /// its name ("already exists") until a person drops it. Called under the migration lock, so no
+    /// other run is building it; only names a pending migration creates are touched.
+    async fn drop_interrupted_index_builds(&self) -> Result<(), StoreError> {
+        let applied: Vec<i64> =
+            match sqlx::query_as::<_, (i64, Vec<u8>)>(include_str!("sql/schema_versions.sql"))
+                .fetch_all(&self.pool)
+                .await
+            {
+                Ok(rows) => rows.into_iter().map(|(v, _)| v).collect(),
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P01") => {
+                    Vec::new()
+                }
+                Err(e) => return Err(e.into()),
+            };
+        let names: Vec<String> = MIGRATOR
+            .iter()
+            .filter(|m| m.no_tx && !applied.contains(&m.version))
+            .flat_map(|m| concurrent_index_names(m.sql.as_str()))
+            .collect();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let invalid: Vec<(String,)> =
+            sqlx::query_as(include_str!("sql/interrupted_index_builds.sql"))
+                .bind(&names)
+                .fetch_all(&self.pool)
+                .await?;
+        for (name,) in invalid {
+            tracing::warn!(
+                index = %name,
+                "an earlier migration's build of this index was interrupted and left it INVALID: dropping it to build it again"
+            );
+            // The name is one a migration file of this binary spells, quoted as an identifier.
+            let drop = format!(
+                "DROP INDEX CONCURRENTLY IF EXISTS \"{}\"",
+                name.replace('"', "\"\"")
+            );
+            sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+                .execute(&self.pool)
+                .await?;
+        }
         Ok(())
     }
 
@@ -1655,9 +1702,54 @@ pub(crate) async fn calls_of<'c, E: sqlx::PgExecutor<'c>>(
         .await?)
 }
 
+/// The names of the indexes a migration's SQL creates `CONCURRENTLY` (comments skipped).
+fn concurrent_index_names(sql: &str) -> Vec<String> {
+    let code: Vec<&str> = sql
+        .lines()
+        .map(|l| l.split("--").next().unwrap_or(""))
+        .collect();
+    let words: Vec<String> = code
+        .join(" ")
+        .split_whitespace()
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let mut names = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        let before = |n: usize| i.checked_sub(n).map(|j| words[j].as_str());
+        let creates = matches!(
+            (before(3), before(2), before(1)),
+            (_, Some("create"), Some("index")) | (Some("create"), Some("unique"), Some("index"))
+        );
+        if w != "concurrently" || !creates {
+            continue;
+        }
+        let after: Vec<&str> = words[i + 1..].iter().map(String::as_str).collect();
+        let name = match after.as_slice() {
+            ["if", "not", "exists", name, ..] | [name, ..] => *name,
+            [] => continue,
+        };
+        if name != "on" {
+            names.push(name.trim_matches('"').to_owned());
+        }
+    }
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_indexes_a_migration_builds_concurrently_are_named() {
+        assert_eq!(
+            concurrent_index_names(
+                "-- CREATE INDEX CONCURRENTLY commented ON t (x)\nCREATE INDEX CONCURRENTLY a_b ON t (x) WHERE y IS NULL;\ncreate unique index concurrently if not exists \"c\" on t (z);\nDROP INDEX CONCURRENTLY d;"
+            ),
+            ["a_b", "c"]
+        );
+        assert!(concurrent_index_names("CREATE INDEX CONCURRENTLY ON t (x)").is_empty());
+        assert!(concurrent_index_names("CREATE INDEX a ON t (x)").is_empty());
+    }
 
     #[test]
     fn an_unverified_connection_across_a_network_is_named() {

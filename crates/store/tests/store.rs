@@ -1545,6 +1545,57 @@ async fn claims_read_the_due_index_in_order_whatever_the_statistics() {
     );
 }
 
+/// A migration whose concurrent index build was interrupted runs again: PostgreSQL leaves such a
+/// build as an INVALID index, and before, `jobtrail migrate` then failed on its name ("already
+/// exists") until a person dropped it. (A unique build over duplicates fails as an interrupted one
+/// does, leaving the same INVALID index.)
+#[tokio::test]
+async fn a_migration_whose_concurrent_index_build_was_interrupted_runs_again() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    for body in ["{}", r#"{"n": 1}"#] {
+        store
+            .submit_new(&submission(body), &providers(), SubmitLimits::default())
+            .await
+            .unwrap();
+    }
+    exec(&db, "DROP INDEX operations_open_by_caller")
+        .await
+        .unwrap();
+    exec(
+        &db,
+        "DELETE FROM _sqlx_migrations WHERE version = 20261204000024",
+    )
+    .await
+    .unwrap();
+    exec(
+        &db,
+        "CREATE UNIQUE INDEX CONCURRENTLY operations_open_by_caller ON operations (caller) \
+         WHERE finished_at IS NULL",
+    )
+    .await
+    .expect_err("two open operations of one caller");
+    let validity = async || {
+        let sql = "SELECT i.indisvalid, i.indisunique FROM pg_index i \
+                   JOIN pg_class c ON c.oid = i.indexrelid \
+                   WHERE c.relname = 'operations_open_by_caller'";
+        let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+            .await
+            .unwrap();
+        let row: Option<(bool, bool)> = sqlx::query_as(sql).fetch_optional(&mut c).await.unwrap();
+        row
+    };
+    assert_eq!(validity().await, Some((false, true)), "left INVALID");
+
+    store.migrate().await.unwrap();
+    assert_eq!(
+        validity().await,
+        Some((true, false)),
+        "built again, as 0024 says"
+    );
+    assert!(store.check_schema().await.is_ok());
+}
+
 /// A batch is refused by its first bad item whatever other callers' ids exist: every item is
 /// validated before any id is looked up (before, an item holding another caller's id refused the
 /// batch as "not found" ahead of a later bad item, so a free id and a taken one answered apart).
