@@ -2114,3 +2114,60 @@ async fn a_caller_holds_at_most_its_cap_of_open_operations() {
     .await;
     env.stop_workers().await;
 }
+
+/// A page of operations ends early rather than carry more than `PAGE_BYTES` of JSON, and its
+/// cursor walks every operation exactly once. Before, 200 operations with padded text fields made
+/// one answer of megabytes, held in memory while it was sent, at the caller's request rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_large_operations_ends_early_and_its_cursor_walks_them_all() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let c = support::http();
+    let token = env.token("agent-padded", &["read"]).await;
+    let pad = "é".repeat(1024);
+    let mut ids = std::collections::BTreeSet::new();
+    for _ in 0..120 {
+        let op = env
+            .submit("sim", json!({}), |s| {
+                s.caller = "agent-padded".into();
+                s.target = pad.clone();
+                s.approval_ref = Some(pad.clone());
+            })
+            .await;
+        ids.insert(op.id.to_string());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let url = match &cursor {
+            None => "/v1/operations?limit=200".to_owned(),
+            Some(c) => format!("/v1/operations?limit=200&cursor={c}"),
+        };
+        let r = c
+            .get(server.url(&url))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let body = r.bytes().await.unwrap();
+        assert!(
+            body.len() <= jobtrail_service::PAGE_BYTES + 1024,
+            "a page of {} bytes",
+            body.len()
+        );
+        let page: Value = serde_json::from_slice(&body).unwrap();
+        for o in page["operations"].as_array().unwrap() {
+            assert!(seen.insert(o["id"].as_str().unwrap().to_owned()), "{o}");
+        }
+        pages += 1;
+        assert!(pages <= 20, "the cursor does not end");
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids);
+    assert!(pages >= 3, "{pages} pages");
+}

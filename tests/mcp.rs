@@ -424,6 +424,14 @@ async fn tasks_session(env: &Env, first: &Client, restart: impl AsyncFnOnce() ->
         .await
         .unwrap();
     assert_eq!(t.task.status(), TaskStatus::Cancelled);
+    // A terminal task is not cancelled again: -32602, as the Tasks extension asks, nothing written.
+    let links = env.store.history(op.id).await.unwrap().len();
+    let e = client
+        .cancel_task(CancelTaskParams::new(long.clone()))
+        .await
+        .unwrap_err();
+    assert!(format!("{e:?}").contains("-32602"), "{e:?}");
+    assert_eq!(env.store.history(op.id).await.unwrap().len(), links);
 
     // An unknown task is -32602; the list is the caller's.
     let e = client

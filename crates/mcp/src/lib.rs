@@ -522,15 +522,9 @@ impl ServerHandler for JobtrailMcp {
         p: CancelTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
+        // A cancel as the cancel tool makes it (the cancel scope, not read): a task already
+        // terminal is refused with -32602, as the Tasks extension asks, and nothing is written.
         let ops = self.ops(&ctx).map_err(mcp_error)?;
-        let op = ops
-            .get(&p.task_id, Timeline::Omit)
-            .await
-            .map_err(mcp_error)?;
-        if op.settled && !op.needs_human {
-            // Already terminal: an ack, nothing to cancel.
-            return Ok(());
-        }
         ops.cancel(&p.task_id, "tasks/cancel from the MCP client")
             .await
             .map_err(mcp_error)?;

@@ -42,6 +42,12 @@ pub const MAX_REQUEST_BYTES: usize = jobtrail_core::operation::MAX_BODY_BYTES + 
 /// Default and largest page sizes.
 pub const DEFAULT_PAGE: u32 = 50;
 pub const MAX_PAGE: u32 = 200;
+/// The most JSON one page of operations carries: a page ends early (with its `next_cursor`) rather
+/// than grow past it. Each operation's text fields may hold kilobytes (a target, an approval
+/// reference), and an answer is held in memory while it is sent (and, over MCP, while its session
+/// keeps it): 200 padded operations made one answer of megabytes, which a caller could ask for
+/// at its request rate.
+pub const PAGE_BYTES: usize = 256 * 1024;
 
 /// The operations service: a store, the provider contracts, and the state watcher.
 pub struct Service {
@@ -353,10 +359,23 @@ impl Service {
                 check_request(&schema.validator, &c.redact, &req.request)?;
             }
         }
+        // A relative deadline (`+2h`) counts from the database's clock, which the store then
+        // checks every deadline against: not this host's, which may be skewed from it.
+        let relative = [&req.create_deadline, &req.result_deadline]
+            .into_iter()
+            .any(|t| {
+                t.as_deref()
+                    .is_some_and(|t| t.trim_start().starts_with('+'))
+            });
+        let now = if relative {
+            self.store.db_now().await?
+        } else {
+            chrono::Utc::now()
+        };
         let time = |s: &Option<String>, what: &str| {
             s.as_deref()
                 .map(|t| {
-                    jobtrail_core::when::parse_time(t)
+                    jobtrail_core::when::parse_time_at(t, now)
                         .map_err(|e| ServiceError::bad_input(format!("{what}: {e}")))
                 })
                 .transpose()
@@ -585,14 +604,25 @@ impl Service {
         };
         // One more than the page: whether there is a next page, without a count.
         let mut ops = self.store.list_page(&filter, i64::from(limit) + 1).await?;
-        let next_cursor = if ops.len() > limit as usize {
-            ops.truncate(limit as usize);
-            ops.last().map(|o| o.id.to_string())
-        } else {
-            None
-        };
+        let mut more = ops.len() > limit as usize;
+        ops.truncate(limit as usize);
+        let mut operations = Vec::with_capacity(ops.len());
+        let mut bytes = 0;
+        for op in &ops {
+            let view = OperationView::of(op);
+            let size = serde_json::to_vec(&view).map_or(0, |v| v.len());
+            if !operations.is_empty() && bytes + size > PAGE_BYTES {
+                more = true;
+                break;
+            }
+            bytes += size;
+            operations.push(view);
+        }
+        let next_cursor = more
+            .then(|| operations.last().map(|o| o.id.clone()))
+            .flatten();
         Ok(OperationPage {
-            operations: ops.iter().map(OperationView::of).collect(),
+            operations,
             next_cursor,
         })
     }
