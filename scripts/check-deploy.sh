@@ -101,6 +101,27 @@ v6="$("$helm" template jt helm/jobtrail --set listenHost=::)"
 echo "$v6" | grep -A1 'name: JOBTRAIL_LISTEN' | grep -q '"\[::\]:8080"'
 [ "$(echo "$v6" | grep -A1 'name: JOBTRAIL_OPS_LISTEN' | grep -c '"\[::\]:9090"')" = 2 ]
 
+# An unquoted `off` in a values file is YAML 1.1's false: it still means off.
+printf 'api:\n  ratePerAddress: off\n  maxConnectionsPerAddress: off\n' >"$out/off.yaml"
+offs="$("$helm" template jt helm/jobtrail -f "$out/off.yaml")"
+echo "$offs" | grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' | grep -q '"off"'
+echo "$offs" | grep -A1 'name: JOBTRAIL_MAX_CONNECTIONS_PER_ADDRESS' | grep -q '"off"'
+# No namespace to scrape from: the ops ports take nothing in (an empty `from` would take all).
+python3 - <("$helm" template jt helm/jobtrail --set 'networkPolicy.metricsNamespaces=null') <<'PY'
+import sys, yaml
+seen = 0
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d.get("kind") == "NetworkPolicy":
+        seen += 1
+        for rule in d["spec"].get("ingress") or []:
+            assert "from" not in rule or rule["from"], (d["metadata"]["name"], rule)
+            ports = [p["port"] for p in rule.get("ports", [])]
+            assert 9090 not in ports, (d["metadata"]["name"], rule)
+assert seen == 2, seen
+PY
+# A pod that is not ready does not hold a node drain.
+[ "$(grep -c 'unhealthyPodEvictionPolicy: AlwaysAllow' "$out/default.yaml")" = 2 ]
+
 echo "== the chart refuses what cannot work"
 if "$helm" template jt helm/jobtrail --set worker.terminationGracePeriodSeconds=30 >/dev/null 2>&1; then
   echo "a grace period shorter than shutdownGrace + longest call rendered" >&2

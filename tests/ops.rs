@@ -529,6 +529,23 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
         .await;
     let done = env.wait_settled(joined.id, Duration::from_secs(60)).await;
     assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    // A caller that names the root's own span id (it derives from an id the caller may choose)
+    // does not make the root its own parent.
+    let own = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7());
+    let looped = jobtrail_core::TraceParent {
+        trace: "1af7651916cd43dd8448eb211c80319c".parse().unwrap(),
+        span: jobtrail_core::SpanId::from_bytes(
+            jobtrail_provider::spans::root_span_id(own).to_bytes(),
+        )
+        .unwrap(),
+    };
+    env.submit("sim", serde_json::json!({"duration_ms": 100}), |s| {
+        s.operation_id = Some(own);
+        s.trace = Some(looped);
+    })
+    .await;
+    let done = env.wait_settled(own, Duration::from_secs(60)).await;
+    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
     worker.signal(libc::SIGTERM);
     assert!(
         worker
@@ -545,6 +562,15 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
         .collect();
     assert_eq!(joined_roots.len(), 1, "{joined_roots:?}");
     assert_eq!(joined_roots[0].parent_span_id, agent.span.to_bytes());
+    let looped_roots: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("operation ") && s.trace_id == looped.trace.to_bytes())
+        .collect();
+    assert_eq!(looped_roots.len(), 1, "{looped_roots:?}");
+    assert!(
+        looped_roots[0].parent_span_id.is_empty(),
+        "{looped_roots:?}"
+    );
     let ours: Vec<_> = spans.iter().filter(|s| s.trace_id == trace).collect();
     let hexid = |b: &[u8]| hex::encode(b);
     let names: Vec<&str> = ours.iter().map(|s| s.name.as_str()).collect();

@@ -101,7 +101,7 @@ fn query<T: serde::de::DeserializeOwned>(
         (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 401, description = "No valid token", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 403, description = "The token lacks the submit scope, or the provider needs approval", body = ProblemDoc, content_type = PROBLEM_JSON),
-        (status = 409, description = "This id holds a different request (both fingerprints in `extra`)", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "This id holds a different request (both fingerprints in `extra`), or the same request under another approved_by, approval_ref or supersedes (`extra.field` names it)", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 413, description = "Body too large", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
     security(("bearer" = []))

@@ -84,6 +84,28 @@ pub fn acts_instead_of_printing(c: char) -> bool {
         )
 }
 
+/// Joiners and direction marks that words of some scripts need (Persian and Indic spellings use
+/// U+200C/U+200D, emoji sequences U+200D, right-to-left text the marks): a one-line field takes
+/// them next to a character outside ASCII, never beside ASCII alone (`alice\u{200d}` reads as
+/// `alice`).
+fn joins_words(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200c}'..='\u{200f}')
+}
+
+/// The first character of a one-line value that prints as nothing or reorders the text, with its
+/// position: `None` when every character reads as what it is.
+fn unseen_in_line(v: &str) -> Option<(usize, char)> {
+    let chars: Vec<char> = v.chars().collect();
+    let beside_non_ascii = |i: usize| {
+        let wide = |c: Option<&char>| c.is_some_and(|c| !c.is_ascii() && !joins_words(*c));
+        wide(i.checked_sub(1).and_then(|j| chars.get(j))) || wide(chars.get(i + 1))
+    };
+    chars.iter().enumerate().find_map(|(i, &c)| {
+        let allowed = joins_words(c) && beside_non_ascii(i);
+        (acts_instead_of_printing(c) && !allowed).then_some((i, c))
+    })
+}
+
 impl Field {
     const fn line(name: &'static str, max_chars: usize) -> Self {
         Self {
@@ -137,10 +159,7 @@ impl Field {
         // A name or reference kept for ever must read as what it is: `alice\u{200b}` is not
         // `alice`, yet shows as it. (Prose keeps them: scripts join and order words with some.)
         if self.shape == Shape::Line
-            && let Some((at, c)) = v
-                .chars()
-                .enumerate()
-                .find(|&(_, c)| acts_instead_of_printing(c))
+            && let Some((at, c)) = unseen_in_line(v)
         {
             return Err(TextError::Unseen {
                 field: self.name,
@@ -203,6 +222,19 @@ mod tests {
             );
         }
         assert!(APPROVED_BY.check("Zoë Ødegård 山田").is_ok());
+        // Joiners and marks a script or an emoji needs, beside the characters they join.
+        for word in ["گزارش\u{200c}ها", "👩\u{200d}💻", "שלום\u{200f}"] {
+            assert!(TARGET.check(word).is_ok(), "{word:?}");
+        }
+        for beside_ascii in ["alice\u{200d}", "al\u{200c}ice", "\u{200e}bob"] {
+            assert!(
+                matches!(
+                    APPROVED_BY.check(beside_ascii),
+                    Err(TextError::Unseen { .. })
+                ),
+                "{beside_ascii:?}"
+            );
+        }
         assert!(
             REASON
                 .check("\u{05e9}\u{05dc}\u{05d5}\u{05dd}\u{200f} ok")

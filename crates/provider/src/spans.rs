@@ -110,7 +110,10 @@ pub fn record_operation(
 ) {
     use opentelemetry::trace::Span as _;
     let tracer = tracer();
-    let parent = match caller_span {
+    // A caller that names the root's own id as its span (the id derives from the operation id,
+    // which a caller may choose) would make the root its own parent: it is then a root.
+    let parent = match caller_span.filter(|s| SpanId::from_bytes(s.to_bytes()) != root_span_id(op))
+    {
         Some(s) => Context::new().with_remote_span_context(SpanContext::new(
             otel_trace(trace),
             SpanId::from_bytes(s.to_bytes()),

@@ -290,6 +290,10 @@ impl Store {
         if opts.get_application_name().is_none_or(str::is_empty) {
             opts = opts.application_name("jobtrail");
         }
+        // sqlx sends `extra_float_digits` at startup, which PgBouncer refuses ("unsupported
+        // startup parameter") unless told to ignore it. Rows are read in binary and PostgreSQL
+        // 12+ prints floats exactly by default: nothing here needs it.
+        opts = opts.extra_float_digits(None);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)

@@ -136,3 +136,18 @@ provider, so provider credentials stay out of its pods; it needs webhook signing
 {{- printf "%s:%d" $host (int .port) -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+A value that may be "off": YAML 1.1 (Helm's values) reads an unquoted `off` as false, which would
+render as "false" and stop the API at start; false is taken as "off", true is refused.
+*/}}
+{{- define "jobtrail.offable" -}}
+{{- if kindIs "bool" .value -}}
+{{- if .value -}}
+{{- fail (printf "%s: true is not a setting; a value (500/s,1000) or \"off\"" .name) -}}
+{{- end -}}
+off
+{{- else -}}
+{{- .value -}}
+{{- end -}}
+{{- end }}

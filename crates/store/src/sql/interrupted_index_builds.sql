@@ -4,5 +4,5 @@ SELECT c.relname::text
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 WHERE NOT i.indisvalid
-  AND c.relnamespace = current_schema()::regnamespace
+  AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
   AND c.relname = ANY($1::text[])
