@@ -38,6 +38,7 @@ if ! command -v docker-compose >/dev/null 2>&1; then
   echo "== installing docker-compose (Debian)"
   SUDO=""
   if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+  $SUDO apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q docker-compose >/dev/null
 fi
 
