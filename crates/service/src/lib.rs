@@ -333,11 +333,34 @@ impl Service {
 
     /// A request checked for this principal (approval, request schema, times, ids, and that no id
     /// it names is another caller's), as a submission.
+    /// The time relative deadlines (`+2h`) count from: the database's clock, which the store then
+    /// checks every deadline against, not this host's (which may be skewed from it). Read once, and
+    /// only when some request names a relative time.
+    async fn deadline_clock<'a>(
+        &self,
+        reqs: impl IntoIterator<Item = &'a SubmitRequest>,
+    ) -> Result<chrono::DateTime<chrono::Utc>, ServiceError> {
+        let relative = reqs.into_iter().any(|r| {
+            [&r.create_deadline, &r.result_deadline]
+                .into_iter()
+                .any(|t| {
+                    t.as_deref()
+                        .is_some_and(|t| t.trim_start().starts_with('+'))
+                })
+        });
+        Ok(if relative {
+            self.store.db_now().await?
+        } else {
+            chrono::Utc::now()
+        })
+    }
+
     async fn submission(
         &self,
         p: &Principal,
         req: SubmitRequest,
         trace: Option<TraceParent>,
+        now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Submission, ServiceError> {
         let provider = req.provider.trim();
         let contract = self.registry.get(provider).map(|x| x.contract());
@@ -359,19 +382,6 @@ impl Service {
                 check_request(&schema.validator, &c.redact, &req.request)?;
             }
         }
-        // A relative deadline (`+2h`) counts from the database's clock, which the store then
-        // checks every deadline against: not this host's, which may be skewed from it.
-        let relative = [&req.create_deadline, &req.result_deadline]
-            .into_iter()
-            .any(|t| {
-                t.as_deref()
-                    .is_some_and(|t| t.trim_start().starts_with('+'))
-            });
-        let now = if relative {
-            self.store.db_now().await?
-        } else {
-            chrono::Utc::now()
-        };
         let time = |s: &Option<String>, what: &str| {
             s.as_deref()
                 .map(|t| {
@@ -431,7 +441,8 @@ impl Service {
         trace: Option<TraceParent>,
     ) -> Result<SubmitResponse, ServiceError> {
         p.require(Scope::Submit)?;
-        let submission = self.submission(p, req, trace).await?;
+        let now = self.deadline_clock([&req]).await?;
+        let submission = self.submission(p, req, trace, now).await?;
         // An id that exists is "not found" if it is another caller's (neither what it holds nor
         // that it differs is revealed), a conflict if it is this caller's with other terms.
         let s = self
@@ -467,10 +478,11 @@ impl Service {
             detail: Some(serde_json::json!({ "item": i, "detail": e.detail })),
             ..e
         };
+        let now = self.deadline_clock(&reqs).await?;
         let mut submissions = Vec::with_capacity(reqs.len());
         for (i, req) in reqs.into_iter().enumerate() {
             submissions.push(
-                self.submission(p, req, trace)
+                self.submission(p, req, trace, now)
                     .await
                     .map_err(|e| item(i, e))?,
             );
@@ -479,10 +491,10 @@ impl Service {
             .store
             .submit_new_batch(&submissions, &self.terms, self.submit_limits())
             .await
-            .map_err(|(i, e)| match e {
-                // The batch as a whole is over the caller's cap, not one item of it.
-                e @ StoreError::Submit(jobtrail_core::SubmitError::TooManyOpen { .. }) => e.into(),
-                e => item(i, e.into()),
+            .map_err(|(i, e)| match i {
+                Some(i) => item(i, e.into()),
+                // The batch as a whole (over the caller's cap, the database away), not one item.
+                None => e.into(),
             })?;
         Ok(written
             .into_iter()

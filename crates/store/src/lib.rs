@@ -523,15 +523,16 @@ impl Store {
     /// Submit many operations in one transaction (an agent fanning out): all are written, or none.
     /// Each is validated as [`Store::submit_new`] validates one; an item whose id already holds the
     /// same request is returned as it is (`created: false`), one whose id holds another request
-    /// refuses the whole batch. One notification wakes the workers. `Err((index, error))` names the
-    /// item that refused it.
+    /// refuses the whole batch. One notification wakes the workers. `Err((Some(index), error))` names
+    /// the item that refused it; `Err((None, error))` is the batch as a whole (over the caller's
+    /// cap, the database away).
     pub async fn submit_new_batch(
         &self,
         submissions: &[Submission],
         providers: &BTreeMap<String, ProviderTerms>,
         limits: SubmitLimits,
-    ) -> Result<Vec<Submitted>, (usize, StoreError)> {
-        let whole = |e: StoreError| (0, e);
+    ) -> Result<Vec<Submitted>, (Option<usize>, StoreError)> {
+        let whole = |e: StoreError| (None, e);
         let mut tx = self.begin_write().await.map_err(whole)?;
         let (now,): (DateTime<Utc>,) = sqlx::query_as(include_str!("sql/db_now.sql"))
             .fetch_one(&mut *tx)
@@ -541,7 +542,7 @@ impl Store {
         // must not depend on what other callers' ids exist.
         let mut intents = Vec::with_capacity(submissions.len());
         for (i, submission) in submissions.iter().enumerate() {
-            let at = |e: StoreError| (i, e);
+            let at = |e: StoreError| (Some(i), e);
             let terms = providers.get(submission.provider.trim()).ok_or_else(|| {
                 at(SubmitError::UnknownProvider {
                     name: submission.provider.clone(),
@@ -557,7 +558,7 @@ impl Store {
         }
         let mut written = Vec::with_capacity(submissions.len());
         for (i, (submission, intent)) in submissions.iter().zip(&intents).enumerate() {
-            let at = |e: StoreError| (i, e);
+            let at = |e: StoreError| (Some(i), e);
             let superseded = match intent.supersedes {
                 Some(old) => lock_superseded(&mut tx, old, intent.operation_id)
                     .await
@@ -623,7 +624,7 @@ impl Store {
             let operation = records
                 .get(&id)
                 .cloned()
-                .ok_or((i, StoreError::NotFound(id)))?;
+                .ok_or((Some(i), StoreError::NotFound(id)))?;
             out.push(Submitted { operation, created });
         }
         tx.commit().await.map_err(|e| whole(e.into()))?;

@@ -217,7 +217,10 @@ async fn the_same_id_under_other_terms_is_refused_and_another_callers_is_not_fou
     assert!(
         matches!(
             refused,
-            Err((1, StoreError::Submit(SubmitError::TermsConflict { .. })))
+            Err((
+                Some(1),
+                StoreError::Submit(SubmitError::TermsConflict { .. })
+            ))
         ),
         "{refused:?}"
     );
@@ -1627,7 +1630,10 @@ async fn a_batch_is_refused_by_its_bad_item_before_any_id_is_looked_up() {
         assert!(
             matches!(
                 refused,
-                Err((1, StoreError::Submit(SubmitError::UnknownProvider { .. })))
+                Err((
+                    Some(1),
+                    StoreError::Submit(SubmitError::UnknownProvider { .. })
+                ))
             ),
             "{first:?}: {refused:?}"
         );
@@ -1725,7 +1731,7 @@ async fn an_agents_retry_links_both_ways_and_only_once() {
         .submit_new_batch(&[other], &providers(), SubmitLimits::default())
         .await;
     assert!(
-        matches!(refused, Err((0, StoreError::Conflict(_)))),
+        matches!(refused, Err((Some(0), StoreError::Conflict(_)))),
         "{refused:?}"
     );
     assert_eq!(count(&db, "operations").await, 2, "nothing written");
