@@ -12,7 +12,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
 use bytes::BytesMut;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use jobtrail_service::{Kind, Principal, Service, ServiceError, Slot};
+use jobtrail_service::{Held, Kind, Principal, Service, ServiceError, Slot};
 
 use crate::{Problem, REQUEST_TIMEOUT};
 
@@ -33,14 +33,22 @@ pub async fn read(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-) -> Result<(Bytes, Slot), Problem> {
-    read_holding(|| service.body_slot(p), headers, body, limit, BODY_TIMEOUT).await
+) -> Result<(Bytes, (Slot, Held)), Problem> {
+    read_holding(
+        |bytes| Ok((service.body_slot(p)?, service.hold(bytes)?)),
+        headers,
+        body,
+        limit,
+        BODY_TIMEOUT,
+    )
+    .await
 }
 
-/// `body` read whole (at most `limit` bytes, within `within`) with the turn `turn` gives, handed
-/// back with it; a declared length over `limit` is refused before a turn is taken or a byte read.
+/// `body` read whole (at most `limit` bytes, within `within`) with the turn `turn` gives for the
+/// bytes it may hold (the declared length, or `limit` when none is declared), handed back with
+/// it; a declared length over `limit` is refused before a turn is taken or a byte read.
 pub async fn read_holding<T>(
-    turn: impl FnOnce() -> Result<T, ServiceError>,
+    turn: impl FnOnce(usize) -> Result<T, ServiceError>,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -59,7 +67,7 @@ pub async fn read_holding<T>(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    let turn = turn()?;
+    let turn = turn(declared.map_or(limit, |n| n as usize))?;
     // Into one buffer: collecting keeps every chunk (and the read buffer it was cut from), so a
     // body sent a byte at a time would cost many times its size.
     let mut body = Limited::new(body, limit);

@@ -80,7 +80,14 @@ impl IntoResponse for Problem {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         // When to come back, as the refusal says it.
-        if self.0.kind == Kind::RateLimited {
+        if self.0.kind == Kind::RateLimited
+            || (self.0.kind == Kind::Unavailable
+                && self
+                    .0
+                    .detail
+                    .as_ref()
+                    .is_some_and(|d| d.get("retry_after_secs").is_some()))
+        {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, self.0.retry_after_secs().into());
         }

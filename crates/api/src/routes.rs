@@ -54,7 +54,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-) -> Result<(T, Slot), Problem> {
+) -> Result<(T, (Slot, jobtrail_service::Held)), Problem> {
     let json_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -293,7 +293,10 @@ async fn cancel(
 
 /// A result's bytes as a body handed to the connection a slice at a time (as the connection takes
 /// them), holding the caller's result slot until the last slice is taken or the connection goes.
-fn sent_holding(bytes: bytes::Bytes, slot: jobtrail_service::ResultSlot) -> axum::body::Body {
+fn sent_holding(
+    bytes: bytes::Bytes,
+    slot: (jobtrail_service::ResultSlot, Option<jobtrail_service::Held>),
+) -> axum::body::Body {
     const SLICE: usize = 64 * 1024;
     let slices = futures::stream::unfold((bytes, 0, slot), |(bytes, at, slot)| async move {
         (at < bytes.len()).then(|| {
@@ -342,7 +345,7 @@ async fn result(
         .and_then(|c| HeaderValue::from_str(c).ok())
         .unwrap_or(HeaderValue::from_static("application/octet-stream"));
     let len = r.bytes.len();
-    let mut resp = sent_holding(bytes::Bytes::from(r.bytes), slot).into_response();
+    let mut resp = sent_holding(bytes::Bytes::from(r.bytes), (slot, r.held)).into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, content_type);
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));

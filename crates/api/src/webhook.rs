@@ -293,7 +293,11 @@ async fn deliver(
     // anyone may send a payload (its signature is checked once it is whole), and one that
     // trickles holds its turn.
     let (payload, _turn) = crate::body::read_holding(
-        || service.webhook_body_slot(provider, sender.map(|Extension(Sender(ip))| ip)),
+        |bytes| {
+            let turns =
+                service.webhook_body_slot(provider, sender.map(|Extension(Sender(ip))| ip))?;
+            Ok((turns, service.hold(bytes)?))
+        },
         headers,
         body,
         MAX_PAYLOAD,

@@ -104,6 +104,14 @@ pub struct ServeArgs {
           default_value_t = jobtrail_service::BODIES_PER_CALLER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub bodies_per_caller: u32,
+    /// MiB of results being sent and request bodies being read (as declared, or the most a body
+    /// may be) the process holds at once across every caller; past it, another is refused (503
+    /// with Retry-After: 1). One alone is always taken, however large. Size the pod's memory
+    /// limit above it.
+    #[arg(long, env = "JOBTRAIL_HELD_MIB",
+          default_value_t = (jobtrail_service::HELD_BYTES / (1024 * 1024)) as u32,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub held_mib: u32,
     /// Webhook payloads being read at once for one provider, a quarter of them (at least 1) from
     /// one address (each is read whole, up to 256 KiB, before its signature can be checked); past
     /// either, another is refused (429) and the provider delivers it again later. Webhooks only
@@ -184,6 +192,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     service.set_waits_per_caller(a.waits_per_caller as usize);
     service.set_results_per_caller(a.results_per_caller as usize);
     service.set_bodies_per_caller(a.bodies_per_caller as usize);
+    service.set_held_bytes(a.held_mib as usize * 1024 * 1024);
     service.set_webhook_bodies_per_provider(a.webhook_bodies_per_provider as usize);
     // SIGTERM marks the process as leaving (unready); it stops accepting --stop-delay later.
     let stopping = tokio_util::sync::CancellationToken::new();

@@ -360,6 +360,7 @@ impl Operations for ApiClient {
             bytes,
             sha256: sha,
             content_type,
+            held: None,
         })
     }
 

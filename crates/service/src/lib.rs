@@ -75,6 +75,31 @@ pub struct Service {
     hinting_from: per_caller::PerCaller,
     /// Operations one caller may hold open at once ([`SubmitLimits::max_open_per_caller`]).
     open_per_caller: std::sync::atomic::AtomicU32,
+    /// Bytes of results and request bodies this process holds at once, across every caller.
+    held: per_caller::HeldBytes,
+}
+
+/// Bytes of results being sent and request bodies being read the API holds at once by default,
+/// across every caller (each caller is also held to its own turns): 8 results of 16 MiB each per
+/// caller would otherwise let three callers take 400 MiB between them.
+pub const HELD_BYTES: usize = 128 * 1024 * 1024;
+
+/// Bytes of a result or request body held (against [`HELD_BYTES`]), given back when dropped.
+pub struct Held {
+    service: Arc<Service>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.service.held.give_back(self.bytes);
+    }
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Held({} bytes)", self.bytes)
+    }
 }
 
 /// Operations one caller may hold open (not yet terminal) at once by default: a runaway agent
@@ -155,6 +180,7 @@ impl Service {
             hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
             hinting_from: per_caller::PerCaller::new(per_sender(WEBHOOK_BODIES_PER_PROVIDER)),
             open_per_caller: std::sync::atomic::AtomicU32::new(OPEN_PER_CALLER),
+            held: per_caller::HeldBytes::new(HELD_BYTES),
             store,
             operator_store,
             terms: registry.terms(),
@@ -176,6 +202,27 @@ impl Service {
             ),
             ..SubmitLimits::default()
         }
+    }
+
+    /// Bytes of results and request bodies held at once across callers from now on.
+    pub fn set_held_bytes(&self, n: usize) {
+        self.held.set_most(n);
+    }
+
+    /// `bytes` more held for a result being sent or a body being read, or refused (503, try again
+    /// in a second) when the process holds as much as it may.
+    pub fn hold(self: &Arc<Self>, bytes: usize) -> Result<Held, ServiceError> {
+        self.held.take(bytes).map_err(|held| {
+            ServiceError::unavailable(format!(
+                "this server holds {} MiB of results and request bodies for its callers, the most it may (--held-mib): try again in a moment",
+                held.div_ceil(1024 * 1024)
+            ))
+            .with_detail(serde_json::json!({ "retry_after_secs": 1 }))
+        })?;
+        Ok(Held {
+            service: self.clone(),
+            bytes,
+        })
     }
 
     /// Waits one caller may hold open at once from now on (at least 1).
@@ -734,7 +781,11 @@ impl Service {
 
     /// The validated result, as the history chain records it: bytes or a row changed behind
     /// jobtrail's back are refused, not served.
-    pub async fn result(&self, p: &Principal, id: &str) -> Result<ResultBytes, ServiceError> {
+    pub async fn result(
+        self: &Arc<Self>,
+        p: &Principal,
+        id: &str,
+    ) -> Result<ResultBytes, ServiceError> {
         p.require(Scope::Read)?;
         let op = self.visible(p, id).await?;
         // An auditor verifies the evidence, which names the result's digest; the bytes themselves
@@ -758,6 +809,11 @@ impl Service {
             ));
         }
         let chained = self.store.chained_result(op.id).await?;
+        // Held before a byte is read, as long as the answer holds them.
+        let held = self.hold(
+            op.result_size
+                .map_or(0, |n| usize::try_from(n).unwrap_or(0)),
+        )?;
         let (loc, sha) = (&chained.location, &chained.sha256);
         let bytes = jobtrail_worker::ResultStore::read_verified(&self.store, loc, sha)
             .await
@@ -766,6 +822,7 @@ impl Service {
             bytes,
             sha256: chained.sha256,
             content_type: chained.content_type,
+            held: Some(held),
         })
     }
 

@@ -243,11 +243,13 @@ pub struct CancelResponse {
 }
 
 /// A result's bytes, as the history chain records them.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ResultBytes {
     pub bytes: Vec<u8>,
     pub sha256: String,
     pub content_type: Option<String>,
+    /// Their share of what the server holds at once, given back when the answer is dropped.
+    pub held: Option<crate::Held>,
 }
 
 /// What a provider does and what a request to it needs.
