@@ -103,10 +103,11 @@ echo "$v6" | grep -A1 'name: JOBTRAIL_LISTEN' | grep -q '"\[::\]:8080"'
 [ "$(echo "$v6" | grep -A1 'name: JOBTRAIL_OPS_LISTEN' | grep -c '"\[::\]:9090"')" = 2 ]
 
 # An unquoted `off` in a values file is YAML 1.1's false: it still means off.
-printf 'api:\n  ratePerAddress: off\n  maxConnectionsPerAddress: off\n' >"$out/off.yaml"
+printf 'api:\n  ratePerAddress: off\n  ratePerToken: off\n  maxConnectionsPerAddress: off\n' >"$out/off.yaml"
 offs="$("$helm" template jt helm/jobtrail -f "$out/off.yaml")"
 echo "$offs" | grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' | grep -q '"off"'
 echo "$offs" | grep -A1 'name: JOBTRAIL_MAX_CONNECTIONS_PER_ADDRESS' | grep -q '"off"'
+echo "$offs" | grep -A1 'name: JOBTRAIL_RATE_PER_TOKEN' | grep -q '"off"'
 # No namespace to scrape from: the ops ports take nothing in (an empty `from` would take all).
 python3 - <("$helm" template jt helm/jobtrail --set 'networkPolicy.metricsNamespaces=null') <<'PY'
 import sys, yaml

@@ -2173,23 +2173,26 @@ async fn a_page_of_large_operations_ends_early_and_its_cursor_walks_them_all() {
 }
 
 /// The bytes of request bodies (and results) a server holds at once are bounded across callers,
-/// each of them within its own turns: past `--held-mib`, another body is refused before it is
-/// read (503 with Retry-After), a small one still fits, and a sender that goes away gives its
-/// bytes back. Before, three callers within their turns could make a server hold 400 MiB.
+/// each of them within its own turns: one caller holds at most half (so it cannot shut the others
+/// out), the process at most `--held-mib`; past either, another body is refused before it is read
+/// (503 with Retry-After), and a sender that goes away gives its bytes back. Before, three callers
+/// within their turns could make a server hold 400 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bytes_a_server_holds_at_once_are_bounded_across_callers() {
     use tokio::io::AsyncWriteExt;
     let env = Env::new().await;
     let server = env.serve_with("api", &[("JOBTRAIL_HELD_MIB", "1")]);
     let addr = server.base.trim_start_matches("http://").to_owned();
-    let (a, b) = (
+    let (a, b, c3) = (
         env.token("agent-a", &["submit"]).await,
         env.token("agent-b", &["submit"]).await,
+        env.token("agent-c", &["submit"]).await,
     );
-    let declared = 700 * 1024;
-    // A head declaring a large body, and a part of it; the rest follows only if asked to.
-    let start = |token: String| {
-        let addr = addr.clone();
+    // Each declares more than a quarter of the 1 MiB: it counts a quarter.
+    let declared = 300 * 1024;
+    // A head declaring a large body, and a part of it; the rest never follows.
+    let start = |token: &str| {
+        let (addr, token) = (addr.clone(), token.to_owned());
         async move {
             let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
             conn.write_all(
@@ -2204,64 +2207,61 @@ async fn the_bytes_a_server_holds_at_once_are_bounded_across_callers() {
             conn
         }
     };
-    let status_of = async |conn: &mut tokio::net::TcpStream| {
+    // Held: the server waits for the rest of its body (it answers nothing).
+    let hold = async |token: &str| {
+        let conn = start(token).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            matches!(conn.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "a large body of {token} was not waited for"
+        );
+        conn
+    };
+    // Refused at once, before its body is read.
+    let refused = async |token: &str| {
         use tokio::io::AsyncReadExt;
+        let mut conn = start(token).await;
         let mut head = vec![0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut head))
             .await
-            .expect("an answer in time")
+            .expect("refused in time")
             .unwrap();
-        String::from_utf8_lossy(&head[..n]).into_owned()
-    };
-    // The first is held once the server waits for the rest of its body (it answers nothing).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let held = loop {
-        let conn = start(a.clone()).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        if matches!(conn.try_read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-        {
-            break conn;
-        }
+        let answer = String::from_utf8_lossy(&head[..n]).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
         assert!(
-            std::time::Instant::now() < deadline,
-            "the first large body was never waited for"
+            answer.to_ascii_lowercase().contains("retry-after: 1"),
+            "{answer}"
         );
+        assert!(answer.contains("--held-mib"), "{answer}");
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let refused = loop {
-        let mut second = start(b.clone()).await;
-        let answer = status_of(&mut second).await;
-        if answer.starts_with("HTTP/1.1 503") {
-            break answer;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a second large body was never refused: {answer}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(
-        refused.to_ascii_lowercase().contains("retry-after: 1"),
-        "{refused}"
-    );
-    assert!(refused.contains("--held-mib"), "{refused}");
-    // A small body still fits beside the held one (refused as bad input, read all the same).
     let c = support::http();
-    let r = c
-        .post(server.url("/v1/operations"))
-        .bearer_auth(&b)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    // The sender goes away: its bytes are given back, and a large body is read again.
-    drop(held);
+    let small = async |token: &str| {
+        c.post(server.url("/v1/operations"))
+            .bearer_auth(token)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    // One caller holds at most half: a third large body of its is refused, another caller's
+    // small one is read (and refused as bad input).
+    let a1 = hold(&a).await;
+    let a2 = hold(&a).await;
+    refused(&a).await;
+    assert_eq!(small(&b).await, StatusCode::BAD_REQUEST);
+    // The process holds at most the bound: with another caller's half held too, a third
+    // caller's body is refused.
+    let b1 = hold(&b).await;
+    let b2 = hold(&b).await;
+    refused(&c3).await;
+    // Senders that go away give their bytes back: a large body is read again.
+    drop((a1, a2, b1, b2));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let r = c
             .post(server.url("/v1/operations"))
-            .bearer_auth(&b)
+            .bearer_auth(&c3)
             .header("content-type", "application/json")
             .body(vec![b' '; declared])
             .send()
@@ -2273,7 +2273,7 @@ async fn the_bytes_a_server_holds_at_once_are_bounded_across_callers() {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(
             std::time::Instant::now() < deadline,
-            "a sender that went away never gave its bytes back"
+            "senders that went away never gave their bytes back"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -34,14 +34,16 @@ pub async fn read(
     body: Body,
     limit: usize,
 ) -> Result<(Bytes, (Slot, Held)), Problem> {
-    read_holding(
-        |bytes| Ok((service.body_slot(p)?, service.hold(bytes)?)),
+    let (bytes, (slot, mut held)) = read_holding(
+        |bytes| Ok((service.body_slot(p)?, service.hold(p.caller(), bytes)?)),
         headers,
         body,
         limit,
         BODY_TIMEOUT,
     )
-    .await
+    .await?;
+    held.shrink_to(bytes.len());
+    Ok((bytes, (slot, held)))
 }
 
 /// `body` read whole (at most `limit` bytes, within `within`) with the turn `turn` gives for the

@@ -296,7 +296,10 @@ async fn deliver(
         |bytes| {
             let turns =
                 service.webhook_body_slot(provider, sender.map(|Extension(Sender(ip))| ip))?;
-            Ok((turns, service.hold(bytes)?))
+            Ok((
+                turns,
+                service.hold(&format!("webhooks of {provider}"), bytes)?,
+            ))
         },
         headers,
         body,

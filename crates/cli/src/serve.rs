@@ -105,9 +105,9 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub bodies_per_caller: u32,
     /// MiB of results being sent and request bodies being read (as declared, or the most a body
-    /// may be) the process holds at once across every caller; past it, another is refused (503
-    /// with Retry-After: 1). One alone is always taken, however large. Size the pod's memory
-    /// limit above it.
+    /// may be until it is read) the process holds at once across every caller, one caller at most
+    /// half; past either, another is refused (503 with Retry-After: 1). One item counts at most a
+    /// quarter, so a larger result is still served. Size the pod's memory limit above it.
     #[arg(long, env = "JOBTRAIL_HELD_MIB",
           default_value_t = (jobtrail_service::HELD_BYTES / (1024 * 1024)) as u32,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]

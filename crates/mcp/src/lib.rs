@@ -380,17 +380,22 @@ impl JobtrailMcp {
             },
             Door::Remote(_) => None,
         };
-        let answer = Self::result_answer(&ops, &a.operation_id).await;
+        let (answer, held) = Self::result_answer(&ops, &a.operation_id).await;
         if let Some(turn) = turn {
+            // Its bytes stay counted against the server's --held-mib for as long, too.
             tokio::spawn(async move {
                 tokio::time::sleep(ANSWER_KEPT).await;
-                drop(turn);
+                drop((turn, held));
             });
         }
         answer
     }
 
-    async fn result_answer(ops: &Door, operation_id: &str) -> CallToolResult {
+    /// The answer, and the bytes it holds against the server's bound (a local door's).
+    async fn result_answer(
+        ops: &Door,
+        operation_id: &str,
+    ) -> (CallToolResult, Option<jobtrail_service::Held>) {
         // The size is known before any byte is read: a result too large for a tool result is
         // refused without loading it (up to a store's whole limit) into this process.
         let too_large = |size: usize| {
@@ -406,11 +411,12 @@ impl JobtrailMcp {
             && let Some(size) = view.result.as_ref().and_then(|r| r.size)
             && usize::try_from(size).is_ok_and(|n| n > MAX_INLINE_RESULT)
         {
-            return too_large(size as usize);
+            return (too_large(size as usize), None);
         }
         match ops.result(operation_id).await {
-            Ok(r) if r.bytes.len() > MAX_INLINE_RESULT => too_large(r.bytes.len()),
-            Ok(r) => {
+            Ok(r) if r.bytes.len() > MAX_INLINE_RESULT => (too_large(r.bytes.len()), None),
+            Ok(mut r) => {
+                let held = r.held.take();
                 let mut v = serde_json::json!({
                     "operation_id": operation_id,
                     "sha256": r.sha256,
@@ -425,9 +431,9 @@ impl JobtrailMcp {
                             .into()
                     }
                 }
-                CallToolResult::structured(v)
+                (CallToolResult::structured(v), held)
             }
-            Err(e) => tool_error(e),
+            Err(e) => (tool_error(e), None),
         }
     }
 

@@ -80,25 +80,38 @@ pub struct Service {
 }
 
 /// Bytes of results being sent and request bodies being read the API holds at once by default,
-/// across every caller (each caller is also held to its own turns): 8 results of 16 MiB each per
-/// caller would otherwise let three callers take 400 MiB between them.
+/// across every caller, one caller at most half (each is also held to its own turns): 8 results
+/// of 16 MiB each per caller would otherwise let three callers take 400 MiB between them.
 pub const HELD_BYTES: usize = 128 * 1024 * 1024;
 
 /// Bytes of a result or request body held (against [`HELD_BYTES`]), given back when dropped.
 pub struct Held {
     service: Arc<Service>,
-    bytes: usize,
+    holder: String,
+    counted: usize,
+}
+
+impl Held {
+    /// What is held is now `n` bytes, if that is less (a body read whole that declared no length
+    /// held the most a body may be until then).
+    pub fn shrink_to(&mut self, n: usize) {
+        let n = self.service.held.counted(n);
+        if n < self.counted {
+            self.service.held.give_back(&self.holder, self.counted - n);
+            self.counted = n;
+        }
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.service.held.give_back(self.bytes);
+        self.service.held.give_back(&self.holder, self.counted);
     }
 }
 
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Held({} bytes)", self.bytes)
+        write!(f, "Held({} bytes for {})", self.counted, self.holder)
     }
 }
 
@@ -209,19 +222,22 @@ impl Service {
         self.held.set_most(n);
     }
 
-    /// `bytes` more held for a result being sent or a body being read, or refused (503, try again
-    /// in a second) when the process holds as much as it may.
-    pub fn hold(self: &Arc<Self>, bytes: usize) -> Result<Held, ServiceError> {
-        self.held.take(bytes).map_err(|held| {
+    /// `bytes` more held for `holder` (a caller, or a provider's webhooks) for a result being sent
+    /// or a body being read, or refused (503, try again in a second) when the process, or the
+    /// holder's half of it, holds as much as it may.
+    pub fn hold(self: &Arc<Self>, holder: &str, bytes: usize) -> Result<Held, ServiceError> {
+        let counted = self.held.counted(bytes);
+        self.held.take(holder, counted).map_err(|held| {
             ServiceError::unavailable(format!(
-                "this server holds {} MiB of results and request bodies for its callers, the most it may (--held-mib): try again in a moment",
+                "this server holds {} MiB of results and request bodies for its callers, the most it may (--held-mib; one caller at most half): try again in a moment",
                 held.div_ceil(1024 * 1024)
             ))
             .with_detail(serde_json::json!({ "retry_after_secs": 1 }))
         })?;
         Ok(Held {
             service: self.clone(),
-            bytes,
+            holder: holder.to_owned(),
+            counted,
         })
     }
 
@@ -811,6 +827,7 @@ impl Service {
         let chained = self.store.chained_result(op.id).await?;
         // Held before a byte is read, as long as the answer holds them.
         let held = self.hold(
+            p.caller(),
             op.result_size
                 .map_or(0, |n| usize::try_from(n).unwrap_or(0)),
         )?;

@@ -53,18 +53,20 @@ impl PerCaller {
 }
 
 /// Bytes held at once across every caller (results being sent, request bodies being read): the
-/// turns above bound each caller, this bounds the process, so that a few callers each within
-/// their turns cannot together hold more memory than the process has.
+/// turns above bound each caller's count, this bounds the process's bytes, so that a few callers
+/// each within their turns cannot together hold more memory than the process has. One caller
+/// holds at most half of it, so it cannot shut the others out; one item counts at most a quarter,
+/// so a result larger than that is still served when a quarter is free (its excess uncounted).
 pub(crate) struct HeldBytes {
     most: AtomicUsize,
-    held: AtomicUsize,
+    held: Mutex<(usize, HashMap<String, usize>)>,
 }
 
 impl HeldBytes {
     pub(crate) fn new(most: usize) -> Self {
         Self {
             most: most.into(),
-            held: AtomicUsize::new(0),
+            held: Mutex::default(),
         }
     }
 
@@ -72,24 +74,40 @@ impl HeldBytes {
         self.most.store(n, Ordering::Relaxed);
     }
 
-    /// `n` more bytes held, or `Err` with what is held when that would pass the bound. With
-    /// nothing held anything is taken: one result larger than the bound is still served, alone.
-    pub(crate) fn take(&self, n: usize) -> Result<(), usize> {
+    fn held(&self) -> std::sync::MutexGuard<'_, (usize, HashMap<String, usize>)> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What `n` bytes of one item count for: at most a quarter of the bound (at least 1 byte).
+    pub(crate) fn counted(&self, n: usize) -> usize {
+        n.min((self.most.load(Ordering::Relaxed) / 4).max(1))
+    }
+
+    /// `counted` more bytes held for `holder`, or `Err` with what the process holds when the
+    /// process, or the holder's half of it, would pass the bound.
+    pub(crate) fn take(&self, holder: &str, counted: usize) -> Result<(), usize> {
         let most = self.most.load(Ordering::Relaxed);
-        self.held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                (held == 0 || held.saturating_add(n) <= most).then(|| held.saturating_add(n))
-            })
-            .map(|_| ())
+        let mut held = self.held();
+        let (total, per) = &mut *held;
+        let mine = per.get(holder).copied().unwrap_or(0);
+        if total.saturating_add(counted) > most || mine.saturating_add(counted) > most / 2 {
+            return Err(*total);
+        }
+        *total += counted;
+        *per.entry(holder.to_owned()).or_default() += counted;
+        Ok(())
     }
 
-    pub(crate) fn give_back(&self, n: usize) {
-        self.held.fetch_sub(n, Ordering::AcqRel);
-    }
-
-    #[cfg(test)]
-    pub(crate) fn held(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
+    pub(crate) fn give_back(&self, holder: &str, counted: usize) {
+        let mut held = self.held();
+        let (total, per) = &mut *held;
+        *total = total.saturating_sub(counted);
+        if let Some(n) = per.get_mut(holder) {
+            *n = n.saturating_sub(counted);
+            if *n == 0 {
+                per.remove(holder);
+            }
+        }
     }
 }
 
@@ -98,17 +116,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn held_bytes_are_bounded_across_callers_and_one_large_item_passes_alone() {
+    fn held_bytes_are_bounded_per_process_and_per_caller_and_large_items_count_a_quarter() {
         let b = HeldBytes::new(100);
-        assert!(b.take(60).is_ok());
-        assert_eq!(b.take(50), Err(60));
-        assert!(b.take(40).is_ok());
-        b.give_back(60);
-        b.give_back(40);
-        assert_eq!(b.held(), 0);
-        assert!(b.take(500).is_ok(), "alone, whatever its size");
-        assert_eq!(b.take(1), Err(500));
-        b.give_back(500);
-        assert!(b.take(1).is_ok());
+        assert!(b.take("a", 40).is_ok());
+        assert_eq!(b.take("a", 20), Err(40), "a caller holds at most half");
+        assert!(b.take("b", 40).is_ok());
+        assert_eq!(
+            b.take("c", 30),
+            Err(80),
+            "the process holds at most the bound"
+        );
+        assert!(b.take("c", 20).is_ok());
+        b.give_back("a", 40);
+        b.give_back("b", 40);
+        b.give_back("c", 20);
+        assert_eq!(b.held().0, 0);
+        assert!(b.held().1.is_empty());
+        assert_eq!(b.counted(500), 25, "a large item counts a quarter");
+        assert!(b.take("a", b.counted(500)).is_ok());
     }
 }

@@ -542,7 +542,7 @@ impl Store {
         // must not depend on what other callers' ids exist.
         let mut intents = Vec::with_capacity(submissions.len());
         for (i, submission) in submissions.iter().enumerate() {
-            let at = |e: StoreError| (Some(i), e);
+            let at = |e: StoreError| (item_or_whole(i, &e), e);
             let terms = providers.get(submission.provider.trim()).ok_or_else(|| {
                 at(SubmitError::UnknownProvider {
                     name: submission.provider.clone(),
@@ -558,7 +558,7 @@ impl Store {
         }
         let mut written = Vec::with_capacity(submissions.len());
         for (i, (submission, intent)) in submissions.iter().zip(&intents).enumerate() {
-            let at = |e: StoreError| (Some(i), e);
+            let at = |e: StoreError| (item_or_whole(i, &e), e);
             let superseded = match intent.supersedes {
                 Some(old) => lock_superseded(&mut tx, old, intent.operation_id)
                     .await
@@ -619,12 +619,14 @@ impl Store {
             records.insert(record.id, record);
         }
         let mut out = Vec::with_capacity(written.len());
-        for (i, (id, created)) in written.into_iter().enumerate() {
+        for (id, created) in written {
             // An id twice in one batch is answered twice, from the one row.
-            let operation = records
-                .get(&id)
-                .cloned()
-                .ok_or((Some(i), StoreError::NotFound(id)))?;
+            let operation = records.get(&id).cloned().ok_or((
+                None,
+                StoreError::Corrupt(format!(
+                    "{id} was written by this batch and cannot be read back"
+                )),
+            ))?;
             out.push(Submitted { operation, created });
         }
         tx.commit().await.map_err(|e| whole(e.into()))?;
@@ -1705,6 +1707,15 @@ pub(crate) async fn calls_of<'c, E: sqlx::PgExecutor<'c>>(
         .bind(id.as_uuid())
         .fetch_all(exec)
         .await?)
+}
+
+/// Which item of a batch an error is about: one the item's own content explains (its request,
+/// its id, its terms), not the database failing under the whole batch.
+fn item_or_whole(i: usize, e: &StoreError) -> Option<usize> {
+    match e {
+        StoreError::Database(_) | StoreError::Unavailable(_) | StoreError::Corrupt(_) => None,
+        _ => Some(i),
+    }
 }
 
 /// The names of the indexes a migration's SQL creates `CONCURRENTLY` (comments skipped).
