@@ -506,15 +506,13 @@ impl Service {
         p.require(Scope::Submit)?;
         let now = self.deadline_clock([&req]).await?;
         let submission = self.submission(p, req, trace, now).await?;
-        // An id that exists is "not found" if it is another caller's (neither what it holds nor
-        // that it differs is revealed), a conflict if it is this caller's with other terms.
+        // The store answers an id that exists as "not found" if it is another caller's (neither
+        // what it holds nor that it differs is revealed), a conflict if it is this caller's with
+        // other terms.
         let s = self
             .store
             .submit_new(&submission, &self.terms, self.submit_limits())
             .await?;
-        if s.operation.caller != p.caller() {
-            return Err(StoreError::NotFound(s.operation.id).into());
-        }
         Ok(SubmitResponse {
             created: s.created,
             operation: OperationView::of(&s.operation),
