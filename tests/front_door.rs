@@ -474,6 +474,27 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
             .unwrap();
         problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
     }
+    // 800 KB of tiny objects (within the provider's 1 MiB) would take over 60 MiB parsed:
+    // refused before they are built.
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .header("content-type", "application/json")
+        .body(format!(
+            r#"{{"provider":"sim","target":"t","approved_by":"a","request":{{"v":[{}0]}}}}"#,
+            r#"{"a":0},"#.repeat(100_000)
+        ))
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("MiB of memory a body may"),
+        "{p}"
+    );
     // A body over the limit is refused without being read: written by hand, since the server
     // answers and closes while a client would still be sending (a client may see a broken pipe).
     let addr = server.base.trim_start_matches("http://");
@@ -2247,6 +2268,26 @@ async fn the_bytes_a_server_holds_at_once_are_bounded_across_callers() {
     // One caller holds at most half: a third large body of its is refused, another caller's
     // small one is read (and refused as bad input).
     let a1 = hold(&a).await;
+    // What a body takes parsed is held too: 60 KiB of zeros take about 1 MiB as values (counted
+    // a quarter), which with the quarter a1 holds passes a's half; the same body of b's, which
+    // holds nothing, is read and parsed.
+    let zeros = format!(
+        r#"{{"provider":"sim","request":[{}0]}}"#,
+        "0,".repeat(30 * 1024)
+    );
+    let numbers = async |token: &str| {
+        c.post(server.url("/v1/operations"))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(zeros.clone())
+            .send()
+            .await
+            .unwrap()
+    };
+    let r = numbers(&a).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.text().await.unwrap().contains("--held-mib"));
+    assert_ne!(numbers(&b).await.status(), StatusCode::SERVICE_UNAVAILABLE);
     let a2 = hold(&a).await;
     refused(&a).await;
     assert_eq!(small(&b).await, StatusCode::BAD_REQUEST);

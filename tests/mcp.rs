@@ -886,7 +886,16 @@ async fn an_mcp_call_with_a_key_twice_is_refused_and_writes_nothing() {
         r#""report": "payroll", "#,
         r#""amount": 123456789012345678901234, "#,
     );
-    for (body, names) in [(call.to_owned(), "report"), (rounded, "string")] {
+    // Two megabytes of tiny values, which would take over 32 MiB parsed.
+    let many = call.replace(
+        r#""report": "payroll", "#,
+        &format!(r#""v": [{}0], "#, "0,".repeat(1 << 20)),
+    );
+    for (body, names) in [
+        (call.to_owned(), "report"),
+        (rounded, "string"),
+        (many, "MiB of memory a body may"),
+    ] {
         let refused = post(body, Some(session.clone())).await.unwrap();
         assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
         let problem: Value = refused.json().await.unwrap();

@@ -99,19 +99,32 @@ pub async fn require_bearer(
             body::SMALL_REQUEST_BYTES
         };
         match body::read(&service, &p, &parts.headers, body, limit).await {
-            Ok((b, turn)) => {
+            Ok((b, (slot, mut held))) => {
+                let refused = |e| {
+                    Problem::new(
+                        Kind::BadInput,
+                        format!("the body is not acceptable JSON: {e}"),
+                    )
+                    .into_response()
+                };
+                // What MCP's parser builds from the body is held too, before it is built (many
+                // small values take many times their text; too many are refused).
+                match jobtrail_core::json::footprint(&b) {
+                    Ok(parsed) => match service.hold(p.caller(), parsed) {
+                        Ok(more) => held.join(more),
+                        Err(e) => return Problem::from(e).into_response(),
+                    },
+                    Err(e) => return refused(e),
+                }
                 // Two equal keys and inexact numbers are refused as the HTTP routes refuse them:
                 // MCP's own parser takes the last key and rounds the number, so
                 // `{"provider": "a", "provider": "b"}` would start a job other than the one a
                 // reader of the call saw. (A NUL goes on to the tool, which refuses it in words
                 // the agent reads.)
                 if let Err(e) = jobtrail_core::json::parse_exact(&b) {
-                    return Problem::new(
-                        Kind::BadInput,
-                        format!("the body is not acceptable JSON: {e}"),
-                    )
-                    .into_response();
+                    return refused(e);
                 }
+                let turn = (slot, held);
                 let large = b.len() > body::SMALL_REQUEST_BYTES;
                 (axum::body::Body::from(b), large.then_some(turn))
             }

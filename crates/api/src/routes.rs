@@ -70,17 +70,22 @@ async fn json_body<T: serde::de::DeserializeOwned>(
             "send the body as JSON with Content-Type: application/json",
         ));
     }
-    let (body, turn) = crate::body::read(&s.service, p, headers, body, limit).await?;
-    let v = jobtrail_core::json::parse_strict(&body).map_err(|e| {
+    let (body, (slot, mut held)) = crate::body::read(&s.service, p, headers, body, limit).await?;
+    let refused = |e| {
         Problem::new(
             Kind::BadInput,
             format!("the body is not acceptable JSON: {e}"),
         )
-    })?;
+    };
+    // What it takes parsed is held too, before it is built (many small values take many times
+    // their text).
+    let parsed = jobtrail_core::json::footprint(&body).map_err(refused)?;
+    held.join(s.service.hold(p.caller(), parsed)?);
+    let v = jobtrail_core::json::parse_strict(&body).map_err(refused)?;
     drop(body);
     let t = serde_json::from_value(v)
         .map_err(|e| Problem::new(Kind::BadInput, format!("the body: {e}")))?;
-    Ok((t, turn))
+    Ok((t, (slot, held)))
 }
 
 /// Query parameters, with a problem document (not axum's plain text) when they do not parse.

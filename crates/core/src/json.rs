@@ -9,9 +9,13 @@
 //! * an integer beyond the 64-bit range, or a number written with a fraction or exponent whose
 //!   value is an integer of 2^53 or more (a double cannot hold it exactly) — send such values as
 //!   strings; other non-integer numbers are IEEE doubles, as RFC 8785 (JCS) fingerprints them;
-//! * the NUL character in a key or a string.
+//! * the NUL character in a key or a string;
+//! * a body whose parsed form would take more than [`MAX_PARSED_BYTES`] of memory. A parsed value
+//!   can take far more than its text (`[0,0,…]` about 16 times, `[{"a":0},…]` about 80: each
+//!   object is a B-tree node of some 640 bytes), so a body within every byte limit could still
+//!   take a server's memory; [`footprint`] measures it without building anything, first.
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 /// Why a body was refused, with where (serde_json's line and column).
@@ -21,6 +25,8 @@ pub struct BodyError {
     pub message: String,
     pub line: usize,
     pub column: usize,
+    /// Refused for the memory it would take parsed ([`MAX_PARSED_BYTES`]), not for its text.
+    pub too_large: bool,
 }
 
 /// Parse a request body strictly (see the module docs).
@@ -36,10 +42,36 @@ pub fn parse_exact(bytes: &[u8]) -> Result<Value, BodyError> {
     parse::<true>(bytes)
 }
 
+/// The most memory a parsed body may take: twice the largest request body, so that a body of
+/// text (a long string, base64) or of a few hundred thousand small values passes, and sixteen
+/// megabytes of tiny values do not.
+pub const MAX_PARSED_BYTES: usize = 32 * 1024 * 1024;
+
+/// About how many bytes `bytes` would take parsed into a [`Value`] (its heap allocations and the
+/// root), measured without allocating; refused as soon as it passes [`MAX_PARSED_BYTES`], with
+/// where, and when the text is not JSON at all. An estimate, on the high side: it sizes
+/// serde_json's `Value` as it is built here (B-tree objects, doubling arrays).
+pub fn footprint(bytes: &[u8]) -> Result<usize, BodyError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let total = std::cell::Cell::new(VALUE_BYTES);
+    let sized = Footprint { total: &total }
+        .deserialize(&mut de)
+        .and_then(|()| de.end());
+    sized.map(|()| total.get()).map_err(|e| BodyError {
+        too_large: total.get() > MAX_PARSED_BYTES,
+        ..body_error(e)
+    })
+}
+
 fn parse<const NUL_OK: bool>(bytes: &[u8]) -> Result<Value, BodyError> {
+    footprint(bytes)?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let parsed = Strict::<NUL_OK>::deserialize(&mut de).and_then(|v| de.end().map(|()| v.0));
-    parsed.map_err(|e| BodyError {
+    parsed.map_err(body_error)
+}
+
+fn body_error(e: serde_json::Error) -> BodyError {
+    BodyError {
         // serde_json appends " at line L column C" to custom messages; the fields carry it.
         message: e
             .to_string()
@@ -49,7 +81,108 @@ fn parse<const NUL_OK: bool>(bytes: &[u8]) -> Result<Value, BodyError> {
             .to_owned(),
         line: e.line(),
         column: e.column(),
-    })
+        too_large: false,
+    }
+}
+
+/// One `Value` (an array's element or an object's value lives in its parent's allocation).
+const VALUE_BYTES: usize = std::mem::size_of::<Value>();
+/// A B-tree node of `Map<String, Value>`: eleven keys and values, rounded up as an allocator does.
+const MAP_NODE_BYTES: usize = 640;
+/// Entries a map's node holds on average once it has split (between half full and full).
+const MAP_NODE_FILL: usize = 7;
+/// The least a string's allocation takes.
+const MIN_ALLOCATION: usize = 16;
+
+fn string_bytes(len: usize) -> usize {
+    if len == 0 { 0 } else { len.max(MIN_ALLOCATION) }
+}
+
+/// Counts the heap a value would take into `total`, refusing past [`MAX_PARSED_BYTES`].
+struct Footprint<'a> {
+    total: &'a std::cell::Cell<usize>,
+}
+
+impl Footprint<'_> {
+    fn add<E: de::Error>(&self, n: usize) -> Result<(), E> {
+        let t = self.total.get().saturating_add(n);
+        self.total.set(t);
+        if t > MAX_PARSED_BYTES {
+            return Err(E::custom(format!(
+                "parsed, the body would take more than the {} MiB of memory a body may (it holds too many small values: each takes 32 bytes or more, an object about 640); send bulk data as one string (base64, say) or in smaller requests",
+                MAX_PARSED_BYTES / (1024 * 1024)
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Footprint<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Footprint<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        self.add(string_bytes(s.len()))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        // A vector doubles as it grows (from 4): the room is charged as it is taken.
+        let mut room = 0usize;
+        let mut len = 0usize;
+        loop {
+            if len == room {
+                let grown = (room * 2).max(4);
+                self.add(VALUE_BYTES * (grown - room))?;
+                room = grown;
+            }
+            if seq
+                .next_element_seed(Footprint { total: self.total })?
+                .is_none()
+            {
+                break;
+            }
+            len += 1;
+        }
+        // An empty array allocates nothing.
+        if len == 0 {
+            self.total.set(self.total.get() - VALUE_BYTES * room);
+        }
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut len = 0usize;
+        while let Some(()) = map.next_key_seed(Footprint { total: self.total })? {
+            if len.is_multiple_of(MAP_NODE_FILL) {
+                self.add(MAP_NODE_BYTES)?;
+            }
+            len += 1;
+            map.next_value_seed(Footprint { total: self.total })?;
+        }
+        Ok(())
+    }
 }
 
 /// The largest magnitude a double holds every integer up to.
@@ -168,6 +301,47 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn a_body_of_many_small_values_is_refused_before_it_is_built_and_text_is_not() {
+        let mib = 1024 * 1024;
+        // Sixteen megabytes of zeros would be 8 M values of 32 bytes: 256 MiB.
+        let mut zeros = b"[0".to_vec();
+        zeros.extend(std::iter::repeat_n(&b",0"[..], 8 * mib - 1).flatten());
+        zeros.push(b']');
+        let e = parse_strict(&zeros).unwrap_err();
+        assert!(
+            e.message.contains("MiB of memory a body may") && e.too_large,
+            "{e}"
+        );
+        assert!(
+            e.column < 4 * mib,
+            "refused where it passed the bound, not at the end: {e}"
+        );
+        // Small objects are the dearest: a B-tree node each.
+        let objects = format!("[{}{{}}]", r#"{"a":0},"#.repeat(40_000));
+        assert!(footprint(objects.as_bytes()).unwrap() > 40_000 * MAP_NODE_BYTES);
+        let objects = format!("[{}{{}}]", r#"{"a":0},"#.repeat(100_000));
+        assert!(objects.len() < mib && parse_strict(objects.as_bytes()).is_err());
+        // The same bytes as one string take about their length.
+        let text = format!(r#"{{"data": "{}"}}"#, "A".repeat(16 * mib));
+        let size = footprint(text.as_bytes()).unwrap();
+        assert!(size >= 16 * mib && size < 16 * mib + 2048, "{size}");
+        assert_eq!(
+            parse_strict(text.as_bytes()).unwrap()["data"]
+                .as_str()
+                .unwrap()
+                .len(),
+            16 * mib
+        );
+        // A megabyte of numbers (a few hundred thousand) passes.
+        let numbers = format!("[{}1]", "12345,".repeat(170_000));
+        assert!(parse_strict(numbers.as_bytes()).is_ok());
+        // What is not JSON is refused by the same pass, with where.
+        assert!(footprint(b"[1, 2").is_err_and(|e| !e.too_large));
+        assert_eq!(footprint(b"[]").unwrap(), VALUE_BYTES);
+        assert_eq!(footprint(b"[1]").unwrap(), VALUE_BYTES * 5);
     }
 
     #[test]

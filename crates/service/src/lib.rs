@@ -101,6 +101,12 @@ impl Held {
             self.counted = n;
         }
     }
+
+    /// What `more` holds is held with this from now on (given back with it).
+    pub fn join(&mut self, mut more: Held) {
+        debug_assert_eq!(self.holder, more.holder);
+        self.counted += std::mem::take(&mut more.counted);
+    }
 }
 
 impl Drop for Held {
