@@ -1294,8 +1294,10 @@ async fn the_result_can_be_where_the_create_answer_said() {
 /// A hostile provider's text cannot make a step unwritable or the record unbounded: a status answer
 /// whose state, update time, progress and status URL hold NUL and escape characters (PostgreSQL
 /// refuses NUL in `text` and `jsonb`), a 64 KiB state and a 128 KiB progress; an answer that sets
-/// 200 cookies; a rejection whose body is binary. Each step is written (cleaned and cut), the job
-/// goes on to its end, and the cookie jar stays within its bounds.
+/// 200 cookies; a rejection whose body is binary; an answer of 30 000 small objects, within the
+/// answers' 256 KiB but some 19 MB parsed (refused as too large, and read again). Each step is
+/// written (cleaned and cut), the job goes on to its end, and the cookie jar stays within its
+/// bounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_provider_text_is_recorded_cleaned_and_bounded() {
     let mut env = Env::new().await;
@@ -1323,7 +1325,31 @@ async fn hostile_provider_text_is_recorded_cleaned_and_bounded() {
             |_| {},
         )
         .await;
+    let flood = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 300, "status_faults": {"1": "value_flood"}}),
+            |_| {},
+        )
+        .await;
     env.start_worker("w1", Duration::from_secs(10));
+
+    let flooded = env.wait_settled(flood.id, T).await;
+    assert_eq!(flooded.state, State::Succeeded, "{flooded:?}");
+    let statuses: Vec<_> = env
+        .store
+        .calls(flood.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == "status")
+        .collect();
+    assert_eq!(
+        statuses[0].error_class.as_deref(),
+        Some("response_too_large"),
+        "{statuses:?}"
+    );
+    assert!(statuses.len() >= 2, "read again: {statuses:?}");
 
     let done = env.wait_settled(hostile.id, T).await;
     assert_eq!(done.state, State::Succeeded, "{done:?}");

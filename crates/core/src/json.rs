@@ -52,13 +52,21 @@ pub const MAX_PARSED_BYTES: usize = 32 * 1024 * 1024;
 /// where, and when the text is not JSON at all. An estimate, on the high side: it sizes
 /// serde_json's `Value` as it is built here (B-tree objects, doubling arrays).
 pub fn footprint(bytes: &[u8]) -> Result<usize, BodyError> {
+    footprint_within(bytes, MAX_PARSED_BYTES)
+}
+
+/// As [`footprint`], refusing past `most` bytes instead (a provider's answer, say).
+pub fn footprint_within(bytes: &[u8], most: usize) -> Result<usize, BodyError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let total = std::cell::Cell::new(VALUE_BYTES);
-    let sized = Footprint { total: &total }
-        .deserialize(&mut de)
-        .and_then(|()| de.end());
+    let sized = Footprint {
+        total: &total,
+        most,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
     sized.map(|()| total.get()).map_err(|e| BodyError {
-        too_large: total.get() > MAX_PARSED_BYTES,
+        too_large: total.get() > most,
         ..body_error(e)
     })
 }
@@ -101,16 +109,17 @@ fn string_bytes(len: usize) -> usize {
 /// Counts the heap a value would take into `total`, refusing past [`MAX_PARSED_BYTES`].
 struct Footprint<'a> {
     total: &'a std::cell::Cell<usize>,
+    most: usize,
 }
 
 impl Footprint<'_> {
     fn add<E: de::Error>(&self, n: usize) -> Result<(), E> {
         let t = self.total.get().saturating_add(n);
         self.total.set(t);
-        if t > MAX_PARSED_BYTES {
+        if t > self.most {
             return Err(E::custom(format!(
                 "parsed, the body would take more than the {} MiB of memory a body may (it holds too many small values: each takes 32 bytes or more, an object about 640); send bulk data as one string (base64, say) or in smaller requests",
-                MAX_PARSED_BYTES / (1024 * 1024)
+                self.most.div_ceil(1024 * 1024)
             )));
         }
         Ok(())
@@ -159,7 +168,10 @@ impl<'de> Visitor<'de> for Footprint<'_> {
                 room = grown;
             }
             if seq
-                .next_element_seed(Footprint { total: self.total })?
+                .next_element_seed(Footprint {
+                    total: self.total,
+                    most: self.most,
+                })?
                 .is_none()
             {
                 break;
@@ -174,12 +186,18 @@ impl<'de> Visitor<'de> for Footprint<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut len = 0usize;
-        while let Some(()) = map.next_key_seed(Footprint { total: self.total })? {
+        while let Some(()) = map.next_key_seed(Footprint {
+            total: self.total,
+            most: self.most,
+        })? {
             if len.is_multiple_of(MAP_NODE_FILL) {
                 self.add(MAP_NODE_BYTES)?;
             }
             len += 1;
-            map.next_value_seed(Footprint { total: self.total })?;
+            map.next_value_seed(Footprint {
+                total: self.total,
+                most: self.most,
+            })?;
         }
         Ok(())
     }

@@ -621,6 +621,16 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
             }
         }
     }
+    // An answer whose JSON would take many times its text parsed (an object takes some 640 bytes)
+    // is refused as one over its size: every call in flight may hold one parsed. A result is the
+    // contract's own limit's business (it is kept as bytes, and parsed once, to be checked).
+    if error.is_none()
+        && out.kind != CallKind::Result
+        && jobtrail_core::json::footprint_within(&body, parsed_most(out.max_body))
+            .is_err_and(|e| e.too_large)
+    {
+        error = Some(WireError::TooLarge);
+    }
     // An echo of another id: a proxy or a provider that mixed up its answers.
     if error.is_none()
         && let Some(h) = id_header
@@ -738,6 +748,14 @@ pub fn not_sent(
             response_sha256: None,
         },
     }
+}
+
+/// The most memory an answer of at most `max_body` bytes may take parsed: sixteen times its
+/// limit (an array of numbers, at its worst), at least 1 MiB.
+fn parsed_most(max_body: u64) -> usize {
+    usize::try_from(max_body.saturating_mul(16))
+        .unwrap_or(usize::MAX)
+        .max(1024 * 1024)
 }
 
 fn classify(e: &reqwest::Error) -> WireError {

@@ -1146,6 +1146,18 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
                 }),
             );
         }
+        Some(StatusFault::ValueFlood) => {
+            let flood = format!(
+                r#"{{"job_id":"{id}","state":"running","progress":[{}{{}}]}}"#,
+                r#"{"a":0},"#.repeat(30_000)
+            );
+            return (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                flood,
+            )
+                .into_response();
+        }
         Some(StatusFault::CookieFlood) => {}
         Some(StatusFault::UnknownState | StatusFault::OtherClientRequestId) | None => {}
     }

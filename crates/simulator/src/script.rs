@@ -104,6 +104,9 @@ pub enum StatusFault {
     HostileText,
     /// A normal answer that sets 200 cookies, one of them 16 KiB long.
     CookieFlood,
+    /// An answer whose progress holds 30 000 small objects: 240 KB of text, within the sim
+    /// contract's 256 KiB answers, that would take about 19 MB of a worker's memory parsed.
+    ValueFlood,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
