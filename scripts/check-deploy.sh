@@ -162,6 +162,17 @@ if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set d
   echo "KEDA reading a DATABASE_URL whose CA file its pod does not have rendered" >&2
   exit 1
 fi
+# values.schema.json: a name the chart does not know, or a value of the wrong kind, is refused
+# (before, a typo rendered with the default in its place, in silence).
+for bad in worker.replica=3 worker.lease=30 api.ratePerToken=fast api.heldMib=0 \
+  'image.pullPolicy=Sometimes' 'providerSecrets[0].name=X,providerSecrets[0].secretName=s,providerSecrets[0].key=k,providerSecrets[0].component=workers'; do
+  if "$helm" template jt helm/jobtrail --set "$bad" >/dev/null 2>&1; then
+    echo "values.schema.json let $bad through" >&2
+    exit 1
+  fi
+done
+"$helm" template jt helm/jobtrail --set api.ratePerAddress=off --set api.maxConnectionsPerAddress=512 \
+  --set 'api.ratePerToken=50/s\,200' >/dev/null
 # A new contracts.revision rolls the pods (contracts in an existing ConfigMap change unseen).
 a="$("$helm" template jt helm/jobtrail --set contracts.existingConfigMap=mine | grep 'checksum/contracts' | head -1)"
 b="$("$helm" template jt helm/jobtrail --set contracts.existingConfigMap=mine --set contracts.revision=2 | grep 'checksum/contracts' | head -1)"
