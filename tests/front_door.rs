@@ -2249,10 +2249,10 @@ async fn the_bytes_a_server_holds_at_once_are_bounded_across_callers() {
             .unwrap();
         let answer = String::from_utf8_lossy(&head[..n]).into_owned();
         assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
-        assert!(
-            answer.to_ascii_lowercase().contains("retry-after: 1"),
-            "{answer}"
-        );
+        let lower = answer.to_ascii_lowercase();
+        assert!(lower.contains("retry-after: 1"), "{answer}");
+        // Its body is left unread: the client is told not to send another request on it.
+        assert!(lower.contains("connection: close"), "{answer}");
         assert!(answer.contains("--held-mib"), "{answer}");
     };
     let c = support::http();
@@ -2318,4 +2318,7 @@ async fn the_bytes_a_server_holds_at_once_are_bounded_across_callers() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Three refusals for load or more, said once in the log (they come in floods).
+    let said = server.log_text().matches("refused for load").count();
+    assert_eq!(said, 1, "{}", server.log_text());
 }

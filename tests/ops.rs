@@ -730,6 +730,16 @@ async fn the_api_serves_its_probes_and_metrics_apart_from_the_api() {
         "{metrics}"
     );
     assert!(!metrics.contains("nobody"), "{metrics}");
+    // Every problem the API answers is counted by kind (a closed set).
+    assert_eq!(
+        sample(
+            &metrics,
+            "jobtrail_api_problems_total",
+            &["kind=\"unauthenticated\""]
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
     let said = server
         .log_text()
         .matches("webhook deliveries are refused")

@@ -60,34 +60,59 @@ impl Problem {
     }
 }
 
+/// When a refusal for load was last logged (milliseconds since [`EPOCH`], 0 for never).
+static SHED_WARNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static EPOCH: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
+/// Whether a minute has passed since `last` said so (and it is now).
+fn once_a_minute(last: &std::sync::atomic::AtomicU64) -> bool {
+    use std::sync::atomic::Ordering;
+    let now = EPOCH.elapsed().as_millis() as u64 + 1;
+    let then = last.load(Ordering::Relaxed);
+    (then == 0 || now.saturating_sub(then) >= 60_000)
+        && last
+            .compare_exchange(then, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let doc = self.doc();
         let status = StatusCode::from_u16(doc.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        metrics::counter!("jobtrail_api_problems_total", "kind" => self.0.kind.as_str())
+            .increment(1);
+        // Refused for load (a rate, a caller's turns, the bytes held): come back later.
+        let shed = self.0.kind == Kind::RateLimited
+            || (self.0.kind == Kind::Unavailable
+                && self
+                    .0
+                    .detail
+                    .as_ref()
+                    .is_some_and(|d| d.get("retry_after_secs").is_some()));
         // A server error, or a cause kept from the caller (an internal 403: the caller is told
-        // the log has it), is logged.
-        if status.is_server_error() || self.0.internal {
+        // the log has it), is logged; refusals for load at most once a minute (they come in
+        // floods, and the counter has each).
+        if shed {
+            if status.is_server_error() && once_a_minute(&SHED_WARNED) {
+                tracing::warn!(kind = %doc.kind, detail = %self.0.message, "requests refused for load (said at most once a minute; jobtrail_api_problems_total counts them)");
+            }
+        } else if status.is_server_error() || self.0.internal {
             tracing::warn!(kind = %doc.kind, detail = %self.0.message, "request failed");
         }
         let body = serde_json::to_vec(&doc).unwrap_or_default();
         let mut r = (status, body).into_response();
         r.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        // A refused body may be left unread on the connection, which the server then closes: said
-        // here, so that a client does not pool the connection and lose its next request on it.
-        if self.0.kind == Kind::TooLarge {
+        // A refused body may be left unread on the connection, which the server then closes (a
+        // refusal for load comes before the body is read): said here, so that a client does not
+        // pool the connection and lose its next request on it.
+        if self.0.kind == Kind::TooLarge || shed {
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         // When to come back, as the refusal says it.
-        if self.0.kind == Kind::RateLimited
-            || (self.0.kind == Kind::Unavailable
-                && self
-                    .0
-                    .detail
-                    .as_ref()
-                    .is_some_and(|d| d.get("retry_after_secs").is_some()))
-        {
+        if shed {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, self.0.retry_after_secs().into());
         }

@@ -93,6 +93,10 @@ fn describe() {
         "Webhook deliveries to a provider that takes them, by outcome: scheduled, duplicate, no_operation, not_observing, or refused_signature, refused_payload, refused_size, busy, unavailable (a delivery to an unknown provider is not counted)"
     );
     describe_counter!(
+        "jobtrail_api_problems_total",
+        "Problems the API answered (jobtrail serve), by kind: bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded, tampered, too-large, rate-limited, too-many-open, unavailable (refusals for load are logged at most once a minute: this counts each)"
+    );
+    describe_counter!(
         "jobtrail_metrics_refresh_failures_total",
         "Scrapes whose database gauges could not be refreshed (the previous values were kept)"
     );
