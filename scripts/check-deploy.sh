@@ -69,6 +69,8 @@ echo "== helm template + Kubernetes schemas (defaults; every option on)"
   --set 'providerSecrets[0].name=JOBTRAIL_SIM_TOKEN,providerSecrets[0].secretName=sim,providerSecrets[0].key=token' \
   --set 'providerSecrets[1].name=JOBTRAIL_SIM_WEBHOOK_SECRET,providerSecrets[1].secretName=sim,providerSecrets[1].key=webhook,providerSecrets[1].component=api' \
   --set autoscaling.keda.enabled=true --set autoscaling.keda.authenticationRef=jobtrail-keda-pg \
+  --set api.nodeSelector.pool=api --set 'api.tolerations[0].key=dedicated,api.tolerations[0].operator=Exists' \
+  --set 'worker.topologySpreadConstraints[0].maxSkew=1,worker.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone,worker.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway' \
   --set contracts.revision=2 --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
 "$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true --set database.maxConnections=200 \
   --set autoscaling.keda.authenticationRef=unused >"$out/hpa.yaml"
@@ -149,6 +151,9 @@ if "$helm" template jt helm/jobtrail --set api.opsPort=8080 >/dev/null 2>&1; the
   exit 1
 fi
 grep -A1 'name: JOBTRAIL_STOP_DELAY' "$out/default.yaml" | grep -q '"5s"'
+# Workers and API pods prefer nodes of their own (a node's loss takes few of either).
+[ "$(grep -c 'topologyKey: kubernetes.io/hostname' "$out/default.yaml")" = 2 ] \
+  || { echo "the pods are not spread across nodes by default" >&2; exit 1; }
 if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set autoscaling.hpa.enabled=true --set database.maxConnections=1000 >/dev/null 2>&1; then
   echo "KEDA and an HPA at once rendered" >&2
   exit 1

@@ -20,6 +20,41 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/*
+Where a component's pods go: its nodeSelector, tolerations and affinity as given, and its pods
+spread across nodes (a preference: ScheduleAnyway) so that one node's loss takes few of them,
+followed by any topologySpreadConstraints of its own.
+*/}}
+{{- define "jobtrail.placement" -}}
+{{- $v := .values -}}
+{{- with $v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if or $v.spreadAcrossNodes $v.topologySpreadConstraints }}
+topologySpreadConstraints:
+{{- if $v.spreadAcrossNodes }}
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "jobtrail.selector" (dict "root" .root "component" .component) | nindent 8 }}
+{{- end }}
+{{- with $v.topologySpreadConstraints }}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "jobtrail.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
