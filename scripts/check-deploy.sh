@@ -16,10 +16,13 @@ cd "$(dirname "$0")/.."
 
 apt_install() {
   local sudo=""
-  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "installing $* needs root or sudo" >&2; exit 1; }
+    sudo="sudo"
+  fi
   echo "== installing $* (Debian)"
-  $sudo apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "$@" >/dev/null
+  $sudo apt-get update -q >/dev/null || exit 1
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "$@" >/dev/null || exit 1
 }
 
 tools="${JOBTRAIL_DEPLOY_TOOLS:-${TMPDIR:-/tmp}/jobtrail-deploy-tools}"
@@ -34,9 +37,15 @@ if [ ! -x "$helm" ]; then
   chmod +x "$helm"
 fi
 py="$tools/py/bin/python"
-if [ ! -x "$py" ]; then
+# (A venv made without ensurepip has a python and no pip: made again.)
+if ! "$py" -m pip --version >/dev/null 2>&1; then
   echo "== a Python environment for the checkers"
-  python3 -m venv "$tools/py" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$tools/py"; }
+  rm -rf "$tools/py"
+  if ! python3 -m venv "$tools/py" >/dev/null 2>&1; then
+    rm -rf "$tools/py"
+    apt_install python3-venv
+    python3 -m venv "$tools/py"
+  fi
 fi
 if ! "$py" -c 'import kubernetes_validate' 2>/dev/null; then
   echo "== installing kubernetes-validate (PyPI)"

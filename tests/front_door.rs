@@ -487,7 +487,7 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         .send()
         .await
         .unwrap();
-    let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    let p = problem(r, StatusCode::PAYLOAD_TOO_LARGE, "too-large").await;
     assert!(
         p["detail"]
             .as_str()

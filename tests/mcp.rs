@@ -891,15 +891,19 @@ async fn an_mcp_call_with_a_key_twice_is_refused_and_writes_nothing() {
         r#""report": "payroll", "#,
         &format!(r#""v": [{}0], "#, "0,".repeat(1 << 20)),
     );
-    for (body, names) in [
-        (call.to_owned(), "report"),
-        (rounded, "string"),
-        (many, "MiB of memory a body may"),
+    for (body, names, kind) in [
+        (call.to_owned(), "report", "bad-input"),
+        (rounded, "string", "bad-input"),
+        (many, "MiB of memory a body may", "too-large"),
     ] {
         let refused = post(body, Some(session.clone())).await.unwrap();
-        assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+        let status = refused.status();
         let problem: Value = refused.json().await.unwrap();
-        assert_eq!(problem["kind"], "bad-input", "{problem}");
+        assert_eq!(problem["kind"], kind, "{problem}");
+        assert_eq!(
+            status,
+            u16::try_from(problem["status"].as_u64().unwrap()).unwrap()
+        );
         assert!(
             problem["detail"].as_str().unwrap().contains(names),
             "{problem}"

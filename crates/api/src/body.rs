@@ -24,6 +24,17 @@ const BODY_TIMEOUT: Duration = REQUEST_TIMEOUT.saturating_sub(Duration::from_sec
 /// a person writes, not a provider's request.
 pub const SMALL_REQUEST_BYTES: usize = 64 * 1024;
 
+/// A body refused by the strict JSON reader: too large (413) when it is refused for what it would
+/// take parsed (send it in parts, or bulk data as a string), else bad input.
+pub fn refused_json(e: jobtrail_core::json::BodyError) -> Problem {
+    let kind = if e.too_large {
+        Kind::TooLarge
+    } else {
+        Kind::BadInput
+    };
+    Problem::new(kind, format!("the body is not acceptable JSON: {e}"))
+}
+
 /// `body` read whole (at most `limit` bytes) with one of `p`'s turns, which the caller holds
 /// for as long as it holds what it made of the body (a parsed JSON value can be many times the
 /// size of its text, and a submit holds one while it waits for the database).

@@ -71,6 +71,9 @@ async fn authenticate(parts: &Parts, service: &Service) -> Result<Principal, Pro
     Ok(service.authenticate(token).await?)
 }
 
+/// What a body may take parsed and still give its turn back once it has arrived (over MCP).
+const SMALL_PARSED_BYTES: usize = 1024 * 1024;
+
 /// Middleware for routes served by other crates (the MCP endpoint): authenticate the bearer token,
 /// read the body whole with one of the caller's turns ([`body`]), and put the [`Principal`] in the
 /// request's extensions.
@@ -87,8 +90,8 @@ pub async fn require_bearer(
     };
     // A large body's turn is held until the answer has been sent to its end: MCP answers a call
     // with a stream at once and runs the call (holding what it parsed from the body) behind it. A
-    // small one's (a wait, a list, a cancel: what was parsed from it is small) is given back once
-    // it has arrived, so that a caller's long MCP waits do not hold its turns.
+    // small one's (a wait, a list, a cancel: small text that takes little parsed) is given back
+    // once it has arrived, so that a caller's long MCP waits do not hold its turns.
     let (body, turn) = if body.is_end_stream() {
         (body, None)
     } else {
@@ -100,32 +103,29 @@ pub async fn require_bearer(
         };
         match body::read(&service, &p, &parts.headers, body, limit).await {
             Ok((b, (slot, mut held))) => {
-                let refused = |e| {
-                    Problem::new(
-                        Kind::BadInput,
-                        format!("the body is not acceptable JSON: {e}"),
-                    )
-                    .into_response()
-                };
                 // What MCP's parser builds from the body is held too, before it is built (many
-                // small values take many times their text; too many are refused).
-                match jobtrail_core::json::footprint(&b) {
-                    Ok(parsed) => match service.hold(p.caller(), parsed) {
-                        Ok(more) => held.join(more),
+                // small values take many times their text; too many are refused): twice the
+                // value, as rmcp reads a message whole into serde's buffer before its own types.
+                let parsed = match jobtrail_core::json::footprint(&b) {
+                    Ok(parsed) => match service.hold(p.caller(), 2 * parsed) {
+                        Ok(more) => {
+                            held.join(more);
+                            parsed
+                        }
                         Err(e) => return Problem::from(e).into_response(),
                     },
-                    Err(e) => return refused(e),
-                }
+                    Err(e) => return body::refused_json(e).into_response(),
+                };
                 // Two equal keys and inexact numbers are refused as the HTTP routes refuse them:
                 // MCP's own parser takes the last key and rounds the number, so
                 // `{"provider": "a", "provider": "b"}` would start a job other than the one a
                 // reader of the call saw. (A NUL goes on to the tool, which refuses it in words
                 // the agent reads.)
                 if let Err(e) = jobtrail_core::json::parse_exact(&b) {
-                    return refused(e);
+                    return body::refused_json(e).into_response();
                 }
                 let turn = (slot, held);
-                let large = b.len() > body::SMALL_REQUEST_BYTES;
+                let large = b.len() > body::SMALL_REQUEST_BYTES || parsed > SMALL_PARSED_BYTES;
                 (axum::body::Body::from(b), large.then_some(turn))
             }
             Err(problem) => return problem.into_response(),

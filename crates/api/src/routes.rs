@@ -71,17 +71,11 @@ async fn json_body<T: serde::de::DeserializeOwned>(
         ));
     }
     let (body, (slot, mut held)) = crate::body::read(&s.service, p, headers, body, limit).await?;
-    let refused = |e| {
-        Problem::new(
-            Kind::BadInput,
-            format!("the body is not acceptable JSON: {e}"),
-        )
-    };
     // What it takes parsed is held too, before it is built (many small values take many times
     // their text).
-    let parsed = jobtrail_core::json::footprint(&body).map_err(refused)?;
+    let parsed = jobtrail_core::json::footprint(&body).map_err(crate::body::refused_json)?;
     held.join(s.service.hold(p.caller(), parsed)?);
-    let v = jobtrail_core::json::parse_strict(&body).map_err(refused)?;
+    let v = jobtrail_core::json::parse_strict(&body).map_err(crate::body::refused_json)?;
     drop(body);
     let t = serde_json::from_value(v)
         .map_err(|e| Problem::new(Kind::BadInput, format!("the body: {e}")))?;

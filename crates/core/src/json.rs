@@ -11,7 +11,7 @@
 //!   strings; other non-integer numbers are IEEE doubles, as RFC 8785 (JCS) fingerprints them;
 //! * the NUL character in a key or a string;
 //! * a body whose parsed form would take more than [`MAX_PARSED_BYTES`] of memory. A parsed value
-//!   can take far more than its text (`[0,0,…]` about 16 times, `[{"a":0},…]` about 80: each
+//!   can take far more than its text (`[0,0,…]` 16 to 32 times, `[{"a":0},…]` about 80: each
 //!   object is a B-tree node of some 640 bytes), so a body within every byte limit could still
 //!   take a server's memory; [`footprint`] measures it without building anything, first.
 
@@ -48,9 +48,11 @@ pub fn parse_exact(bytes: &[u8]) -> Result<Value, BodyError> {
 pub const MAX_PARSED_BYTES: usize = 32 * 1024 * 1024;
 
 /// About how many bytes `bytes` would take parsed into a [`Value`] (its heap allocations and the
-/// root), measured without allocating; refused as soon as it passes [`MAX_PARSED_BYTES`], with
-/// where, and when the text is not JSON at all. An estimate, on the high side: it sizes
-/// serde_json's `Value` as it is built here (B-tree objects, doubling arrays).
+/// root), measured without building it (serde_json's scratch buffer aside: a string with escapes,
+/// a long number); refused as soon as it passes [`MAX_PARSED_BYTES`], with where, and when the
+/// text is not JSON at all. An estimate, on the high side: it sizes serde_json's `Value` as it is
+/// built here (B-tree objects, whose nodes are a half to full whatever order the keys come in;
+/// arrays doubling from 4).
 pub fn footprint(bytes: &[u8]) -> Result<usize, BodyError> {
     footprint_within(bytes, MAX_PARSED_BYTES)
 }
@@ -93,12 +95,20 @@ fn body_error(e: serde_json::Error) -> BodyError {
     }
 }
 
+/// More than any JSON text takes parsed, per byte of it, by [`footprint`]'s measure (the dearest
+/// are objects of one empty key: `{"":0},` about 96, `{"":{"":…}}` nested as deep as the parser
+/// goes about 128): a text shorter than a bound over this cannot pass it, and need not be
+/// measured.
+pub const MOST_PER_BYTE: usize = 160;
+
 /// One `Value` (an array's element or an object's value lives in its parent's allocation).
 const VALUE_BYTES: usize = std::mem::size_of::<Value>();
 /// A B-tree node of `Map<String, Value>`: eleven keys and values, rounded up as an allocator does.
 const MAP_NODE_BYTES: usize = 640;
-/// Entries a map's node holds on average once it has split (between half full and full).
-const MAP_NODE_FILL: usize = 7;
+/// Entries a map's node is counted to hold: a leaf holds 5 to 11 once split (keys written in
+/// order leave it about half full, and the inner nodes above take some more), so 5 keeps the
+/// estimate above what any order of keys takes.
+const MAP_NODE_FILL: usize = 5;
 /// The least a string's allocation takes.
 const MIN_ALLOCATION: usize = 16;
 
@@ -158,29 +168,22 @@ impl<'de> Visitor<'de> for Footprint<'_> {
         self.add(string_bytes(s.len()))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        // A vector doubles as it grows (from 4): the room is charged as it is taken.
-        let mut room = 0usize;
-        let mut len = 0usize;
-        loop {
+        // A vector takes room for 4 at its first element, and doubles when full: charged as it
+        // grows (an empty array takes nothing).
+        let (mut room, mut len) = (0usize, 0usize);
+        while seq
+            .next_element_seed(Footprint {
+                total: self.total,
+                most: self.most,
+            })?
+            .is_some()
+        {
             if len == room {
                 let grown = (room * 2).max(4);
                 self.add(VALUE_BYTES * (grown - room))?;
                 room = grown;
             }
-            if seq
-                .next_element_seed(Footprint {
-                    total: self.total,
-                    most: self.most,
-                })?
-                .is_none()
-            {
-                break;
-            }
             len += 1;
-        }
-        // An empty array allocates nothing.
-        if len == 0 {
-            self.total.set(self.total.get() - VALUE_BYTES * room);
         }
         Ok(())
     }
@@ -360,6 +363,39 @@ mod tests {
         assert!(footprint(b"[1, 2").is_err_and(|e| !e.too_large));
         assert_eq!(footprint(b"[]").unwrap(), VALUE_BYTES);
         assert_eq!(footprint(b"[1]").unwrap(), VALUE_BYTES * 5);
+    }
+
+    #[test]
+    fn no_text_takes_more_than_most_per_byte_parsed() {
+        let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+        let nested = format!("{}0{}", r#"{"":"#.repeat(127), "}".repeat(127));
+        let shapes = [
+            format!("[{}{{}}]", r#"{"":0},"#.repeat(1000)),
+            format!("[{}0]", "[0],".repeat(1000)),
+            format!("[{}[]]", "[[0]],".repeat(1000)),
+            format!("[{}\"\"]", r#""a","#.repeat(1000)),
+            format!(
+                "{{{}\"\":0}}",
+                (0..1000)
+                    .map(|i| format!(r#""{i}":0,"#))
+                    .collect::<String>()
+            ),
+            format!(r#"[{}{{"":{{}}}}]"#, r#"{"":{"":0}},"#.repeat(1000)),
+            deep,
+            nested,
+            "{}".to_owned(),
+            "[0]".to_owned(),
+            r#"{"":0}"#.to_owned(),
+        ];
+        for text in shapes {
+            let size = footprint(text.as_bytes()).unwrap();
+            assert!(
+                size <= MOST_PER_BYTE * text.len(),
+                "{}…: {size} for {} bytes",
+                &text[..20.min(text.len())],
+                text.len()
+            );
+        }
     }
 
     #[test]

@@ -28,6 +28,11 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+fn object(keys: Vec<u32>) -> String {
+    let fields: Vec<String> = keys.iter().map(|k| format!(r#""k{k:05}":0"#)).collect();
+    format!("{{{}}}", fields.join(","))
+}
+
 #[test]
 fn the_estimate_is_at_least_what_parsing_allocates_and_at_most_twice() {
     let shapes = [
@@ -43,6 +48,12 @@ fn the_estimate_is_at_least_what_parsing_allocates_and_at_most_twice() {
             "z".repeat(100_000)
         ),
         format!("[{}\"\"]", r#""short","#.repeat(50_000)),
+        // Arrays of a power of two's length fill their room exactly.
+        format!("[{}0.5]", "[0.25,1,2,3,4,5,6,7],".repeat(1023)),
+        // One large object, its keys in order, in reverse, and shuffled.
+        object((0..10_000).collect()),
+        object((0..10_000).rev().collect()),
+        object((0..10_000).map(|i| (i * 7_919) % 10_000).collect()),
     ];
     for text in &shapes {
         let estimate = jobtrail_core::json::footprint(text.as_bytes()).unwrap();

@@ -539,6 +539,11 @@ impl HttpProvider {
                     .as_ref()
                     .filter(|_| access == Access::Credentials),
                 max_body,
+                // An answer read to the answers' own limit; one that may be the result (read to
+                // the result's limit) is held to that limit alone, as a result is.
+                parsed_most: (kind != CallKind::Result
+                    && max_body <= self.contract.max_response_bytes)
+                    .then(|| wire::parsed_most(max_body)),
                 end_by: at.end_by,
                 budget: self.contract.call_budget(),
             })

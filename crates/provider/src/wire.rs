@@ -530,6 +530,8 @@ pub struct Outgoing<'a> {
     /// another id is not the answer to this call.
     pub client_request_id: Option<&'a http::HeaderName>,
     pub max_body: u64,
+    /// The most memory the answer's JSON may take parsed ([`parsed_most`]); `None`: unchecked.
+    pub parsed_most: Option<usize>,
     /// The instant by which the call must have ended (the caller's lease), and the longest the call
     /// can take: if it could not end in time it is not sent.
     pub end_by: Option<Instant>,
@@ -622,12 +624,16 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
         }
     }
     // An answer whose JSON would take many times its text parsed (an object takes some 640 bytes)
-    // is refused as one over its size: every call in flight may hold one parsed. A result is the
-    // contract's own limit's business (it is kept as bytes, and parsed once, to be checked).
+    // is refused as one over its size: every call in flight may hold one parsed. (A result is the
+    // contract's own limit's business: it is kept as bytes, and parsed once, to be checked.) No
+    // text takes more than 128 times its length: a short answer is not measured.
     if error.is_none()
-        && out.kind != CallKind::Result
-        && jobtrail_core::json::footprint_within(&body, parsed_most(out.max_body))
-            .is_err_and(|e| e.too_large)
+        && let Some(most) = out.parsed_most
+        && body
+            .len()
+            .saturating_mul(jobtrail_core::json::MOST_PER_BYTE)
+            > most
+        && jobtrail_core::json::footprint_within(&body, most).is_err_and(|e| e.too_large)
     {
         error = Some(WireError::TooLarge);
     }
@@ -752,7 +758,7 @@ pub fn not_sent(
 
 /// The most memory an answer of at most `max_body` bytes may take parsed: sixteen times its
 /// limit (an array of numbers, at its worst), at least 1 MiB.
-fn parsed_most(max_body: u64) -> usize {
+pub fn parsed_most(max_body: u64) -> usize {
     usize::try_from(max_body.saturating_mul(16))
         .unwrap_or(usize::MAX)
         .max(1024 * 1024)
