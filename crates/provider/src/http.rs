@@ -539,11 +539,10 @@ impl HttpProvider {
                     .as_ref()
                     .filter(|_| access == Access::Credentials),
                 max_body,
-                // An answer read to the answers' own limit; one that may be the result (read to
-                // the result's limit) is held to that limit alone, as a result is.
-                parsed_most: (kind != CallKind::Result
-                    && max_body <= self.contract.max_response_bytes)
-                    .then(|| wire::parsed_most(max_body)),
+                // Every answer but a result's (kept as bytes, and parsed under the worker's bound on
+                // large checks): each call in flight may hold its answer parsed. An answer that
+                // may be the result is read, and held, to the result's limit.
+                parsed_most: (kind != CallKind::Result).then(|| wire::parsed_most(max_body)),
                 end_by: at.end_by,
                 budget: self.contract.call_budget(),
             })
@@ -1101,7 +1100,7 @@ impl HttpProvider {
             ex.headers
                 .get(http::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
+                .map(|v| text::truncate(v.to_owned(), wire::KEPT_HEADER_BYTES))
         };
         let d = format!(
             "completed synchronously ({}){}",
@@ -1280,7 +1279,9 @@ impl HttpProvider {
             .get("result")
             .and_then(|r| serde_json::from_value::<ResultHints>(r.clone()).ok())
             .unwrap_or_default();
-        if let Some(u) = get_str(&spec.result_url) {
+        // Only a URL or an absolute path: `//host/x` would be resolved to another host (which the
+        // origins check then refuses, or reads without the credential), as create's is kept.
+        if let Some(u) = get_str(&spec.result_url).filter(|u| followable(u)) {
             hints.result_url = Some(resolved(ex, u));
         }
         // A checksum or a count that is there but cannot be read is said, not skipped: skipped,
@@ -1563,7 +1564,7 @@ impl HttpProvider {
                     ex.headers
                         .get(name)
                         .and_then(|v| v.to_str().ok())
-                        .map(str::to_owned)
+                        .map(|v| text::truncate(v.to_owned(), wire::KEPT_HEADER_BYTES))
                 };
                 let fetched = FetchedResult {
                     bytes: ex.body.clone(),
@@ -1679,7 +1680,9 @@ impl HttpProvider {
 fn id_text(v: &serde_json::Value) -> Option<String> {
     match v {
         serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Number(n) => Some(n.to_string()),
+        // Only a whole number read exactly: beyond 64 bits, or written with a fraction or an
+        // exponent, it was rounded to a double, and two jobs could share the id it prints as.
+        serde_json::Value::Number(n) if n.is_u64() || n.is_i64() => Some(n.to_string()),
         _ => None,
     }
 }
@@ -1703,11 +1706,17 @@ fn count_of(v: &serde_json::Value) -> Option<u64> {
     }
 }
 
-/// The jobs a lookup's answer lists as ours, each once, in the order listed; `Err` (an error
-/// class) for an answer that is no clear list: "none found" lets a second job be created, so only
-/// a list that is there and readable says it. A listed job without a usable id is no answer; one
-/// that does not repeat what we looked it up by (`lookup_reference`, when the contract names it)
-/// is another's, listed by a provider that ignored the filter.
+/// The most jobs a lookup's answer is read for: one is the answer, two or more a violation, and
+/// each is kept in the record (a provider that lists thousands would fill it, and its lookup
+/// would cost the square of their number).
+const MOST_LISTED: usize = 20;
+
+/// The jobs a lookup's answer lists as ours, each once, in the order listed, the first
+/// [`MOST_LISTED`] of them; `Err` (an error class) for an answer that is no clear list: "none
+/// found" lets a second job be created, so only a list that is there and readable says it. A
+/// listed job without a usable id is no answer; one that does not repeat what we looked it up by
+/// (`lookup_reference`, when the contract names it) is another's, listed by a provider that
+/// ignored the filter.
 fn listed_jobs(
     rc: &crate::contract::ReconcileSpec,
     json: &serde_json::Value,
@@ -1738,6 +1747,9 @@ fn listed_jobs(
             .map_err(|why| format!("unusable_job_id: {why}"))?;
         if !job_ids.contains(&id) {
             job_ids.push(id);
+            if job_ids.len() == MOST_LISTED {
+                break;
+            }
         }
     }
     Ok(job_ids)
@@ -1847,16 +1859,59 @@ fn given_checksum(headers: &http::HeaderMap, name: &http::HeaderName) -> Option<
     match given.as_slice() {
         [] => None,
         _ if given.iter().any(Result::is_err) => Some("(a value that is not text)".to_owned()),
-        [Ok(a), rest @ ..] if rest.iter().all(|v| v.as_ref().is_ok_and(|b| b == a)) => {
-            Some((*a).to_owned())
-        }
+        // (Kept in the record: a provider's megabyte header is kept cut, and matches no digest.)
+        [Ok(a), rest @ ..] if rest.iter().all(|v| v.as_ref().is_ok_and(|b| b == a)) => Some(
+            text::truncate((*a).to_owned(), crate::wire::KEPT_HEADER_BYTES),
+        ),
         _ => Some(format!("{} different values", given.len())),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{as_path, followable, given_checksum, job_id_of_url, with_path};
+    use super::{
+        as_path, followable, given_checksum, id_text, job_id_of_url, listed_jobs, with_path,
+    };
+
+    /// A provider's answer cannot make an id out of a rounded number, fill the record with the
+    /// jobs a lookup lists, or keep a megabyte checksum header.
+    #[test]
+    fn hostile_answers_give_no_rounded_id_no_endless_list_and_no_huge_header() {
+        let v = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        assert_eq!(id_text(&v("123")).as_deref(), Some("123"));
+        assert_eq!(id_text(&v("-7")).as_deref(), Some("-7"));
+        assert_eq!(id_text(&v(r#""1e3""#)).as_deref(), Some("1e3"));
+        for rounded in ["123456789012345678901234", "1e3", "12.5"] {
+            assert_eq!(id_text(&v(rounded)), None, "{rounded}");
+        }
+
+        let rc = crate::contract::ReconcileSpec {
+            method: crate::contract::ReconcileMethod::Lookup,
+            lookup_url: None,
+            lookup_method: http::Method::GET,
+            lookup_body: None,
+            lookup_jobs: Some("/jobs".into()),
+            lookup_job_id: Some("/id".into()),
+            lookup_reference: Some("/ref".into()),
+            interval: std::time::Duration::from_secs(1),
+        };
+        let jobs: Vec<_> = (0..20_000)
+            .map(|i| serde_json::json!({"id": format!("j{}", i % 10_000), "ref": "op_1"}))
+            .collect();
+        let listed = listed_jobs(&rc, &serde_json::json!({ "jobs": jobs }), &["op_1".into()]);
+        assert_eq!(listed.unwrap().len(), 20);
+        let twice = serde_json::json!({"jobs": [{"id": "a", "ref": "op_1"}, {"id": "a", "ref": "op_1"}, {"id": "b", "ref": "other"}]});
+        assert_eq!(listed_jobs(&rc, &twice, &["op_1".into()]).unwrap(), ["a"]);
+
+        let mut h = http::HeaderMap::new();
+        h.insert("x-checksum", "a".repeat(100_000).parse().unwrap());
+        let kept = given_checksum(&h, &http::HeaderName::from_static("x-checksum")).unwrap();
+        assert!(
+            kept.len() <= crate::wire::KEPT_HEADER_BYTES + 8,
+            "{}",
+            kept.len()
+        );
+    }
 
     /// A checksum header that is there is never read as none: one that is not text, or two that
     /// disagree, give a checksum no digest matches (the result is refused, not recorded as given

@@ -783,8 +783,9 @@ fn provider_request_id(h: &http::HeaderMap) -> Option<String> {
     })
 }
 
-/// The most of one response header a call's record keeps.
-const KEPT_HEADER_BYTES: usize = 1024;
+/// The most of one response header a call's record keeps (and a result's content type or
+/// checksum, which its steps keep).
+pub(crate) const KEPT_HEADER_BYTES: usize = 1024;
 
 fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
     let mut m = serde_json::Map::new();
