@@ -427,8 +427,11 @@ fn d_cap() -> u64 {
 fn d_jitter() -> f64 {
     0.2
 }
+/// A `Retry-After: 0` (or a date gone by) waits this long: `Retry-After` counts whole seconds, and a
+/// provider answering "now" to every read would otherwise set the poll rate, and how fast the
+/// record grows, by itself.
 fn d_ra_min() -> u64 {
-    100
+    1000
 }
 fn d_ra_max() -> u64 {
     300_000

@@ -397,6 +397,24 @@ fn no_result_text() -> String {
     .replace("sync_result = \"body:/result\"\n", "")
 }
 
+/// A `Retry-After: 0` waits a second unless the contract says otherwise: a provider answering
+/// "now" to every read must not set the poll rate (each read is a step in the record).
+#[test]
+fn a_retry_after_of_zero_waits_a_second_by_default() {
+    let text = sim_text().replace("retry_after_min_ms = 100\n", "");
+    assert_ne!(text, sim_text(), "the sim contract sets its own floor");
+    let bounds = parse(&text).unwrap().policy().retry_after;
+    assert_eq!(
+        bounds.clamp(std::time::Duration::ZERO),
+        std::time::Duration::from_secs(1)
+    );
+    let own = parse(&sim_text()).unwrap().policy().retry_after;
+    assert_eq!(
+        own.clamp(std::time::Duration::ZERO),
+        std::time::Duration::from_millis(100)
+    );
+}
+
 #[test]
 fn a_job_without_a_result_is_said_so_and_every_result_key_beside_it_is_refused() {
     let c = parse(&no_result_text()).unwrap();
