@@ -1129,6 +1129,31 @@ impl HttpProvider {
         self.status_url_given(ex, json).map(|u| resolved(ex, u))
     }
 
+    /// Every pointer a status answer is read at ([`Self::observed`]).
+    fn status_pointers(&self) -> impl Iterator<Item = &str> {
+        let s = &self.contract.status;
+        let followed = s.follow.iter().filter_map(|l| match l {
+            Locator::Body(p) => Some(p.as_str()),
+            Locator::Header(_) => None,
+        });
+        s.state
+            .iter()
+            .map(String::as_str)
+            .chain(
+                [
+                    &s.updated_at,
+                    &s.progress,
+                    &s.error,
+                    &s.result_url,
+                    &s.checksum,
+                    &s.expected_count,
+                ]
+                .into_iter()
+                .filter_map(|p| p.as_deref()),
+            )
+            .chain(followed)
+    }
+
     /// A status URL the provider gave in this response, as it gave it.
     fn status_url_given(&self, ex: &Exchange, json: Option<&serde_json::Value>) -> Option<String> {
         self.contract
@@ -1244,7 +1269,12 @@ impl HttpProvider {
         by_code: Option<Phase>,
     ) -> Result<RemoteStatus, String> {
         let spec = &self.contract.status;
-        let parsed = serde_json::from_slice::<serde_json::Value>(&ex.body);
+        // An answer larger than the answers' own limit may carry the result (read to its limit):
+        // only what a status says is built from it, not the result, on every poll in flight.
+        let parsed = (ex.body.len() as u64 > self.contract.max_response_bytes)
+            .then(|| wire::sparse(&ex.body, self.status_pointers()))
+            .flatten()
+            .map_or_else(|| serde_json::from_slice::<serde_json::Value>(&ex.body), Ok);
         let (json, remote_state, phase) = match by_code {
             Some(phase) => (
                 parsed.unwrap_or(serde_json::Value::Null),
@@ -1350,7 +1380,9 @@ impl HttpProvider {
             return (*phase != Phase::Succeeded)
                 .then(|| format!("HTTP {}", ex.status.unwrap_or_default()));
         }
-        let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok()?;
+        // The result itself, maybe: only its state is built.
+        let json = wire::sparse(&ex.body, spec.state.iter().map(String::as_str))
+            .or_else(|| serde_json::from_slice::<serde_json::Value>(&ex.body).ok())?;
         let state = spec.state_in(&json)?;
         spec.phase(&state)
             .is_some_and(|p| p != Phase::Succeeded)

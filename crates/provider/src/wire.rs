@@ -270,34 +270,27 @@ impl Scrubber {
         }
     }
 
-    /// Whether any string or key of `v`, as decoded, holds a secret.
-    fn json_contains(&self, v: &serde_json::Value) -> bool {
-        match v {
-            serde_json::Value::String(s) => self.contains(s.as_bytes()),
-            serde_json::Value::Array(a) => a.iter().any(|x| self.json_contains(x)),
-            serde_json::Value::Object(m) => m
-                .iter()
-                .any(|(k, x)| self.contains(k.as_bytes()) || self.json_contains(x)),
-            _ => false,
-        }
-    }
-
-    /// A JSON body's secret behind escapes no byte search knows (`\u0061`): read as JSON, scrubbed
-    /// as JSON. Only a body with a backslash can hide one; others are not parsed, and neither is a
-    /// result (`keep_body`) over 4 MiB (a large result would be held twice over as parsed JSON; the
-    /// byte search above still covers it in every spelling it knows). Any other answer is parsed
-    /// whatever its size (its size is bounded by the contract), since what is read from it is
-    /// recorded.
-    fn escaped_in_json(&self, body: &[u8], keep_body: bool) -> Option<serde_json::Value> {
-        if keep_body && body.len() > 4 << 20 {
-            return None;
-        }
-        let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+    /// Whether a JSON body holds a secret behind escapes no byte search knows (`\u0061`): its
+    /// strings and keys are read as decoded, one at a time, and nothing is built (a result of any
+    /// size, and an answer of many small values, cost no memory to search). Only a body with a
+    /// backslash can hide one; others are not read.
+    fn escaped_in_json(&self, body: &[u8]) -> bool {
+        let Some(first) = body.iter().find(|b| !b.is_ascii_whitespace()) else {
+            return false;
+        };
         if !matches!(first, b'{' | b'[' | b'"') || memchr::memchr(b'\\', body).is_none() {
-            return None;
+            return false;
         }
-        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-        self.json_contains(&v).then_some(v)
+        let found = std::cell::Cell::new(false);
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let _ = serde::de::DeserializeSeed::deserialize(
+            SecretScan {
+                scrubber: self,
+                found: &found,
+            },
+            &mut de,
+        );
+        found.get()
     }
 
     /// Scrub an exchange: its record, its headers and — unless `keep_body` (a result, kept exactly as
@@ -310,9 +303,10 @@ impl Scrubber {
         if echoed && !keep_body {
             ex.body = self.bytes(&ex.body).into();
         }
-        if let Some(mut v) = self.escaped_in_json(&ex.body, keep_body) {
+        if self.escaped_in_json(&ex.body) {
             echoed = true;
-            if !keep_body {
+            // Scrubbed as JSON (an answer other than a result, within its bound parsed).
+            if !keep_body && let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&ex.body) {
                 self.json(&mut v);
                 ex.body = serde_json::to_vec(&v).unwrap_or_default().into();
             }
@@ -807,6 +801,120 @@ fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
 /// The bytes of the JSON value at `pointer` inside `body`, exactly as the provider wrote them
 /// (no re-serialisation: a digest of them is a digest of the provider's bytes). `None` when the
 /// body is not JSON, the pointer leads nowhere, or the value there is `null`.
+/// The values at `pointers` in the JSON document `body`, parsed, in a document of their own in
+/// which the same pointers lead to them: what a reader of a large answer needs, without the rest
+/// built (a status answer that carries the job's whole result). `None` when `body` is no JSON
+/// object, or a pointer is the whole document or crosses an array: parse it whole then.
+pub fn sparse<'p>(
+    body: &[u8],
+    pointers: impl IntoIterator<Item = &'p str>,
+) -> Option<serde_json::Value> {
+    use serde_json::value::RawValue;
+    let root: &RawValue = serde_json::from_slice(body).ok()?;
+    if !root.get().trim_start().starts_with('{') {
+        return None;
+    }
+    let mut out = serde_json::Map::new();
+    'pointers: for pointer in pointers {
+        let tokens: Vec<String> = pointer
+            .strip_prefix('/')?
+            .split('/')
+            .map(|t| t.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        let mut here = root;
+        for token in &tokens {
+            here = match here.get().trim_start().as_bytes().first()? {
+                b'{' => {
+                    // The last of two equal keys, as a parsed document keeps.
+                    let map: std::collections::HashMap<String, &RawValue> =
+                        serde_json::from_str(here.get()).ok()?;
+                    match map.get(token) {
+                        Some(v) => v,
+                        None => continue 'pointers,
+                    }
+                }
+                b'[' => return None,
+                _ => continue 'pointers,
+            };
+        }
+        let leaf: serde_json::Value = serde_json::from_str(here.get()).ok()?;
+        let (last, parents) = tokens.split_last()?;
+        let mut at = &mut out;
+        for token in parents {
+            at = at
+                .entry(token.clone())
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()))
+                .as_object_mut()?;
+        }
+        // (A pointer and one inside it: either way round, the outer value is there whole.)
+        at.insert(last.clone(), leaf);
+    }
+    Some(serde_json::Value::Object(out))
+}
+
+/// Reads a JSON text's strings and keys, decoded, for a secret ([`Scrubber::escaped_in_json`]);
+/// stops at the first found.
+struct SecretScan<'a> {
+    scrubber: &'a Scrubber,
+    found: &'a std::cell::Cell<bool>,
+}
+
+impl SecretScan<'_> {
+    fn next(&self) -> Self {
+        SecretScan {
+            scrubber: self.scrubber,
+            found: self.found,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for SecretScan<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for SecretScan<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+        if self.scrubber.contains(s.as_bytes()) {
+            self.found.set(true);
+            // Found: the rest need not be read.
+            return Err(E::custom("a secret"));
+        }
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self.next())?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key_seed(self.next())?.is_some() {
+            map.next_value_seed(self.next())?;
+        }
+        Ok(())
+    }
+}
+
 pub fn raw_at<'a>(body: &'a [u8], pointer: &str) -> Option<&'a [u8]> {
     use serde_json::value::RawValue;
     let mut here: &RawValue = serde_json::from_slice(body).ok()?;
@@ -869,6 +977,41 @@ pub fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sparse read finds at every pointer what the whole document has there (and nothing where
+    /// it has nothing), and leaves the rest unbuilt.
+    #[test]
+    fn a_sparse_read_agrees_with_the_whole_document_at_its_pointers() {
+        let body = br#"{"status": "Running", "meta": {"a~b": {"c/d": 5}, "when": "now", "n": null},
+            "dup": 1, "dup": 2, "s": "text", "response": {"items": [1, 2, 3]},
+            "error": {"code": "X", "details": [{"k": 1}]}}"#;
+        let whole: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let pointers = [
+            "/status",
+            "/meta/a~0b/c~1d",
+            "/meta/when",
+            "/meta/n",
+            "/dup",
+            "/s/x",
+            "/missing",
+            "/meta/missing/x",
+            "/error",
+            "/error/code",
+        ];
+        let sparse = sparse(body, pointers).unwrap();
+        for p in pointers {
+            assert_eq!(sparse.pointer(p), whole.pointer(p), "{p}");
+        }
+        assert!(sparse.get("response").is_none(), "{sparse}");
+        // The outer value whole whichever pointer came first.
+        let inner_first = super::sparse(body, ["/meta/when", "/meta"]).unwrap();
+        assert_eq!(inner_first["meta"], whole["meta"]);
+        // Across an array, the whole document, or not an object: read it whole instead.
+        assert!(super::sparse(body, ["/response/items/0"]).is_none());
+        assert!(super::sparse(body, [""]).is_none());
+        assert!(super::sparse(b"[1]", ["/0"]).is_none());
+        assert!(super::sparse(b"{\"a\": ", ["/a"]).is_none());
+    }
 
     #[test]
     fn the_value_at_a_pointer_is_the_providers_own_bytes() {
@@ -1028,8 +1171,8 @@ mod tests {
     /// A secret a provider echoes in a header the record keeps is scrubbed before the header is
     /// cut to the record's length (cut first, its first part was kept: no search for the whole
     /// secret finds a part); a relative Location keeps no secret-looking query value; no recorded
-    /// URL keeps a fragment; and an escaped echo in an answer over 4 MiB is found (only a kept
-    /// result that large is not parsed).
+    /// URL keeps a fragment; and an escaped echo is found in a large answer, and in a kept result
+    /// of any size (searched without building it), even among a flood of small values.
     #[test]
     fn what_a_record_keeps_of_an_answer_holds_no_secret() {
         let secret = "sk-live-0123456789abcdef";
@@ -1068,6 +1211,15 @@ mod tests {
         let mut ex = exchange_with_body(&large);
         assert!(s.exchange(&mut ex, false));
         assert!(!String::from_utf8_lossy(&ex.body).contains("0123456789abcdef"));
+        // A kept result of 6 MiB of small objects with the echo escaped at its end (before, a
+        // result over 4 MiB was not searched for escapes at all).
+        let result = format!(
+            r#"[{}{{"k":"sk-live-0123456789abcdef"}}]"#,
+            r#"{"a":0},"#.repeat(800_000)
+        );
+        let mut ex = exchange_with_body(&result);
+        assert!(s.exchange(&mut ex, true));
+        assert_eq!(&ex.body[..], result.as_bytes(), "kept as sent");
     }
 
     #[tokio::test]
