@@ -155,18 +155,30 @@ pub async fn verify(
     if json {
         print_json(&report);
     } else {
+        // What a row holds is shown escaped: a row edited to hold terminal escapes must not
+        // erase its own BREAK line, or print a forged summary, on the reader's screen.
+        use jobtrail_console::visible::text as shown;
         for b in &report.breaks {
             println!(
                 "BREAK {} #{}: {}\n      expected {}\n      stored   {}",
-                b.operation_id, b.seq, b.problem, b.expected, b.stored
+                b.operation_id,
+                b.seq,
+                shown(&b.problem),
+                shown(&b.expected),
+                shown(&b.stored)
             );
         }
         let anchor = match &report.anchor {
             Some(a) => format!(
-                "; anchor #{} ({} operations, {}) checked",
+                "; anchor #{} ({} operations, {} UTC{}) checked",
                 a.id,
                 a.operations,
-                a.created_at.format("%Y-%m-%d %H:%M:%S")
+                a.created_at.format("%Y-%m-%d %H:%M:%S"),
+                if expected.is_some() {
+                    ", as --expect-anchor names it"
+                } else {
+                    ": the latest in the database, not one kept elsewhere (--expect-anchor)"
+                }
             ),
             None => "; no anchor yet (run `jobtrail-admin audit anchor --out FILE`)".into(),
         };

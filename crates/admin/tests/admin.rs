@@ -284,6 +284,42 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
     };
 
     let a = unresolved(&store, 1).await;
+    // A job id pasted with what prints as nothing, a line break, or a page of text: refused,
+    // nothing written (it would be kept for good and polled at as a job that does not exist).
+    let long = "j".repeat(9000);
+    for pasted in [
+        "job_\u{200b}found",
+        "job_found\njob_other",
+        "..",
+        long.as_str(),
+    ] {
+        let seen = format!("create_unresolved@{}", a.history_seq);
+        let out = admin(
+            &db,
+            &[
+                "adopt",
+                &a.id.to_string(),
+                "--job-id",
+                pasted,
+                "--seen",
+                &seen,
+                "--actor",
+                "alice",
+                "--reason",
+                "r",
+            ],
+        );
+        assert_eq!(
+            code(&out),
+            2,
+            "{pasted:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        store.history(a.id).await.unwrap().len() as i64,
+        a.history_seq
+    );
     let (id, want) = check(
         &a,
         &[
@@ -1648,6 +1684,24 @@ async fn a_step_column_edited_beside_the_chain_is_found() {
             .any(|x| x["operation_id"] == intact.id.to_string()),
         "{breaks:#?}"
     );
+    // A row edited to hold terminal escapes cannot erase its own BREAK line, or print a forged
+    // summary, on the reader's screen: what a row holds is shown escaped.
+    exec(
+        &db,
+        &format!(
+            "SET ROLE jobtrail_worker; UPDATE operations SET escalation_reason = E'x\\r\\033[2K\\033[1A0 breaks: intact' WHERE id = '{}'",
+            escalated.id.as_uuid()
+        ),
+    )
+    .await;
+    let out = admin(&db, &["audit", "verify", &escalated.id.to_string()]);
+    assert_eq!(code(&out), 1);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\r'),
+        "{shown:?}"
+    );
+    assert!(shown.contains("\\u{1b}[2K"), "{shown}");
     // The auditor's role reads what it compares (verify runs as the owner here).
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::raw_sql("SET ROLE jobtrail_auditor; SELECT state_changed_at, finished_at, escalated_at, escalation_reason, conflicting_remote_job_id, create_deadline, result_deadline, cancel_deadline, result_summary, result_content_type FROM operations")

@@ -31,6 +31,9 @@ pub const TOKEN_CALLER: Field = Field::line("--caller", 200);
 /// A token's note.
 pub const TOKEN_NOTE: Field = Field::prose("--note", 500);
 pub const EVIDENCE: Field = Field::prose("evidence", 4096);
+/// A job id a person read at the provider (an adopted job): kept in the record for good, and
+/// called at, so visible characters only, as long as a provider's may be.
+pub const JOB_ID: Field = Field::line("job_id", crate::ids::MAX_LOCATOR_BYTES);
 
 /// Why a text was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -408,8 +408,9 @@ struct RawPolling {
     cap_ms: u64,
     #[serde(default = "d_jitter")]
     jitter: f64,
-    #[serde(default = "d_ra_min")]
-    retry_after_min_ms: u64,
+    /// Unset: a second, or `retry_after_max_ms` if that is less.
+    #[serde(default)]
+    retry_after_min_ms: Option<u64>,
     #[serde(default = "d_ra_max")]
     retry_after_max_ms: u64,
     #[serde(default = "d_failures")]
@@ -446,7 +447,7 @@ impl Default for RawPolling {
             factor: d_factor(),
             cap_ms: d_cap(),
             jitter: d_jitter(),
-            retry_after_min_ms: d_ra_min(),
+            retry_after_min_ms: None,
             retry_after_max_ms: d_ra_max(),
             max_failures: d_failures(),
         }
@@ -2027,7 +2028,8 @@ impl Validator<'_> {
         // loop of reads as fast as the worker can send them.
         let ra_min = self.ms(
             "polling.retry_after_min_ms",
-            p.retry_after_min_ms,
+            p.retry_after_min_ms
+                .unwrap_or_else(|| d_ra_min().min(p.retry_after_max_ms)),
             MIN_WAIT_MS,
         )?;
         if p.max_failures > MAX_FAILURES {

@@ -305,10 +305,16 @@ impl Scrubber {
         }
         if self.escaped_in_json(&ex.body) {
             echoed = true;
-            // Scrubbed as JSON (an answer other than a result, within its bound parsed).
-            if !keep_body && let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&ex.body) {
-                self.json(&mut v);
-                ex.body = serde_json::to_vec(&v).unwrap_or_default().into();
+            // Scrubbed as JSON (an answer other than a result, within its bound parsed); one that
+            // is JSON only up to the secret (cut short, or trailed by other text) is not kept.
+            if !keep_body {
+                ex.body = match serde_json::from_slice::<serde_json::Value>(&ex.body) {
+                    Ok(mut v) => {
+                        self.json(&mut v);
+                        serde_json::to_vec(&v).unwrap_or_default().into()
+                    }
+                    Err(_) => bytes::Bytes::from_static(SCRUBBED.as_bytes()),
+                };
             }
         }
         let mut headers = http::HeaderMap::new();
@@ -620,7 +626,7 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
     // An answer whose JSON would take many times its text parsed (an object takes some 640 bytes)
     // is refused as one over its size: every call in flight may hold one parsed. (A result is the
     // contract's own limit's business: it is kept as bytes, and parsed once, to be checked.) No
-    // text takes more than 128 times its length: a short answer is not measured.
+    // text takes more than `MOST_PER_BYTE` times its length: a short answer is not measured.
     if error.is_none()
         && let Some(most) = out.parsed_most
         && body
@@ -798,9 +804,6 @@ fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
-/// The bytes of the JSON value at `pointer` inside `body`, exactly as the provider wrote them
-/// (no re-serialisation: a digest of them is a digest of the provider's bytes). `None` when the
-/// body is not JSON, the pointer leads nowhere, or the value there is `null`.
 /// The values at `pointers` in the JSON document `body`, parsed, in a document of their own in
 /// which the same pointers lead to them: what a reader of a large answer needs, without the rest
 /// built (a status answer that carries the job's whole result). `None` when `body` is no JSON
@@ -814,6 +817,9 @@ pub fn sparse<'p>(
     if !root.get().trim_start().starts_with('{') {
         return None;
     }
+    // The top level is read once (the body is scanned once for it, not once per pointer).
+    let top: std::collections::HashMap<String, &RawValue> =
+        serde_json::from_str(root.get()).ok()?;
     let mut out = serde_json::Map::new();
     'pointers: for pointer in pointers {
         let tokens: Vec<String> = pointer
@@ -821,8 +827,10 @@ pub fn sparse<'p>(
             .split('/')
             .map(|t| t.replace("~1", "/").replace("~0", "~"))
             .collect();
-        let mut here = root;
-        for token in &tokens {
+        let Some(mut here) = top.get(&tokens[0]).copied() else {
+            continue;
+        };
+        for token in &tokens[1..] {
             here = match here.get().trim_start().as_bytes().first()? {
                 b'{' => {
                     // The last of two equal keys, as a parsed document keeps.
@@ -915,6 +923,9 @@ impl<'de> serde::de::Visitor<'de> for SecretScan<'_> {
     }
 }
 
+/// The bytes of the JSON value at `pointer` inside `body`, exactly as the provider wrote them
+/// (no re-serialisation: a digest of them is a digest of the provider's bytes). `None` when the
+/// body is not JSON, the pointer leads nowhere, or the value there is `null`.
 pub fn raw_at<'a>(body: &'a [u8], pointer: &str) -> Option<&'a [u8]> {
     use serde_json::value::RawValue;
     let mut here: &RawValue = serde_json::from_slice(body).ok()?;
@@ -1163,6 +1174,15 @@ mod tests {
         let mut ex = exchange_with_body(r#"["\u0061b/cd+ef="]"#);
         assert!(s.exchange(&mut ex, true));
         assert_eq!(&ex.body[..], br#"["\u0061b/cd+ef="]"#);
+        // JSON only up to the echo (trailed by other text, or cut short): not kept at all.
+        for cut in [
+            r#"{"e": "\u0061b/cd+ef="} and more"#,
+            r#"{"e": "\u0061b/cd+ef=", "f": "#,
+        ] {
+            let mut ex = exchange_with_body(cut);
+            assert!(s.exchange(&mut ex, false), "{cut}");
+            assert_eq!(&ex.body[..], SCRUBBED.as_bytes(), "{cut}");
+        }
         // No backslash, no secret: the body is left alone, unparsed.
         let mut ex = exchange_with_body(r#"{"ok": true}"#);
         assert!(!s.exchange(&mut ex, false));

@@ -413,6 +413,15 @@ fn a_retry_after_of_zero_waits_a_second_by_default() {
         own.clamp(std::time::Duration::ZERO),
         std::time::Duration::from_millis(100)
     );
+    // A contract that waits at most half a second on a Retry-After (and was valid before the
+    // floor rose) still loads: the floor is then that most.
+    let capped = text.replace("retry_after_max_ms = 10000\n", "retry_after_max_ms = 500\n");
+    assert_ne!(capped, text);
+    let capped = parse(&capped).unwrap().policy().retry_after;
+    assert_eq!(
+        capped.clamp(std::time::Duration::ZERO),
+        std::time::Duration::from_millis(500)
+    );
 }
 
 #[test]

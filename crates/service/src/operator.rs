@@ -149,13 +149,16 @@ impl Service {
         let store = self.operator();
         let step = match req.decision {
             Decision::Adopt { job_id } => {
-                let job = job_id.trim();
-                if job.is_empty() {
-                    return Err(ServiceError::bad_input("job_id must not be empty"));
-                }
+                // Pasted from a provider's console: a zero-width space, a line break or a page of
+                // text would be recorded for good and polled at as a job that does not exist.
+                let job = jobtrail_core::text::JOB_ID
+                    .check(&job_id)
+                    .map_err(|e| ServiceError::bad_input(e.to_string()))?;
+                jobtrail_core::ids::check_remote_job_id(&job)
+                    .map_err(|why| ServiceError::bad_input(format!("job_id: {why}")))?;
                 Step::event(jobtrail_core::Event::AdoptRemoteJob {
                     decision,
-                    remote_job_id: job.to_owned(),
+                    remote_job_id: job,
                 })
             }
             Decision::DeclareNotCreated => {
