@@ -326,6 +326,28 @@ async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
     let work = std::path::PathBuf::from(r["work_dir"].as_str().unwrap());
     assert!(work.join("demo-worker-0.log").is_file(), "{work:?}");
     std::fs::remove_dir_all(&work).unwrap();
+
+    // A database that holds operations (a real one named by a DATABASE_URL left exported, or a
+    // --database-url) is refused before anything is written: the demo's operations could never
+    // be removed from it.
+    let store = db.store().await;
+    let before = store.totals().await.unwrap();
+    for how in [
+        vec!["demo", "--operations", "10"],
+        vec!["bench", "--phases", "e2e"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(&how)
+            .args(["--database-url", &db.url])
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{how:?}: {err}");
+        assert!(err.contains("already holds operations"), "{err}");
+    }
+    assert_eq!(store.totals().await.unwrap(), before, "nothing was written");
 }
 
 /// The benchmark's code paths stay alive (figures are not judged here: benchmarks print, tests don't time).

@@ -501,7 +501,7 @@ const PHASES: [&str; 9] = [
     "large",
 ];
 
-pub async fn run(mut a: BenchArgs) -> CmdResult {
+pub async fn run(mut a: BenchArgs, database_url: Option<&str>) -> CmdResult {
     if a.quick {
         a.ceiling_secs = 2;
         a.clients = vec![4, 16];
@@ -514,7 +514,7 @@ pub async fn run(mut a: BenchArgs) -> CmdResult {
         a.rss_in_flight = vec![100, 1000];
     }
     let t_all = Instant::now();
-    let mut fleet = Fleet::start("bench").await?;
+    let mut fleet = Fleet::start("bench", database_url).await?;
     fleet.worker_args = vec!["--write-batch".into(), a.write_batch.to_string()];
     let store = fleet.store.clone();
     let mut out = serde_json::Map::new();

@@ -269,10 +269,10 @@ fn scenarios() -> Vec<Scenario> {
     v
 }
 
-pub async fn run(args: DemoArgs, json: bool) -> CmdResult {
+pub async fn run(args: DemoArgs, json: bool, database_url: Option<&str>) -> CmdResult {
     let started = Instant::now();
     let stamp = chrono::Utc::now().format("%Y%m%d_%H%M%S").to_string();
-    let mut fleet = Fleet::start("demo").await?;
+    let mut fleet = Fleet::start("demo", database_url).await?;
     for i in 0..args.workers {
         fleet.spawn_worker(
             &format!("demo-worker-{i}"),

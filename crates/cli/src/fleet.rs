@@ -1,5 +1,5 @@
 //! A whole jobtrail on one machine, for the demo and the benchmark: a fresh database (on the private
-//! cluster, or on DATABASE_URL's server as is), the simulated provider on a loopback port, the shipped
+//! cluster, or the empty one DATABASE_URL names), the simulated provider on a loopback port, the shipped
 //! simulator contracts pointed at it, and real worker processes.
 
 use jobtrail_console::shell::{Failure, exit, fail};
@@ -103,8 +103,11 @@ impl Fleet {
         shown_url(&self.url)
     }
 
-    /// `kind` names the database (`jobtrail_<kind>_<timestamp>`) and the work directory.
-    pub async fn start(kind: &str) -> Result<Self, Failure> {
+    /// `kind` names the database (`jobtrail_<kind>_<timestamp>`) and the work directory. `url`:
+    /// a database to use instead of a new one on the private cluster (`--database-url` or
+    /// `DATABASE_URL`), which must hold no operation: the fleet writes hundreds of throwaway
+    /// ones and never removes them (history cannot be deleted).
+    pub async fn start(kind: &str, url: Option<&str>) -> Result<Self, Failure> {
         let stamp = chrono::Utc::now().format("%Y%m%d_%H%M%S").to_string();
         let work =
             std::env::temp_dir().join(format!("jobtrail-{kind}-{stamp}-{}", std::process::id()));
@@ -112,8 +115,25 @@ impl Fleet {
         write_contracts(&providers_dir)
             .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", work.display())))?;
         let mut private_db = None;
-        let url = match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
-            Some(u) => u,
+        let url = match url.map(str::trim).filter(|u| !u.is_empty()) {
+            Some(u) => {
+                let store = Store::connect_with(u, 2).await?;
+                if store.holds_operations().await? {
+                    return Err(fail(
+                        exit::BAD_INPUT,
+                        format!(
+                            "{} already holds operations, and jobtrail {kind} would write hundreds of throwaway ones beside them that can never be removed: name an empty database (createdb), or unset DATABASE_URL to use a private one",
+                            shown_url(u)
+                        ),
+                    ));
+                }
+                store.close().await;
+                eprintln!(
+                    "jobtrail {kind} writes into {} (DATABASE_URL)",
+                    shown_url(u)
+                );
+                u.to_owned()
+            }
             None => {
                 eprintln!(
                     "starting the private PostgreSQL cluster (first run: initdb takes a few seconds)…"

@@ -258,8 +258,8 @@ async fn run(cli: Cli) -> CmdResult {
         ));
     }
     match cli.command {
-        Command::Demo(args) => demo::run(args, json).await,
-        Command::Bench(args) => bench::run(args).await,
+        Command::Demo(args) => demo::run(args, json, cli.common.database_url.as_deref()).await,
+        Command::Bench(args) => bench::run(args, cli.common.database_url.as_deref()).await,
         Command::Migrate => {
             common::store_migrated(&cli.common).await?;
             if json {

@@ -11,7 +11,8 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
     /// PostgreSQL URL (required by every command that reads or writes operations; `jobtrail demo`,
-    /// `bench`, `dev-db` and `contract check` need none). TLS: add `sslmode=require`, or
+    /// `bench`, `dev-db` and `contract check` need none: demo and bench start a private one, or
+    /// use this one only if it holds no operation). TLS: add `sslmode=require`, or
     /// `sslmode=verify-full&sslrootcert=/path/ca.pem`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,

@@ -774,6 +774,21 @@ impl Store {
         Ok(n)
     }
 
+    /// Whether the database holds any operation (of any state), before or after it was migrated:
+    /// for a tool that writes throwaway operations, which must not land beside real ones.
+    pub async fn holds_operations(&self) -> Result<bool, StoreError> {
+        let (exists,): (bool,) = sqlx::query_as(include_str!("sql/operation_table_exists.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        if !exists {
+            return Ok(false);
+        }
+        let (any,): (bool,) = sqlx::query_as(include_str!("sql/operation_any.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(any)
+    }
+
     /// Whether any operation is left for workers (cheap: reads at most one index entry).
     pub async fn any_unsettled(&self) -> Result<bool, StoreError> {
         let (any,): (bool,) = sqlx::query_as(include_str!("sql/operation_any_unsettled.sql"))
