@@ -82,7 +82,7 @@ enum Command {
     },
     /// Declare that the remote job was never created (→ not_created; a new, linked operation may follow).
     #[command(
-        after_help = "Example:\n  jobtrail-admin declare-not-created op_01KB… --seen create_unresolved --actor alice --reason \"provider support: no such request\""
+        after_help = "Example:\n  jobtrail-admin declare-not-created op_01KB… --seen create_unresolved@7 --actor alice --reason \"provider support: no such request\""
     )]
     DeclareNotCreated {
         operation: String,
@@ -91,7 +91,7 @@ enum Command {
     },
     /// Confirm a cancellation with the evidence you hold (cancelling / cancellation_unconfirmed → cancelled).
     #[command(
-        after_help = "Example:\n  jobtrail-admin confirm-cancel op_01KB… --evidence \"ticket 4411: cancelled at 14:02\" --seen cancellation_unconfirmed --actor bob --reason \"support confirmed\""
+        after_help = "Example:\n  jobtrail-admin confirm-cancel op_01KB… --evidence \"ticket 4411: cancelled at 14:02\" --seen cancellation_unconfirmed@9 --actor bob --reason \"support confirmed\""
     )]
     ConfirmCancel {
         operation: String,
@@ -103,7 +103,7 @@ enum Command {
     },
     /// Resume automation after a contract violation by choosing which job id is ours.
     #[command(
-        after_help = "Example:\n  jobtrail-admin choose-job op_01KB… --job-id job_000049 --seen contract_violation --actor alice --reason \"job_000111 was a provider duplicate, cancelled by them\""
+        after_help = "Example:\n  jobtrail-admin choose-job op_01KB… --job-id job_000049 --seen contract_violation@6 --actor alice --reason \"job_000111 was a provider duplicate, cancelled by them\""
     )]
     ChooseJob {
         operation: String,
@@ -116,7 +116,7 @@ enum Command {
     /// --cancel-window, create_unresolved --create-deadline; url_refused takes none (its contract
     /// now declares the origin).
     #[command(
-        after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed --actor bob --reason \"give it time\""
+        after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out@12 --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed@9 --actor bob --reason \"give it time\""
     )]
     Resume {
         operation: String,
@@ -134,7 +134,7 @@ enum Command {
     },
     /// Stop tracking the operation (everything recorded is kept).
     #[command(
-        after_help = "Example:\n  jobtrail-admin abandon op_01KB… --seen result_timed_out --actor alice --reason \"customer withdrew the request\""
+        after_help = "Example:\n  jobtrail-admin abandon op_01KB… --seen result_timed_out@12 --actor alice --reason \"customer withdrew the request\""
     )]
     Abandon {
         operation: String,
@@ -145,7 +145,7 @@ enum Command {
     /// edited one. The original approval carries over only to the same request after no job was
     /// created (not_created, withdrawn); otherwise --actor is recorded as the run's approver.
     #[command(
-        after_help = "Examples:\n  jobtrail-admin retry op_01KB… --seen not_created --actor alice --reason \"never reached the provider\"\n  jobtrail-admin retry op_01KB… --body fixed.json --seen failed --actor alice --reason \"corrected the range\""
+        after_help = "Examples:\n  jobtrail-admin retry op_01KB… --seen not_created@5 --actor alice --reason \"never reached the provider\"\n  jobtrail-admin retry op_01KB… --body fixed.json --seen failed@8 --actor alice --reason \"corrected the range\""
     )]
     Retry {
         operation: String,

@@ -356,7 +356,7 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
             "declare-not-created",
             &b.id.to_string(),
             "--seen",
-            "create_unresolved",
+            &format!("create_unresolved@{}", b.history_seq),
             "--actor",
             "alice",
             "--reason",
@@ -414,7 +414,7 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
             "declare-not-created",
             &e.id.to_string(),
             "--seen",
-            "create_unresolved",
+            &format!("create_unresolved@{}", e.history_seq),
             "--actor",
             "alice",
             "--reason",
@@ -677,7 +677,7 @@ async fn a_decision_on_a_stale_view_or_not_allowed_is_refused_and_writes_nothing
             "--job-id",
             "j",
             "--seen",
-            "reconciliation",
+            &format!("reconciliation@{}", op.history_seq),
             "--actor",
             "a",
             "--reason",
@@ -1848,12 +1848,26 @@ async fn careless_decisions_are_refused_and_write_nothing() {
             .map(|s| s.to_string())
             .collect()
     };
+    // Whether a job exists is not decided on a bare state (it would pass an operation that left
+    // create_unresolved and came back).
+    let bare = decide(&with(&[
+        "declare-not-created",
+        &id,
+        "--seen",
+        "create_unresolved",
+    ]));
+    assert_eq!(code(&bare), 2, "{}", String::from_utf8_lossy(&bare.stderr));
+    assert!(String::from_utf8_lossy(&bare.stderr).contains("STATE@SEQ"));
+    assert_eq!(
+        store.get(b.id).await.unwrap().state,
+        State::CreateUnresolved
+    );
     assert_eq!(
         code(&decide(&with(&[
             "declare-not-created",
             &id,
             "--seen",
-            "create_unresolved"
+            &format!("create_unresolved@{}", b.history_seq),
         ]))),
         0
     );

@@ -144,6 +144,21 @@ impl Service {
         p.require(Scope::Decide)?;
         let id = parse_id(id)?;
         let (seen, seq) = parse_seen(&req.seen)?;
+        // Whether a paid job exists is decided on the very view the person had: with a bare state,
+        // an operation that left create_unresolved and came back (a new create, a new answer)
+        // would take the old decision, and a "not created" then retried starts a second job.
+        if seq.is_none()
+            && matches!(
+                req.decision,
+                Decision::Adopt { .. } | Decision::DeclareNotCreated
+            )
+        {
+            return Err(ServiceError::bad_input(format!(
+                "seen {:?}: whether a job exists is decided on exactly what you saw: give the STATE@SEQ that `escalations` and `show` print (e.g. {}@{{N}})",
+                req.seen.trim(),
+                seen
+            )));
+        }
         let decision = jobtrail_core::Decision::new(p.caller(), &req.reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
         let store = self.operator();
