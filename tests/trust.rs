@@ -510,4 +510,27 @@ async fn terminal_escapes_from_callers_and_providers_are_shown_not_obeyed() {
         text.contains("r\u{FFFD}e\u{FFFD}j"),
         "shown replaced:\n{text}"
     );
+    // A provider's JSON as a record holds it (progress, a result summary): JSON leaves a
+    // direction override and a line separator as they are, and `show` escapes them.
+    let pool = sqlx::PgPool::connect(&env.url).await.unwrap();
+    sqlx::query(
+        r#"UPDATE operations SET remote_progress = '{"note": "\u202e evil \u2028 line"}',
+           result_summary = '{"verdict": "\u202e\u2066ok"}' WHERE id = $1"#,
+    )
+    .bind(op.id.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = jobtrail(
+        &env,
+        &support::providers_dir(),
+        &["show", &op.id.to_string()],
+        "",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for c in ['\u{202e}', '\u{2028}', '\u{2066}'] {
+        assert!(!text.contains(c), "{c:?} reached the terminal:\n{text}");
+    }
+    assert!(text.contains("\\u{202e} evil"), "{text}");
 }

@@ -67,8 +67,14 @@ pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCa
             .unwrap_or_default();
         let _ = writeln!(out, "  remote state   {rs}{upd}{obs}");
     }
+    // A provider's JSON, shown escaped: JSON leaves a direction override or a line separator as
+    // it is, and a terminal acts on them.
     if let Some(p) = &op.remote_progress {
-        let _ = writeln!(out, "  progress       {p}");
+        let _ = writeln!(
+            out,
+            "  progress       {}",
+            crate::visible::text(&p.to_string())
+        );
     }
     let cancel = op
         .cancel_deadline
@@ -116,7 +122,11 @@ pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCa
         );
     }
     if let Some(s) = &op.result_summary {
-        let _ = writeln!(out, "  result summary {s}");
+        let _ = writeln!(
+            out,
+            "  result summary {}",
+            crate::visible::text(&s.to_string())
+        );
     }
     if let Some(r) = &op.escalation_reason {
         let _ = writeln!(out, "  ESCALATED      {r}");

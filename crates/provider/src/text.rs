@@ -37,7 +37,8 @@ pub(crate) fn usable(s: &str, max: usize) -> bool {
 pub(crate) fn bounded_json(v: &Value, max: usize) -> Value {
     let text = v.to_string();
     if text.len() > max {
-        return Value::String(truncate(text, max));
+        // Kept as its text, cut: cleaned as any text a provider wrote.
+        return Value::String(storable(truncate(text, max)));
     }
     fn clean(v: &Value) -> Value {
         match v {
