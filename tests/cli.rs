@@ -841,6 +841,22 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["bench", "--json"],
         vec!["mcp", "--json"],
         vec!["result", "op_01KB0000000000000000000000", "--json"],
+        // A password on the command line (every user reads the process list): refused, in both
+        // spellings of the flag; the same URL in DATABASE_URL is taken.
+        vec![
+            "migrate",
+            "--database-url",
+            "postgres://jt:s3cr3t-pw@127.0.0.1:1/x",
+        ],
+        vec![
+            "worker",
+            "--database-url=postgres://jt:s3cr3t-pw@127.0.0.1:1/x",
+        ],
+        vec![
+            "serve",
+            "--operator-database-url",
+            "postgres://op:s3cr3t-pw@127.0.0.1:1/x",
+        ],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
             .args(&args)
@@ -853,7 +869,30 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(code(&out), 2, "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("s3cr3t"), "{args:?}: {err}");
     }
+    let admin = Command::new(support::admin_bin())
+        .args([
+            "escalations",
+            "--database-url",
+            "postgres://jt:s3cr3t-pw@127.0.0.1:1/x",
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&admin.stderr);
+    assert_eq!(code(&admin), 2, "{err}");
+    assert!(
+        err.contains("process list") && !err.contains("s3cr3t"),
+        "{err}"
+    );
+    // In the environment it is taken (and the database, not there, is unavailable: 5).
+    let env = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["migrate"])
+        .env("DATABASE_URL", "postgres://jt:s3cr3t-pw@127.0.0.1:1/x")
+        .output()
+        .unwrap();
+    assert_eq!(code(&env), 5, "{}", String::from_utf8_lossy(&env.stderr));
 }
 
 /// A submit straight to the database takes `JOBTRAIL_OPEN_PER_CALLER` as `jobtrail serve` does: past

@@ -235,6 +235,9 @@ async fn main() -> ExitCode {
     shell::end_quietly_when_stdout_closes();
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
+    if let Err(f) = shell::refuse_passwords_in_arguments(std::env::args_os()) {
+        return shell::exit_with(Err(f));
+    }
     // Warnings (a database reached without certificate checks) on stderr, apart from the output.
     if let Err(e) = jobtrail_telemetry::logs::init("warn") {
         eprintln!("error: {e}");

@@ -182,6 +182,9 @@ async fn main() -> ExitCode {
     jobtrail_console::shell::end_quietly_when_stdout_closes();
     jobtrail_provider::install_crypto();
     let cli = Cli::parse();
+    if let Err(f) = jobtrail_console::shell::refuse_passwords_in_arguments(std::env::args_os()) {
+        return jobtrail_console::shell::exit_with(Err(f));
+    }
     let logs = jobtrail_telemetry::logs::init(match cli.command {
         Command::Worker(_) | Command::Serve(_) => "info",
         // The benchmark's synthetic bulk statements are slow on purpose.

@@ -13,7 +13,8 @@ pub struct Common {
     /// PostgreSQL URL (required by every command that reads or writes operations; `jobtrail demo`,
     /// `bench`, `dev-db` and `contract check` need none: demo and bench start a private one, or
     /// use this one only if it holds no operation). TLS: add `sslmode=require`, or
-    /// `sslmode=verify-full&sslrootcert=/path/ca.pem`.
+    /// `sslmode=verify-full&sslrootcert=/path/ca.pem`. As a flag, no password in it (the process
+    /// list shows it): use DATABASE_URL, PGPASSWORD or a .pgpass file.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
     /// Most database connections per pool (a process opens one pool per login; a worker or an API
@@ -132,6 +133,46 @@ pub fn fail(code: u8, msg: impl std::fmt::Display) -> Failure {
 }
 
 pub type CmdResult = Result<ExitCode, Failure>;
+
+/// Flags that take a database URL: one given a password on the command line is refused (exit 2),
+/// since every user of the machine reads a process's arguments (`ps`, `/proc`) for as long as it
+/// runs; the same URL in the environment (`DATABASE_URL`), or its password in `PGPASSWORD` or a
+/// `.pgpass`, is taken.
+pub fn refuse_passwords_in_arguments(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<(), Failure> {
+    const FLAGS: [&str; 2] = ["--database-url", "--operator-database-url"];
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    for (i, arg) in args.iter().enumerate() {
+        let (flag, value) = match arg.split_once('=') {
+            Some((f, v)) if FLAGS.contains(&f) => (f, Some(v)),
+            _ if FLAGS.contains(&arg.as_str()) => {
+                (arg.as_str(), args.get(i + 1).map(String::as_str))
+            }
+            _ => continue,
+        };
+        if value
+            .and_then(|v| url::Url::parse(v.trim()).ok())
+            .is_some_and(|u| u.password().is_some())
+        {
+            let env = if flag == "--database-url" {
+                "DATABASE_URL"
+            } else {
+                "JOBTRAIL_OPERATOR_DATABASE_URL"
+            };
+            return Err(fail(
+                exit::BAD_INPUT,
+                format!(
+                    "{flag} holds a password, which every user of this machine can read in the process list: give the URL in {env} instead, or its password in PGPASSWORD or a .pgpass file"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// The process exit for a command's result: its code, or the error on stderr and the error's code.
 pub fn exit_with(result: CmdResult) -> ExitCode {
