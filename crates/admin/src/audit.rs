@@ -170,10 +170,10 @@ pub async fn verify(
         }
         let anchor = match &report.anchor {
             Some(a) => format!(
-                "; anchor #{} ({} operations, {} UTC{}) checked",
+                "; anchor #{} ({} operations, {}{}) checked",
                 a.id,
                 a.operations,
-                a.created_at.format("%Y-%m-%d %H:%M:%S"),
+                a.created_at.format("%Y-%m-%d %H:%M:%SZ"),
                 if expected.is_some() {
                     ", as --expect-anchor names it"
                 } else {

@@ -141,7 +141,7 @@ pub async fn escalations(
         for c in &calls {
             println!(
                 "  call       {} {} #{} → {} {}",
-                c.started_at.format("%Y-%m-%d %H:%M:%S"),
+                c.started_at.format("%Y-%m-%d %H:%M:%SZ"),
                 c.kind,
                 c.attempt,
                 c.http_status
@@ -215,7 +215,7 @@ pub async fn stats(store: &Store, json: bool) -> CmdResult {
     match oldest {
         Some(o) => println!(
             "escalation queue: {queue} open, oldest since {} ({}s)",
-            o.format("%Y-%m-%d %H:%M:%S"),
+            o.format("%Y-%m-%d %H:%M:%SZ"),
             (Utc::now() - o).num_seconds()
         ),
         None => println!("escalation queue: empty"),

@@ -48,13 +48,13 @@ fn row(t: &TokenRecord) -> String {
     let status = match (&t.revoked_at, &t.expires_at) {
         (Some(at), _) => format!(
             "revoked {} by {}",
-            at.format("%Y-%m-%d %H:%M"),
+            at.format("%Y-%m-%d %H:%MZ"),
             jobtrail_console::visible::text(t.revoked_by.as_deref().unwrap_or("-"))
         ),
         (None, Some(e)) if *e <= chrono::Utc::now() => {
-            format!("expired {}", e.format("%Y-%m-%d %H:%M"))
+            format!("expired {}", e.format("%Y-%m-%d %H:%MZ"))
         }
-        (None, Some(e)) => format!("live until {}", e.format("%Y-%m-%d %H:%M")),
+        (None, Some(e)) => format!("live until {}", e.format("%Y-%m-%d %H:%MZ")),
         (None, None) => "live".into(),
     };
     format!(

@@ -397,7 +397,7 @@ fn render_view(v: &OperationView) -> String {
             s,
             "  #{:<3} {}  {} → {}  {}  by {}",
             t.seq,
-            t.at.format("%Y-%m-%d %H:%M:%S%.3f"),
+            t.at.format("%Y-%m-%d %H:%M:%S%.3fZ"),
             t.from_state.as_deref().unwrap_or("-"),
             t.to_state,
             text(&t.cause),
@@ -419,7 +419,7 @@ pub async fn list(door: &Door, q: ListQuery, json: bool) -> CmdResult {
             v.id,
             v.state,
             jobtrail_console::visible::text(&v.provider),
-            v.created_at.format("%Y-%m-%d %H:%M:%S")
+            v.created_at.format("%Y-%m-%d %H:%M:%SZ")
         );
     }
     if let Some(c) = &page.next_cursor {

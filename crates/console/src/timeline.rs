@@ -5,7 +5,7 @@ use jobtrail_store::{HistoryRecord, OperationRecord, StoredCall};
 use std::fmt::Write;
 
 fn t(at: &chrono::DateTime<chrono::Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+    at.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string()
 }
 
 /// A terminal rendering of an operation, its history and its calls. Text callers and providers
