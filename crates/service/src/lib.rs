@@ -787,14 +787,20 @@ impl Service {
         };
         let rec = &applied.record;
         let note = match rec.state {
-            State::Withdrawn => "withdrawn: no create can have reached the provider",
+            // Asked again while the first request waits: nothing was written, and saying "noted"
+            // would pass this one's reason off as recorded.
+            _ if applied.transition.is_none() => format!(
+                "a cancel was already requested by {}: nothing new was recorded (the first request stands); it is acted on as soon as the remote job id is known",
+                rec.cancel_requested_by.as_deref().unwrap_or("someone")
+            ),
+            State::Withdrawn => "withdrawn: no create can have reached the provider".to_owned(),
             State::CancelRequested => {
-                "cancel requested: the lease owner sends one cancel call; cancelled only when the provider confirms"
+                "cancel requested: the lease owner sends one cancel call; cancelled only when the provider confirms".to_owned()
             }
-            _ => "cancel noted: it is acted on as soon as the remote job id is known",
+            _ => "cancel noted: it is acted on as soon as the remote job id is known".to_owned(),
         };
         Ok(CancelResponse {
-            note: note.to_owned(),
+            note,
             operation: OperationView::of(rec),
         })
     }
