@@ -533,4 +533,28 @@ async fn terminal_escapes_from_callers_and_providers_are_shown_not_obeyed() {
         assert!(!text.contains(c), "{c:?} reached the terminal:\n{text}");
     }
     assert!(text.contains("\\u{202e} evil"), "{text}");
+
+    // A job polled for days: its start and its latest are shown, and how many between are not.
+    let record = env.store.get(op.id).await.unwrap();
+    let history = env.store.history(op.id).await.unwrap();
+    let mut calls = env.store.calls(op.id).await.unwrap();
+    let first = calls[0].clone();
+    for i in 1..5000 {
+        let mut c = first.clone();
+        c.started_at += chrono::Duration::seconds(i);
+        c.outcome = format!("poll {i}");
+        calls.push(c);
+    }
+    let story = jobtrail_console::timeline::render(&record, &history, &calls);
+    let total = history.len() + calls.len();
+    assert!(
+        story.lines().count() < 1000,
+        "{} lines",
+        story.lines().count()
+    );
+    assert!(story.contains(&format!("{} more", total - 420)), "{story}");
+    assert!(
+        story.contains("poll 4999") && !story.contains("poll 2000 "),
+        "the latest, not the middle"
+    );
 }

@@ -4,6 +4,10 @@ use comfy_table::{Table, presets::UTF8_BORDERS_ONLY};
 use jobtrail_store::{HistoryRecord, OperationRecord, StoredCall};
 use std::fmt::Write;
 
+/// Rows of the story shown from its start, and from its end, when it is longer than both.
+const SHOWN_FIRST: usize = 20;
+const SHOWN_LAST: usize = 400;
+
 fn t(at: &chrono::DateTime<chrono::Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string()
 }
@@ -152,7 +156,22 @@ pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCa
     let mut table = Table::new();
     table.load_style(UTF8_BORDERS_ONLY);
     table.set_header(vec!["at", "who", "what", "detail"]);
-    for (_, _, item) in items {
+    // A job polled for days has tens of thousands of reads: its start and its latest are shown,
+    // and how many between are not (a terminal is not an archive; --json has every one).
+    let total = items.len();
+    let skipped = total.saturating_sub(SHOWN_FIRST + SHOWN_LAST);
+    for (i, (_, _, item)) in items.into_iter().enumerate() {
+        if skipped > 0 && (SHOWN_FIRST..SHOWN_FIRST + skipped).contains(&i) {
+            if i == SHOWN_FIRST {
+                table.add_row(vec![
+                    String::new(),
+                    String::new(),
+                    format!("… {skipped} more"),
+                    "steps and calls not shown here: `show --json` has every one".to_owned(),
+                ]);
+            }
+            continue;
+        }
         match item {
             Item::H(h) => {
                 let moved = match &h.from_state {
