@@ -38,6 +38,9 @@ fn signed_bytes(a: &Anchor) -> Vec<u8> {
     serde_json_canonicalizer::to_vec(a).expect("an anchor serialises")
 }
 
+/// How often `audit verify --all` says how far it has come.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn hex32(text: &str, what: &str) -> Result<[u8; 32], jobtrail_console::shell::Failure> {
     let bytes = hex::decode(text.trim())
         .map_err(|_| fail(exit::BAD_INPUT, format!("{what}: expected 64 hex digits")))?;
@@ -145,7 +148,28 @@ pub async fn verify(
                 .verify_operation_anchored(id, expected.as_deref())
                 .await
         }
-        None => store.verify_everything(expected.as_deref()).await,
+        None => {
+            // Minutes on a large database: how far it has come, on stderr, every few seconds (the
+            // report itself goes to stdout).
+            let started = std::time::Instant::now();
+            let mut said = started;
+            let mut tell = |r: &jobtrail_store::VerifyReport| {
+                if said.elapsed() >= PROGRESS_EVERY {
+                    said = std::time::Instant::now();
+                    eprintln!(
+                        "verified {} operations, {} history links, {} calls so far ({} breaks) in {} s",
+                        r.operations,
+                        r.rows,
+                        r.calls,
+                        r.breaks.len(),
+                        started.elapsed().as_secs()
+                    );
+                }
+            };
+            store
+                .verify_everything_telling(expected.as_deref(), &mut tell)
+                .await
+        }
     };
     let report = match checked {
         Ok(r) => r,

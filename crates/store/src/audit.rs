@@ -273,6 +273,15 @@ impl Store {
     /// of the operation rows with their history, calls and result digests, all in operation order,
     /// all read as of one instant.
     pub async fn verify_all(&self) -> Result<VerifyReport, StoreError> {
+        self.verify_all_telling(&mut |_| {}).await
+    }
+
+    /// [`verify_all`](Self::verify_all), telling `progress` the report so far after each
+    /// operation (a whole database takes minutes: a person is told how far it has come).
+    pub async fn verify_all_telling(
+        &self,
+        progress: &mut (dyn FnMut(&VerifyReport) + Send),
+    ) -> Result<VerifyReport, StoreError> {
         if !self.can_verify_all() {
             // Refused at once: it would wait for a connection it holds itself until the pool's
             // timeout, and hold the rest of the pool meanwhile.
@@ -339,6 +348,7 @@ impl Store {
                 old_shapes_until,
                 &mut report,
             );
+            progress(&report);
         }
         Ok(report)
     }
@@ -493,8 +503,19 @@ impl Store {
         &self,
         expected_digest: Option<&str>,
     ) -> Result<VerifyReport, StoreError> {
+        self.verify_everything_telling(expected_digest, &mut |_| {})
+            .await
+    }
+
+    /// [`verify_everything`](Self::verify_everything), telling `progress` as
+    /// [`verify_all_telling`](Self::verify_all_telling) does.
+    pub async fn verify_everything_telling(
+        &self,
+        expected_digest: Option<&str>,
+        progress: &mut (dyn FnMut(&VerifyReport) + Send),
+    ) -> Result<VerifyReport, StoreError> {
         let anchor = self.anchor_to_check(expected_digest).await?;
-        let mut report = self.verify_all().await?;
+        let mut report = self.verify_all_telling(progress).await?;
         if let Some(anchor) = &anchor {
             report
                 .breaks

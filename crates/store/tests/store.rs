@@ -739,6 +739,14 @@ async fn history_refuses_update_and_delete_and_the_chain_recomputes() {
     assert_eq!(report.rows, 4);
     let all = store.verify_all().await.unwrap();
     assert!(all.is_clean() && all.operations == 1 && all.rows == 4);
+    // A whole database takes minutes: how far it has come is told after each operation.
+    let mut told = Vec::new();
+    let all = store
+        .verify_all_telling(&mut |r| told.push((r.operations, r.rows)))
+        .await
+        .unwrap();
+    assert_eq!(told, [(1, 4)]);
+    assert_eq!(all.operations, 1);
 
     // As a superuser with triggers off, an edit is found at its row.
     exec(&db, "SET session_replication_role = replica; UPDATE operation_history SET cause = 'forged' WHERE seq = 3").await.unwrap();
