@@ -853,6 +853,11 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
             "--database-url=postgres://jt:s3cr3t-pw@127.0.0.1:1/x",
         ],
         vec![
+            "migrate",
+            "--database-url",
+            "postgres://jt@127.0.0.1:1/x?password=s3cr3t-pw",
+        ],
+        vec![
             "serve",
             "--operator-database-url",
             "postgres://op:s3cr3t-pw@127.0.0.1:1/x",
@@ -870,6 +875,9 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         assert_eq!(code(&out), 2, "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert!(!err.contains("s3cr3t"), "{args:?}: {err}");
+        if args.iter().any(|a| a.contains("s3cr3t")) {
+            assert!(err.contains("process list"), "{args:?}: {err}");
+        }
     }
     let admin = Command::new(support::admin_bin())
         .args([

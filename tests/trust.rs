@@ -545,6 +545,14 @@ async fn terminal_escapes_from_callers_and_providers_are_shown_not_obeyed() {
         c.outcome = format!("poll {i}");
         calls.push(c);
     }
+    // A person's decision among the reads is never among what is left out.
+    let mut history = history;
+    let mut decided = history.last().unwrap().clone();
+    decided.at = first.started_at + chrono::Duration::seconds(2500);
+    decided.event = "abandon".into();
+    decided.actor = "alice".into();
+    decided.cause = "a person decided here".into();
+    history.push(decided);
     let story = jobtrail_console::timeline::render(&record, &history, &calls);
     let total = history.len() + calls.len();
     assert!(
@@ -552,9 +560,21 @@ async fn terminal_escapes_from_callers_and_providers_are_shown_not_obeyed() {
         "{} lines",
         story.lines().count()
     );
-    assert!(story.contains(&format!("{} more", total - 420)), "{story}");
     assert!(
         story.contains("poll 4999") && !story.contains("poll 2000 "),
         "the latest, not the middle"
     );
+    assert!(story.contains("a person decided here"), "{story}");
+    let left_out: usize = story
+        .lines()
+        .filter_map(|l| {
+            l.split("… ")
+                .nth(1)?
+                .split(" more")
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(left_out, total - 421, "every row is shown or counted");
 }

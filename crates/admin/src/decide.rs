@@ -22,7 +22,13 @@ pub async fn decide(
     d: Decided,
     json: bool,
 ) -> CmdResult {
-    if !d.seen.contains('@') {
+    // (Adopt and declare-not-created refuse a bare state outright: no warning before the refusal.)
+    if !d.seen.contains('@')
+        && !matches!(
+            decision,
+            Decision::Adopt { .. } | Decision::DeclareNotCreated
+        )
+    {
         // Said, not refused (scripts pass the bare state): only the state is compared, so another
         // operation held in the same state, or this one after it left and came back, would pass.
         eprintln!(

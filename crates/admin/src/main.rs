@@ -47,8 +47,9 @@ pub struct Decided {
     /// Why (recorded in history).
     #[arg(long)]
     pub reason: String,
-    /// The state you looked at, optionally with the history position (`create_unresolved@5`, as
-    /// `escalations` prints it). Refused if the operation moved since.
+    /// The state you looked at with its history position (`create_unresolved@5`, as `escalations`
+    /// and `show` print it). Refused if the operation moved since. A bare state is taken with a
+    /// warning, except by adopt and declare-not-created, which refuse it.
     #[arg(long)]
     pub seen: String,
 }

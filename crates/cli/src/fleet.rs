@@ -109,31 +109,34 @@ impl Fleet {
     /// ones and never removes them (history cannot be deleted).
     pub async fn start(kind: &str, url: Option<&str>) -> Result<Self, Failure> {
         let stamp = chrono::Utc::now().format("%Y%m%d_%H%M%S").to_string();
+        let given = url.map(str::trim).filter(|u| !u.is_empty());
+        // Checked before anything is made (a refused run leaves no work directory behind).
+        if let Some(u) = given {
+            let store = Store::connect_with(u, 2).await?;
+            let used = store.holds_operations().await;
+            store.close().await;
+            if used? {
+                return Err(fail(
+                    exit::BAD_INPUT,
+                    format!(
+                        "{} already holds operations, and jobtrail {kind} would write hundreds of throwaway ones beside them that can never be removed: name an empty database (createdb), or leave DATABASE_URL and --database-url unset to use a private one",
+                        shown_url(u)
+                    ),
+                ));
+            }
+            eprintln!(
+                "jobtrail {kind} writes into {} (DATABASE_URL / --database-url)",
+                shown_url(u)
+            );
+        }
         let work =
             std::env::temp_dir().join(format!("jobtrail-{kind}-{stamp}-{}", std::process::id()));
         let providers_dir = work.join("providers");
         write_contracts(&providers_dir)
             .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", work.display())))?;
         let mut private_db = None;
-        let url = match url.map(str::trim).filter(|u| !u.is_empty()) {
-            Some(u) => {
-                let store = Store::connect_with(u, 2).await?;
-                if store.holds_operations().await? {
-                    return Err(fail(
-                        exit::BAD_INPUT,
-                        format!(
-                            "{} already holds operations, and jobtrail {kind} would write hundreds of throwaway ones beside them that can never be removed: name an empty database (createdb), or unset DATABASE_URL to use a private one",
-                            shown_url(u)
-                        ),
-                    ));
-                }
-                store.close().await;
-                eprintln!(
-                    "jobtrail {kind} writes into {} (DATABASE_URL)",
-                    shown_url(u)
-                );
-                u.to_owned()
-            }
+        let url = match given {
+            Some(u) => u.to_owned(),
             None => {
                 eprintln!(
                     "starting the private PostgreSQL cluster (first run: initdb takes a few seconds)…"

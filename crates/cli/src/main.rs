@@ -66,12 +66,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the demo: private PostgreSQL, the simulated provider, workers, a few hundred operations with faults.
+    /// Run the demo: private PostgreSQL (or the empty database DATABASE_URL / --database-url names: one that holds operations is refused), the simulated provider, workers, a few hundred operations with faults.
     #[command(
         after_help = "Example:\n  jobtrail demo\n  jobtrail demo --operations 500 --workers 4"
     )]
     Demo(demo::DemoArgs),
-    /// Measure jobtrail against the database's own ceiling, in one run (prints figures; writes JSON).
+    /// Measure jobtrail against the database's own ceiling, in one run (prints figures; writes JSON). On a private PostgreSQL, or the empty database DATABASE_URL / --database-url names.
     #[command(
         after_help = "Examples:\n  jobtrail bench\n  jobtrail bench --quick --json-out /tmp/bench.json"
     )]

@@ -388,7 +388,7 @@ fn render_view(v: &OperationView) -> String {
     if let Some(seq) = v.timeline_earlier {
         let _ = writeln!(
             s,
-            "  … {} earlier links not shown (jobtrail-admin show has them all)",
+            "  … {} earlier links not shown (jobtrail-admin show --json has them all)",
             seq - 1
         );
     }

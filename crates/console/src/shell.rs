@@ -154,9 +154,12 @@ pub fn refuse_passwords_in_arguments(
             }
             _ => continue,
         };
+        // In the login part, or as the driver's `password` parameter.
         if value
             .and_then(|v| url::Url::parse(v.trim()).ok())
-            .is_some_and(|u| u.password().is_some())
+            .is_some_and(|u| {
+                u.password().is_some() || u.query_pairs().any(|(k, _)| k == "password")
+            })
         {
             let env = if flag == "--database-url" {
                 "DATABASE_URL"

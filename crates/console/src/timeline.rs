@@ -157,21 +157,34 @@ pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCa
     table.load_style(UTF8_BORDERS_ONLY);
     table.set_header(vec!["at", "who", "what", "detail"]);
     // A job polled for days has tens of thousands of reads: its start and its latest are shown,
-    // and how many between are not (a terminal is not an archive; --json has every one).
+    // and between them every step that moved the state or was not a read (a person's decision, an
+    // escalation); the reads and calls left out are counted where they were (a terminal is not an
+    // archive; --json has every one).
     let total = items.len();
-    let skipped = total.saturating_sub(SHOWN_FIRST + SHOWN_LAST);
-    for (i, (_, _, item)) in items.into_iter().enumerate() {
-        if skipped > 0 && (SHOWN_FIRST..SHOWN_FIRST + skipped).contains(&i) {
-            if i == SHOWN_FIRST {
-                table.add_row(vec![
-                    String::new(),
-                    String::new(),
-                    format!("… {skipped} more"),
-                    "steps and calls not shown here: `show --json` has every one".to_owned(),
-                ]);
-            }
-            continue;
+    let middle = SHOWN_FIRST..total.saturating_sub(SHOWN_LAST).max(SHOWN_FIRST);
+    let mut left_out = 0usize;
+    let gap = |table: &mut Table, n: &mut usize| {
+        if *n > 0 {
+            table.add_row(vec![
+                String::new(),
+                String::new(),
+                format!("… {n} more"),
+                "reads and calls not shown here: `show --json` has every one".to_owned(),
+            ]);
+            *n = 0;
         }
+    };
+    for (i, (_, _, item)) in items.into_iter().enumerate() {
+        if middle.contains(&i) {
+            let kept = matches!(&item, Item::H(h)
+                if h.from_state.as_deref() != Some(h.to_state.as_str())
+                    || !matches!(h.event.as_str(), "remote_progress" | "call_failed"));
+            if !kept {
+                left_out += 1;
+                continue;
+            }
+        }
+        gap(&mut table, &mut left_out);
         match item {
             Item::H(h) => {
                 let moved = match &h.from_state {
@@ -208,6 +221,7 @@ pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCa
             }
         }
     }
+    gap(&mut table, &mut left_out);
     let _ = writeln!(out, "\n{table}");
     out
 }

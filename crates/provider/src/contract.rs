@@ -2029,7 +2029,7 @@ impl Validator<'_> {
         let ra_min = self.ms(
             "polling.retry_after_min_ms",
             p.retry_after_min_ms
-                .unwrap_or_else(|| d_ra_min().min(p.retry_after_max_ms)),
+                .unwrap_or_else(|| d_ra_min().min(p.retry_after_max_ms).max(MIN_WAIT_MS)),
             MIN_WAIT_MS,
         )?;
         if p.max_failures > MAX_FAILURES {

@@ -286,7 +286,8 @@ pub struct ProviderList {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecideRequest {
-    /// The view decided on, `STATE` or `STATE@SEQ` (an operation's `seen`): refused if it moved since.
+    /// The view decided on, `STATE@SEQ` (an operation's `seen`): refused if it moved since. A bare
+    /// `STATE` checks only the state; `adopt` and `declare_not_created` refuse it (400).
     pub seen: String,
     /// Why (recorded in history with your caller name).
     pub reason: String,
