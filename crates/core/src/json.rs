@@ -59,17 +59,14 @@ pub fn footprint(bytes: &[u8]) -> Result<usize, BodyError> {
 
 /// As [`footprint`], refusing past `most` bytes instead (a provider's answer, say).
 pub fn footprint_within(bytes: &[u8], most: usize) -> Result<usize, BodyError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let total = std::cell::Cell::new(VALUE_BYTES);
-    let sized = Footprint {
-        total: &total,
+    let mut f = Footprint {
+        total: VALUE_BYTES,
         most,
-    }
-    .deserialize(&mut de)
-    .and_then(|()| de.end());
-    sized.map(|()| total.get()).map_err(|e| BodyError {
-        too_large: total.get() > most,
-        ..body_error(e)
+    };
+    let walked = walk(bytes, &mut f);
+    walked.map(|()| f.total).map_err(|e| BodyError {
+        too_large: f.total > most,
+        ..e
     })
 }
 
@@ -116,34 +113,83 @@ fn string_bytes(len: usize) -> usize {
     if len == 0 { 0 } else { len.max(MIN_ALLOCATION) }
 }
 
-/// Counts the heap a value would take into `total`, refusing past [`MAX_PARSED_BYTES`].
-struct Footprint<'a> {
-    total: &'a std::cell::Cell<usize>,
+/// Told of a JSON text's parts as [`walk`] reads them, with nothing built. An `Err` (a message)
+/// stops the walk there, said with where.
+pub trait Walker {
+    /// A string, or an object's key, decoded.
+    fn text(&mut self, _s: &str) -> Result<(), String> {
+        Ok(())
+    }
+    /// An array's `n`th element (from 0), once read.
+    fn element(&mut self, _n: usize) -> Result<(), String> {
+        Ok(())
+    }
+    /// An object's `n`th entry (from 0): its key read, its value not yet.
+    fn entry(&mut self, _n: usize) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Read `bytes` as one JSON text, telling `w` of its parts, building nothing (serde_json's
+/// scratch buffer aside); refused where `w` says so, or where the text is not JSON.
+pub fn walk(bytes: &[u8], w: &mut dyn Walker) -> Result<(), BodyError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    Walk(w)
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(body_error)
+}
+
+/// Counts the heap a value would take into `total`, refusing past `most`.
+struct Footprint {
+    total: usize,
     most: usize,
 }
 
-impl Footprint<'_> {
-    fn add<E: de::Error>(&self, n: usize) -> Result<(), E> {
-        let t = self.total.get().saturating_add(n);
-        self.total.set(t);
-        if t > self.most {
-            return Err(E::custom(format!(
+impl Footprint {
+    fn add(&mut self, n: usize) -> Result<(), String> {
+        self.total = self.total.saturating_add(n);
+        if self.total > self.most {
+            return Err(format!(
                 "parsed, the body would take more than the {} MiB of memory a body may (it holds too many small values: each takes 32 bytes or more, an object about 640); send bulk data as one string (base64, say) or in smaller requests",
                 self.most.div_ceil(1024 * 1024)
-            )));
+            ));
         }
         Ok(())
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Footprint<'_> {
+impl Walker for Footprint {
+    fn text(&mut self, s: &str) -> Result<(), String> {
+        self.add(string_bytes(s.len()))
+    }
+    fn element(&mut self, n: usize) -> Result<(), String> {
+        // A vector takes room for 4 at its first element, and doubles when full: charged as it
+        // grows (an empty array takes nothing).
+        match n {
+            0 => self.add(VALUE_BYTES * 4),
+            n if n >= 4 && n.is_power_of_two() => self.add(VALUE_BYTES * n),
+            _ => Ok(()),
+        }
+    }
+    fn entry(&mut self, n: usize) -> Result<(), String> {
+        if n.is_multiple_of(MAP_NODE_FILL) {
+            self.add(MAP_NODE_BYTES)?;
+        }
+        Ok(())
+    }
+}
+
+struct Walk<'a>(&'a mut dyn Walker);
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Footprint<'_> {
+impl<'de> Visitor<'de> for Walk<'_> {
     type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -165,42 +211,24 @@ impl<'de> Visitor<'de> for Footprint<'_> {
         Ok(())
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
-        self.add(string_bytes(s.len()))
+        self.0.text(s).map_err(E::custom)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        // A vector takes room for 4 at its first element, and doubles when full: charged as it
-        // grows (an empty array takes nothing).
-        let (mut room, mut len) = (0usize, 0usize);
-        while seq
-            .next_element_seed(Footprint {
-                total: self.total,
-                most: self.most,
-            })?
-            .is_some()
-        {
-            if len == room {
-                let grown = (room * 2).max(4);
-                self.add(VALUE_BYTES * (grown - room))?;
-                room = grown;
-            }
-            len += 1;
+        let w = self.0;
+        let mut n = 0;
+        while seq.next_element_seed(Walk(&mut *w))?.is_some() {
+            w.element(n).map_err(de::Error::custom)?;
+            n += 1;
         }
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut len = 0usize;
-        while let Some(()) = map.next_key_seed(Footprint {
-            total: self.total,
-            most: self.most,
-        })? {
-            if len.is_multiple_of(MAP_NODE_FILL) {
-                self.add(MAP_NODE_BYTES)?;
-            }
-            len += 1;
-            map.next_value_seed(Footprint {
-                total: self.total,
-                most: self.most,
-            })?;
+        let w = self.0;
+        let mut n = 0;
+        while map.next_key_seed(Walk(&mut *w))?.is_some() {
+            w.entry(n).map_err(de::Error::custom)?;
+            n += 1;
+            map.next_value_seed(Walk(&mut *w))?;
         }
         Ok(())
     }

@@ -281,16 +281,12 @@ impl Scrubber {
         if !matches!(first, b'{' | b'[' | b'"') || memchr::memchr(b'\\', body).is_none() {
             return false;
         }
-        let found = std::cell::Cell::new(false);
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let _ = serde::de::DeserializeSeed::deserialize(
-            SecretScan {
-                scrubber: self,
-                found: &found,
-            },
-            &mut de,
-        );
-        found.get()
+        let mut scan = SecretScan {
+            scrubber: self,
+            found: false,
+        };
+        let _ = jobtrail_core::json::walk(body, &mut scan);
+        scan.found
     }
 
     /// Scrub an exchange: its record, its headers and — unless `keep_body` (a result, kept exactly as
@@ -864,60 +860,15 @@ pub fn sparse<'p>(
 /// stops at the first found.
 struct SecretScan<'a> {
     scrubber: &'a Scrubber,
-    found: &'a std::cell::Cell<bool>,
+    found: bool,
 }
 
-impl SecretScan<'_> {
-    fn next(&self) -> Self {
-        SecretScan {
-            scrubber: self.scrubber,
-            found: self.found,
-        }
-    }
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for SecretScan<'_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for SecretScan<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+impl jobtrail_core::json::Walker for SecretScan<'_> {
+    fn text(&mut self, s: &str) -> Result<(), String> {
         if self.scrubber.contains(s.as_bytes()) {
-            self.found.set(true);
+            self.found = true;
             // Found: the rest need not be read.
-            return Err(E::custom("a secret"));
-        }
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(self.next())?.is_some() {}
-        Ok(())
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while map.next_key_seed(self.next())?.is_some() {
-            map.next_value_seed(self.next())?;
+            return Err("a secret".into());
         }
         Ok(())
     }
