@@ -72,7 +72,13 @@ async fn submit_show_wait_result_and_exit_codes() {
             .any(|c| c["kind"] == "result")
     );
     let human = jobtrail(&env, &["show", &id], None);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("approved by alice (CHG-42)"));
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains("approved by alice (CHG-42)"));
+    // Times are printed in UTC and say so, whatever the reader's zone.
+    let first: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(s["history"][0]["at"].clone()).unwrap();
+    let shown = first.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string();
+    assert!(human.contains(&shown), "{shown} in:\n{human}");
 
     let result = jobtrail(&env, &["result", &id], None);
     assert_eq!(code(&result), 0);
