@@ -252,6 +252,69 @@ async fn each_role_runs_its_commands_and_nothing_else() {
     )
     .await;
     assert!(e.contains("may not record abandon"), "{e}");
+    // The schema's checks name tables a temporary table of the same name could stand in for (a
+    // session's temporary schema is searched first unless the path says otherwise): none may.
+    let forged_public = forged
+        .replace(
+            "INSERT INTO operation_history",
+            "INSERT INTO public.operation_history",
+        )
+        .replace("FROM operations", "FROM public.operations");
+    let some_public = some.replace("FROM operations", "FROM public.operations");
+    for (url, shadow, event, seq, prev, refusal) in [
+        // The role check reads the history table's owner, and the roles' catalogue.
+        (
+            &worker,
+            "CREATE TEMP TABLE operation_history (x int)".to_owned(),
+            "confirm_cancellation",
+            "history_seq + 1",
+            "history_head",
+            "may not record confirm_cancellation",
+        ),
+        (
+            &api,
+            "CREATE TEMP TABLE pg_roles AS SELECT current_user::name AS rolname, true AS rolsuper"
+                .to_owned(),
+            "abandon",
+            "history_seq + 1",
+            "history_head",
+            "may not record abandon",
+        ),
+        // The chain check reads the operation's head: here one of the attacker's making.
+        (
+            &worker,
+            format!(
+                "CREATE TEMP TABLE operations AS SELECT id, 41::bigint AS history_seq, \
+                 sha256('x') AS history_head FROM public.operations WHERE id = {some_public}"
+            ),
+            "remote_progress",
+            "42",
+            "sha256('x')",
+            "does not continue the chain",
+        ),
+    ] {
+        let sql = format!(
+            "{shadow}; {}",
+            forged_public
+                .replace("{event}", event)
+                .replace("{prev}", prev)
+                .replace("history_seq + 1", seq)
+        );
+        let e = sql_refused(url, &sql).await;
+        assert!(e.contains(refusal), "{sql}: {e}");
+    }
+    // Heads added to an old anchor, with an `audit_anchors` of the attacker's own written in the
+    // same transaction.
+    let e = sql_refused(
+        &operator,
+        &format!(
+            "BEGIN; CREATE TEMP TABLE audit_anchors AS SELECT id FROM public.audit_anchors; \
+             INSERT INTO audit_anchor_heads (anchor_id, operation_id, seq, hash) \
+             SELECT (SELECT min(id) FROM public.audit_anchors), gen_random_uuid(), 1, sha256('x'); COMMIT"
+        ),
+    )
+    .await;
+    assert!(e.contains("written with the anchor"), "{e}");
     sql_refused(
         &worker,
         "INSERT INTO operations (id) VALUES (gen_random_uuid())",
