@@ -307,11 +307,9 @@ async fn each_role_runs_its_commands_and_nothing_else() {
     // same transaction.
     let e = sql_refused(
         &operator,
-        &format!(
-            "BEGIN; CREATE TEMP TABLE audit_anchors AS SELECT id FROM public.audit_anchors; \
+        "BEGIN; CREATE TEMP TABLE audit_anchors AS SELECT id FROM public.audit_anchors; \
              INSERT INTO audit_anchor_heads (anchor_id, operation_id, seq, hash) \
-             SELECT (SELECT min(id) FROM public.audit_anchors), gen_random_uuid(), 1, sha256('x'); COMMIT"
-        ),
+             SELECT (SELECT min(id) FROM public.audit_anchors), gen_random_uuid(), 1, sha256('x'); COMMIT",
     )
     .await;
     assert!(e.contains("written with the anchor"), "{e}");
