@@ -15,6 +15,46 @@ fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&hex::encode(b))
 }
 
+/// A `jsonb` column read back for the record. PostgreSQL keeps JSON that serde_json refuses (a
+/// number beyond a double, nesting deeper than 128); nothing jobtrail writes is such, but a writer
+/// role's own SQL could append one to a history that can never lose it. Such a value is read as a
+/// marker naming why, never as an error that would stop every read of the table (`audit verify
+/// --all` included) for good: in a hashed row the marker does not hash as the stored value did, so
+/// `audit verify` names that row, and reads on.
+pub(crate) struct ReadableJson(serde_json::Value);
+
+/// The key of the marker an unreadable value is read as.
+pub const UNREADABLE_JSON: &str = "jobtrail_unreadable_json";
+
+impl sqlx::Type<sqlx::Postgres> for ReadableJson {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <serde_json::Value as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <serde_json::Value as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for ReadableJson {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let binary = value.format() == sqlx::postgres::PgValueFormat::Binary;
+        let mut text = value.as_bytes()?;
+        // jsonb's binary form is a version byte (1) before the text (JSON text never starts so).
+        if binary && text.first() == Some(&1) {
+            text = &text[1..];
+        }
+        Ok(Self(serde_json::from_slice(text).unwrap_or_else(|e| {
+            serde_json::json!({ UNREADABLE_JSON: format!("PostgreSQL keeps JSON this build cannot read: {e}") })
+        })))
+    }
+}
+
+impl From<ReadableJson> for serde_json::Value {
+    fn from(j: ReadableJson) -> Self {
+        j.0
+    }
+}
+
 #[derive(sqlx::FromRow)]
 pub(crate) struct OperationRow {
     id: Uuid,
@@ -44,10 +84,10 @@ pub(crate) struct OperationRow {
     conflicting_remote_job_id: Option<String>,
     remote_state: Option<String>,
     remote_updated_at: Option<String>,
-    remote_progress: Option<serde_json::Value>,
+    remote_progress: Option<ReadableJson>,
     observed_at: Option<DateTime<Utc>>,
     status_url: Option<String>,
-    provider_context: serde_json::Value,
+    provider_context: ReadableJson,
     next_action_at: DateTime<Utc>,
     next_action_reason: String,
     create_attempts: i32,
@@ -68,7 +108,7 @@ pub(crate) struct OperationRow {
     result_size: Option<i64>,
     result_sha256: Option<String>,
     result_content_type: Option<String>,
-    result_summary: Option<serde_json::Value>,
+    result_summary: Option<ReadableJson>,
     supersedes: Option<Uuid>,
     superseded_by: Option<Uuid>,
     history_seq: i64,
@@ -136,10 +176,10 @@ impl TryFrom<OperationRow> for OperationRecord {
             conflicting_remote_job_id: r.conflicting_remote_job_id,
             remote_state: r.remote_state,
             remote_updated_at: r.remote_updated_at,
-            remote_progress: r.remote_progress,
+            remote_progress: r.remote_progress.map(|j| j.0),
             observed_at: r.observed_at,
             status_url: r.status_url,
-            provider_context: r.provider_context,
+            provider_context: r.provider_context.0,
             next_action_at: r.next_action_at,
             next_action_reason: r.next_action_reason,
             create_attempts: r.create_attempts,
@@ -160,7 +200,7 @@ impl TryFrom<OperationRow> for OperationRecord {
             result_size: r.result_size,
             result_sha256: r.result_sha256,
             result_content_type: r.result_content_type,
-            result_summary: r.result_summary,
+            result_summary: r.result_summary.map(|j| j.0),
             supersedes: r.supersedes.map(OperationId::from_uuid),
             superseded_by: r.superseded_by.map(OperationId::from_uuid),
             history_seq: r.history_seq,
@@ -203,7 +243,7 @@ pub(crate) struct HistoryRow {
     cause: String,
     remote_job_id: Option<String>,
     call_id: Option<Uuid>,
-    detail: serde_json::Value,
+    detail: ReadableJson,
     prev_hash: Vec<u8>,
     hash: Vec<u8>,
 }
@@ -230,7 +270,7 @@ impl From<HistoryRow> for HistoryRecord {
             cause: r.cause,
             remote_job_id: r.remote_job_id,
             call_id: r.call_id,
-            detail: r.detail,
+            detail: r.detail.0,
             prev_hash: r.prev_hash,
             hash: r.hash,
         }
@@ -278,6 +318,7 @@ pub struct StoredCall {
     pub method: String,
     pub url: String,
     pub http_status: Option<i32>,
+    #[sqlx(try_from = "ReadableJson")]
     pub response_headers: serde_json::Value,
     pub provider_request_id: Option<String>,
     pub error_class: Option<String>,

@@ -886,6 +886,83 @@ async fn infinite_times_and_nan_durations_are_refused_by_the_schema() {
     assert!(store.verify_operation(op.id).await.unwrap().is_clean());
 }
 
+/// PostgreSQL's `jsonb` keeps numbers beyond a double and nesting deeper than serde_json reads. A
+/// writer role's own SQL could append such a link to a history that can never lose it: it must be a
+/// break `audit verify` names, not an error that stops every verification (and every read of that
+/// operation) for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_this_build_cannot_read_is_a_break_not_an_error_that_stops_verify() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let id = op.id.as_uuid();
+    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    let step = Step::event(Event::CreateAccepted {
+        remote_job_id: "job_1".into(),
+        remote_state: None,
+    })
+    .with_call(jobtrail_store::testing::accepted_create(
+        "http://127.0.0.1:1/v1/jobs",
+    ));
+    store.apply(&c.lease, step).await.unwrap();
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    // A link that continues the chain (the owner may record anything), its detail a number no
+    // double holds; a call whose headers nest 200 deep; progress on the row beyond a double.
+    exec(
+        &db,
+        &format!(
+            "INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, detail, prev_hash, hash) \
+             SELECT id, history_seq + 1, now(), 'x', state, state, 'remote_progress', 'forged', '{{\"n\": 1e400}}', history_head, sha256(history_head) \
+             FROM operations WHERE id = '{id}'; \
+             UPDATE operations SET history_seq = history_seq + 1, history_head = sha256(history_head), \
+             remote_progress = '{{\"n\": -1e400}}' WHERE id = '{id}'; \
+             SET session_replication_role = replica; \
+             CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}'; \
+             UPDATE c SET id = gen_random_uuid(), seq = seq + 100, response_headers = '{deep}'; \
+             INSERT INTO provider_calls SELECT * FROM c"
+        ),
+    )
+    .await
+    .unwrap();
+    let history = store.history(op.id).await.unwrap();
+    let forged = history.last().unwrap();
+    let forged_seq = forged.seq;
+    assert_eq!(forged.cause, "forged");
+    assert!(
+        forged.detail[jobtrail_store::record::UNREADABLE_JSON]
+            .as_str()
+            .is_some_and(|why| why.contains("number out of range")),
+        "{:?}",
+        forged.detail
+    );
+    assert!(
+        store.get(op.id).await.unwrap().remote_progress.unwrap()
+            [jobtrail_store::record::UNREADABLE_JSON]
+            .is_string()
+    );
+    let one = store.verify_operation(op.id).await.unwrap();
+    assert!(
+        one.breaks.iter().any(|b| b.seq == forged_seq),
+        "{:?}",
+        one.breaks
+    );
+    let all = store.verify_everything(None).await.unwrap();
+    assert!(
+        all.breaks.iter().any(|b| b.seq == forged_seq),
+        "{:?}",
+        all.breaks
+    );
+    assert!(
+        all.breaks.iter().any(|b| b.problem.contains("call")),
+        "{:?}",
+        all.breaks
+    );
+}
+
 #[tokio::test]
 async fn cancel_before_create_withdraws_and_a_cancel_during_create_is_noted() {
     let db = TestDb::new().await;
