@@ -526,6 +526,12 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
             r#"{"n":18446744073709551616}"#,
             "send it as a string",
         ),
+        // Kept exactly, but fingerprinted as a double: it could pass for 2^53 on a resend.
+        (
+            submit.to_vec(),
+            r#"{"account":{"id":9007199254740993}}"#,
+            "holds the integer 9007199254740993 at \"/account/id\"",
+        ),
         (submit.to_vec(), r#"{"s":"a\u0000b"}"#, "NUL"),
         // The body limit is the operator's (the contract's), not the caller's to raise.
         (

@@ -474,6 +474,24 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
             .unwrap();
         problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
     }
+    // An integer a double cannot hold: kept exactly, but fingerprinted as 2^53, so a resend that
+    // changed it would have been answered with the first operation as the same one.
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&alice)
+        .header("content-type", "application/json")
+        .body(r#"{"provider":"sim","target":"t","approved_by":"a","request":{"account":9007199254740993}}"#)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("send it as a string"),
+        "{p}"
+    );
     // 800 KB of tiny objects (within the provider's 1 MiB) would take over 60 MiB parsed:
     // refused before they are built.
     let r = c

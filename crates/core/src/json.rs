@@ -318,6 +318,33 @@ impl<'de, const NUL_OK: bool> Visitor<'de> for StrictVisitor<NUL_OK> {
     }
 }
 
+/// The first integer in `v` (depth first, in document order) beyond what a double holds exactly
+/// (±2^53), as its JSON pointer and its text. The strict parser keeps 64-bit integers exactly, but a
+/// request's fingerprint is RFC 8785's form, which writes every number as a double: 2^53 + 1 and
+/// 2^53 would fingerprint alike, so a changed request could pass as the same one.
+pub fn first_integer_beyond_double(v: &Value) -> Option<(String, String)> {
+    fn escaped(key: &str) -> String {
+        key.replace('~', "~0").replace('/', "~1")
+    }
+    match v {
+        Value::Number(n) => {
+            let beyond = match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => i.unsigned_abs() > 1 << 53,
+                (None, Some(u)) => u > 1 << 53,
+                (None, None) => false,
+            };
+            beyond.then(|| (String::new(), n.to_string()))
+        }
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            first_integer_beyond_double(item).map(|(at, n)| (format!("/{i}{at}"), n))
+        }),
+        Value::Object(map) => map.iter().find_map(|(k, item)| {
+            first_integer_beyond_double(item).map(|(at, n)| (format!("/{}{at}", escaped(k)), n))
+        }),
+        _ => None,
+    }
+}
+
 /// What kind of JSON value this is, for messages.
 pub fn kind_of(v: &Value) -> &'static str {
     match v {
@@ -333,6 +360,38 @@ pub fn kind_of(v: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_a_double_cannot_hold_are_found_where_they_are() {
+        let v = |t: &str| parse_strict(t.as_bytes()).unwrap();
+        for fine in [
+            "9007199254740992",
+            "-9007199254740992",
+            r#"{"a":[1, 2.5, -3, "18446744073709551615"]}"#,
+        ] {
+            assert_eq!(first_integer_beyond_double(&v(fine)), None, "{fine}");
+        }
+        for (beyond, at, n) in [
+            ("9007199254740993", "", "9007199254740993"),
+            ("-9007199254740993", "", "-9007199254740993"),
+            (
+                r#"{"a/b":{"x~y":[0, 18446744073709551615]}}"#,
+                "/a~1b/x~0y/1",
+                "18446744073709551615",
+            ),
+            (
+                r#"[{"ok":1}, {"id":-9223372036854775808}]"#,
+                "/1/id",
+                "-9223372036854775808",
+            ),
+        ] {
+            assert_eq!(
+                first_integer_beyond_double(&v(beyond)),
+                Some((at.to_owned(), n.to_owned())),
+                "{beyond}"
+            );
+        }
+    }
 
     #[test]
     fn parse_exact_lets_a_nul_through_and_nothing_else() {

@@ -209,6 +209,10 @@ pub enum SubmitError {
         line: usize,
         column: usize,
     },
+    #[error(
+        "request body holds the integer {number} at {pointer:?}, beyond 2^53: a request's fingerprint writes numbers as doubles (RFC 8785) and could not tell it from its neighbours; send it as a string"
+    )]
+    IntegerBeyondDouble { pointer: String, number: String },
     #[error("request body is {found}; provider {provider} takes a JSON object")]
     BodyNotObject {
         provider: String,
@@ -360,6 +364,9 @@ impl Submission {
                 line: e.line,
                 column: e.column,
             })?;
+        if let Some((pointer, number)) = crate::json::first_integer_beyond_double(&body) {
+            return Err(SubmitError::IntegerBeyondDouble { pointer, number });
+        }
         if terms.body == BodyShape::Object && !body.is_object() {
             return Err(SubmitError::BodyNotObject {
                 provider: terms.name.clone(),
