@@ -444,6 +444,10 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         "cursor=nonsense",
         "state=bogus",
         "mystery=1",
+        // Text no provider or caller holds: refused before the database is asked (a NUL was
+        // answered 503, as if it were down, and logged).
+        "provider=%00",
+        "provider=sim%00",
     ] {
         let r = c
             .get(server.url(&format!("/v1/operations?{q}")))
@@ -812,6 +816,13 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
         .await
         .unwrap();
     problem(r, StatusCode::FORBIDDEN, "forbidden").await;
+    let r = c
+        .get(server.url("/v1/escalations?provider=%00"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
     let q: Value = c
         .get(server.url("/v1/escalations"))
         .bearer_auth(&alice)

@@ -265,6 +265,8 @@ async fn plain_session(env: &Env, client: &Client, caller: &str) {
     )
     .await;
     assert_eq!(structured(&r)["error"], "bad-input", "{r:?}");
+    let r = call(client, "list_operations", json!({"provider": "sim\u{0}"})).await;
+    assert_eq!(structured(&r)["error"], "bad-input", "{r:?}");
 
     // A request over the provider's size limit (1 MiB for sim) but under the HTTP API's is refused
     // by jobtrail with a reason the agent can read, not cut off by the transport (rmcp's own limit

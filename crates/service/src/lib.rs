@@ -642,8 +642,13 @@ impl Service {
         Ok((op, history, calls))
     }
 
+    /// The most of a filter's text: longer than any provider or caller name.
+    const MAX_FILTER_BYTES: usize = 1024;
+
     pub async fn list(&self, p: &Principal, q: ListQuery) -> Result<OperationPage, ServiceError> {
         p.require(Scope::Read)?;
+        filter_text("provider", q.provider.as_deref())?;
+        filter_text("caller", q.caller.as_deref())?;
         let caller = match (&q.caller, p.sees_all()) {
             (Some(c), false) if c != p.caller() => {
                 return Err(ServiceError::forbidden(
@@ -1140,5 +1145,22 @@ pub async fn wait_settled(
             });
         }
         seen = Some(w.operation.state.clone());
+    }
+}
+
+/// A list filter's text, refused before any database read when no stored value could match it: a
+/// NUL (PostgreSQL refuses it in text: the read would fail as if the database were down) or text
+/// longer than any name.
+pub(crate) fn filter_text(name: &str, value: Option<&str>) -> Result<(), ServiceError> {
+    match value {
+        Some(v) if v.contains('\0') => Err(ServiceError::bad_input(format!(
+            "{name}: holds the NUL character, which no {name} holds"
+        ))),
+        Some(v) if v.len() > Service::MAX_FILTER_BYTES => Err(ServiceError::bad_input(format!(
+            "{name}: {} bytes, longer than any {name} ({} at most)",
+            v.len(),
+            Service::MAX_FILTER_BYTES
+        ))),
+        _ => Ok(()),
     }
 }

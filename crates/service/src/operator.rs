@@ -100,6 +100,7 @@ impl Service {
         provider: Option<&str>,
     ) -> Result<EscalationList, ServiceError> {
         p.require(Scope::Decide)?;
+        crate::filter_text("provider", provider)?;
         let state = state
             .map(|s| {
                 let st: State = s
