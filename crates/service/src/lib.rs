@@ -942,17 +942,34 @@ fn check_request(
     request: &serde_json::Value,
 ) -> Result<(), ServiceError> {
     let mut seen = request.clone();
+    // Sensitive fields holding a value of their own, not a secret reference: an error about them,
+    // or about a value holding them, does not repeat what it judged.
+    let mut literal = Vec::new();
     for ptr in sensitive {
-        if let Some(v) = seen.pointer_mut(ptr)
-            && v.get("$secret").is_some()
-        {
-            *v = serde_json::Value::String("(secret)".into());
+        if let Some(v) = seen.pointer_mut(ptr) {
+            if v.get("$secret").is_some() {
+                *v = serde_json::Value::String("(secret)".into());
+            } else {
+                literal.push(ptr.as_str());
+            }
         }
     }
+    // `a` is `b` or lies under it, pointer segment by segment.
+    let within = |a: &str, b: &str| {
+        a.strip_prefix(b)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
     let problems: Vec<String> = schema
         .iter_errors(&seen)
         .take(10)
-        .map(|e| format!("{} at {:?}", e, e.instance_path().to_string()))
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if literal.iter().any(|s| within(s, &at) || within(&at, s)) {
+                format!("{} at {at:?}", e.masked_with("(a sensitive value)"))
+            } else {
+                format!("{e} at {at:?}")
+            }
+        })
         .collect();
     if problems.is_empty() {
         Ok(())
@@ -1162,5 +1179,50 @@ pub(crate) fn filter_text(name: &str, value: Option<&str>) -> Result<(), Service
             Service::MAX_FILTER_BYTES
         ))),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_request;
+    use serde_json::json;
+
+    #[test]
+    fn schema_errors_never_repeat_a_sensitive_fields_value() {
+        let schema = jsonschema::validator_for(&json!({
+            "type": "object",
+            "properties": {
+                "payment": {"type": "object", "properties": {"card_number": {"type": "string"}}},
+                "card": {"type": "string"},
+                "note": {"type": "string"}
+            }
+        }))
+        .unwrap();
+        let sensitive = ["/payment/card_number".to_owned(), "/card/pan".to_owned()];
+        // The field itself of the wrong type, and a value holding one of the wrong type.
+        let e = check_request(
+            &schema,
+            &sensitive,
+            &json!({"payment": {"card_number": 4111111111111111_u64},
+                    "card": {"pan": "5500000000000004"}, "note": 7}),
+        )
+        .unwrap_err();
+        let said = format!("{} {}", e.message, e.detail.unwrap());
+        assert!(!said.contains("4111111111111111"), "{said}");
+        assert!(!said.contains("5500000000000004"), "{said}");
+        assert!(said.contains("(a sensitive value)"), "{said}");
+        assert!(
+            said.contains("\"/payment/card_number\"") && said.contains("\"/card\""),
+            "{said}"
+        );
+        // What is not sensitive is still shown, so the caller can mend it.
+        assert!(said.contains("7 is not of type"), "{said}");
+        // A secret reference is checked as the text it stands for.
+        check_request(
+            &schema,
+            &sensitive,
+            &json!({"payment": {"card_number": {"$secret": "card"}}}),
+        )
+        .unwrap();
     }
 }
