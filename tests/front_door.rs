@@ -438,6 +438,13 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     assert!(!page.is_empty() && page.iter().all(|o| o.request_body.is_null()));
     let one = env.store.get(page[0].id).await.unwrap();
     assert!(one.request_body.is_object());
+    // Nor does a read, a wait, a cancel or a result through the doors: the rest is the same row.
+    let shown = env.store.get_shown(page[0].id).await.unwrap();
+    assert!(shown.request_body.is_null());
+    assert_eq!(
+        serde_json::to_value(jobtrail_service::OperationView::of(&shown)).unwrap(),
+        serde_json::to_value(jobtrail_service::OperationView::of(&one)).unwrap()
+    );
     for q in [
         "limit=0",
         "limit=201",

@@ -1,0 +1,16 @@
+-- One operation as the doors show it: every column but the request body (null here). A read, a
+-- wait held for minutes, a cancel or a result never shows the body, which may be 16 MiB of text and
+-- many times that parsed.
+SELECT
+    id, provider, target, 'null'::jsonb AS request_body, request_fingerprint, idempotency_token,
+    idempotency_mode, at_most_once, caller, approved_by, approval_ref, trace_id, parent_span_id, created_at,
+    create_deadline, result_deadline, cancel_window_ms, cancel_deadline, state, state_changed_at,
+    finished_at, escalated_at, escalation_reason, remote_job_id, conflicting_remote_job_id,
+    remote_state, remote_updated_at, remote_progress, observed_at, status_url, provider_context,
+    next_action_at, next_action_reason, create_attempts, create_sent_epoch, poll_count,
+    poll_not_before, failure_count, cancel_attempts, result_attempts, reconcile_attempts,
+    lease_owner, lease_expires_at, lease_epoch, cancel_requested_at, cancel_requested_by,
+    cancel_reason, result_location, result_size, result_sha256, result_content_type,
+    result_summary, supersedes, superseded_by, history_seq, history_head, calls_seq, calls_head
+FROM operations
+WHERE id = $1
