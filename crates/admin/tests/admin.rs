@@ -1462,6 +1462,15 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
     let asked_too = unconfirmed(&store, 7).await;
     let asked_when = unconfirmed(&store, 8).await;
     let resized = succeeded_with_result(&store, 9, br#"{"items":[9]}"#).await;
+    let split = driven(
+        &store,
+        10,
+        vec![
+            accepted("job_s"),
+            Event::CancelRequested(CancelRequest::new("bob", "per ops: stop").unwrap()),
+        ],
+    )
+    .await;
     let out = admin(&db, &["audit", "verify", "--all", "--json"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
 
@@ -1490,6 +1499,13 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
         "SET ROLE jobtrail_api; UPDATE operations SET cancel_requested_at = now(), cancel_requested_by = 'mallory', cancel_reason = 'policy', cancel_deadline = now() WHERE id = '{}'; UPDATE operations SET cancel_requested_by = 'mallory' WHERE id = '{}'",
         quiet.id.as_uuid(),
         asked.id.as_uuid()
+    ))
+    .await;
+    // Text moved from the reason into who asked: "bob" + "per ops: stop" reads as the same cause
+    // as "bob: per ops" + "stop".
+    exec(&db, &format!(
+        "SET ROLE jobtrail_api; UPDATE operations SET cancel_requested_by = 'bob: per ops', cancel_reason = 'stop' WHERE id = '{}'",
+        split.id.as_uuid()
     ))
     .await;
     // The validated result's size, edited by the worker's role.
@@ -1524,6 +1540,7 @@ async fn a_well_hashed_record_of_a_move_the_machine_forbids_is_found() {
     assert!(named(emptied.id, "stored bytes are missing"), "{breaks:#?}");
     assert!(named(quiet.id, "cancel request differs"), "{breaks:#?}");
     assert!(named(asked.id, "cancel request differs"), "{breaks:#?}");
+    assert!(named(split.id, "cancel request differs"), "{breaks:#?}");
     assert!(
         named(resized.id, "result location and size differs"),
         "{breaks:#?}"

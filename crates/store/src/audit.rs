@@ -750,9 +750,25 @@ fn check_operation(
         );
         (cause, f.cancel_requested_at.map(chain::storable))
     });
+    // The link's evidence names the actor and the reason apart (links that predate it, only
+    // their cause): text moved from one to the other across the cause's `: ` is found.
+    let apart = |link: &chain::ChainEntry| {
+        let (Some(actor), Some(reason)) = (
+            link.detail.get("actor").and_then(|v| v.as_str()),
+            link.detail.get("reason").and_then(|v| v.as_str()),
+        ) else {
+            return true;
+        };
+        f.cancel_requested_by.as_deref() == Some(actor)
+            && f.cancel_reason.as_deref().unwrap_or("") == reason
+    };
     let differs = match (asked, &recorded) {
         (None, None) => None,
-        (Some(link), Some((cause, at))) if *cause == link.cause && *at == Some(link.at) => None,
+        (Some(link), Some((cause, at)))
+            if *cause == link.cause && *at == Some(link.at) && apart(link) =>
+        {
+            None
+        }
         (Some(link), _) => Some((link.seq, format!("{} at {}", link.cause, link.at))),
         (None, Some(_)) => Some((last_seq, "no cancel request".to_owned())),
     };
