@@ -193,7 +193,8 @@ pub(crate) fn plan<'s>(
         ) || (rec.state == State::CancelRequested && rec.cancel_attempts > 0)
         {
             let soonest = rec.poll_not_before.map_or(now, |t| t.max(now));
-            if rec.next_action_at > soonest {
+            // Never the backoff after failed calls (see `operation_poke_by_remote_job.sql`).
+            if rec.next_action_at > soonest && rec.failure_count == 0 {
                 rec.next_action_at = soonest;
                 rec.next_action_reason = "webhook".to_owned();
             }

@@ -1983,6 +1983,70 @@ async fn a_webhook_during_a_lease_makes_the_next_read_due_at_once() {
     }
 }
 
+/// A webhook brings a status read forward from a polling wait, never from the backoff after failed
+/// reads: deliveries during a provider's outage would spend the retry budget in seconds and hold
+/// the job for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_never_shortens_the_backoff_after_failed_reads() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let claimed = submit_and_claim(&store, 2, "outage").await;
+    accept_keeping_leases(&store, &claimed.iter().collect::<Vec<_>>()).await;
+    let (failing, held) = (&claimed[0], &claimed[1]);
+    let failed_read = |keep_lease: bool| Step {
+        keep_lease,
+        call: Some(status_read("running")),
+        counters: Counters {
+            polls: 1,
+            failures: FailureCount::Increment,
+            ..Counters::default()
+        },
+        next_in: Some((Duration::from_secs(60), "backoff")),
+        ..Step::event(Event::CallFailed {
+            error_class: "server_error".into(),
+        })
+    };
+    let due_in = |r: &OperationRecord| (r.next_action_at - chrono::Utc::now()).num_seconds();
+    // Released after a failed read, then a webhook: the backoff stands.
+    store
+        .apply(&failing.lease, failed_read(false))
+        .await
+        .unwrap();
+    let job = format!("job_{}", failing.lease.operation_id);
+    match store
+        .webhook_delivered("sim", "evt-out-1", Some(&job), Duration::from_secs(3600))
+        .await
+        .unwrap()
+    {
+        Delivery::New { outcome, .. } => assert_ne!(outcome, DeliveryOutcome::Scheduled),
+        other => panic!("{other:?}"),
+    }
+    let r = store.get(failing.lease.operation_id).await.unwrap();
+    assert!(
+        (55..=60).contains(&due_in(&r)),
+        "due in {} s ({})",
+        due_in(&r),
+        r.next_action_reason
+    );
+    // A webhook while the lease is held, then a failed read that lets it go: the backoff stands.
+    let job = format!("job_{}", held.lease.operation_id);
+    store
+        .webhook_delivered("sim", "evt-out-2", Some(&job), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let r = store
+        .apply(&held.lease, failed_read(false))
+        .await
+        .unwrap()
+        .record;
+    assert!(
+        (55..=60).contains(&due_in(&r)),
+        "due in {} s ({})",
+        due_in(&r),
+        r.next_action_reason
+    );
+}
+
 #[tokio::test]
 async fn verifying_everything_refuses_a_pool_too_small_for_its_streams() {
     let db = TestDb::new().await;

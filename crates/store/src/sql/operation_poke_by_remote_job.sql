@@ -4,8 +4,10 @@
 -- holds the lease the schedule is that worker's: the webhook is left as a mark
 -- (`webhook_while_leased`) that the worker's next write honours (its next read is then due at once:
 -- the one in flight may have been answered before the job finished). It changes nothing else: the
--- state moves only by a status read, under the normal lease rules. `held`: the mark was left (no
--- worker needs waking).
+-- state moves only by a status read, under the normal lease rules. A webhook shortens a polling wait
+-- only, never the backoff after failed calls (`failure_count` > 0): deliveries during a provider's
+-- outage would otherwise spend its retry budget in seconds and hold the job for a person. `held`:
+-- the mark was left (no worker needs waking).
 UPDATE operations
 SET next_action_at     = CASE WHEN lease_expires_at > now() THEN next_action_at
                               ELSE greatest(now(), coalesce(poll_not_before, now())) END,
@@ -16,5 +18,5 @@ WHERE provider = $1
   AND (state IN ('accepted', 'observing', 'cancelling')
        OR (state = 'cancel_requested' AND cancel_attempts > 0))
   AND (lease_expires_at > now()
-       OR next_action_at > greatest(now(), coalesce(poll_not_before, now())))
+       OR (failure_count = 0 AND next_action_at > greatest(now(), coalesce(poll_not_before, now()))))
 RETURNING id, coalesce(lease_expires_at > now(), false) AS held
