@@ -306,15 +306,36 @@ async fn a_webhook_secret_too_short_to_prove_anything_refuses_every_delivery() {
             m.update(body.as_bytes());
             format!("sha256={}", hex::encode(m.finalize().into_bytes()))
         };
-        let r = c
-            .post(server.url("/v1/webhooks/sim"))
-            .header("content-type", "application/json")
-            .header("X-Sim-Signature", sig)
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 503, "a delivery signed with {key:?}");
+        for _ in 0..3 {
+            let r = c
+                .post(server.url("/v1/webhooks/sim"))
+                .header("content-type", "application/json")
+                .header("X-Sim-Signature", &sig)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 503, "a delivery signed with {key:?}");
+            // The sender is told to come later, not how long our secret is.
+            let detail = r.json::<serde_json::Value>().await.unwrap()["detail"].to_string();
+            assert!(
+                !detail.contains("bytes") && !detail.contains("secret"),
+                "{detail}"
+            );
+        }
+        // Logged once, by the receiver (at most once a minute), not once per delivery.
+        let log = server.log_text();
+        assert_eq!(
+            log.matches("webhook deliveries are refused").count(),
+            1,
+            "{log}"
+        );
+        assert!(!log.contains("request failed"), "{log}");
+        let why = match key {
+            "short-key" => "at least 16 are needed",
+            _ => "the webhook secret is unavailable",
+        };
+        assert!(log.contains(why), "{log}");
     }
     assert!(rows(&env).await.is_empty(), "nothing recorded");
 
@@ -528,4 +549,54 @@ async fn without_addresses_told_apart_only_the_providers_bound_applies() {
         "read only once the held payload ran out of time"
     );
     drop(held);
+}
+
+/// What a signed payload takes parsed is held against `--held-mib` beside its text, as a request
+/// body's is: 200 KiB of tiny objects (some 14 MB parsed) is refused while another payload holds
+/// its share, not built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_is_held_for_what_it_takes_parsed() {
+    use tokio::io::AsyncWriteExt;
+    let env = Env::new().await;
+    let server = env.serve_with("api", &[("JOBTRAIL_HELD_MIB", "1")]);
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    // A payload declared at 250 KiB that stops after its first byte: its bytes are held.
+    let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stalled
+        .write_all(format!("{}{{", webhook_head(&addr, "sim", 250 * 1024, "10.0.0.9")).as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = format!(
+        r#"{{"event_id":"evt_parsed","job_id":"job_none","pad":[{}0]}}"#,
+        r#"{"a":0},"#.repeat(200 * 1024 / 8)
+    );
+    let sig = {
+        use hmac::{KeyInit, Mac};
+        let mut m =
+            hmac::Hmac::<sha2::Sha256>::new_from_slice(support::WEBHOOK_SECRET.as_bytes()).unwrap();
+        m.update(body.as_bytes());
+        format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+    };
+    let post = || {
+        support::http()
+            .post(server.url("/v1/webhooks/sim"))
+            .header("content-type", "application/json")
+            .header("X-Sim-Signature", &sig)
+            .body(body.clone())
+            .send()
+    };
+    let r = post().await.unwrap();
+    assert_eq!(r.status(), 503, "{:?}", r.text().await);
+    // Once the other payload has gone, the same delivery is taken.
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = post().await.unwrap().status();
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

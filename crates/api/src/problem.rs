@@ -97,7 +97,7 @@ impl IntoResponse for Problem {
             if status.is_server_error() && once_a_minute(&SHED_WARNED) {
                 tracing::warn!(kind = %doc.kind, detail = %self.0.message, "requests refused for load (said at most once a minute; jobtrail_api_problems_total counts them)");
             }
-        } else if status.is_server_error() || self.0.internal {
+        } else if (status.is_server_error() || self.0.internal) && !self.0.logged_by_door {
             tracing::warn!(kind = %doc.kind, detail = %self.0.message, "request failed");
         }
         let body = serde_json::to_vec(&doc).unwrap_or_default();

@@ -133,8 +133,7 @@ fn verify(
             let key = base64::engine::general_purpose::STANDARD
                 .decode(text.strip_prefix("whsec_").unwrap_or(text))
                 .map_err(|_| {
-                    Problem::new(
-                        Kind::Unavailable,
+                    unusable(
                         "the contract's webhook secret is not a Standard Webhooks secret (whsec_<base64>)",
                     )
                 })?;
@@ -149,7 +148,7 @@ fn verify(
                 return Err(unauthorized("the timestamp is outside the tolerance"));
             }
             let wh = standardwebhooks::Webhook::from_bytes(key)
-                .map_err(|_| Problem::new(Kind::Unavailable, "the webhook secret is unusable"))?;
+                .map_err(|_| unusable("the webhook secret is unusable"))?;
             wh.verify(payload, headers).map_err(|e| {
                 use standardwebhooks::WebhookError as E;
                 unauthorized(match e {
@@ -176,7 +175,7 @@ fn verify(
             let given = hex::decode(given).map_err(|_| unauthorized("the signature is not hex"))?;
             too_short(secret.len())?;
             let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
-                .map_err(|_| Problem::new(Kind::Unavailable, "the webhook secret is unusable"))?;
+                .map_err(|_| unusable("the webhook secret is unusable"))?;
             if let Some(th) = timestamp_header {
                 let ts = header(th.as_str())?;
                 let at: i64 = ts
@@ -202,14 +201,21 @@ fn verify(
 /// Refuse a key too short to prove anything: the server's fault, not the sender's (503, logged).
 fn too_short(len: usize) -> Result<(), Problem> {
     if len < MIN_WEBHOOK_KEY_BYTES {
-        return Err(Problem::new(
-            Kind::Unavailable,
-            format!(
-                "the webhook secret is {len} bytes: at least {MIN_WEBHOOK_KEY_BYTES} are needed for a signature to prove anything"
-            ),
-        ));
+        return Err(unusable(format!(
+            "the webhook secret is {len} bytes: at least {MIN_WEBHOOK_KEY_BYTES} are needed for a signature to prove anything"
+        )));
     }
     Ok(())
+}
+
+/// This server cannot check any delivery (its secret or contract): a 503 whose cause is kept from
+/// the sender (anyone may send one, and how long the secret is, or where it is kept, is ours), and
+/// logged by [`Receiver::account`] at most once a minute, not once per delivery.
+fn unusable(why: impl Into<String>) -> Problem {
+    let mut e = jobtrail_service::ServiceError::new(Kind::Unavailable, why);
+    e.internal = true;
+    e.logged_by_door = true;
+    Problem(e)
 }
 
 /// A string (or integer) at `pointer`, bounded.
@@ -292,7 +298,7 @@ async fn deliver(
     // Read only for a provider that takes webhooks, with one of its turns held to the answer:
     // anyone may send a payload (its signature is checked once it is whole), and one that
     // trickles holds its turn.
-    let (payload, _turn) = crate::body::read_holding(
+    let (payload, (_turns, mut held)) = crate::body::read_holding(
         |bytes| {
             let turns =
                 service.webhook_body_slot(provider, sender.map(|Extension(Sender(ip))| ip))?;
@@ -311,8 +317,12 @@ async fn deliver(
     // readiness check and the start name it; `account` says once a minute that deliveries fail).
     let secret = jobtrail_provider::wire::resolve_secret(&spec.secret)
         .await
-        .map_err(|_| Problem::new(Kind::Unavailable, "the webhook secret is unavailable"))?;
+        .map_err(|_| unusable("the webhook secret is unavailable"))?;
     let header_event_id = verify(spec, &secret, headers, &payload)?;
+    // What it takes parsed is held too, before it is built (many small values take many times
+    // their text), as a request body's is.
+    let parsed = jobtrail_core::json::footprint(&payload).map_err(crate::body::refused_json)?;
+    held.join(service.hold(&format!("webhooks of {provider}"), parsed)?);
     let v = jobtrail_core::json::parse_strict(&payload).map_err(|e| {
         Problem::new(
             Kind::BadInput,
@@ -326,10 +336,7 @@ async fn deliver(
         }
         (None, Some(p)) => id_at(&v, p, "event id")?,
         (None, None) => {
-            return Err(Problem::new(
-                Kind::Unavailable,
-                "the contract names no event id",
-            ));
+            return Err(unusable("the contract names no event id"));
         }
     };
     let job = match v.pointer(&spec.job_id) {

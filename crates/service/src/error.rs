@@ -128,6 +128,9 @@ pub struct ServiceError {
     /// The message describes our insides (a database error, a role, a path): a network door logs it
     /// and tells the caller only what kind of failure it was.
     pub internal: bool,
+    /// The door that made it logs it itself, at most once a minute (a webhook receiver whose
+    /// secret is unusable refuses every delivery; one line per delivery would flood the log).
+    pub logged_by_door: bool,
 }
 
 impl ServiceError {
@@ -147,6 +150,7 @@ impl ServiceError {
             message: message.into(),
             detail: None,
             internal: false,
+            logged_by_door: false,
         }
     }
     pub fn with_detail(mut self, detail: serde_json::Value) -> Self {
