@@ -819,21 +819,14 @@ async fn check_constraints_tie_states_to_their_facts() {
     );
 }
 
-/// No row holds an infinite time or a NaN: PostgreSQL takes both ('NaN' >= 0 is true), the reader
-/// cannot decode the one and no canonical JSON holds the other, so one such row written by any role
-/// that may write the table made `audit verify` (and a worker's claim) fail on it for good, the
-/// evidence being append-only. The schema refuses them, whoever writes.
-#[tokio::test]
-async fn infinite_times_and_nan_durations_are_refused_by_the_schema() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+/// An operation submitted, claimed and accepted by its provider, with the create call logged.
+async fn accepted_with_a_call(store: &Store) -> OperationRecord {
     let op = store
         .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
         .await
         .unwrap()
         .operation;
-    let id = op.id.as_uuid();
-    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    let c = claim_one(store, "w", Duration::from_secs(30)).await;
     let step = Step::event(Event::CreateAccepted {
         remote_job_id: "job_1".into(),
         remote_state: None,
@@ -842,6 +835,19 @@ async fn infinite_times_and_nan_durations_are_refused_by_the_schema() {
         "http://127.0.0.1:1/v1/jobs",
     ));
     store.apply(&c.lease, step).await.unwrap();
+    op
+}
+
+/// No row holds an infinite time or a NaN: PostgreSQL takes both ('NaN' >= 0 is true), the reader
+/// cannot decode the one and no canonical JSON holds the other, so one such row written by any role
+/// that may write the table made `audit verify` (and a worker's claim) fail on it for good, the
+/// evidence being append-only. The schema refuses them, whoever writes.
+#[tokio::test]
+async fn infinite_times_and_nan_durations_are_refused_by_the_schema() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = accepted_with_a_call(&store).await;
+    let id = op.id.as_uuid();
     let copy_call = |column: &str, value: &str| {
         format!(
             "CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}'; \
@@ -894,21 +900,8 @@ async fn infinite_times_and_nan_durations_are_refused_by_the_schema() {
 async fn json_this_build_cannot_read_is_a_break_not_an_error_that_stops_verify() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let op = store
-        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
-        .await
-        .unwrap()
-        .operation;
+    let op = accepted_with_a_call(&store).await;
     let id = op.id.as_uuid();
-    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
-    let step = Step::event(Event::CreateAccepted {
-        remote_job_id: "job_1".into(),
-        remote_state: None,
-    })
-    .with_call(jobtrail_store::testing::accepted_create(
-        "http://127.0.0.1:1/v1/jobs",
-    ));
-    store.apply(&c.lease, step).await.unwrap();
     let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
     // A link that continues the chain (the owner may record anything), its detail a number no
     // double holds; a call whose headers nest 200 deep; progress on the row beyond a double.
