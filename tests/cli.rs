@@ -63,6 +63,8 @@ async fn submit_show_wait_result_and_exit_codes() {
     let show = jobtrail(&env, &["show", &id, "--json"], None);
     let s: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(s["operation"]["state"], "succeeded");
+    // The whole record, the request it was submitted with included.
+    assert!(s["operation"]["request_body"].is_object(), "{s}");
     assert!(s["history"].as_array().unwrap().len() >= 4);
     assert!(
         s["calls"]

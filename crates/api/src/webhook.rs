@@ -75,13 +75,16 @@ impl Receiver {
             )
         {
             let now = std::time::Instant::now();
+            // Once a minute for each provider and kind of refusal: unsigned junk arriving first
+            // every minute must not hide that this server cannot check any delivery.
+            let key = format!("{provider} {label}");
             let due = {
                 let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
                 let due = warned
-                    .get(provider)
+                    .get(&key)
                     .is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(60));
                 if due {
-                    warned.insert(provider.to_owned(), now);
+                    warned.insert(key, now);
                 }
                 due
             };

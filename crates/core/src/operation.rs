@@ -364,7 +364,11 @@ impl Submission {
                 line: e.line,
                 column: e.column,
             })?;
-        if let Some((pointer, number)) = crate::json::first_integer_beyond_double(&body) {
+        // A retry sends again what its operation was stored with (earlier builds kept such
+        // integers), under a new token: no resend is told from it by its fingerprint.
+        if self.supersedes.is_none()
+            && let Some((pointer, number)) = crate::json::first_integer_beyond_double(&body)
+        {
             return Err(SubmitError::IntegerBeyondDouble { pointer, number });
         }
         if terms.body == BodyShape::Object && !body.is_object() {
@@ -517,6 +521,27 @@ mod tests {
     }
     fn terms() -> ProviderTerms {
         ProviderTerms::new("sim", IdempotencyMode::Header)
+    }
+
+    #[test]
+    fn an_integer_a_double_cannot_hold_is_refused_but_a_retry_sends_what_was_stored() {
+        let body = r#"{"account":{"id":9007199254740993}}"#;
+        let err = sub(body)
+            .validate(&terms(), SubmitLimits::default(), now(), entropy())
+            .unwrap_err();
+        assert!(
+            matches!(&err, SubmitError::IntegerBeyondDouble { pointer, .. } if pointer == "/account/id"),
+            "{err}"
+        );
+        let retry = Submission {
+            supersedes: Some(OperationId::from_uuid(uuid::Uuid::from_u128(7))),
+            ..sub(body)
+        };
+        assert!(
+            retry
+                .validate(&terms(), SubmitLimits::default(), now(), entropy())
+                .is_ok()
+        );
     }
 
     #[test]

@@ -637,7 +637,8 @@ impl Service {
         ServiceError,
     > {
         p.require(Scope::Read)?;
-        let op = self.visible(p, id).await?;
+        // The whole record, request included (`show --json` promises it), once it may be seen.
+        let op = self.store.get(self.visible(p, id).await?.id).await?;
         let history = self.store.history(op.id).await?;
         let calls = self.store.calls(op.id).await?;
         Ok((op, history, calls))

@@ -113,7 +113,7 @@ struct Facts {
     result_location: Option<String>,
     result_size: Option<i64>,
     result_sha256: Option<String>,
-    result_summary: Option<serde_json::Value>,
+    result_summary: Option<crate::record::ReadableJson>,
     result_content_type: Option<String>,
     cancel_requested_at: Option<DateTime<Utc>>,
     cancel_requested_by: Option<String>,
@@ -888,7 +888,7 @@ fn check_operation(
             (
                 "result_summary",
                 json(&c.result_summary),
-                json(&f.result_summary),
+                json(&f.result_summary.as_ref().map(|j| j.0.clone())),
             ),
             (
                 "result_content_type",

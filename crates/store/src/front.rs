@@ -101,8 +101,6 @@ impl StateListener {
 }
 
 impl Store {
-    /// One page of operations, newest first, each **without its request body** (`null`): a page is
-    /// for listing; read an operation on its own for its request.
     /// One operation as the doors show it: its request body is `null` (see the SQL).
     pub async fn get_shown(&self, id: OperationId) -> Result<OperationRecord, StoreError> {
         let row: Option<OperationRow> = sqlx::query_as(include_str!("sql/operation_get_shown.sql"))
@@ -112,6 +110,8 @@ impl Store {
         row.ok_or(StoreError::NotFound(id))?.try_into()
     }
 
+    /// One page of operations, newest first, each **without its request body** (`null`): a page is
+    /// for listing; read an operation on its own for its request.
     pub async fn list_page(
         &self,
         filter: &ListFilter,

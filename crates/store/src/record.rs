@@ -21,7 +21,7 @@ fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
 /// marker naming why, never as an error that would stop every read of the table (`audit verify
 /// --all` included) for good: in a hashed row the marker does not hash as the stored value did, so
 /// `audit verify` names that row, and reads on.
-pub(crate) struct ReadableJson(serde_json::Value);
+pub(crate) struct ReadableJson(pub(crate) serde_json::Value);
 
 /// The key of the marker an unreadable value is read as.
 pub const UNREADABLE_JSON: &str = "jobtrail_unreadable_json";
@@ -60,7 +60,7 @@ pub(crate) struct OperationRow {
     id: Uuid,
     provider: String,
     target: String,
-    request_body: serde_json::Value,
+    request_body: ReadableJson,
     request_fingerprint: String,
     idempotency_token: String,
     idempotency_mode: String,
@@ -145,7 +145,7 @@ impl TryFrom<OperationRow> for OperationRecord {
             id: OperationId::from_uuid(r.id),
             provider: r.provider,
             target: r.target,
-            request_body: r.request_body,
+            request_body: r.request_body.0,
             fingerprint: Fingerprint::from_stored(r.request_fingerprint),
             token: IdempotencyToken::from_stored(r.idempotency_token),
             idempotency: r

@@ -912,7 +912,8 @@ async fn json_this_build_cannot_read_is_a_break_not_an_error_that_stops_verify()
              SELECT id, history_seq + 1, now(), 'x', state, state, 'remote_progress', 'forged', '{{\"n\": 1e400}}', history_head, sha256(history_head) \
              FROM operations WHERE id = '{id}'; \
              UPDATE operations SET history_seq = history_seq + 1, history_head = sha256(history_head), \
-             remote_progress = '{{\"n\": -1e400}}' WHERE id = '{id}'; \
+             remote_progress = '{{\"n\": -1e400}}', result_summary = '{{\"n\": 1e400}}', \
+             request_body = '{{\"n\": 1e400}}' WHERE id = '{id}'; \
              SET session_replication_role = replica; \
              CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}'; \
              UPDATE c SET id = gen_random_uuid(), seq = seq + 100, response_headers = '{deep}'; \
@@ -932,11 +933,17 @@ async fn json_this_build_cannot_read_is_a_break_not_an_error_that_stops_verify()
         "{:?}",
         forged.detail
     );
-    assert!(
-        store.get(op.id).await.unwrap().remote_progress.unwrap()
-            [jobtrail_store::record::UNREADABLE_JSON]
-            .is_string()
-    );
+    let row = store.get(op.id).await.unwrap();
+    for v in [
+        row.remote_progress.unwrap(),
+        row.result_summary.unwrap(),
+        row.request_body,
+    ] {
+        assert!(
+            v[jobtrail_store::record::UNREADABLE_JSON].is_string(),
+            "{v}"
+        );
+    }
     let one = store.verify_operation(op.id).await.unwrap();
     assert!(
         one.breaks.iter().any(|b| b.seq == forged_seq),
