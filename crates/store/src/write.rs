@@ -466,6 +466,12 @@ fn apply_event_effects(rec: &mut OperationRecord, ev: &Event, t: Transition, now
     if t.from.needs_human() && t.to.is_automated() {
         rec.failure_count = 0;
     }
+    // A job the provider accepted (or a lookup found) is watched with the whole retry budget: the
+    // failures spent creating it are not its status reads' (and a webhook, which waits out a
+    // failure backoff, may bring its first read forward).
+    if t.on == jobtrail_core::EventKind::CreateAccepted {
+        rec.failure_count = 0;
+    }
 }
 
 pub(crate) async fn insert_call<'c, E: sqlx::PgExecutor<'c>>(

@@ -1983,6 +1983,42 @@ async fn a_webhook_during_a_lease_makes_the_next_read_due_at_once() {
     }
 }
 
+/// Failures spent creating a job are not its status reads': once the provider accepts it, it is
+/// watched with the whole retry budget (two status errors after seven failed creates held it for a
+/// person, and webhooks were ignored until its first good read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_accepted_after_failed_creates_is_watched_with_the_whole_retry_budget() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
+    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    for _ in 0..3 {
+        let failed = Step {
+            keep_lease: true,
+            counters: Counters {
+                failures: FailureCount::Increment,
+                ..Counters::default()
+            },
+            ..Step::event(Event::CallFailed {
+                error_class: "connect_failed".into(),
+            })
+        };
+        store.apply(&c.lease, failed).await.unwrap();
+    }
+    let op = store.get(c.lease.operation_id).await.unwrap();
+    assert_eq!(op.failure_count, 3);
+    let accepted = Step::event(Event::CreateAccepted {
+        remote_job_id: "job_1".into(),
+        remote_state: None,
+    })
+    .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"));
+    let r = store.apply(&c.lease, accepted).await.unwrap().record;
+    assert_eq!(r.failure_count, 0);
+}
+
 /// A webhook brings a status read forward from a polling wait, never from the backoff after failed
 /// reads: deliveries during a provider's outage would spend the retry budget in seconds and hold
 /// the job for a person.
