@@ -345,6 +345,10 @@ pub fn first_integer_beyond_double(v: &Value) -> Option<(String, String)> {
     }
 }
 
+/// The key of the marker a stored value PostgreSQL keeps but serde_json refuses is read as
+/// (`{"jobtrail_unreadable_json": "<why>"}`): reserved, never accepted in a request.
+pub const UNREADABLE_JSON: &str = "jobtrail_unreadable_json";
+
 /// What kind of JSON value this is, for messages.
 pub fn kind_of(v: &Value) -> &'static str {
     match v {

@@ -139,6 +139,10 @@ pub struct Submission {
     /// The caller's trace context (W3C `traceparent`), so the operation's trace joins the agent's
     /// under the agent's span; a new trace otherwise.
     pub trace: Option<TraceParent>,
+    /// The body is the request the superseded operation was stored with, sent again unedited (a
+    /// person's retry): what an earlier build stored is not refused for rules added since (an
+    /// integer beyond 2^53). Never set from a caller's input.
+    pub resends_stored_request: bool,
 }
 
 /// Caller-drawn randomness for a new intent.
@@ -213,6 +217,10 @@ pub enum SubmitError {
         "request body holds the integer {number} at {pointer:?}, beyond 2^53: a request's fingerprint writes numbers as doubles (RFC 8785) and could not tell it from its neighbours; send it as a string"
     )]
     IntegerBeyondDouble { pointer: String, number: String },
+    #[error(
+        "request body holds the key {key:?}, which jobtrail reads in place of a stored request it could not read: a retry of such an operation must name its request"
+    )]
+    ReservedKey { key: &'static str },
     #[error("request body is {found}; provider {provider} takes a JSON object")]
     BodyNotObject {
         provider: String,
@@ -364,12 +372,18 @@ impl Submission {
                 line: e.line,
                 column: e.column,
             })?;
-        // A retry sends again what its operation was stored with (earlier builds kept such
-        // integers), under a new token: no resend is told from it by its fingerprint.
-        if self.supersedes.is_none()
+        // A person's unedited retry sends again what its operation was stored with (earlier
+        // builds kept such integers), under a new token.
+        if !self.resends_stored_request
             && let Some((pointer, number)) = crate::json::first_integer_beyond_double(&body)
         {
             return Err(SubmitError::IntegerBeyondDouble { pointer, number });
+        }
+        // What a stored request that could not be read is read as: never sent to a provider.
+        if body.get(crate::json::UNREADABLE_JSON).is_some() {
+            return Err(SubmitError::ReservedKey {
+                key: crate::json::UNREADABLE_JSON,
+            });
         }
         if terms.body == BodyShape::Object && !body.is_object() {
             return Err(SubmitError::BodyNotObject {
@@ -533,15 +547,38 @@ mod tests {
             matches!(&err, SubmitError::IntegerBeyondDouble { pointer, .. } if pointer == "/account/id"),
             "{err}"
         );
-        let retry = Submission {
+        // Naming an operation to supersede is not enough (an agent may): only a person's
+        // unedited retry sends what was stored.
+        let agents = Submission {
             supersedes: Some(OperationId::from_uuid(uuid::Uuid::from_u128(7))),
             ..sub(body)
+        };
+        assert!(
+            agents
+                .validate(&terms(), SubmitLimits::default(), now(), entropy())
+                .is_err()
+        );
+        let retry = Submission {
+            resends_stored_request: true,
+            ..agents
         };
         assert!(
             retry
                 .validate(&terms(), SubmitLimits::default(), now(), entropy())
                 .is_ok()
         );
+        // The marker an unreadable stored request is read as is never sent on.
+        let marker = format!(
+            r#"{{"{}": "number out of range"}}"#,
+            crate::json::UNREADABLE_JSON
+        );
+        let err = Submission {
+            resends_stored_request: true,
+            ..sub(&marker)
+        }
+        .validate(&terms(), SubmitLimits::default(), now(), entropy())
+        .unwrap_err();
+        assert!(matches!(err, SubmitError::ReservedKey { .. }), "{err}");
     }
 
     #[test]

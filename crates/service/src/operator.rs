@@ -372,6 +372,7 @@ impl Service {
             cancel_window: None,
             supersedes: Some(id),
             trace: None,
+            resends_stored_request: !edited,
         };
         let terms = self.terms.get(&old.provider).ok_or_else(|| {
             ServiceError::unavailable(format!(

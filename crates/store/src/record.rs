@@ -24,7 +24,7 @@ fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
 pub(crate) struct ReadableJson(pub(crate) serde_json::Value);
 
 /// The key of the marker an unreadable value is read as.
-pub const UNREADABLE_JSON: &str = "jobtrail_unreadable_json";
+pub use jobtrail_core::json::UNREADABLE_JSON;
 
 impl sqlx::Type<sqlx::Postgres> for ReadableJson {
     fn type_info() -> sqlx::postgres::PgTypeInfo {
