@@ -622,20 +622,10 @@ impl HttpProvider {
 
     /// What a complete response means for this call, by the contract's rules then the defaults.
     fn meaning(&self, call: CallName, ex: &Exchange) -> Meaning {
-        let status = ex.status.unwrap_or(0);
-        let text = String::from_utf8_lossy(&ex.body);
-        for r in &self.contract.rules {
-            let call_ok = r.calls.is_empty() || r.calls.contains(&call);
-            let status_ok = r.status.is_empty() || r.status.contains(&status);
-            let body_ok = r
-                .body_contains
-                .as_ref()
-                .is_none_or(|needle| text.contains(needle.as_str()));
-            if call_ok && status_ok && body_ok {
-                return r.means;
-            }
+        if let Some(means) = self.ruled(call, ex) {
+            return means;
         }
-        match status {
+        match ex.status.unwrap_or(0) {
             200..=299 => Meaning::Success,
             408 | 425 | 429 => Meaning::RetryLater,
             503 if wire::retry_after(&ex.headers).is_some() => Meaning::RetryLater,
@@ -643,6 +633,23 @@ impl HttpProvider {
             400..=499 => Meaning::Reject,
             _ => Meaning::Ambiguous,
         }
+    }
+
+    /// What the contract's first matching rule says this response means, if one matches.
+    fn ruled(&self, call: CallName, ex: &Exchange) -> Option<Meaning> {
+        let status = ex.status.unwrap_or(0);
+        let text = String::from_utf8_lossy(&ex.body);
+        self.contract
+            .rules
+            .iter()
+            .find(|r| {
+                (r.calls.is_empty() || r.calls.contains(&call))
+                    && (r.status.is_empty() || r.status.contains(&status))
+                    && r.body_contains
+                        .as_ref()
+                        .is_none_or(|needle| text.contains(needle.as_str()))
+            })
+            .map(|r| r.means)
     }
 
     fn locate(
@@ -728,16 +735,29 @@ impl HttpProvider {
         if let Some(e) = ex.error {
             return Verdict::Wire(e);
         }
+        // A result call's 2xx is kept unscrubbed (it may be the result): when the contract calls
+        // it something else, its words are the recorded reason, so one that repeats a credential
+        // is not quoted at all.
+        let reason = || {
+            if ex.echoed_secret && call == CallName::Result && Self::kept_as_sent(ex) {
+                format!(
+                    "HTTP {}: the answer repeats a credential this call sent; it is not kept",
+                    ex.status.unwrap_or(0)
+                )
+            } else {
+                Self::reason(ex)
+            }
+        };
         match self.meaning(call, ex) {
             Meaning::Success => Verdict::Success,
             Meaning::AlreadyExists => Verdict::AlreadyExists,
             Meaning::Reject => Verdict::Reject {
                 status: ex.status,
-                reason: Self::reason(ex),
+                reason: reason(),
             },
             Meaning::RetryLater => Verdict::RetryLater {
                 delay: wire::retry_after(&ex.headers),
-                reason: Self::reason(ex),
+                reason: reason(),
             },
             Meaning::Ambiguous => Verdict::Ambiguous {
                 class: Self::ambiguous_class(ex),
@@ -1366,15 +1386,17 @@ impl HttpProvider {
     }
 
     /// The state a status document names when the contract maps it to another phase than
-    /// succeeded (running, failed, cancelled). A document that names no state, or one the contract
-    /// does not map, says nothing against the success already seen. `named_url`: read at a URL the
+    /// succeeded (running, failed, cancelled). A status document that names no state is in the
+    /// contract's `state_absent`; a resource that names none, or a state the contract does not
+    /// map, says nothing against the success already seen. `named_url`: a status read at a URL the
     /// provider named, where a status code the contract maps is the state whatever the body (as a
     /// status read takes it).
-    fn not_succeeded_in(&self, ex: &Exchange, named_url: bool) -> Option<String> {
+    fn not_succeeded_in(&self, ex: &Exchange, from: ResultFrom, named_url: bool) -> Option<String> {
         let spec = &self.contract.status;
+        let from_status = from == ResultFrom::Status;
         if let Some(phase) = ex
             .status
-            .filter(|_| named_url)
+            .filter(|_| from_status && named_url)
             .and_then(|c| spec.codes.get(&c))
         {
             return (*phase != Phase::Succeeded)
@@ -1383,7 +1405,12 @@ impl HttpProvider {
         // The result itself, maybe: only its state is built.
         let json = wire::sparse(&ex.body, spec.state.iter().map(String::as_str))
             .or_else(|| serde_json::from_slice::<serde_json::Value>(&ex.body).ok())?;
-        let state = spec.state_in(&json)?;
+        // A status document that names no state is in the contract's absent state, as a status
+        // read takes it (Google's `done` left out: still running); the created resource may
+        // name none after success.
+        let state = spec
+            .state_in(&json)
+            .or_else(|| from_status.then(|| spec.state_absent.clone()).flatten())?;
         spec.phase(&state)
             .is_some_and(|p| p != Phase::Succeeded)
             .then_some(state)
@@ -1576,10 +1603,8 @@ impl HttpProvider {
             // "running", or answered from a stale replica). Read again, within the failure budget.
             Verdict::Success | Verdict::AlreadyExists
                 if matches!(spec.from, ResultFrom::Status | ResultFrom::Resource)
-                    && let Some(state) = self.not_succeeded_in(
-                        &ex,
-                        spec.from == ResultFrom::Status && op.status_url.is_some(),
-                    ) =>
+                    && let Some(state) =
+                        self.not_succeeded_in(&ex, spec.from, op.status_url.is_some()) =>
             {
                 (
                     ResultOutcome::Failed {
@@ -1609,15 +1634,6 @@ impl HttpProvider {
                 let d = format!("fetched {} bytes", fetched.bytes.len());
                 (ResultOutcome::Fetched(fetched), d)
             }
-            // A 2xx the contract calls no result, kept unscrubbed as a result would be: its words
-            // are not recorded when they repeat a credential.
-            Verdict::Reject { status, .. } if ex.echoed_secret && Self::kept_as_sent(&ex) => (
-                ResultOutcome::Unavailable {
-                    http_status: status,
-                    reason: "the answer repeats a credential this call sent; it is not kept".into(),
-                },
-                "unavailable: the answer repeats a credential".into(),
-            ),
             Verdict::Reject { status, reason } => (
                 ResultOutcome::Unavailable {
                     http_status: status,
@@ -1685,7 +1701,11 @@ impl HttpProvider {
         };
         let (outcome, d) = match self.verdict(CallName::Lookup, &ex) {
             Verdict::Wire(e) => failed(e.class().into()),
-            _ if ex.status == Some(404) => (LookupOutcome::NotFound, "not found".into()),
+            // A lookup by path (`/jobs/by-reference/{client_reference}`) says "none" with a 404,
+            // unless the contract's rules say what its 404s mean (a gateway's page, say).
+            _ if ex.status == Some(404) && self.ruled(CallName::Lookup, &ex).is_none() => {
+                (LookupOutcome::NotFound, "not found".into())
+            }
             Verdict::Success => match serde_json::from_slice::<serde_json::Value>(&ex.body) {
                 Err(_) => failed("malformed_json".into()),
                 Ok(json) => {

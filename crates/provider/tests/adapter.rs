@@ -1174,6 +1174,97 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
     server.abort();
 }
 
+/// A lookup by path answers "none" with a 404; but where the contract's rules say what its 404s
+/// mean (a gateway's page, a misrouted call), the rule decides, and an answer it calls ambiguous
+/// is no "none found". Over real HTTP, from a provider on 127.0.0.1 that knows no such path.
+#[tokio::test]
+async fn a_lookup_404_is_none_found_unless_a_rule_says_otherwise() {
+    use jobtrail_provider::contract::{CallName, Meaning, Rule};
+    let (addr, _answer, server) = stub_provider("/elsewhere").await;
+    for (ruled, none_found) in [(false, true), (true, false)] {
+        let h = harness_with(jobtrail_sim::Config::default(), |_| {
+            let mut c = contract("sim", &format!("http://{addr}"));
+            if ruled {
+                c.rules.insert(
+                    0,
+                    Rule {
+                        calls: vec![CallName::Lookup],
+                        status: vec![404],
+                        body_contains: None,
+                        means: Meaning::Ambiguous,
+                    },
+                );
+            }
+            c
+        })
+        .await;
+        let op = h.op(serde_json::json!({})).await;
+        let got = h.provider.lookup(&op, 1.into()).await;
+        assert_eq!(got.call.http_status, Some(404));
+        match got.outcome {
+            LookupOutcome::NotFound if none_found => {}
+            LookupOutcome::Failed { error_class } if !none_found => {
+                assert_eq!(error_class, "http_404")
+            }
+            other => panic!("ruled {ruled}: {other:?}"),
+        }
+    }
+    server.abort();
+}
+
+/// A result call's 2xx is kept unscrubbed, since it may be the result. One the contract's rules
+/// call "not ready yet" or "no result" is not: its words become the recorded reason, so one that
+/// quotes the bearer token is recorded without them, in the outcome and in the call log.
+#[tokio::test]
+async fn a_result_answer_a_rule_turns_away_is_never_quoted_with_a_credential_in_it() {
+    use jobtrail_provider::contract::{CallName, Meaning, ResultFrom, Rule};
+    let (addr, answer, server) = stub_provider("/v1/jobs/{id}").await;
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.result.as_mut().unwrap().from = ResultFrom::Status;
+        for (needle, means) in [
+            ("preparing", Meaning::RetryLater),
+            ("refused", Meaning::Reject),
+        ] {
+            c.rules.push(Rule {
+                calls: vec![CallName::Result],
+                status: vec![200],
+                body_contains: Some(needle.into()),
+                means,
+            });
+        }
+        c
+    })
+    .await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.remote_job_id = Some("job_1".into());
+    op.state = jobtrail_core::State::ResultCollecting;
+    for word in ["preparing", "refused"] {
+        *answer.lock().unwrap() =
+            serde_json::json!({"state": word, "seen": {"authorization": format!("Bearer {SECRET}")}})
+                .to_string();
+        let r = h.provider.fetch_result(&op, 1.into()).await;
+        let reason = match &r.outcome {
+            ResultOutcome::RetryLater { reason, .. } if word == "preparing" => reason,
+            ResultOutcome::Unavailable { reason, .. } if word == "refused" => reason,
+            other => panic!("{word}: {other:?}"),
+        };
+        assert!(reason.contains("repeats a credential"), "{reason}");
+        for recorded in [reason.as_str(), &r.call.outcome, &format!("{:?}", r.call)] {
+            assert!(!recorded.contains(SECRET), "{word}: {recorded}");
+        }
+    }
+    // Without the credential, the words are the reason, as for any answer turned away.
+    *answer.lock().unwrap() = serde_json::json!({"state": "preparing"}).to_string();
+    match h.provider.fetch_result(&op, 1.into()).await.outcome {
+        ResultOutcome::RetryLater { reason, .. } => {
+            assert!(reason.contains("preparing"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    server.abort();
+}
+
 /// A result read from the status document (or the resource) is that document read again: if it
 /// no longer says the job succeeded (a provider gone back to "running", or a stale replica that
 /// says "failed"), it is no result, and is read again within the failure budget; never kept as
@@ -1235,5 +1326,28 @@ async fn a_status_read_for_the_result_that_no_longer_says_succeeded_is_no_result
         "{:?}",
         r.outcome
     );
+    // Where the contract says what a status without a state means (Google leaves `done` out while
+    // it is false), a status document read for the result that names none is in that state, as a
+    // status read takes it: running, no result. A created resource may name none after success.
+    for (from, kept) in [(ResultFrom::Status, false), (ResultFrom::Resource, true)] {
+        let h = harness_with(jobtrail_sim::Config::default(), |_| {
+            let mut c = contract("sim", &format!("http://{addr}"));
+            c.result.as_mut().unwrap().from = from;
+            c.status.state_absent = Some("running".into());
+            c
+        })
+        .await;
+        let mut op = h.op(serde_json::json!({})).await;
+        op.remote_job_id = Some("job_1".into());
+        op.state = jobtrail_core::State::ResultCollecting;
+        *answer.lock().unwrap() = serde_json::json!({"items": []}).to_string();
+        match (h.provider.fetch_result(&op, 1.into()).await.outcome, kept) {
+            (ResultOutcome::Fetched(_), true) => {}
+            (ResultOutcome::Failed { error_class }, false) => {
+                assert_eq!(error_class, "status_no_longer_succeeded")
+            }
+            (other, _) => panic!("{from:?}: {other:?}"),
+        }
+    }
     server.abort();
 }
