@@ -561,6 +561,7 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
         (vec!["worker", "--lease", "100000000d"], "--lease"),
         (vec!["worker", "--lease", "2h"], "--lease"),
         (vec!["worker", "--idle", "0s"], "--idle"),
+        (vec!["worker", "--idle", "30ms"], "--idle"),
     ] {
         let out = jobtrail(&env, &args, None);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -558,6 +558,37 @@ async fn an_agent_over_stdio_needs_only_the_api_and_a_token() {
 /// A caller holds at most `--mcp-sessions-per-caller` MCP sessions open at once (each is a task
 /// and its channels until closed or idle for 5 minutes): past it, opening another is refused with
 /// 429 `rate-limited`, while another caller still opens one; closing one makes room.
+/// DNS-rebinding protection: `/mcp` answers a Host it was told of, and loopback besides, never
+/// another name (a page on evil.example that resolved its name to this server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_answers_named_hosts_besides_loopback_and_no_other() {
+    let env = Env::new().await;
+    let server = env.serve_with("api", &[("JOBTRAIL_MCP_ALLOWED_HOSTS", "jobtrail.example")]);
+    let token = env.token("agent-alice", &["read"]).await;
+    let c = support::http();
+    for (host, allowed) in [
+        (None, true),
+        (Some("jobtrail.example"), true),
+        (Some("localhost"), true),
+        (Some("evil.example"), false),
+    ] {
+        let mut r = c
+            .post(server.url("/mcp"))
+            .bearer_auth(&token)
+            .header("accept", "application/json, text/event-stream")
+            .json(&support::mcp_initialize());
+        if let Some(h) = host {
+            r = r.header("host", h);
+        }
+        let status = r.send().await.unwrap().status();
+        assert_eq!(
+            status == reqwest::StatusCode::OK,
+            allowed,
+            "{host:?}: {status}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_holds_a_bounded_number_of_mcp_sessions() {
     let env = Env::new().await;

@@ -77,9 +77,29 @@ impl std::str::FromStr for Proxies {
             .map(str::trim)
             .filter(|p| !p.is_empty())
             .map(|p| {
-                p.parse::<ipnet::IpNet>()
+                let net = p
+                    .parse::<ipnet::IpNet>()
                     .or_else(|_| p.parse::<IpAddr>().map(ipnet::IpNet::from))
-                    .map_err(|_| format!("{p:?}: an address or a range (10.0.0.0/8, fd00::/8)"))
+                    .map_err(|_| format!("{p:?}: an address or a range (10.0.0.0/8, fd00:10::/64)"))?;
+                // An address trusted here may name any client: a typo that trusts the world
+                // (`10.0.0.0/0` for `/8`) would let anyone choose the address they are counted as.
+                if net != net.trunc() {
+                    return Err(format!(
+                        "{p:?}: the address has bits set past the /{} prefix; did you mean {}?",
+                        net.prefix_len(),
+                        net.trunc()
+                    ));
+                }
+                let widest = match net {
+                    ipnet::IpNet::V4(_) => 8,
+                    ipnet::IpNet::V6(_) => 16,
+                };
+                if net.prefix_len() < widest {
+                    return Err(format!(
+                        "{p:?}: wider than /{widest}: every address in it may name any client; name the proxies' own range"
+                    ));
+                }
+                Ok(net)
             })
             .collect::<Result<_, _>>()
             .map(Proxies)
@@ -240,6 +260,32 @@ mod tests {
         assert_eq!(q.burst_size().get(), 7);
         for bad in ["", "0/s", "50", "50/m", "-1/s", "5/s,0", "5/s,x", "5/s,"] {
             assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn trusted_proxies_that_would_trust_the_world_are_refused() {
+        for bad in [
+            "0.0.0.0/0",
+            "10.0.0.0/0",
+            "10.1.2.3/8",
+            "10.0.0.0/7",
+            "::/0",
+            "fd00::/8",
+            "10.0.0.0/8,0.0.0.0/0",
+            "proxy.local",
+        ] {
+            assert!(bad.parse::<Proxies>().is_err(), "{bad:?}");
+        }
+        for good in [
+            "",
+            "10.0.0.0/8",
+            "192.168.1.7",
+            "fd00::/16",
+            "::1",
+            "10.0.0.0/8, 10.1.0.0/16",
+        ] {
+            assert!(good.parse::<Proxies>().is_ok(), "{good:?}");
         }
     }
 

@@ -23,7 +23,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "JOBTRAIL_LEASE", default_value = "30s")]
     lease: String,
     /// The backstop: longest sleep without looking for work. An idle worker otherwise sleeps until
-    /// the earliest due time of work it could claim, or a notification.
+    /// the earliest due time of work it could claim, or a notification. 50ms to 1h.
     #[arg(long, env = "JOBTRAIL_IDLE", default_value = "30s")]
     idle: String,
     /// Keep result bytes as files in this local directory instead of in the database (the
@@ -72,10 +72,11 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         Duration::from_secs(1),
         Duration::from_secs(3600),
     )?;
+    // A floor: `--idle 30ms` (meant 30s) would scan the database 30 times a second per worker.
     config.idle = shell::parse_duration_within(
         "--idle",
         &a.idle,
-        Duration::from_millis(1),
+        Duration::from_millis(50),
         Duration::from_secs(3600),
     )?;
     config.shutdown_grace = shell::parse_duration_within(

@@ -610,8 +610,16 @@ pub fn http_router(
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(shutdown.child_token())
         .with_max_request_body_bytes(jobtrail_service::MAX_REQUEST_BYTES);
+    // Named hosts are allowed besides loopback (rmcp's default list), not instead of it: a local
+    // client keeps working when the server is also published under a name.
     if !allowed_hosts.is_empty() {
-        config = config.with_allowed_hosts(allowed_hosts);
+        let hosts: Vec<String> = config
+            .allowed_hosts
+            .iter()
+            .cloned()
+            .chain(allowed_hosts)
+            .collect();
+        config = config.with_allowed_hosts(hosts);
     }
     let mut manager = LocalSessionManager::default();
     manager.session_config.completed_cache_ttl = ANSWER_KEPT;
