@@ -80,12 +80,21 @@ echo "== helm template + Kubernetes schemas (defaults; every option on)"
   --set autoscaling.keda.enabled=true --set autoscaling.keda.authenticationRef=jobtrail-keda-pg \
   --set api.nodeSelector.pool=api --set 'api.tolerations[0].key=dedicated,api.tolerations[0].operator=Exists' \
   --set 'worker.topologySpreadConstraints[0].maxSkew=1,worker.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone,worker.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway' \
-  --set contracts.revision=2 --set metrics.serviceMonitor.enabled=true >"$out/full.yaml"
+  --set contracts.revision=2 --set metrics.serviceMonitor.enabled=true \
+  --set api.operatorLogin=true \
+  --set 'networkPolicy.otelTo[0].namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=observability' \
+  >"$out/full.yaml"
 "$helm" template jt helm/jobtrail --set autoscaling.hpa.enabled=true --set database.maxConnections=200 \
   --set autoscaling.keda.authenticationRef=unused >"$out/hpa.yaml"
 "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set database.maxConnections=400 \
   --set autoscaling.keda.authenticationRef=jobtrail-keda-pg >"$out/keda-auth.yaml"
-grep -q 'name: jobtrail-keda-pg' "$out/keda-auth.yaml" && ! grep -q connectionFromEnv "$out/keda-auth.yaml"
+# (Each its own command: under `set -e` neither side of an `&&` list, nor a `!` command, stops
+# the script.)
+grep -q 'name: jobtrail-keda-pg' "$out/keda-auth.yaml"
+if grep -q connectionFromEnv "$out/keda-auth.yaml"; then
+  echo "KEDA reads the database URL from the pods' environment instead of its TriggerAuthentication" >&2
+  exit 1
+fi
 "$py" -m kubernetes_validate --strict --quiet "$out/default.yaml" "$out/hpa.yaml"
 # ScaledObject and ServiceMonitor are custom resources the Kubernetes schemas do not know: only
 # warnings for those two kinds are accepted.
@@ -108,6 +117,33 @@ for d in yaml.safe_load_all(open(sys.argv[1])):
         env[d["metadata"]["name"].rsplit("-", 1)[-1]] = names
 assert "JOBTRAIL_SIM_TOKEN" in env["worker"] and "JOBTRAIL_SIM_TOKEN" not in env["api"], env
 assert "JOBTRAIL_SIM_WEBHOOK_SECRET" in env["api"] and "JOBTRAIL_SIM_WEBHOOK_SECRET" not in env["worker"], env
+# The operator login (tokens, decisions) reaches the API only when asked for.
+assert "JOBTRAIL_OPERATOR_DATABASE_URL" in env["api"], env
+PY
+"$py" - "$out/default.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-api"))
+names = [e["name"] for c in api["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])]
+assert "JOBTRAIL_OPERATOR_DATABASE_URL" not in names, names
+# Clients reach the API's port only: the ops port (metrics, probes) is on a headless Service.
+services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+assert [p["name"] for p in services["jt-jobtrail-api"]["spec"]["ports"]] == ["http"], services
+assert services["jt-jobtrail-api-ops"]["spec"]["clusterIP"] == "None", services
+# The migration Job (the owner login) has a policy of its own, made before it.
+mig = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-migrate")]
+assert mig and mig[0]["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "migrate", mig
+assert mig[0]["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade", mig
+PY
+# Traces leave from the workers only, to where the collector runs when told.
+"$py" - "$out/full.yaml" <<'PY'
+import sys, yaml
+pols = {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in yaml.safe_load_all(open(sys.argv[1]))
+        if d and d.get("kind") == "NetworkPolicy"}
+ports = lambda p: [q["port"] for r in p["spec"]["egress"] for q in r.get("ports", [])]
+assert 4318 not in ports(pols["api"]), pols["api"]
+otel = [r for r in pols["worker"]["spec"]["egress"] if any(q["port"] == 4318 for q in r.get("ports", []))]
+assert otel and otel[0]["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}], otel
 PY
 # The per-address rate is off unless set (with the proxies to trust, behind an Ingress).
 grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' "$out/default.yaml" | grep -q '"off"'
@@ -137,7 +173,7 @@ for d in yaml.safe_load_all(open(sys.argv[1])):
             assert "from" not in rule or rule["from"], (d["metadata"]["name"], rule)
             ports = [p["port"] for p in rule.get("ports", [])]
             assert 9090 not in ports, (d["metadata"]["name"], rule)
-assert seen == 2, seen
+assert seen == 3, seen  # the workers, the API, the migration Job
 PY
 # A pod that is not ready does not hold a node drain.
 [ "$(grep -c 'unhealthyPodEvictionPolicy: AlwaysAllow' "$out/default.yaml")" = 2 ]
@@ -194,6 +230,14 @@ b="$("$helm" template jt helm/jobtrail --set contracts.existingConfigMap=mine --
 
 echo "== docker-compose.yml"
 JOBTRAIL_SIM_TOKEN=check docker-compose -f docker-compose.yml config -q
+# The provider's credential reaches the workers and the simulator only.
+JOBTRAIL_SIM_TOKEN=check docker-compose -f docker-compose.yml config >"$out/compose.yaml"
+"$py" - "$out/compose.yaml" <<'PY'
+import sys, yaml
+services = yaml.safe_load(open(sys.argv[1]))["services"]
+holds = sorted(n for n, s in services.items() if "JOBTRAIL_SIM_TOKEN" in (s.get("environment") or {}))
+assert holds == ["sim", "worker"], holds
+PY
 if docker-compose -f docker-compose.yml config -q >/dev/null 2>&1; then
   echo "compose ran without the simulator token set" >&2
   exit 1
