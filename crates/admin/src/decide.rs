@@ -23,18 +23,11 @@ pub async fn decide(
     json: bool,
 ) -> CmdResult {
     // (Adopt and declare-not-created refuse a bare state outright: no warning before the refusal.)
-    if !d.seen.contains('@')
-        && !matches!(
-            decision,
-            Decision::Adopt { .. } | Decision::DeclareNotCreated
-        )
-    {
-        // Said, not refused (scripts pass the bare state): only the state is compared, so another
-        // operation held in the same state, or this one after it left and came back, would pass.
-        eprintln!(
-            "warning: --seen {} checks only the state; give the STATE@SEQ that `escalations` and `show` print to decide on exactly what you saw",
-            d.seen.trim()
-        );
+    if !matches!(
+        decision,
+        Decision::Adopt { .. } | Decision::DeclareNotCreated
+    ) {
+        warn_bare(&d.seen);
     }
     let service = Service::new(store.clone(), registry);
     let r = service
@@ -51,6 +44,17 @@ pub async fn decide(
         .map_err(failure)?;
     report(&r, json);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Said, not refused (scripts pass the bare state): only the state is compared, so another
+/// operation held in the same state, or this one after it left and came back, would pass.
+fn warn_bare(seen: &str) {
+    if !seen.contains('@') {
+        eprintln!(
+            "warning: --seen {} checks only the state; give the STATE@SEQ that `escalations` and `show` print to decide on exactly what you saw",
+            seen.trim()
+        );
+    }
 }
 
 fn report(r: &DecideResponse, json: bool) {
@@ -84,10 +88,19 @@ fn report(r: &DecideResponse, json: bool) {
 }
 
 /// A cancel request by a person.
-pub async fn cancel(store: &Store, id: &str, actor: &str, reason: &str, json: bool) -> CmdResult {
+pub async fn cancel(
+    store: &Store,
+    id: &str,
+    (actor, reason): (&str, &str),
+    seen: Option<&str>,
+    json: bool,
+) -> CmdResult {
+    if let Some(seen) = seen {
+        warn_bare(seen);
+    }
     let service = Service::new(store.clone(), jobtrail_provider::Registry::default());
     let r = service
-        .cancel(&Principal::trusted(actor), id, reason)
+        .cancel_as_seen(&Principal::trusted(actor), id, reason, seen)
         .await
         .map_err(|e| match e.kind {
             jobtrail_service::Kind::Conflict => {

@@ -160,8 +160,10 @@ enum Command {
         decided: Decided,
     },
     /// Request a cancel (recorded; the lease owner sends one cancel call; only the provider confirms).
+    /// An operation held for a person (result_timed_out, say) is cancelled only on the view you
+    /// name with --seen, like any decision on the queue.
     #[command(
-        after_help = "Example:\n  jobtrail-admin cancel op_01KB… --actor bob --reason \"over budget\""
+        after_help = "Examples:\n  jobtrail-admin cancel op_01KB… --actor bob --reason \"over budget\"\n  jobtrail-admin cancel op_01KB… --seen result_timed_out@12 --actor bob --reason \"no longer needed\""
     )]
     Cancel {
         operation: String,
@@ -169,6 +171,11 @@ enum Command {
         actor: String,
         #[arg(long)]
         reason: String,
+        /// The state you looked at with its history position (`result_timed_out@12`, as
+        /// `escalations` and `show` print it): refused if the operation moved since. Needed for
+        /// an operation held for a person; optional otherwise.
+        #[arg(long)]
+        seen: Option<String>,
     },
     /// API tokens: create (shown once), list, revoke. The caller recorded for anything done with a
     /// token is the token's.
@@ -306,6 +313,7 @@ fn preflight(command: &Command) -> Result<(), shell::Failure> {
             operation,
             actor,
             reason,
+            ..
         } => {
             id(operation)?;
             jobtrail_core::CancelRequest::new(actor, reason)
@@ -395,7 +403,8 @@ async fn run(cli: Cli) -> CmdResult {
             operation,
             actor,
             reason,
-        } => decide::cancel(&store, &operation, &actor, &reason, json).await,
+            seen,
+        } => decide::cancel(&store, &operation, (&actor, &reason), seen.as_deref(), json).await,
         Command::Tokens { what } => tokens::run(&store, what, json).await,
         Command::Retry {
             operation,

@@ -620,11 +620,57 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
     assert!(now.next_action_at <= chrono::Utc::now(), "due at once");
 
     let t2 = timed_out(&store, 6).await;
+    // Held for a person, a cancel is a decision like the others: on a named view only.
+    let cancel = |seen: Option<&str>| {
+        let id = t2.id.to_string();
+        let mut args = vec![
+            "cancel",
+            &id,
+            "--actor",
+            "bob",
+            "--reason",
+            "no longer needed",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+        if let Some(s) = seen {
+            args.extend(["--seen".to_owned(), s.to_owned()]);
+        }
+        admin(&db, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let before = store.get(t2.id).await.unwrap();
+    let blind = cancel(None);
+    assert_eq!(
+        code(&blind),
+        4,
+        "{}",
+        String::from_utf8_lossy(&blind.stderr)
+    );
+    assert!(String::from_utf8_lossy(&blind.stderr).contains("--seen"));
+    // A view that is out of date (another person resumed it, and a status read came in, since):
+    // refused, nothing written.
+    let stale = format!("result_timed_out@{}", before.history_seq - 1);
+    let refused = cancel(Some(&stale));
+    assert_eq!(
+        code(&refused),
+        4,
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(
+        store.get(t2.id).await.unwrap().history_seq,
+        before.history_seq,
+        "nothing written"
+    );
+    let seen = format!("result_timed_out@{}", before.history_seq);
     check(
         &t2,
         &[
             "cancel",
             &t2.id.to_string(),
+            "--seen",
+            &seen,
             "--actor",
             "bob",
             "--reason",

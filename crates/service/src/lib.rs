@@ -779,11 +779,39 @@ impl Service {
         id: &str,
         reason: &str,
     ) -> Result<CancelResponse, ServiceError> {
+        self.cancel_as(p, id, reason, None).await
+    }
+
+    /// A person's cancel (`jobtrail-admin cancel`) on the view `seen` (`STATE@SEQ`, or a bare
+    /// state), checked under the row lock; without one, an operation held for a person is refused.
+    pub async fn cancel_as_seen(
+        &self,
+        p: &Principal,
+        id: &str,
+        reason: &str,
+        seen: Option<&str>,
+    ) -> Result<CancelResponse, ServiceError> {
+        let seen = seen.map(operator::parse_seen).transpose()?;
+        self.cancel_as(p, id, reason, Some(seen)).await
+    }
+
+    /// `person`: `Some(view)` for a person's cancel, `None` for an agent's.
+    async fn cancel_as(
+        &self,
+        p: &Principal,
+        id: &str,
+        reason: &str,
+        person: Option<Option<(State, Option<i64>)>>,
+    ) -> Result<CancelResponse, ServiceError> {
         p.require(Scope::Cancel)?;
         let op = self.own(p, id).await?;
         let req = jobtrail_core::CancelRequest::new(p.caller(), reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
-        let applied = match self.store.request_cancel(op.id, req).await {
+        let asked = match person {
+            None => self.store.request_cancel(op.id, req).await,
+            Some(seen) => self.store.request_cancel_as_seen(op.id, req, seen).await,
+        };
+        let applied = match asked {
             Ok(a) => a,
             Err(StoreError::Illegal { source, .. }) => {
                 return Err(ServiceError::conflict(format!(

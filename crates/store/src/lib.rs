@@ -1164,12 +1164,43 @@ impl Store {
         id: OperationId,
         request: CancelRequest,
     ) -> Result<Applied, StoreError> {
+        self.cancel(id, request, None, false).await
+    }
+
+    /// A person's cancel: as [`Store::request_cancel`], on the view `seen` (`STATE`, and the history
+    /// position when given) checked under the row lock. Without a view, an operation held for a
+    /// person is refused: cancelling it is a decision like any other on the queue, and another
+    /// person may have resumed it since (a job someone chose to keep would be cancelled).
+    pub async fn request_cancel_as_seen(
+        &self,
+        id: OperationId,
+        request: CancelRequest,
+        seen: Option<(State, Option<i64>)>,
+    ) -> Result<Applied, StoreError> {
+        self.cancel(id, request, seen, true).await
+    }
+
+    async fn cancel(
+        &self,
+        id: OperationId,
+        request: CancelRequest,
+        seen: Option<(State, Option<i64>)>,
+        by_person: bool,
+    ) -> Result<Applied, StoreError> {
         let mut tx = self.begin_write().await?;
-        let locked = lock(&mut tx, id).await?;
+        let locked = match seen {
+            Some((state, seq)) => lock_as_seen(&mut tx, id, state, seq).await?,
+            None => lock(&mut tx, id).await?,
+        };
         let state: State = locked
             .row_state()
             .parse()
             .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+        if by_person && seen.is_none() && state.needs_human() {
+            return Err(StoreError::Conflict(format!(
+                "{id} is held for a person ({state}): cancelling it is a decision on what you saw; look at it (`show`) and name that view with --seen STATE@SEQ, as `escalations` and `show` print it"
+            )));
+        }
         // A cancel already noted where the state cannot move yet: asking again writes nothing.
         // (Each request would be a permanent history link, and would make a person's STATE@SEQ
         // stale.) The first request stands, with its actor and reason.
