@@ -114,10 +114,29 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
                     expires_at,
                 })
                 .await?;
-            if json {
-                print_json(&serde_json::json!({ "token": token, "record": rec }));
+            // Shown once: a token that could not be written out (a full disk, a closed pipe)
+            // would be live with nobody holding it, so it is revoked and the command fails.
+            let shown = if json {
+                serde_json::to_string_pretty(&serde_json::json!({ "token": token, "record": rec }))
+                    .unwrap_or_default()
             } else {
-                println!("{token}");
+                token.to_string()
+            };
+            if let Err(e) = {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{shown}").and_then(|()| out.flush())
+            } {
+                store.revoke_token(rec.id, &created_by).await?;
+                return Err(fail(
+                    exit::UNAVAILABLE,
+                    format!(
+                        "the token could not be written out ({e}): token {} is revoked; create another",
+                        rec.id
+                    ),
+                ));
+            }
+            if !json {
                 eprintln!(
                     "token {} for caller {} with scopes {}: shown once, keep it in a secret store",
                     rec.id,

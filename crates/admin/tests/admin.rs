@@ -117,7 +117,7 @@ async fn unconfirmed(store: &Store, n: u32) -> OperationRecord {
         store,
         n,
         vec![
-            accepted("job_c"),
+            accepted(&format!("job_c{n}")),
             Event::CancelRequested(CancelRequest::new("bob", "budget").unwrap()),
             Event::CancelSent {
                 http_status: Some(202),
@@ -133,7 +133,7 @@ async fn timed_out(store: &Store, n: u32) -> OperationRecord {
         store,
         n,
         vec![
-            accepted("job_d"),
+            accepted(&format!("job_d{n}")),
             Event::RemoteProgress {
                 remote_state: "running".into(),
                 known: true,
@@ -1023,7 +1023,7 @@ async fn succeeded_with_result(store: &Store, n: u32, bytes: &'static [u8]) -> O
     }
     let c = claimed.expect("claimed within two seconds");
     for e in [
-        accepted("job_r"),
+        accepted(&format!("job_r{n}")),
         Event::RemoteSucceeded {
             remote_state: "done".into(),
         },

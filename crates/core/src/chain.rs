@@ -342,6 +342,12 @@ pub fn chained_columns(
                     .and_then(|v| v.as_str())
                     .map(str::to_owned);
             }
+            "job_held_elsewhere" => {
+                out.conflicting_remote_job_id = d
+                    .get("remote_job_id")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned);
+            }
             "result_validated" => {
                 out.result_summary = d.get("summary").cloned();
                 out.result_content_type = d

@@ -189,6 +189,14 @@ pub enum Event {
         recorded_job_id: String,
         other_job_id: String,
     },
+    /// The provider named, for this operation, a job another operation of the provider already
+    /// holds (a provider that dedupes by body, a caching proxy, a lookup that ignored its filter):
+    /// one remote job is never two operations' (the second caller would read the first's result,
+    /// and could cancel its job). Kept as the conflicting answer; a person decides.
+    JobHeldElsewhere {
+        remote_job_id: String,
+        held_by: String,
+    },
 
     // --- observe --------------------------------------------------------------------------------
     /// A status read that is not terminal (queued, running, progress, or a state name we do not know).
@@ -297,6 +305,7 @@ event_kinds! {
     ReconciliationInconclusive = "reconciliation_inconclusive",
     ReconciliationExhausted = "reconciliation_exhausted",
     ContractViolated = "contract_violated",
+    JobHeldElsewhere = "job_held_elsewhere",
     RemoteProgress = "remote_progress",
     RemoteSucceeded = "remote_succeeded",
     RemoteFailed = "remote_failed",
@@ -358,6 +367,7 @@ impl Event {
             Event::ReconciliationInconclusive { .. } => EventKind::ReconciliationInconclusive,
             Event::ReconciliationExhausted { .. } => EventKind::ReconciliationExhausted,
             Event::ContractViolated { .. } => EventKind::ContractViolated,
+            Event::JobHeldElsewhere { .. } => EventKind::JobHeldElsewhere,
             Event::RemoteProgress { .. } => EventKind::RemoteProgress,
             Event::RemoteSucceeded { .. } => EventKind::RemoteSucceeded,
             Event::RemoteFailed { .. } => EventKind::RemoteFailed,
@@ -428,6 +438,12 @@ impl Event {
             } => {
                 format!("same token answered with job {other_job_id}, recorded {recorded_job_id}")
             }
+            Event::JobHeldElsewhere {
+                remote_job_id,
+                held_by,
+            } => format!(
+                "provider named job {remote_job_id}, which operation {held_by} already holds: one job is never two operations'"
+            ),
             Event::RemoteProgress {
                 remote_state,
                 known: true,

@@ -128,6 +128,12 @@ pub static RULES: &[Rule] = &[
         why: "keep both answers, stop automation",
     },
     Rule {
+        on: EventKind::JobHeldElsewhere,
+        from: &[CreatePending, CreateUnknown, Reconciliation],
+        to: To::State(ContractViolation),
+        why: "the job named is another operation's: kept as the conflicting answer, never taken",
+    },
+    Rule {
         on: EventKind::RemoteProgress,
         from: &[Accepted, Observing],
         to: To::State(Observing),

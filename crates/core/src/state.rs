@@ -87,8 +87,9 @@ states! {
     /// The cancel call was sent; the worker keeps polling until the provider confirms, the job ends
     /// otherwise, or the cancel deadline passes.
     Cancelling = "cancelling", Worker;
-    /// The provider answered the same idempotency token with a different job id. Both answers are kept;
-    /// all automation stops until a person chooses which job is ours.
+    /// The provider answered the same idempotency token with a different job id, or named a job
+    /// another operation holds. Both answers are kept; all automation stops until a person chooses
+    /// which job is ours (never one another operation holds) or settles the operation otherwise.
     ContractViolation = "contract_violation", Human;
     /// The cancel deadline passed without the provider confirming (the cancel was sent at least once,
     /// even if that took it past the deadline). Held for a person with the evidence bundle (job id,

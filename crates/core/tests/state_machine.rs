@@ -40,6 +40,10 @@ fn sample_events() -> Vec<Event> {
             recorded_job_id: "job_1".into(),
             other_job_id: "job_2".into(),
         },
+        Event::JobHeldElsewhere {
+            remote_job_id: "job_1".into(),
+            held_by: "op_01KB0000000000000000000000".into(),
+        },
         Event::RemoteProgress {
             remote_state: "running".into(),
             known: true,

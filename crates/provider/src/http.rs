@@ -1290,11 +1290,15 @@ impl HttpProvider {
     ) -> Result<RemoteStatus, String> {
         let spec = &self.contract.status;
         // An answer larger than the answers' own limit may carry the result (read to its limit):
-        // only what a status says is built from it, not the result, on every poll in flight.
-        let parsed = (ex.body.len() as u64 > self.contract.max_response_bytes)
-            .then(|| wire::sparse(&ex.body, self.status_pointers()))
-            .flatten()
-            .map_or_else(|| serde_json::from_slice::<serde_json::Value>(&ex.body), Ok);
+        // only what a status says is built from it, not the result, on every poll in flight; one
+        // that cannot be read so (no object, a pointer across a list) is not built whole either
+        // (a list of small numbers parsed takes some thirty times its text, on every poll).
+        let large = ex.body.len() as u64 > self.contract.max_response_bytes;
+        let parsed = if large {
+            wire::sparse(&ex.body, self.status_pointers()).ok_or("large_status_unreadable")
+        } else {
+            serde_json::from_slice::<serde_json::Value>(&ex.body).map_err(|_| "malformed_json")
+        };
         let (json, remote_state, phase) = match by_code {
             Some(phase) => (
                 parsed.unwrap_or(serde_json::Value::Null),
@@ -1302,7 +1306,7 @@ impl HttpProvider {
                 Some(phase),
             ),
             None => {
-                let json = parsed.map_err(|_| "malformed_json".to_owned())?;
+                let json = parsed.map_err(str::to_owned)?;
                 let state_here = spec.state_in(&json);
                 // The created resource after success may not say a state: success is already
                 // known. Otherwise a body without one is in the contract's absent state, if any.
@@ -1402,9 +1406,13 @@ impl HttpProvider {
             return (*phase != Phase::Succeeded)
                 .then(|| format!("HTTP {}", ex.status.unwrap_or_default()));
         }
-        // The result itself, maybe: only its state is built.
-        let json = wire::sparse(&ex.body, spec.state.iter().map(String::as_str))
-            .or_else(|| serde_json::from_slice::<serde_json::Value>(&ex.body).ok())?;
+        // The result itself, maybe: only its state is built (a large one that cannot be read so is
+        // not built whole here: the result's own checks read it, a few at a time).
+        let json = wire::sparse(&ex.body, spec.state.iter().map(String::as_str)).or_else(|| {
+            (ex.body.len() as u64 <= self.contract.max_response_bytes)
+                .then(|| serde_json::from_slice::<serde_json::Value>(&ex.body).ok())
+                .flatten()
+        })?;
         // A status document that names no state is in the contract's absent state, as a status
         // read takes it (Google's `done` left out: still running); the created resource may
         // name none after success.

@@ -800,10 +800,18 @@ fn kept_headers(h: &http::HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
+/// The largest value at a pointer a sparse read builds. A larger one (a status's `metadata` of
+/// megabytes, which parsed takes some thirty times its text) is kept as the start of its JSON text,
+/// as a string: every reader of a status keeps far less of a value than this anyway (progress, an
+/// error's text), and a state, a URL or a checksum that long is no usable one.
+pub const SPARSE_LEAF_MOST: usize = 64 * 1024;
+
 /// The values at `pointers` in the JSON document `body`, parsed, in a document of their own in
 /// which the same pointers lead to them: what a reader of a large answer needs, without the rest
-/// built (a status answer that carries the job's whole result). `None` when `body` is no JSON
-/// object, or a pointer is the whole document or crosses an array: parse it whole then.
+/// built (a status answer that carries the job's whole result). Nothing but the values at the
+/// pointers is held (each object on a pointer's way is read key by key, not into a map), and none
+/// of those larger than [`SPARSE_LEAF_MOST`]. `None` when `body` is no JSON object, or a pointer is
+/// the whole document or crosses an array.
 pub fn sparse<'p>(
     body: &[u8],
     pointers: impl IntoIterator<Item = &'p str>,
@@ -813,9 +821,6 @@ pub fn sparse<'p>(
     if !root.get().trim_start().starts_with('{') {
         return None;
     }
-    // The top level is read once (the body is scanned once for it, not once per pointer).
-    let top: std::collections::HashMap<String, &RawValue> =
-        serde_json::from_str(root.get()).ok()?;
     let mut out = serde_json::Map::new();
     'pointers: for pointer in pointers {
         let tokens: Vec<String> = pointer
@@ -823,25 +828,23 @@ pub fn sparse<'p>(
             .split('/')
             .map(|t| t.replace("~1", "/").replace("~0", "~"))
             .collect();
-        let Some(mut here) = top.get(&tokens[0]).copied() else {
-            continue;
-        };
-        for token in &tokens[1..] {
+        let mut here = root;
+        for token in &tokens {
             here = match here.get().trim_start().as_bytes().first()? {
-                b'{' => {
-                    // The last of two equal keys, as a parsed document keeps.
-                    let map: std::collections::HashMap<String, &RawValue> =
-                        serde_json::from_str(here.get()).ok()?;
-                    match map.get(token) {
-                        Some(v) => v,
-                        None => continue 'pointers,
-                    }
-                }
+                b'{' => match field(here, token)? {
+                    Some(v) => v,
+                    None => continue 'pointers,
+                },
                 b'[' => return None,
                 _ => continue 'pointers,
             };
         }
-        let leaf: serde_json::Value = serde_json::from_str(here.get()).ok()?;
+        let raw = here.get();
+        let leaf = if raw.len() > SPARSE_LEAF_MOST {
+            serde_json::Value::String(crate::text::truncate(raw.to_owned(), SPARSE_LEAF_MOST))
+        } else {
+            serde_json::from_str(raw).ok()?
+        };
         let (last, parents) = tokens.split_last()?;
         let mut at = &mut out;
         for token in parents {
@@ -854,6 +857,51 @@ pub fn sparse<'p>(
         at.insert(last.clone(), leaf);
     }
     Some(serde_json::Value::Object(out))
+}
+
+/// The value under `key` in the JSON object `object` (the last, when the key is there twice, as a
+/// parsed document keeps), read key by key: nothing is built but the answer. `None`: no object;
+/// `Some(None)`: no such key.
+fn field<'a>(
+    object: &'a serde_json::value::RawValue,
+    key: &str,
+) -> Option<Option<&'a serde_json::value::RawValue>> {
+    use serde::de::{DeserializeSeed, MapAccess, Visitor};
+    struct IsKey<'k>(&'k str);
+    impl<'de> DeserializeSeed<'de> for IsKey<'_> {
+        type Value = bool;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+    impl Visitor<'_> for IsKey<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a key")
+        }
+        fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+            Ok(v == self.0)
+        }
+    }
+    struct Field<'k>(&'k str);
+    impl<'de> Visitor<'de> for Field<'_> {
+        type Value = Option<&'de serde_json::value::RawValue>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(ours) = map.next_key_seed(IsKey(self.0))? {
+                let v: &'de serde_json::value::RawValue = map.next_value()?;
+                if ours {
+                    found = Some(v);
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(object.get());
+    serde::Deserializer::deserialize_map(&mut de, Field(key)).ok()
 }
 
 /// Reads a JSON text's strings and keys, decoded, for a secret ([`Scrubber::escaped_in_json`]);
@@ -973,6 +1021,27 @@ mod tests {
         assert!(super::sparse(body, [""]).is_none());
         assert!(super::sparse(b"[1]", ["/0"]).is_none());
         assert!(super::sparse(b"{\"a\": ", ["/a"]).is_none());
+        // A value past the bound is kept as the start of its text, not built.
+        let huge = format!(
+            r#"{{"done": false, "metadata": [{}0], "x": {{"done": true}}}}"#,
+            "0,".repeat(100_000)
+        );
+        let read = super::sparse(huge.as_bytes(), ["/done", "/metadata", "/x/done"]).unwrap();
+        assert_eq!(read["done"], false);
+        assert_eq!(read["x"]["done"], true);
+        let kept = read["metadata"].as_str().unwrap();
+        assert!(
+            kept.len() <= super::SPARSE_LEAF_MOST + 4 && kept.starts_with("[0,0,"),
+            "{}",
+            kept.len()
+        );
+        // The last of a key written twice, as a parsed document keeps; escaped keys are read.
+        let twice = br#"{"s": "a", "\u0073": "b", "t": {"k": 1, "k": 2}}"#;
+        let read = super::sparse(twice, ["/s", "/t/k"]).unwrap();
+        assert_eq!(
+            (read["s"].as_str(), read["t"]["k"].as_i64()),
+            (Some("b"), Some(2))
+        );
     }
 
     #[test]

@@ -1212,6 +1212,39 @@ async fn a_lookup_404_is_none_found_unless_a_rule_says_otherwise() {
     server.abort();
 }
 
+/// A status answer may be read up to the result's size where the result is read from it (Google's
+/// Operation). Only what a status says is built from it: a megabyte of progress is kept cut, and
+/// an answer that cannot be read so (a list) is a failed read, never parsed whole on every poll
+/// (a list of small numbers parsed takes some thirty times its text). Over real HTTP.
+#[tokio::test]
+async fn a_large_status_answer_is_read_for_what_a_status_says_only() {
+    use jobtrail_provider::contract::ResultFrom;
+    let (addr, answer, server) = stub_provider("/v1/jobs/{id}").await;
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.result.as_mut().unwrap().from = ResultFrom::Status;
+        c
+    })
+    .await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.remote_job_id = Some("job_1".into());
+    let zeros = "0,".repeat(150_000);
+    *answer.lock().unwrap() = format!(r#"{{"state": "running", "progress": [{zeros}0]}}"#);
+    match h.provider.status(&op, 1.into()).await.outcome {
+        StatusOutcome::Observed(s) => {
+            assert_eq!(s.remote_state, "running");
+            assert!(s.progress.unwrap().to_string().len() < 70_000, "kept cut");
+        }
+        other => panic!("{other:?}"),
+    }
+    *answer.lock().unwrap() = format!("[{zeros}0]");
+    match h.provider.status(&op, 2.into()).await.outcome {
+        StatusOutcome::Failed { error_class } => assert_eq!(error_class, "large_status_unreadable"),
+        other => panic!("{other:?}"),
+    }
+    server.abort();
+}
+
 /// A result call's 2xx is kept unscrubbed, since it may be the result. One the contract's rules
 /// call "not ready yet" or "no result" is not: its words become the recorded reason, so one that
 /// quotes the bearer token is recorded without them, in the outcome and in the call log.

@@ -150,6 +150,66 @@ pub fn parse_scopes(s: &str) -> Result<Vec<Scope>, String> {
     Ok(scopes)
 }
 
+/// Lookups of tokens not found live lately, per second, across every caller of this process (and
+/// the burst): each is a database query, and anyone may send a random token-shaped string; the
+/// per-token rate counts each such string apart, and the per-address rate may be off (behind an
+/// Ingress). Tokens found live lately are always looked up (a revoked one is refused at once).
+const UNKNOWN_LOOKUPS_PER_SEC: u32 = 50;
+const UNKNOWN_LOOKUPS_BURST: u32 = 200;
+/// How long, and how many, tokens found live are remembered as such.
+const LIVE_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+const LIVE_KEPT: usize = 10_000;
+
+/// Bounds the database lookups a flood of unknown tokens can cause, without holding back the
+/// agents whose tokens were found live lately.
+pub(crate) struct TokenLookups {
+    unknown: governor::DefaultDirectRateLimiter,
+    live: std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>,
+}
+
+impl Default for TokenLookups {
+    fn default() -> Self {
+        let quota = governor::Quota::per_second(
+            std::num::NonZeroU32::new(UNKNOWN_LOOKUPS_PER_SEC).expect("non-zero"),
+        )
+        .allow_burst(std::num::NonZeroU32::new(UNKNOWN_LOOKUPS_BURST).expect("non-zero"));
+        Self {
+            unknown: governor::RateLimiter::direct(quota),
+            live: Default::default(),
+        }
+    }
+}
+
+impl TokenLookups {
+    /// Whether `digest` may be looked up now; else how long until one more unknown may be.
+    pub(crate) fn may_look_up(&self, digest: &[u8; 32]) -> Result<(), std::time::Duration> {
+        let known = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+            .is_some_and(|at| at.elapsed() < LIVE_FOR);
+        if known {
+            return Ok(());
+        }
+        use governor::clock::{Clock, DefaultClock};
+        self.unknown
+            .check()
+            .map_err(|w| w.wait_time_from(DefaultClock::default().now()))
+    }
+
+    /// `digest` was found live: looked up without the budget for a while.
+    pub(crate) fn found_live(&self, digest: [u8; 32]) {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if live.len() >= LIVE_KEPT {
+            live.retain(|_, at| at.elapsed() < LIVE_FOR);
+        }
+        if live.len() < LIVE_KEPT || live.contains_key(&digest) {
+            live.insert(digest, std::time::Instant::now());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

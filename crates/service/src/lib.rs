@@ -66,6 +66,8 @@ pub struct Service {
     verifying_everything: tokio::sync::Semaphore,
     /// Results being sent now, by caller.
     sending: per_caller::PerCaller,
+    /// The budget for looking up tokens not found live lately.
+    token_lookups: auth::TokenLookups,
     /// Request bodies being read now, by caller.
     receiving: per_caller::PerCaller,
     /// Webhook bodies being read now, by provider (a webhook's sender is unknown until its
@@ -195,6 +197,7 @@ impl Service {
             waiting: per_caller::PerCaller::new(WAITS_PER_CALLER),
             verifying_everything: tokio::sync::Semaphore::new(1),
             sending: per_caller::PerCaller::new(RESULTS_PER_CALLER),
+            token_lookups: auth::TokenLookups::default(),
             receiving: per_caller::PerCaller::new(BODIES_PER_CALLER),
             hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
             hinting_from: per_caller::PerCaller::new(per_sender(WEBHOOK_BODIES_PER_PROVIDER)),
@@ -383,11 +386,15 @@ impl Service {
         if !auth::token_shaped(bearer) {
             return Err(refused());
         }
-        let t = self
-            .store
-            .live_token(&auth::token_digest(bearer))
-            .await?
-            .ok_or_else(refused)?;
+        let digest = auth::token_digest(bearer);
+        if let Err(wait) = self.token_lookups.may_look_up(&digest) {
+            return Err(ServiceError::rate_limited(
+                "too many requests with tokens this server has not seen lately: try again shortly",
+                wait.as_secs_f64().ceil() as u64,
+            ));
+        }
+        let t = self.store.live_token(&digest).await?.ok_or_else(refused)?;
+        self.token_lookups.found_live(digest);
         let scopes = t
             .scopes
             .iter()

@@ -210,7 +210,10 @@ impl Sim {
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 webhook: config.webhook.clone(),
-                next_job: 0,
+                // Job ids never repeat across restarts (a provider's never do: jobtrail holds
+                // a second operation named with another's job for a person): counted on from the
+                // start time, a thousand ids a millisecond.
+                next_job: u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0) * 1000,
                 jobs: HashMap::new(),
                 tokens: HashMap::new(),
                 ledger: Ledger::default(),

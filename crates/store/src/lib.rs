@@ -1140,6 +1140,10 @@ impl Store {
     async fn apply_fenced(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
         let mut tx = self.begin_fenced().await?;
         let locked = lock_if_leased(&mut tx, lease).await?;
+        let step = match held_elsewhere(&mut tx, &locked, &step, &mut Default::default()).await? {
+            Some(instead) => instead,
+            None => step,
+        };
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
         if let Err(e) = tx.commit().await {
             if !self.committed_after_all(&[&applied]).await {
@@ -1402,15 +1406,58 @@ async fn link_superseded(
     write::execute(tx, &planned).await
 }
 
-/// A person may adopt a job only if no other operation of the provider already holds it.
-async fn job_not_owned_elsewhere(
+/// A worker's step that names a job for this operation (a create's answer, a lookup's find) is
+/// checked against every other operation of the provider, under the job's lock held to commit:
+/// one held elsewhere is never taken (the second caller would read the first's result, and could
+/// cancel its job). The step is then replaced by the contract violation that keeps it as the
+/// conflicting answer, with the call, counters and send mark of the step it replaces (the call was
+/// made and is logged); `None`: write the step as it is. `named`: the jobs earlier steps of the same
+/// transaction took (not in the table yet), by provider and job.
+async fn held_elsewhere(
     tx: &mut Transaction<'_, Postgres>,
-    id: OperationId,
+    row: &LockedRow,
+    step: &Step,
+    named: &mut std::collections::HashMap<(String, String), uuid::Uuid>,
+) -> Result<Option<Step>, StoreError> {
+    let Some(job) = step.event.as_ref().and_then(|e| match e {
+        Event::CreateAccepted { .. } | Event::CreateCompleted { .. } => e.remote_job_id(),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    if row.row_remote_job_id() == Some(job) {
+        return Ok(None);
+    }
+    let key = (row.row_provider().to_owned(), job.to_owned());
+    let owner = match named.get(&key) {
+        Some(&earlier) if earlier != row.row_id() => Some(earlier),
+        _ => job_owner_elsewhere(tx, row.row_id(), row.row_provider(), job).await?,
+    };
+    let Some(owner) = owner else {
+        named.insert(key, row.row_id());
+        return Ok(None);
+    };
+    Ok(Some(Step {
+        call: step.call.clone(),
+        counters: step.counters,
+        send_mark: step.send_mark,
+        decided_in: step.decided_in,
+        ..Step::event(Event::JobHeldElsewhere {
+            remote_job_id: job.to_owned(),
+            held_by: OperationId::from_uuid(owner).to_string(),
+        })
+    }))
+}
+
+/// Another operation of `provider` that holds `job` (as its job or as a conflicting answer), with
+/// the job's lock taken until commit: two transactions naming the same job cannot each see it
+/// unowned.
+async fn job_owner_elsewhere(
+    tx: &mut Transaction<'_, Postgres>,
+    id: uuid::Uuid,
     provider: &str,
     job: &str,
-) -> Result<(), StoreError> {
-    jobtrail_core::ids::check_remote_job_id(job)
-        .map_err(|why| StoreError::Submit(SubmitError::UnusableJobId(why)))?;
+) -> Result<Option<uuid::Uuid>, StoreError> {
     sqlx::query(include_str!("sql/remote_job_lock.sql"))
         .bind(provider)
         .bind(job)
@@ -1420,11 +1467,23 @@ async fn job_not_owned_elsewhere(
         sqlx::query_as(include_str!("sql/operation_find_by_remote_job.sql"))
             .bind(provider)
             .bind(job)
-            .bind(id.as_uuid())
+            .bind(id)
             .fetch_optional(&mut **tx)
             .await?;
-    match owner {
-        Some((other,)) => Err(StoreError::Conflict(format!(
+    Ok(owner.map(|(o,)| o))
+}
+
+/// A person may adopt a job only if no other operation of the provider already holds it.
+async fn job_not_owned_elsewhere(
+    tx: &mut Transaction<'_, Postgres>,
+    id: OperationId,
+    provider: &str,
+    job: &str,
+) -> Result<(), StoreError> {
+    jobtrail_core::ids::check_remote_job_id(job)
+        .map_err(|why| StoreError::Submit(SubmitError::UnusableJobId(why)))?;
+    match job_owner_elsewhere(tx, id.as_uuid(), provider, job).await? {
+        Some(other) => Err(StoreError::Conflict(format!(
             "job {job} belongs to operation {} of provider {provider}: one remote job, one operation",
             OperationId::from_uuid(other)
         ))),
@@ -1551,9 +1610,20 @@ pub(crate) async fn write_batch_in(
             .await?;
     let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
         locked.into_iter().map(|l| (l.row_id(), l)).collect();
+    // The steps naming a job another operation holds, each replaced (rare: one check per job
+    // named, and none for the status reads that make up most steps).
+    let mut instead: Vec<Option<Step>> = Vec::with_capacity(writes.len());
+    let mut named = Default::default();
+    for (lease, step) in writes {
+        instead.push(match by_id.get(&lease.operation_id.as_uuid()) {
+            Some(row) => held_elsewhere(tx, row, step, &mut named).await?,
+            None => None,
+        });
+    }
     let mut planned = Vec::new();
     let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
-    for (lease, step) in writes {
+    for ((lease, step), instead) in writes.iter().zip(&instead) {
+        let step = instead.as_ref().unwrap_or(step);
         let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
             None => Err(lost(lease)),
             Some(row) => write::plan(row, &lease.owner, step),

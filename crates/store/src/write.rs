@@ -417,6 +417,10 @@ fn apply_event_effects(rec: &mut OperationRecord, ev: &Event, t: Transition, now
             }
             rec.conflicting_remote_job_id = Some(other_job_id.clone());
         }
+        // Never taken as this operation's job (its owner's webhooks and decisions stay its own).
+        Event::JobHeldElsewhere { remote_job_id, .. } => {
+            rec.conflicting_remote_job_id = Some(remote_job_id.clone());
+        }
         Event::CancelRequested(req) | Event::Withdraw(req) => {
             if rec.cancel_requested_at.is_none() {
                 rec.cancel_requested_at = Some(now);

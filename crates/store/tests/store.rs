@@ -2233,3 +2233,67 @@ async fn a_decision_behind_a_row_held_elsewhere_fails_in_bounded_time() {
         .unwrap();
     assert_eq!(applied.record.state, State::Abandoned);
 }
+
+/// One remote job is never two operations': a provider that answers two operations' creates with
+/// the same job (it dedupes by body; a caching proxy) would hand the second caller the first's
+/// result and let it cancel the first's job. The second is held as a contract violation that keeps
+/// the job as the conflicting answer, with its create call logged; the first is untouched. Both
+/// write paths: one step at a time, and a group commit naming the job twice in one batch.
+#[tokio::test]
+async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let accepted = |job: &str| {
+        Step::event(Event::CreateAccepted {
+            remote_job_id: job.into(),
+            remote_state: None,
+        })
+        .with_call(accepted_create("http://127.0.0.1:1/v1/jobs"))
+    };
+    let claimed = submit_and_claim(&store, 4, "shared").await;
+    let (a, b) = (&claimed[0].lease, &claimed[1].lease);
+    store.apply(a, accepted("j-shared")).await.unwrap();
+    let held = store.apply(b, accepted("j-shared")).await.unwrap();
+    assert_eq!(held.record.state, State::ContractViolation);
+    assert_eq!(held.record.remote_job_id, None, "never taken as its job");
+    assert_eq!(
+        held.record.conflicting_remote_job_id.as_deref(),
+        Some("j-shared")
+    );
+    let cause = store
+        .history(b.operation_id)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .cause;
+    assert!(
+        cause.contains(&a.operation_id.to_string()),
+        "names the holder: {cause}"
+    );
+    assert_eq!(
+        store.calls(b.operation_id).await.unwrap().len(),
+        1,
+        "the create is logged"
+    );
+    let first = store.get(a.operation_id).await.unwrap();
+    assert_eq!(first.state, State::Accepted);
+    assert_eq!(first.remote_job_id.as_deref(), Some("j-shared"));
+    // In one group commit: the first step takes the job, the second is held.
+    let (c, d) = (claimed[2].lease.clone(), claimed[3].lease.clone());
+    let results = store
+        .apply_many(vec![
+            (c.clone(), accepted("j-two")),
+            (d.clone(), accepted("j-two")),
+        ])
+        .await;
+    let states: Vec<State> = results
+        .iter()
+        .map(|r| r.as_ref().unwrap().record.state)
+        .collect();
+    assert_eq!(states, [State::Accepted, State::ContractViolation]);
+    assert!(
+        store.verify_all().await.unwrap().is_clean(),
+        "the record replays"
+    );
+}
