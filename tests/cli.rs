@@ -356,6 +356,42 @@ async fn the_demo_runs_and_every_operation_ends_where_its_scenario_says() {
         assert!(err.contains("already holds operations"), "{err}");
     }
     assert_eq!(store.totals().await.unwrap(), before, "nothing was written");
+
+    // Another application's database (a DATABASE_URL left exported) without jobtrail's schema:
+    // refused too, and no schema is added to it.
+    use sqlx::Connection;
+    let name = format!("jt_foreign_{}", uuid::Uuid::now_v7().simple());
+    let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let mut url = url::Url::parse(&db.url).unwrap();
+    url.set_path(&name);
+    let mut foreign = sqlx::PgConnection::connect(url.as_str()).await.unwrap();
+    sqlx::query("CREATE TABLE invoices (id int)")
+        .execute(&mut foreign)
+        .await
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["demo", "--operations", "10", "--database-url", url.as_str()])
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{err}");
+    assert!(err.contains("another application's tables"), "{err}");
+    let (ours,): (bool,) = sqlx::query_as("SELECT to_regclass('operations') IS NOT NULL")
+        .fetch_one(&mut foreign)
+        .await
+        .unwrap();
+    assert!(!ours, "no schema added");
+    foreign.close().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
 }
 
 /// The benchmark's code paths stay alive (figures are not judged here: benchmarks print, tests don't time).

@@ -611,6 +611,14 @@ async fn the_cli_works_through_the_api_with_a_token_and_nothing_else() {
         drop(input);
         child.wait_with_output().unwrap()
     };
+    // A database named on the command line beside an API is two ways in: refused, not ignored.
+    let both = jobtrail(&["--database-url", &env.url, "list"], &token, None);
+    assert_eq!(both.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert!(
+        err.contains("--database-url") && err.contains("JOBTRAIL_API"),
+        "{err}"
+    );
     let request = body(json!({"duration_ms": 200})).to_string();
     let out = jobtrail(
         &[

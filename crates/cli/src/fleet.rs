@@ -114,7 +114,17 @@ impl Fleet {
         if let Some(u) = given {
             let store = Store::connect_with(u, 2).await?;
             let used = store.holds_operations().await;
+            let other = store.holds_other_tables().await;
             store.close().await;
+            if other? {
+                return Err(fail(
+                    exit::BAD_INPUT,
+                    format!(
+                        "{} holds another application's tables and no jobtrail schema: jobtrail {kind} would add its schema and hundreds of throwaway operations beside them that can never be removed: name an empty database (createdb), or leave DATABASE_URL and --database-url unset to use a private one",
+                        shown_url(u)
+                    ),
+                ));
+            }
             if used? {
                 return Err(fail(
                     exit::BAD_INPUT,

@@ -28,6 +28,16 @@ pub async fn door(
     needs_contracts: bool,
 ) -> Result<Door, Failure> {
     if let Some(api) = d.api.as_deref().filter(|a| !a.trim().is_empty()) {
+        // A database named on this command line beside an API (a JOBTRAIL_API left exported)
+        // would be ignored without a word, and the command act as the token's caller instead.
+        if std::env::args().any(|a| a == "--database-url" || a.starts_with("--database-url=")) {
+            return Err(fail(
+                exit::BAD_INPUT,
+                format!(
+                    "--database-url and --api (or JOBTRAIL_API, here {api:?}) name two ways in: give one (unset JOBTRAIL_API to use the database)"
+                ),
+            ));
+        }
         if caller.is_some_and(|c| !c.trim().is_empty()) {
             eprintln!(
                 "note: with --api the token decides the caller and actor; the flag is ignored"

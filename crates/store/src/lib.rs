@@ -789,6 +789,21 @@ impl Store {
         Ok(any)
     }
 
+    /// Whether the database, without jobtrail's schema, holds another application's tables: a
+    /// tool that migrates into it and writes throwaway operations must not land beside them.
+    pub async fn holds_other_tables(&self) -> Result<bool, StoreError> {
+        let (exists,): (bool,) = sqlx::query_as(include_str!("sql/operation_table_exists.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        if exists {
+            return Ok(false);
+        }
+        let (other,): (bool,) = sqlx::query_as(include_str!("sql/database_holds_other_tables.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(other)
+    }
+
     /// Whether any operation is left for workers (cheap: reads at most one index entry).
     pub async fn any_unsettled(&self) -> Result<bool, StoreError> {
         let (any,): (bool,) = sqlx::query_as(include_str!("sql/operation_any_unsettled.sql"))
