@@ -1238,6 +1238,49 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
             .code(),
         Some(3)
     );
+
+    // A leaked token whose id nobody knows: revoked by the token itself, read from stdin; the
+    // caller's other token stays live.
+    let kept = env.token("agent-8", &["read"]).await;
+    let leaked = env.token("agent-8", &["read"]).await;
+    let list = |token: &str| {
+        c.get(server.url("/v1/operations"))
+            .bearer_auth(token)
+            .send()
+    };
+    let revoke_stdin = |input: &str| {
+        support::run_bin(
+            &admin,
+            &env.url,
+            &env.providers,
+            &["tokens", "revoke", "--token-stdin", "--actor", "alice"],
+            Some(input),
+        )
+    };
+    let out = revoke_stdin(&format!("{leaked}\n"));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&leaked));
+    problem(
+        list(&leaked).await.unwrap(),
+        StatusCode::UNAUTHORIZED,
+        "unauthenticated",
+    )
+    .await;
+    assert_eq!(list(&kept).await.unwrap().status(), StatusCode::OK);
+    // Something else pasted there is refused, and not repeated back.
+    let out = revoke_stdin("hunter2-my-password\n");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+    let made_up = format!("jtk_{}", "cd".repeat(32));
+    assert_eq!(revoke_stdin(&made_up).status.code(), Some(3));
+    // The list says who made each and why, beside its status.
+    let out = run(&["tokens", "list"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("created "));
 }
 
 /// An agent fanning out submits many operations in one request, all or none: every item is durable

@@ -30,14 +30,23 @@ pub enum TokensCmd {
         #[arg(long)]
         note: Option<String>,
     },
-    /// Every token: id, caller, scopes, created, expiry, revocation (never the token).
+    /// Every token: id, caller, scopes, status, created (when, by whom), note (never the token).
     List,
-    /// Revoke a token at once (by the id `list` shows).
+    /// Revoke a token at once: by the id `list` shows, or, for a leaked token whose id you do not
+    /// know, by the token itself read from stdin (never an argument: process lists and shell
+    /// history keep those).
     #[command(
-        after_help = "Example:\n  jobtrail-admin tokens revoke 0193a5c4-1f2e-7d3b-9a8c-5e6f7a8b9c0d --actor alice     (the id `tokens list` prints)"
+        after_help = "Examples:\n  jobtrail-admin tokens revoke 0193a5c4-1f2e-7d3b-9a8c-5e6f7a8b9c0d --actor alice     (the id `tokens list` prints)\n  jobtrail-admin tokens revoke --token-stdin --actor alice < leaked.txt"
     )]
     Revoke {
-        id: uuid::Uuid,
+        #[arg(
+            required_unless_present = "token_stdin",
+            conflicts_with = "token_stdin"
+        )]
+        id: Option<uuid::Uuid>,
+        /// Read the token to revoke from stdin (its first line).
+        #[arg(long)]
+        token_stdin: bool,
         /// Who revokes it (recorded).
         #[arg(long)]
         actor: String,
@@ -58,12 +67,38 @@ fn row(t: &TokenRecord) -> String {
         (None, None) => "live".into(),
     };
     format!(
-        "{}  {:<16} {:<28} {}",
+        "{}  {:<16} {:<28} {:<36} created {} by {}{}",
         t.id,
         jobtrail_console::visible::text(&t.caller),
         t.scopes.join(","),
-        status
+        status,
+        t.created_at.format("%Y-%m-%d %H:%MZ"),
+        jobtrail_console::visible::text(&t.created_by),
+        t.note
+            .as_deref()
+            .map(|n| format!(": {}", jobtrail_console::visible::text(n)))
+            .unwrap_or_default()
     )
+}
+
+/// The token on stdin's first line (at most a line's worth is read: `/dev/zero` is no token).
+fn token_from_stdin() -> Result<String, shell::Failure> {
+    use std::io::{BufRead, Read};
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .take(1024)
+        .read_line(&mut line)
+        .map_err(|e| fail(exit::BAD_INPUT, format!("stdin: {e}")))?;
+    let token = line.trim();
+    if !auth::token_shaped(token) {
+        // Never echoed: it may be a secret pasted in the wrong place.
+        return Err(fail(
+            exit::BAD_INPUT,
+            "--token-stdin: stdin's first line is no jobtrail token (jtk_ and 64 hex digits)",
+        ));
+    }
+    Ok(token.to_owned())
 }
 
 pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
@@ -157,12 +192,25 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
                 }
             }
         }
-        TokensCmd::Revoke { id, actor } => {
+        TokensCmd::Revoke {
+            id,
+            token_stdin,
+            actor,
+        } => {
             let actor = shell::actor("--actor", &actor)?;
-            let t = store
-                .revoke_token(id, &actor)
-                .await?
-                .ok_or_else(|| fail(exit::NOT_FOUND, format!("no token {id}")))?;
+            let t = match id {
+                Some(id) if !token_stdin => store
+                    .revoke_token(id, &actor)
+                    .await?
+                    .ok_or_else(|| fail(exit::NOT_FOUND, format!("no token {id}")))?,
+                _ => {
+                    let token = token_from_stdin()?;
+                    store
+                        .revoke_token_by_digest(&auth::token_digest(&token), &actor)
+                        .await?
+                        .ok_or_else(|| fail(exit::NOT_FOUND, "no token is that one"))?
+                }
+            };
             if json {
                 print_json(&t);
             } else {

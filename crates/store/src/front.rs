@@ -177,6 +177,21 @@ impl Store {
             .await?)
     }
 
+    /// Revoke the token with this digest (idempotent); `None` if no token has it.
+    pub async fn revoke_token_by_digest(
+        &self,
+        sha256: &[u8; 32],
+        by: &str,
+    ) -> Result<Option<TokenRecord>, StoreError> {
+        Ok(
+            sqlx::query_as(include_str!("sql/token_revoke_by_digest.sql"))
+                .bind(&sha256[..])
+                .bind(by)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
     /// Record a verified webhook delivery and, the first time its event id is seen, make the
     /// operation holding the job due for a status read. One transaction: a delivery is either
     /// recorded with its effect or not at all (the provider retries it).
