@@ -1998,17 +1998,6 @@ impl Validator<'_> {
                     "already_exists only for calls = [\"create\"]",
                 ));
             }
-            // A rule for any status would read a create's 2xx (the job accepted) as refused or
-            // "not now": the job would run unwatched, or a token-less provider start it twice.
-            if matches!(rr.means, Meaning::Reject | Meaning::RetryLater)
-                && rr.status.is_empty()
-                && (rr.calls.is_empty() || rr.calls.contains(&CallName::Create))
-            {
-                return Err(self.err(
-                    &format!("rules[{i}].status"),
-                    "the status codes the rule applies to: one that turns a create away (reject, retry_later) must name them, so a create's 2xx is never read as refused",
-                ));
-            }
             rules.push(Rule {
                 calls: rr.calls.clone(),
                 status: rr.status.clone(),

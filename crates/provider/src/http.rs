@@ -639,12 +639,19 @@ impl HttpProvider {
     fn ruled(&self, call: CallName, ex: &Exchange) -> Option<Meaning> {
         let status = ex.status.unwrap_or(0);
         let text = String::from_utf8_lossy(&ex.body);
+        // A rule that names no codes never turns a create's 2xx (the job accepted) away: read as
+        // refused the job would run unwatched, as "not now" a token-less provider would start it
+        // twice. Only a rule that lists the 2xx code says so.
+        let accepted_create = call == CallName::Create && (200..300).contains(&status);
         self.contract
             .rules
             .iter()
             .find(|r| {
                 (r.calls.is_empty() || r.calls.contains(&call))
-                    && (r.status.is_empty() || r.status.contains(&status))
+                    && (r.status.contains(&status)
+                        || (r.status.is_empty()
+                            && !(accepted_create
+                                && matches!(r.means, Meaning::Reject | Meaning::RetryLater))))
                     && r.body_contains
                         .as_ref()
                         .is_none_or(|needle| text.contains(needle.as_str()))

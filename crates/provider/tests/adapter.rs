@@ -1245,6 +1245,50 @@ async fn a_large_status_answer_is_read_for_what_a_status_says_only() {
     server.abort();
 }
 
+/// A rule that names no status codes never turns a create's 2xx (the job accepted) away: read as
+/// refused the job would run unwatched, as "not now" it would be sent again. A rule that lists the
+/// code does (a provider that answers its errors with a 2xx). Against the simulator, over HTTP.
+#[tokio::test]
+async fn a_rule_without_codes_never_turns_an_accepted_create_away() {
+    use jobtrail_provider::contract::{CallName, Meaning, Rule};
+    let rule = |means, status: Vec<u16>| Rule {
+        calls: vec![CallName::Create],
+        status,
+        body_contains: Some("job_id".into()),
+        means,
+    };
+    let mut code = 0;
+    for means in [Meaning::Reject, Meaning::RetryLater] {
+        let h = harness_with(jobtrail_sim::Config::default(), |base| {
+            let mut c = contract("sim", base);
+            c.rules.insert(0, rule(means, vec![]));
+            c
+        })
+        .await;
+        let op = h.op(serde_json::json!({})).await;
+        let c = h.provider.create(&op, 1.into()).await;
+        assert!(
+            matches!(c.outcome, CreateOutcome::Accepted { .. }),
+            "{means:?}: {:?}",
+            c.outcome
+        );
+        code = c.call.http_status.unwrap() as u16;
+    }
+    let h = harness_with(jobtrail_sim::Config::default(), |base| {
+        let mut c = contract("sim", base);
+        c.rules.insert(0, rule(Meaning::Reject, vec![code]));
+        c
+    })
+    .await;
+    let op = h.op(serde_json::json!({})).await;
+    let c = h.provider.create(&op, 1.into()).await;
+    assert!(
+        matches!(c.outcome, CreateOutcome::Rejected { .. }),
+        "{:?}",
+        c.outcome
+    );
+}
+
 /// A result call's 2xx is kept unscrubbed, since it may be the result. One the contract's rules
 /// call "not ready yet" or "no result" is not: its words become the recorded reason, so one that
 /// quotes the bearer token is recorded without them, in the outcome and in the call log.
