@@ -1155,9 +1155,12 @@ impl Store {
     async fn apply_fenced(&self, lease: &Lease, step: Step) -> Result<Applied, StoreError> {
         let mut tx = self.begin_fenced().await?;
         let locked = lock_if_leased(&mut tx, lease).await?;
-        let step = match held_elsewhere(&mut tx, &locked, &step, &mut Default::default()).await? {
-            Some(instead) => instead,
-            None => step,
+        let step = match held_elsewhere(&mut tx, &[Some((&locked, &step))])
+            .await?
+            .pop()
+        {
+            Some(Some(instead)) => instead,
+            _ => step,
         };
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
         if let Err(e) = tx.commit().await {
@@ -1421,47 +1424,97 @@ async fn link_superseded(
     write::execute(tx, &planned).await
 }
 
-/// A worker's step that names a job for this operation (a create's answer, a lookup's find) is
-/// checked against every other operation of the provider, under the job's lock held to commit:
-/// one held elsewhere is never taken (the second caller would read the first's result, and could
-/// cancel its job). The step is then replaced by the contract violation that keeps it as the
-/// conflicting answer, with the call, counters and send mark of the step it replaces (the call was
-/// made and is logged); `None`: write the step as it is. `named`: the jobs earlier steps of the same
-/// transaction took (not in the table yet), by provider and job.
+/// The job a worker's step names for this operation for the first time: a create's answer, a
+/// lookup's find, or the answer a contract violation records as this operation's when it has none.
+fn job_named<'s>(row: &LockedRow, step: &'s Step) -> Option<&'s str> {
+    let job = match step.event.as_ref()? {
+        e @ (Event::CreateAccepted { .. } | Event::CreateCompleted { .. }) => e.remote_job_id()?,
+        Event::ContractViolated {
+            recorded_job_id, ..
+        } if row.row_remote_job_id().is_none() => recorded_job_id,
+        _ => return None,
+    };
+    (row.row_remote_job_id() != Some(job)).then_some(job)
+}
+
+/// Every worker step that names a job for its operation is checked against the other operations
+/// of the provider that are not finished, under the jobs' locks held to commit: one held by
+/// another is never taken (the second caller would read the first's result, and could cancel its
+/// job). Such a step is replaced by the contract violation that keeps the job as the conflicting
+/// answer, with the call, counters and send mark of the step it replaces (the call was made and is
+/// logged). `steps`: each write's locked row and step (`None`: a write refused already); the
+/// answer holds the replacements, by position. A job named twice in one transaction goes to the
+/// first that names it. The locks are taken in one statement, sorted, and the holders found in
+/// one more: two round trips for a batch, none when no step names a job.
 async fn held_elsewhere(
     tx: &mut Transaction<'_, Postgres>,
-    row: &LockedRow,
-    step: &Step,
-    named: &mut std::collections::HashMap<(String, String), uuid::Uuid>,
-) -> Result<Option<Step>, StoreError> {
-    let Some(job) = step.event.as_ref().and_then(|e| match e {
-        Event::CreateAccepted { .. } | Event::CreateCompleted { .. } => e.remote_job_id(),
-        _ => None,
-    }) else {
-        return Ok(None);
-    };
-    if row.row_remote_job_id() == Some(job) {
-        return Ok(None);
-    }
-    let key = (row.row_provider().to_owned(), job.to_owned());
-    let owner = match named.get(&key) {
-        Some(&earlier) if earlier != row.row_id() => Some(earlier),
-        _ => job_owner_elsewhere(tx, row.row_id(), row.row_provider(), job).await?,
-    };
-    let Some(owner) = owner else {
-        named.insert(key, row.row_id());
-        return Ok(None);
-    };
-    Ok(Some(Step {
-        call: step.call.clone(),
-        counters: step.counters,
-        send_mark: step.send_mark,
-        decided_in: step.decided_in,
-        ..Step::event(Event::JobHeldElsewhere {
-            remote_job_id: job.to_owned(),
-            held_by: OperationId::from_uuid(owner).to_string(),
+    steps: &[Option<(&LockedRow, &Step)>],
+) -> Result<Vec<Option<Step>>, StoreError> {
+    let named: Vec<(usize, &LockedRow, &str)> = steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let (row, step) = (*s)?;
+            Some((i, row, job_named(row, step)?))
         })
-    }))
+        .collect();
+    let mut instead: Vec<Option<Step>> = vec![None; steps.len()];
+    if named.is_empty() {
+        return Ok(instead);
+    }
+    let mut keys: Vec<(&str, &str)> = named
+        .iter()
+        .map(|(_, r, j)| (r.row_provider(), *j))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let (providers, jobs): (Vec<&str>, Vec<&str>) = keys.into_iter().unzip();
+    sqlx::query(include_str!("sql/remote_jobs_lock.sql"))
+        .bind(&providers)
+        .bind(&jobs)
+        .execute(&mut **tx)
+        .await?;
+    let held: Vec<(i64, uuid::Uuid)> =
+        sqlx::query_as(include_str!("sql/operations_live_by_remote_jobs.sql"))
+            .bind(
+                named
+                    .iter()
+                    .map(|(_, r, _)| r.row_provider())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(named.iter().map(|(_, _, j)| *j).collect::<Vec<_>>())
+            .bind(named.iter().map(|(_, r, _)| r.row_id()).collect::<Vec<_>>())
+            .fetch_all(&mut **tx)
+            .await?;
+    // (WITH ORDINALITY counts from 1.)
+    let held: std::collections::HashMap<usize, uuid::Uuid> = held
+        .into_iter()
+        .map(|(n, id)| (n as usize - 1, id))
+        .collect();
+    let mut taken: std::collections::HashMap<(&str, &str), uuid::Uuid> = Default::default();
+    for (k, (i, row, job)) in named.iter().enumerate() {
+        let key = (row.row_provider(), *job);
+        let owner = match taken.get(&key) {
+            Some(&first) if first != row.row_id() => Some(first),
+            _ => held.get(&k).copied(),
+        };
+        let Some(owner) = owner else {
+            taken.insert(key, row.row_id());
+            continue;
+        };
+        let (_, step) = steps[*i].expect("named from a step");
+        instead[*i] = Some(Step {
+            call: step.call.clone(),
+            counters: step.counters,
+            send_mark: step.send_mark,
+            decided_in: step.decided_in,
+            ..Step::event(Event::JobHeldElsewhere {
+                remote_job_id: (*job).to_owned(),
+                held_by: OperationId::from_uuid(owner).to_string(),
+            })
+        });
+    }
+    Ok(instead)
 }
 
 /// Another operation of `provider` that holds `job` (as its job or as a conflicting answer), with
@@ -1625,16 +1678,13 @@ pub(crate) async fn write_batch_in(
             .await?;
     let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
         locked.into_iter().map(|l| (l.row_id(), l)).collect();
-    // The steps naming a job another operation holds, each replaced (rare: one check per job
-    // named, and none for the status reads that make up most steps).
-    let mut instead: Vec<Option<Step>> = Vec::with_capacity(writes.len());
-    let mut named = Default::default();
-    for (lease, step) in writes {
-        instead.push(match by_id.get(&lease.operation_id.as_uuid()) {
-            Some(row) => held_elsewhere(tx, row, step, &mut named).await?,
-            None => None,
-        });
-    }
+    // The steps naming a job another operation holds, each replaced (two statements for a batch
+    // that names jobs, none for the status reads that make up most steps).
+    let named: Vec<_> = writes
+        .iter()
+        .map(|(lease, step)| Some((by_id.get(&lease.operation_id.as_uuid())?, step)))
+        .collect();
+    let instead = held_elsewhere(tx, &named).await?;
     let mut planned = Vec::new();
     let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
     for ((lease, step), instead) in writes.iter().zip(&instead) {

@@ -2292,6 +2292,53 @@ async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
         .map(|r| r.as_ref().unwrap().record.state)
         .collect();
     assert_eq!(states, [State::Accepted, State::ContractViolation]);
+    // A contract violation that would record, for an operation with no job yet, a job another
+    // holds (a lookup listing others' jobs): held without taking it either.
+    let mut more = Vec::new();
+    for i in 0..3 {
+        let s = submission(&format!(r#"{{"more":{i}}}"#));
+        let terms = providers();
+        let op = store.submit_new(&s, &terms, SubmitLimits::default());
+        more.push(op.await.unwrap().operation.id);
+    }
+    let due = store
+        .claim_due("w", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let lease = |id: OperationId| {
+        let c = due.iter().find(|d| d.lease.operation_id == id).unwrap();
+        c.lease.clone()
+    };
+    let violated = store
+        .apply(
+            &lease(more[0]),
+            Step::event(Event::ContractViolated {
+                recorded_job_id: "j-shared".into(),
+                other_job_id: "j-other".into(),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(violated.record.remote_job_id, None);
+    assert_eq!(violated.record.state, State::ContractViolation);
+    // A finished operation's job may be named again (a resource the caller names, updated by a
+    // later operation): taken.
+    let first = lease(more[1]);
+    let mut taking = accepted("j-resource");
+    taking.keep_lease = true;
+    store.apply(&first, taking).await.unwrap();
+    let failed = Step::event(Event::RemoteFailed {
+        remote_state: "failed".into(),
+        reason: None,
+    });
+    let done = store.apply(&first, failed).await.unwrap();
+    assert!(done.record.state.is_terminal(), "{:?}", done.record.state);
+    let again = store
+        .apply(&lease(more[2]), accepted("j-resource"))
+        .await
+        .unwrap();
+    assert_eq!(again.record.state, State::Accepted);
+    assert_eq!(again.record.remote_job_id.as_deref(), Some("j-resource"));
     assert!(
         store.verify_all().await.unwrap().is_clean(),
         "the record replays"
