@@ -821,15 +821,26 @@ pub fn sparse<'p>(
     if !root.get().trim_start().starts_with('{') {
         return None;
     }
+    let pointers: Vec<Vec<String>> = pointers
+        .into_iter()
+        .map(|p| {
+            Some(
+                p.strip_prefix('/')?
+                    .split('/')
+                    .map(|t| t.replace("~1", "/").replace("~0", "~"))
+                    .collect(),
+            )
+        })
+        .collect::<Option<_>>()?;
+    // The top level is read once (the body is scanned once for it, not once per pointer).
+    let wanted: std::collections::HashSet<&str> = pointers.iter().map(|t| t[0].as_str()).collect();
+    let top = fields(root, &wanted)?;
     let mut out = serde_json::Map::new();
-    'pointers: for pointer in pointers {
-        let tokens: Vec<String> = pointer
-            .strip_prefix('/')?
-            .split('/')
-            .map(|t| t.replace("~1", "/").replace("~0", "~"))
-            .collect();
-        let mut here = root;
-        for token in &tokens {
+    'pointers: for tokens in &pointers {
+        let Some(mut here) = top.get(tokens[0].as_str()).copied() else {
+            continue;
+        };
+        for token in &tokens[1..] {
             here = match here.get().trim_start().as_bytes().first()? {
                 b'{' => match field(here, token)? {
                     Some(v) => v,
@@ -841,7 +852,19 @@ pub fn sparse<'p>(
         }
         let raw = here.get();
         let leaf = if raw.len() > SPARSE_LEAF_MOST {
-            serde_json::Value::String(crate::text::truncate(raw.to_owned(), SPARSE_LEAF_MOST))
+            // Cut, it is no object: a pointer inside it (Google's `/error/code` beside `/error`)
+            // is read on its own instead, and must not be overwritten by the cut text.
+            if pointers
+                .iter()
+                .any(|inner| inner.len() > tokens.len() && inner.starts_with(tokens))
+            {
+                continue;
+            }
+            let mut end = SPARSE_LEAF_MOST;
+            while !raw.is_char_boundary(end) {
+                end -= 1;
+            }
+            serde_json::Value::String(format!("{}…", &raw[..end]))
         } else {
             serde_json::from_str(raw).ok()?
         };
@@ -857,6 +880,50 @@ pub fn sparse<'p>(
         at.insert(last.clone(), leaf);
     }
     Some(serde_json::Value::Object(out))
+}
+
+/// The values under `keys` in the JSON object `object` (the last of a key written twice, as a
+/// parsed document keeps), read in one pass: nothing else is built. `None`: no object.
+fn fields<'a>(
+    object: &'a serde_json::value::RawValue,
+    keys: &std::collections::HashSet<&str>,
+) -> Option<std::collections::HashMap<String, &'a serde_json::value::RawValue>> {
+    use serde::de::{DeserializeSeed, MapAccess, Visitor};
+    struct Wanted<'k>(&'k std::collections::HashSet<&'k str>);
+    impl<'de> DeserializeSeed<'de> for Wanted<'_> {
+        type Value = Option<String>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+    impl Visitor<'_> for Wanted<'_> {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a key")
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(self.0.contains(v).then(|| v.to_owned()))
+        }
+    }
+    struct Fields<'k>(&'k std::collections::HashSet<&'k str>);
+    impl<'de> Visitor<'de> for Fields<'_> {
+        type Value = std::collections::HashMap<String, &'de serde_json::value::RawValue>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = std::collections::HashMap::new();
+            while let Some(key) = map.next_key_seed(Wanted(self.0))? {
+                let v: &'de serde_json::value::RawValue = map.next_value()?;
+                if let Some(key) = key {
+                    found.insert(key, v);
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(object.get());
+    serde::Deserializer::deserialize_map(&mut de, Fields(keys)).ok()
 }
 
 /// The value under `key` in the JSON object `object` (the last, when the key is there twice, as a
@@ -1035,6 +1102,15 @@ mod tests {
             "{}",
             kept.len()
         );
+        // A pointer inside a value cut for its size is read on its own, whichever comes first.
+        let error = format!(
+            r#"{{"done": true, "error": {{"code": 3, "details": [{}0]}}}}"#,
+            "0,".repeat(50_000)
+        );
+        for order in [["/error/code", "/error"], ["/error", "/error/code"]] {
+            let read = super::sparse(error.as_bytes(), order).unwrap();
+            assert_eq!(read["error"]["code"], 3, "{order:?}");
+        }
         // The last of a key written twice, as a parsed document keeps; escaped keys are read.
         let twice = br#"{"s": "a", "\u0073": "b", "t": {"k": 1, "k": 2}}"#;
         let read = super::sparse(twice, ["/s", "/t/k"]).unwrap();
