@@ -1313,10 +1313,11 @@ pub fn after_collect(
             },
             Err(e) => Step::event(Event::ResultUnavailable { why: e.to_string() }),
         },
-        Collected::Valid { kept: Err(e), .. } => Step::event(Event::ResultFetchFailed {
-            error_class: format!("result store: {e}"),
-        })
-        .next_in(Duration::from_secs(1), "result_store"),
+        // The result could not be kept (a full or read-only result directory): fetched again
+        // after backing off, within the failure budget, never every second for good.
+        Collected::Valid { kept: Err(e), .. } => {
+            failed_fetch(op, policy, format!("result store: {e}"), None, draw)
+        }
         Collected::Invalid { violations, kept } => Step {
             detail: kept.as_ref().map(
                 |k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256}),

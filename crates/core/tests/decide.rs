@@ -1109,6 +1109,12 @@ fn collection_outcomes_map_to_one_event_each() {
     let cases: Vec<(&OperationRecord, Collected, EventKind)> = vec![
         (&op, valid(Ok(kept())), EventKind::ResultValidated),
         (&op, valid(Err("disk".into())), EventKind::ResultFetchFailed),
+        // A result store that keeps failing spends the budget like any failed fetch.
+        (
+            &spent,
+            valid(Err("disk".into())),
+            EventKind::RetryBudgetExhausted,
+        ),
         (
             &op,
             Collected::Invalid {

@@ -70,6 +70,23 @@ pub(crate) fn plan<'s>(
         None => None,
     };
 
+    // Failed status reads were judged in the state they were decided in. A cancel that landed
+    // meanwhile and was never sent is sent first: `cancellation_unconfirmed` means the provider was
+    // asked, and its cancel endpoint may answer where its status endpoint does not.
+    if step
+        .event
+        .as_ref()
+        .is_some_and(|e| e.kind() == EventKind::RetryBudgetExhausted)
+        && rec.state == State::CancelRequested
+        && rec.cancel_attempts == 0
+        && step.decided_in.is_some_and(|s| s != State::CancelRequested)
+    {
+        return Err(StoreError::Moved {
+            operation_id: rec.id,
+            state: rec.state,
+        });
+    }
+
     if let Some(obs) = &step.observation {
         if obs.remote_state.is_some() {
             rec.remote_state.clone_from(&obs.remote_state);

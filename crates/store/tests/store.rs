@@ -2344,3 +2344,42 @@ async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
         "the record replays"
     );
 }
+
+/// A status read that spent the last of the failure budget was judged in `observing`; a cancel
+/// that landed while it was out, and was never sent, is sent first: the step is refused (its call
+/// logged) instead of ending `cancellation_unconfirmed`, which says the provider was asked.
+#[tokio::test]
+async fn failed_reads_never_end_a_cancel_that_was_not_sent() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let claimed = submit_and_claim(&store, 1, "budget").await;
+    accept_keeping_leases(&store, &claimed.iter().collect::<Vec<_>>()).await;
+    let c = &claimed[0];
+    store
+        .request_cancel(
+            c.lease.operation_id,
+            CancelRequest::new("alice", "stop").unwrap(),
+        )
+        .await
+        .unwrap();
+    let failed_read = CallRecord {
+        http_status: Some(503),
+        outcome: "failed: http_503".into(),
+        ..status_read("running")
+    };
+    let step = Step {
+        call: Some(failed_read),
+        decided_in: Some(State::Observing),
+        ..Step::event(Event::RetryBudgetExhausted {
+            error_class: "http_503".into(),
+            failures: 8,
+        })
+    };
+    let refused = store.apply(&c.lease, step).await.unwrap_err();
+    assert!(matches!(refused, StoreError::Moved { .. }), "{refused:?}");
+    let op = store.get(c.lease.operation_id).await.unwrap();
+    assert_eq!(op.state, State::CancelRequested);
+    assert_eq!(op.cancel_attempts, 0);
+    let calls = store.calls(c.lease.operation_id).await.unwrap();
+    assert_eq!(calls.last().unwrap().kind, "status", "the read is logged");
+}
