@@ -1814,6 +1814,9 @@ async fn a_flood_of_made_up_tokens_is_looked_up_at_a_bounded_rate() {
     let server = env.serve_with("flood", &[("JOBTRAIL_RATE_PER_ADDRESS", "off")]);
     let c = support::http();
     let alice = env.token("agent-alice", &["read"]).await;
+    // Bob's token is live but has not been used here: the server knows it from its list of every
+    // live token, read when the first request comes (and every 30 s).
+    let bob = env.token("agent-bob", &["read"]).await;
     let list = |token: String| {
         c.get(server.url("/v1/operations"))
             .bearer_auth(token)
@@ -1850,6 +1853,16 @@ async fn a_flood_of_made_up_tokens_is_looked_up_at_a_bounded_rate() {
         refused > 0 && looked_up <= most,
         "320 made-up tokens: {looked_up} looked up (at most {most}), {refused} refused"
     );
+    // The budget is spent: bob, listed, is looked up all the same.
+    for _ in 0..3 {
+        let answers = futures::future::join_all((0..40).map(|_| list(made_up()))).await;
+        assert!(
+            answers
+                .iter()
+                .any(|a| a.as_ref().unwrap().status() == StatusCode::TOO_MANY_REQUESTS)
+        );
+        assert_eq!(list(bob.clone()).await.unwrap().status(), StatusCode::OK);
+    }
 }
 
 /// A caller holds at most `--waits-per-caller` waits open at once: past it, another is refused at

@@ -159,12 +159,21 @@ const UNKNOWN_LOOKUPS_BURST: u32 = 200;
 /// How long, and how many, tokens found live are remembered as such.
 const LIVE_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 const LIVE_KEPT: usize = 10_000;
+/// How often the list of every live token's digest is read again (a token created since is looked
+/// up within the budget until then), and the most it holds.
+pub(crate) const LISTED_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const LISTED_MOST: i64 = 1_000_000;
 
 /// Bounds the database lookups a flood of unknown tokens can cause, without holding back the
-/// agents whose tokens were found live lately.
+/// agents whose tokens are live: those listed by the last read of every live token's digest (a
+/// rollout's new servers know every agent at once), and those found live since.
 pub(crate) struct TokenLookups {
     unknown: governor::DefaultDirectRateLimiter,
     live: std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>,
+    listed: std::sync::RwLock<std::collections::HashSet<[u8; 32]>>,
+    /// When the list was last asked for (`None`: never); set before it is read, so one read runs
+    /// at a time.
+    listed_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Default for TokenLookups {
@@ -176,6 +185,8 @@ impl Default for TokenLookups {
         Self {
             unknown: governor::RateLimiter::direct(quota),
             live: Default::default(),
+            listed: Default::default(),
+            listed_at: Default::default(),
         }
     }
 }
@@ -188,7 +199,12 @@ impl TokenLookups {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(digest)
-            .is_some_and(|at| at.elapsed() < LIVE_FOR);
+            .is_some_and(|at| at.elapsed() < LIVE_FOR)
+            || self
+                .listed
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(digest);
         if known {
             return Ok(());
         }
@@ -196,6 +212,22 @@ impl TokenLookups {
         self.unknown
             .check()
             .map_err(|w| w.wait_time_from(DefaultClock::default().now()))
+    }
+
+    /// Whether the list of live tokens is due to be read again; if so, it is taken as being read
+    /// now (one read at a time).
+    pub(crate) fn list_due(&self) -> bool {
+        let mut at = self.listed_at.lock().unwrap_or_else(|p| p.into_inner());
+        if at.is_some_and(|t| t.elapsed() < LISTED_EVERY) {
+            return false;
+        }
+        *at = Some(std::time::Instant::now());
+        true
+    }
+
+    /// The digests of every live token, as just read.
+    pub(crate) fn listed(&self, digests: Vec<[u8; 32]>) {
+        *self.listed.write().unwrap_or_else(|p| p.into_inner()) = digests.into_iter().collect();
     }
 
     /// `digest` was found live: looked up without the budget for a while.

@@ -67,7 +67,7 @@ pub struct Service {
     /// Results being sent now, by caller.
     sending: per_caller::PerCaller,
     /// The budget for looking up tokens not found live lately.
-    token_lookups: auth::TokenLookups,
+    token_lookups: Arc<auth::TokenLookups>,
     /// Request bodies being read now, by caller.
     receiving: per_caller::PerCaller,
     /// Webhook bodies being read now, by provider (a webhook's sender is unknown until its
@@ -197,7 +197,7 @@ impl Service {
             waiting: per_caller::PerCaller::new(WAITS_PER_CALLER),
             verifying_everything: tokio::sync::Semaphore::new(1),
             sending: per_caller::PerCaller::new(RESULTS_PER_CALLER),
-            token_lookups: auth::TokenLookups::default(),
+            token_lookups: Arc::default(),
             receiving: per_caller::PerCaller::new(BODIES_PER_CALLER),
             hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
             hinting_from: per_caller::PerCaller::new(per_sender(WEBHOOK_BODIES_PER_PROVIDER)),
@@ -387,6 +387,7 @@ impl Service {
             return Err(refused());
         }
         let digest = auth::token_digest(bearer);
+        self.list_live_tokens_when_due();
         if let Err(wait) = self.token_lookups.may_look_up(&digest) {
             return Err(ServiceError::rate_limited(
                 "too many requests with tokens this server has not seen lately: try again shortly",
@@ -401,6 +402,21 @@ impl Service {
             .filter_map(|s| s.parse::<Scope>().ok())
             .collect::<Vec<_>>();
         Ok(Principal::new(t.caller, scopes))
+    }
+
+    /// Read every live token's digest again, in the background, when the last read is old: those
+    /// are looked up without the budget for unknown tokens. A read that fails leaves the last list.
+    fn list_live_tokens_when_due(&self) {
+        if !self.token_lookups.list_due() {
+            return;
+        }
+        let (store, lookups) = (self.store.clone(), Arc::clone(&self.token_lookups));
+        tokio::spawn(async move {
+            match store.live_token_digests(auth::LISTED_MOST).await {
+                Ok(digests) => lookups.listed(digests),
+                Err(e) => tracing::warn!(error = %e, "could not list the live tokens"),
+            }
+        });
     }
 
     // ---------------------------------------------------------------------------------------------

@@ -177,6 +177,18 @@ impl Store {
             .await?)
     }
 
+    /// The digests of the live tokens, at most `most` of them.
+    pub async fn live_token_digests(&self, most: i64) -> Result<Vec<[u8; 32]>, StoreError> {
+        let rows: Vec<(Vec<u8>,)> = sqlx::query_as(include_str!("sql/token_live_digests.sql"))
+            .bind(most)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(d,)| <[u8; 32]>::try_from(d.as_slice()).ok())
+            .collect())
+    }
+
     /// Revoke the token with this digest (idempotent); `None` if no token has it.
     pub async fn revoke_token_by_digest(
         &self,
