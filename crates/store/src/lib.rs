@@ -1061,13 +1061,23 @@ impl Store {
     }
 
     /// Whether writes whose commit failed committed after all (its answer lost with the
-    /// connection): each wrote a history link, and every link it planned is there (by operation,
-    /// place and hash; history is append-only, so what was written after it does not matter). A
-    /// write without a link says nothing, so with none it is "not known" (false), as when the links
-    /// cannot be read within 5 s in all.
-    async fn committed_after_all(&self, applied: &[&Applied]) -> bool {
-        let linked: Vec<&&Applied> = applied.iter().filter(|a| a.transition.is_some()).collect();
-        if linked.is_empty() {
+    /// connection): every history link they planned is there (by operation, place and hash;
+    /// history is append-only, so what was written after it does not matter), and the call row of
+    /// each that logged a call without a link (a lookup logged before its resend). A write with
+    /// neither says nothing, so with none it is "not known" (false), as when they cannot be read
+    /// within 5 s in all. `applied`: each write's result, and the id of the call it logged.
+    async fn committed_after_all(&self, applied: &[(&Applied, Option<uuid::Uuid>)]) -> bool {
+        let linked: Vec<&Applied> = applied
+            .iter()
+            .filter(|(a, _)| a.transition.is_some())
+            .map(|(a, _)| *a)
+            .collect();
+        let calls: Vec<uuid::Uuid> = applied
+            .iter()
+            .filter(|(a, _)| a.transition.is_none())
+            .filter_map(|(_, call)| *call)
+            .collect();
+        if linked.is_empty() && calls.is_empty() {
             return false;
         }
         let ids: Vec<uuid::Uuid> = linked.iter().map(|a| a.record.id.as_uuid()).collect();
@@ -1078,17 +1088,21 @@ impl Store {
             .collect();
         let read = async {
             loop {
-                match sqlx::query_as::<_, (uuid::Uuid,)>(include_str!(
-                    "sql/history_links_exist.sql"
-                ))
-                .bind(&ids)
-                .bind(&seqs)
-                .bind(&hashes)
-                .fetch_all(&self.pool)
-                .await
-                {
-                    Ok(found) => return found.len() == linked.len(),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                let links =
+                    sqlx::query_as::<_, (uuid::Uuid,)>(include_str!("sql/history_links_exist.sql"))
+                        .bind(&ids)
+                        .bind(&seqs)
+                        .bind(&hashes)
+                        .fetch_all(&self.pool)
+                        .await;
+                let logged =
+                    sqlx::query_as::<_, (uuid::Uuid,)>(include_str!("sql/calls_exist.sql"))
+                        .bind(&calls)
+                        .fetch_all(&self.pool)
+                        .await;
+                match (links, logged) {
+                    (Ok(l), Ok(c)) => return l.len() == linked.len() && c.len() == calls.len(),
+                    _ => tokio::time::sleep(Duration::from_millis(250)).await,
                 }
             }
         };
@@ -1130,7 +1144,13 @@ impl Store {
         if let Err(e) = tx.commit().await {
             // A commit whose answer was lost (the connection dropped, a failover) may have
             // committed: then the batch must never be applied again.
-            let applied: Vec<&Applied> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+            let applied: Vec<(&Applied, Option<uuid::Uuid>)> = results
+                .iter()
+                .zip(writes)
+                .filter_map(|(r, (_, step))| {
+                    Some((r.as_ref().ok()?, step.call.as_ref().map(|c| c.id)))
+                })
+                .collect();
             if !self.committed_after_all(&applied).await {
                 return Err(e.into());
             }
@@ -1162,9 +1182,10 @@ impl Store {
             Some(Some(instead)) => instead,
             _ => step,
         };
+        let call = step.call.as_ref().map(|c| c.id);
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
         if let Err(e) = tx.commit().await {
-            if !self.committed_after_all(&[&applied]).await {
+            if !self.committed_after_all(&[(&applied, call)]).await {
                 return Err(e.into());
             }
             tracing::warn!(error = %e, "the commit's answer was lost, but the write committed");

@@ -236,17 +236,18 @@ async fn connect(url: &url::Url) -> std::io::Result<Box<dyn Io>> {
     })
 }
 
-/// A commit whose acknowledgement is lost is found committed, by the history links each write
-/// planned, and answered as written: never applied a second time (each step's call would be
-/// refused as a duplicate, and the worker would stop on an operation that moved). Both for a
-/// group commit and a lone write, and also when another write (a cancel request) landed on the
-/// operation before the check.
-#[tokio::test]
-async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twice() {
-    let db = TestDb::new().await;
-    let direct = db.store().await;
+type Between = std::sync::Arc<tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>;
+
+/// A store connected to `db` through [`lossy_proxy`], its arming switch, and its `between`.
+async fn through_lossy_proxy(
+    db: &TestDb,
+) -> (
+    Store,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Between,
+) {
     let url = url::Url::parse(&db.url).unwrap();
-    let between = std::sync::Arc::new(tokio::sync::Mutex::new(None));
+    let between: Between = std::sync::Arc::new(tokio::sync::Mutex::new(None));
     let (proxy, armed) = lossy_proxy(url.clone(), between.clone()).await;
     let mut through = url.clone();
     through.set_host(Some("127.0.0.1")).unwrap();
@@ -261,7 +262,56 @@ async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twic
         .query_pairs_mut()
         .extend_pairs(kept)
         .append_pair("sslmode", "disable");
-    let store = Store::connect(through.as_str()).await.unwrap();
+    (
+        Store::connect(through.as_str()).await.unwrap(),
+        armed,
+        between,
+    )
+}
+
+/// A step that logs a call and writes no history link (the lookup a resend is cross-checked by,
+/// logged first) is found committed by its call row when the commit's answer is lost: answered as
+/// written, never applied again (the call would be refused as a duplicate, and the worker would
+/// stop with the resend that followed unlogged).
+#[tokio::test]
+async fn a_lost_commit_of_a_call_without_a_link_is_found_by_its_call() {
+    let db = TestDb::new().await;
+    let direct = db.store().await;
+    let (store, armed, _) = through_lossy_proxy(&db).await;
+    let claimed = three_claimed(&direct).await;
+    let lookup = CallRecord {
+        kind: CallKind::Lookup,
+        method: "GET".into(),
+        http_status: Some(200),
+        outcome: "found job_9".into(),
+        ..accepted_create("http://127.0.0.1:1/v1/jobs?client_reference=x")
+    };
+    let step = Step {
+        call: Some(lookup),
+        keep_lease: true,
+        ..Default::default()
+    };
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let written = store.apply(&claimed[0].lease, step).await;
+    assert!(
+        !armed.load(std::sync::atomic::Ordering::SeqCst),
+        "a commit was cut"
+    );
+    written.unwrap_or_else(|e| panic!("a committed write answered as failed: {e:?}"));
+    let id = claimed[0].lease.operation_id;
+    assert_eq!(direct.calls(id).await.unwrap().len(), 1, "logged once");
+}
+
+/// A commit whose acknowledgement is lost is found committed, by the history links each write
+/// planned, and answered as written: never applied a second time (each step's call would be
+/// refused as a duplicate, and the worker would stop on an operation that moved). Both for a
+/// group commit and a lone write, and also when another write (a cancel request) landed on the
+/// operation before the check.
+#[tokio::test]
+async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twice() {
+    let db = TestDb::new().await;
+    let direct = db.store().await;
+    let (store, armed, between) = through_lossy_proxy(&db).await;
 
     let claimed = three_claimed(&direct).await;
 
