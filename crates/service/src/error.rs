@@ -237,6 +237,7 @@ impl From<StoreError> for ServiceError {
             }
             StoreError::Corrupt(_)
             | StoreError::Unavailable(_)
+            | StoreError::CommitUnknown(_)
             | StoreError::BadUrl(_)
             | StoreError::Database(_)
             | StoreError::Migrate(_)

@@ -46,6 +46,12 @@ pub enum StoreError {
     Corrupt(String),
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// A commit's answer was lost and whether it committed could not be read back in time (a
+    /// failover longer than the check): the write may or may not be there. Never retried by the
+    /// writer (it would apply a second time); its operation is read afresh by whoever holds it
+    /// next.
+    #[error("the commit's answer was lost and whether it committed cannot be told yet: {0}")]
+    CommitUnknown(String),
     /// The database URL itself is wrong (not a `postgres://` URL, malformed, an unknown
     /// parameter): bad input, not an outage. Nothing was sent anywhere.
     #[error("bad database URL: {0}")]

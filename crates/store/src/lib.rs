@@ -1064,9 +1064,14 @@ impl Store {
     /// connection): every history link they planned is there (by operation, place and hash;
     /// history is append-only, so what was written after it does not matter), and the call row of
     /// each that logged a call without a link (a lookup logged before its resend). A write with
-    /// neither says nothing, so with none it is "not known" (false), as when they cannot be read
-    /// within 5 s in all. `applied`: each write's result, and the id of the call it logged.
-    async fn committed_after_all(&self, applied: &[(&Applied, Option<uuid::Uuid>)]) -> bool {
+    /// neither says nothing: `Some(false)`, not committed as far as anyone can tell (applying it
+    /// again moves only its schedule). `None`: they could not be read within 5 s in all (a
+    /// failover), and the writes may or may not be there. `applied`: each write's result, and the
+    /// id of the call it logged.
+    async fn committed_after_all(
+        &self,
+        applied: &[(&Applied, Option<uuid::Uuid>)],
+    ) -> Option<bool> {
         let linked: Vec<&Applied> = applied
             .iter()
             .filter(|(a, _)| a.transition.is_some())
@@ -1078,7 +1083,7 @@ impl Store {
             .filter_map(|(_, call)| *call)
             .collect();
         if linked.is_empty() && calls.is_empty() {
-            return false;
+            return Some(false);
         }
         let ids: Vec<uuid::Uuid> = linked.iter().map(|a| a.record.id.as_uuid()).collect();
         let seqs: Vec<i64> = linked.iter().map(|a| a.record.history_seq).collect();
@@ -1106,9 +1111,7 @@ impl Store {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(5), read)
-            .await
-            .unwrap_or(false)
+        tokio::time::timeout(COMMIT_CHECK, read).await.ok()
     }
 
     /// Many fenced writes in one transaction (group commit): one lock statement for all rows, one
@@ -1125,6 +1128,11 @@ impl Store {
         }
         match self.apply_batch(&writes).await {
             Ok(results) => results,
+            // Applied again one by one, the batch might be written twice.
+            Err(StoreError::CommitUnknown(e)) => writes
+                .iter()
+                .map(|_| Err(StoreError::CommitUnknown(e.clone())))
+                .collect(),
             Err(_) => {
                 let mut out = Vec::with_capacity(writes.len());
                 for (lease, step) in writes {
@@ -1151,10 +1159,13 @@ impl Store {
                     Some((r.as_ref().ok()?, step.call.as_ref().map(|c| c.id)))
                 })
                 .collect();
-            if !self.committed_after_all(&applied).await {
-                return Err(e.into());
+            match self.committed_after_all(&applied).await {
+                Some(true) => {
+                    tracing::warn!(error = %e, "the commit's answer was lost, but the batch committed")
+                }
+                Some(false) => return Err(e.into()),
+                None => return Err(StoreError::CommitUnknown(e.to_string())),
             }
-            tracing::warn!(error = %e, "the commit's answer was lost, but the batch committed");
         }
         self.announce(write::moved(results.iter().filter_map(|r| r.as_ref().ok())))
             .await;
@@ -1185,10 +1196,13 @@ impl Store {
         let call = step.call.as_ref().map(|c| c.id);
         let applied = write::apply_locked(&mut tx, locked, &lease.owner, step).await?;
         if let Err(e) = tx.commit().await {
-            if !self.committed_after_all(&[(&applied, call)]).await {
-                return Err(e.into());
+            match self.committed_after_all(&[(&applied, call)]).await {
+                Some(true) => {
+                    tracing::warn!(error = %e, "the commit's answer was lost, but the write committed")
+                }
+                Some(false) => return Err(e.into()),
+                None => return Err(StoreError::CommitUnknown(e.to_string())),
             }
-            tracing::warn!(error = %e, "the commit's answer was lost, but the write committed");
         }
         self.announce(write::moved([&applied])).await;
         Ok(applied)
@@ -1466,6 +1480,9 @@ fn job_named<'s>(row: &LockedRow, step: &'s Step) -> Option<&'s str> {
 /// logged). `steps`: each write's locked row and step (`None`: a write refused already); the
 /// answer holds the replacements, by position. A job named twice in one transaction goes to the
 /// first that names it. The locks are taken in one statement, sorted, and the holders found in
+/// How long a write whose commit answer was lost is looked for before it counts as unknown.
+const COMMIT_CHECK: Duration = Duration::from_secs(5);
+
 /// one more: two round trips for a batch, none when no step names a job.
 async fn held_elsewhere(
     tx: &mut Transaction<'_, Postgres>,

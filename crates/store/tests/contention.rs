@@ -130,9 +130,11 @@ async fn a_row_held_elsewhere_holds_up_neither_the_batch_nor_the_writer() {
 /// (`sslmode=disable`): it reads the protocol's message frames.
 /// `between`: awaited after the server has committed and before the connection is cut (another
 /// session's write landing in between).
+/// `outage_ms`: for this long after a cut, new connections are closed at once (a failover).
 async fn lossy_proxy(
     upstream: url::Url,
-    between: std::sync::Arc<tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
+    between: Between,
+    outage_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -144,8 +146,17 @@ async fn lossy_proxy(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let arm = armed.clone();
+    let down_until: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
+            if down_until
+                .lock()
+                .unwrap()
+                .is_some_and(|t| Instant::now() < t)
+            {
+                drop(client);
+                continue;
+            }
             let Ok(server) = connect(&upstream).await else {
                 continue;
             };
@@ -174,6 +185,7 @@ async fn lossy_proxy(
             };
             let arm = arm.clone();
             let between = between.clone();
+            let (down_until, outage_ms) = (down_until.clone(), outage_ms.clone());
             tokio::spawn(async move {
                 // The startup message has no type byte; every later one does.
                 let mut started = false;
@@ -194,6 +206,8 @@ async fn lossy_proxy(
                         && arm.swap(false, Ordering::SeqCst);
                     if commit {
                         cut.store(true, Ordering::SeqCst);
+                        let outage = Duration::from_millis(outage_ms.load(Ordering::SeqCst));
+                        *down_until.lock().unwrap() = Some(Instant::now() + outage);
                     }
                     started = true;
                     if sw.write_all(&head).await.is_err() || sw.write_all(&body).await.is_err() {
@@ -238,17 +252,20 @@ async fn connect(url: &url::Url) -> std::io::Result<Box<dyn Io>> {
 
 type Between = std::sync::Arc<tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>;
 
-/// A store connected to `db` through [`lossy_proxy`], its arming switch, and its `between`.
+/// A store connected to `db` through [`lossy_proxy`], its arming switch, its `between`, and its
+/// outage after a cut (none unless set).
 async fn through_lossy_proxy(
     db: &TestDb,
 ) -> (
     Store,
     std::sync::Arc<std::sync::atomic::AtomicBool>,
     Between,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     let url = url::Url::parse(&db.url).unwrap();
     let between: Between = std::sync::Arc::new(tokio::sync::Mutex::new(None));
-    let (proxy, armed) = lossy_proxy(url.clone(), between.clone()).await;
+    let outage = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (proxy, armed) = lossy_proxy(url.clone(), between.clone(), outage.clone()).await;
     let mut through = url.clone();
     through.set_host(Some("127.0.0.1")).unwrap();
     through.set_port(Some(proxy.port())).unwrap();
@@ -266,7 +283,53 @@ async fn through_lossy_proxy(
         Store::connect(through.as_str()).await.unwrap(),
         armed,
         between,
+        outage,
     )
+}
+
+/// A commit whose answer is lost in a failover longer than the check (new connections refused for
+/// 7 s): whether it committed cannot be told, so it is answered as unknown, never as failed (the
+/// writer would apply it again: a second `create_ambiguous`, a create counted twice), and a group
+/// commit is not applied again write by write. The server did commit: each is written once.
+#[tokio::test]
+async fn a_lost_commit_that_cannot_be_checked_is_unknown_and_never_applied_again() {
+    let db = TestDb::new().await;
+    let direct = db.store().await;
+    let (store, armed, _, outage) = through_lossy_proxy(&db).await;
+    outage.store(7_000, std::sync::atomic::Ordering::SeqCst);
+    let claimed = three_claimed(&direct).await;
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let results = store
+        .apply_many(
+            claimed[..2]
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.lease.clone(), accept(&format!("job_{i}"))))
+                .collect(),
+        )
+        .await;
+    assert!(
+        !armed.load(std::sync::atomic::Ordering::SeqCst),
+        "a commit was cut"
+    );
+    for (i, r) in results.iter().enumerate() {
+        assert!(
+            matches!(r, Err(StoreError::CommitUnknown(_))),
+            "write {i}: {r:?}"
+        );
+        let id = claimed[i].lease.operation_id;
+        let accepted = direct.history(id).await.unwrap();
+        let accepted = accepted
+            .iter()
+            .filter(|h| h.event == "create_accepted")
+            .count();
+        assert_eq!(accepted, 1, "write {i} written once");
+        assert_eq!(
+            direct.calls(id).await.unwrap().len(),
+            1,
+            "write {i}'s call once"
+        );
+    }
 }
 
 /// A step that logs a call and writes no history link (the lookup a resend is cross-checked by,
@@ -277,7 +340,7 @@ async fn through_lossy_proxy(
 async fn a_lost_commit_of_a_call_without_a_link_is_found_by_its_call() {
     let db = TestDb::new().await;
     let direct = db.store().await;
-    let (store, armed, _) = through_lossy_proxy(&db).await;
+    let (store, armed, _, _) = through_lossy_proxy(&db).await;
     let claimed = three_claimed(&direct).await;
     let lookup = CallRecord {
         kind: CallKind::Lookup,
@@ -311,7 +374,7 @@ async fn a_lost_commit_of_a_call_without_a_link_is_found_by_its_call() {
 async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twice() {
     let db = TestDb::new().await;
     let direct = db.store().await;
-    let (store, armed, between) = through_lossy_proxy(&db).await;
+    let (store, armed, between, _) = through_lossy_proxy(&db).await;
 
     let claimed = three_claimed(&direct).await;
 
