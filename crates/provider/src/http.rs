@@ -544,6 +544,7 @@ impl HttpProvider {
                 // may be the result is read, and held, to the result's limit.
                 parsed_most: (kind != CallKind::Result).then(|| wire::parsed_most(max_body)),
                 end_by: at.end_by,
+                clock: at,
                 budget: self.contract.call_budget(),
             })
         };

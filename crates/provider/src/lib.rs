@@ -40,6 +40,10 @@ pub type ProviderFuture<'a, T> = Pin<Box<dyn Future<Output = Called<T>> + Send +
 pub struct CallCtx {
     pub attempt: i32,
     pub end_by: Option<std::time::Instant>,
+    /// The database's clock (a time it gave, and this process's monotonic instant then): a call
+    /// is dated by it, as history links are, not by this host's clock, which may be skewed.
+    /// `None`: this host's clock (tests, tools).
+    pub clock: Option<(chrono::DateTime<chrono::Utc>, std::time::Instant)>,
 }
 
 impl CallCtx {
@@ -48,6 +52,17 @@ impl CallCtx {
         Self {
             attempt: n,
             end_by: None,
+            clock: None,
+        }
+    }
+
+    /// Now, by the clock the call is dated by.
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        match self.clock {
+            Some((at, since)) => {
+                at + chrono::Duration::from_std(since.elapsed()).unwrap_or_default()
+            }
+            None => chrono::Utc::now(),
         }
     }
 }

@@ -532,6 +532,8 @@ pub struct Outgoing<'a> {
     /// can take: if it could not end in time it is not sent.
     pub end_by: Option<Instant>,
     pub budget: Duration,
+    /// The clock the call is dated by ([`crate::CallCtx::clock`]).
+    pub clock: crate::CallCtx,
 }
 
 /// Send one request and read the response up to `max_body` bytes. (`out` is boxed: an async fn
@@ -570,7 +572,7 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
             "the lease would end before the call could",
         );
     }
-    let started_at = Utc::now();
+    let started_at = out.clock.now();
     let t0 = Instant::now();
     let mut call_span = call_span(
         out.kind,

@@ -215,6 +215,7 @@ async fn create_faults_become_the_right_outcomes() {
     let late = CallCtx {
         attempt: 1,
         end_by: Some(std::time::Instant::now() + Duration::from_millis(500)),
+        clock: None,
     };
     assert_eq!(
         h.provider.create(&op, late).await.outcome,
@@ -226,6 +227,21 @@ async fn create_faults_become_the_right_outcomes() {
         h.sim.ledger().requests,
         before,
         "nothing reached the provider"
+    );
+
+    // A call is dated by the database's clock the caller carries (history links are too), not by
+    // this host's, which may be skewed: here the database is an hour behind.
+    let op = h.op(one(&[])).await;
+    let behind = chrono::Utc::now() - chrono::Duration::hours(1);
+    let dated = CallCtx {
+        attempt: 1,
+        end_by: None,
+        clock: Some((behind, std::time::Instant::now())),
+    };
+    let started = h.provider.create(&op, dated).await.call.started_at;
+    assert!(
+        (started - behind).num_seconds().abs() < 30,
+        "dated {started}, the database's clock says {behind}"
     );
 
     // Answered only after our timeout: ambiguous (timeout).

@@ -176,6 +176,7 @@ impl Ctx<'_> {
         CallCtx {
             attempt,
             end_by: Some(self.expires),
+            clock: Some((self.clock.at, self.clock.since)),
         }
     }
 
