@@ -785,9 +785,14 @@ impl HttpProvider {
         body: Option<(Vec<u8>, Vec<String>)>,
         extra: http::HeaderMap,
     ) -> impl Future<Output = Exchange> + use<'a> {
+        let at = t.at;
         match self.request(op, t, body, extra) {
             Ok(req) => futures::future::Either::Left(self.send(op, req)),
-            Err(unsent) => futures::future::Either::Right(std::future::ready(*unsent)),
+            Err(unsent) => {
+                let mut unsent = *unsent;
+                unsent.record.started_at = at.now();
+                futures::future::Either::Right(std::future::ready(unsent))
+            }
         }
     }
 
@@ -882,7 +887,7 @@ impl HttpProvider {
         {
             return unsent_called(
                 CallKind::Create,
-                at.attempt,
+                at,
                 op,
                 "the stored request no longer matches the fingerprint it was submitted with",
                 CreateOutcome::NotSent {
@@ -1449,7 +1454,7 @@ impl HttpProvider {
                 http_status: None,
                 reason: why.into(),
             };
-            return unsent_called(CallKind::Cancel, at.attempt, op, why, outcome);
+            return unsent_called(CallKind::Cancel, at, op, why, outcome);
         };
         let max = self.contract.max_response_bytes;
         let (target, body, extra) =
@@ -1537,7 +1542,7 @@ impl HttpProvider {
             };
             return unsent_called(
                 CallKind::Result,
-                at.attempt,
+                at,
                 op,
                 "the contract has no result",
                 outcome,
@@ -1569,7 +1574,7 @@ impl HttpProvider {
                     http_status: None,
                     reason: "the provider gave no result URL".into(),
                 };
-                return unsent_called(CallKind::Result, at.attempt, op, "no result URL", outcome);
+                return unsent_called(CallKind::Result, at, op, "no result URL", outcome);
             }
         };
         let (target, method, body, extra) = target;
@@ -1682,7 +1687,7 @@ impl HttpProvider {
         let Some(t) = &rc.lookup_url else {
             return unsent_called(
                 CallKind::Lookup,
-                at.attempt,
+                at,
                 op,
                 "no lookup",
                 LookupOutcome::Failed {
@@ -1825,12 +1830,13 @@ fn listed_jobs(
 
 fn unsent_called<T>(
     kind: CallKind,
-    attempt: i32,
+    at: CallCtx,
     op: &OperationRecord,
     why: &str,
     outcome: T,
 ) -> Called<T> {
-    let ex = wire::not_built(kind, attempt, &http::Method::GET, op.trace_id, why);
+    let mut ex = wire::not_built(kind, at.attempt, &http::Method::GET, op.trace_id, why);
+    ex.record.started_at = at.now();
     Called {
         outcome,
         call: ex.record,

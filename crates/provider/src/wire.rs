@@ -562,7 +562,7 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
     if let Some(end_by) = out.end_by
         && Instant::now() + out.budget > end_by
     {
-        return not_sent(
+        let mut ex = not_sent(
             out.kind,
             out.attempt,
             &out.method,
@@ -571,6 +571,8 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
             WireError::LeaseTooShort,
             "the lease would end before the call could",
         );
+        ex.record.started_at = out.clock.now();
+        return ex;
     }
     let started_at = out.clock.now();
     let t0 = Instant::now();

@@ -162,7 +162,8 @@ const LIVE_KEPT: usize = 10_000;
 /// How often the list of every live token's digest is read again (a token created since is looked
 /// up within the budget until then), and the most it holds.
 pub(crate) const LISTED_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
-pub(crate) const LISTED_MOST: i64 = 1_000_000;
+/// (32 bytes each: 3.2 MB at most, held once more while a read replaces it.)
+pub(crate) const LISTED_MOST: i64 = 100_000;
 
 /// Bounds the database lookups a flood of unknown tokens can cause, without holding back the
 /// agents whose tokens are live: those listed by the last read of every live token's digest (a
@@ -170,10 +171,11 @@ pub(crate) const LISTED_MOST: i64 = 1_000_000;
 pub(crate) struct TokenLookups {
     unknown: governor::DefaultDirectRateLimiter,
     live: std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>,
-    listed: std::sync::RwLock<std::collections::HashSet<[u8; 32]>>,
-    /// When the list was last asked for (`None`: never); set before it is read, so one read runs
-    /// at a time.
-    listed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Sorted, for a binary search.
+    listed: std::sync::RwLock<Vec<[u8; 32]>>,
+    /// When the list was last asked for (`None`: never), and whether a read is under way (one at
+    /// a time, however long it takes).
+    listed_at: std::sync::Mutex<(Option<std::time::Instant>, bool)>,
 }
 
 impl Default for TokenLookups {
@@ -204,7 +206,8 @@ impl TokenLookups {
                 .listed
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
-                .contains(digest);
+                .binary_search(digest)
+                .is_ok();
         if known {
             return Ok(());
         }
@@ -218,16 +221,21 @@ impl TokenLookups {
     /// now (one read at a time).
     pub(crate) fn list_due(&self) -> bool {
         let mut at = self.listed_at.lock().unwrap_or_else(|p| p.into_inner());
-        if at.is_some_and(|t| t.elapsed() < LISTED_EVERY) {
+        if at.1 || at.0.is_some_and(|t| t.elapsed() < LISTED_EVERY) {
             return false;
         }
-        *at = Some(std::time::Instant::now());
+        *at = (Some(std::time::Instant::now()), true);
         true
     }
 
-    /// The digests of every live token, as just read.
-    pub(crate) fn listed(&self, digests: Vec<[u8; 32]>) {
-        *self.listed.write().unwrap_or_else(|p| p.into_inner()) = digests.into_iter().collect();
+    /// The digests of every live token, as just read (`None`: the read failed; the last list
+    /// stays).
+    pub(crate) fn listed(&self, digests: Option<Vec<[u8; 32]>>) {
+        if let Some(mut digests) = digests {
+            digests.sort_unstable();
+            *self.listed.write().unwrap_or_else(|p| p.into_inner()) = digests;
+        }
+        self.listed_at.lock().unwrap_or_else(|p| p.into_inner()).1 = false;
     }
 
     /// `digest` was found live: looked up without the budget for a while.

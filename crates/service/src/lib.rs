@@ -412,10 +412,11 @@ impl Service {
         }
         let (store, lookups) = (self.store.clone(), Arc::clone(&self.token_lookups));
         tokio::spawn(async move {
-            match store.live_token_digests(auth::LISTED_MOST).await {
-                Ok(digests) => lookups.listed(digests),
-                Err(e) => tracing::warn!(error = %e, "could not list the live tokens"),
+            let digests = store.live_token_digests(auth::LISTED_MOST).await;
+            if let Err(e) = &digests {
+                tracing::warn!(error = %e, "could not list the live tokens");
             }
+            lookups.listed(digests.ok());
         });
     }
 

@@ -1128,11 +1128,6 @@ impl Store {
         }
         match self.apply_batch(&writes).await {
             Ok(results) => results,
-            // Applied again one by one, the batch might be written twice.
-            Err(StoreError::CommitUnknown(e)) => writes
-                .iter()
-                .map(|_| Err(StoreError::CommitUnknown(e.clone())))
-                .collect(),
             Err(_) => {
                 let mut out = Vec::with_capacity(writes.len());
                 for (lease, step) in writes {
@@ -1164,7 +1159,14 @@ impl Store {
                     tracing::warn!(error = %e, "the commit's answer was lost, but the batch committed")
                 }
                 Some(false) => return Err(e.into()),
-                None => return Err(StoreError::CommitUnknown(e.to_string())),
+                // Whether the batch is there cannot be told: its writes are answered so (never
+                // applied again), and the calls of the writes it refused, which it wrote nothing
+                // of either way, are logged below.
+                None => {
+                    for r in results.iter_mut().filter(|r| r.is_ok()) {
+                        *r = Err(StoreError::CommitUnknown(e.to_string()));
+                    }
+                }
             }
         }
         self.announce(write::moved(results.iter().filter_map(|r| r.as_ref().ok())))
@@ -1265,11 +1267,13 @@ impl Store {
             jobtrail_core::machine::rule_for(state, jobtrail_core::EventKind::CancelRequested)
                 .is_some_and(|r| r.to == jobtrail_core::machine::To::Same);
         if noted_only && locked.row_cancel_requested() {
+            let at = locked.db_now;
             let record: OperationRecord = locked.row.try_into()?;
             tx.rollback().await?;
             return Ok(Applied {
                 record,
                 transition: None,
+                at,
             });
         }
         // Withdrawn only when no create can have created a job: every attempt so far was
@@ -1459,6 +1463,9 @@ async fn link_superseded(
     write::execute(tx, &planned).await
 }
 
+/// How long a write whose commit answer was lost is looked for before it counts as unknown.
+const COMMIT_CHECK: Duration = Duration::from_secs(5);
+
 /// The job a worker's step names for this operation for the first time: a create's answer, a
 /// lookup's find, or the answer a contract violation records as this operation's when it has none.
 fn job_named<'s>(row: &LockedRow, step: &'s Step) -> Option<&'s str> {
@@ -1480,9 +1487,6 @@ fn job_named<'s>(row: &LockedRow, step: &'s Step) -> Option<&'s str> {
 /// logged). `steps`: each write's locked row and step (`None`: a write refused already); the
 /// answer holds the replacements, by position. A job named twice in one transaction goes to the
 /// first that names it. The locks are taken in one statement, sorted, and the holders found in
-/// How long a write whose commit answer was lost is looked for before it counts as unknown.
-const COMMIT_CHECK: Duration = Duration::from_secs(5);
-
 /// one more: two round trips for a batch, none when no step names a job.
 async fn held_elsewhere(
     tx: &mut Transaction<'_, Postgres>,

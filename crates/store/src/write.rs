@@ -19,6 +19,9 @@ pub use jobtrail_core::step::{Counters, FailureCount, Observation, ResultBytes, 
 pub struct Applied {
     pub record: OperationRecord,
     pub transition: Option<Transition>,
+    /// The database's clock when it was written (its transaction's `now()`, which dates its
+    /// history link).
+    pub at: DateTime<Utc>,
 }
 
 /// Apply `step` to a row this transaction holds locked. On an illegal event nothing of the row is
@@ -276,6 +279,7 @@ pub(crate) fn plan<'s>(
         applied: Applied {
             record: rec,
             transition: transition_out,
+            at: now,
         },
         epoch,
         actor: actor.to_owned(),

@@ -2295,7 +2295,7 @@ async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
     // A contract violation that would record, for an operation with no job yet, a job another
     // holds (a lookup listing others' jobs): held without taking it either.
     let mut more = Vec::new();
-    for i in 0..3 {
+    for i in 0..6 {
         let s = submission(&format!(r#"{{"more":{i}}}"#));
         let terms = providers();
         let op = store.submit_new(&s, &terms, SubmitLimits::default());
@@ -2339,6 +2339,29 @@ async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
         .unwrap();
     assert_eq!(again.record.state, State::Accepted);
     assert_eq!(again.record.remote_job_id.as_deref(), Some("j-resource"));
+    // In a batch whose first step names no job, the second's job, held in the table, is found.
+    let results = store
+        .apply_many(vec![
+            (lease(more[3]), Step::default()),
+            (lease(more[4]), accepted("j-shared")),
+        ])
+        .await;
+    let second = results[1].as_ref().unwrap();
+    assert_eq!(second.record.state, State::ContractViolation);
+    assert_eq!(second.record.remote_job_id, None);
+    // An abandoned operation still holds its job (it may run on): not taken.
+    let abandon = Step::event(Event::Abandon {
+        decision: Decision::new("bob", "written off").unwrap(),
+    });
+    store
+        .decide(more[2], State::Accepted, None, abandon)
+        .await
+        .unwrap();
+    let after_abandon = store
+        .apply(&lease(more[5]), accepted("j-resource"))
+        .await
+        .unwrap();
+    assert_eq!(after_abandon.record.state, State::ContractViolation);
     assert!(
         store.verify_all().await.unwrap().is_clean(),
         "the record replays"

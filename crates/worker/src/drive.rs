@@ -326,6 +326,12 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                     if kind == Some(EventKind::CreateAccepted) {
                         fault::point("after_create_accepted");
                     }
+                    // The database's clock read again: the next call (continuing under this lease)
+                    // is dated after the link just written, whatever the claim's own lag.
+                    ctx.clock = DbClock {
+                        at: applied.at.max(ctx.clock.now()),
+                        since: Instant::now(),
+                    };
                     *op = applied.record;
                 }
                 Err(Stop::LeaseLost) => {
