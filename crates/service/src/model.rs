@@ -371,7 +371,7 @@ pub fn advice(state: State) -> &'static str {
             "cancel requested; cancelled only when the provider confirms — wait"
         }
         State::ContractViolation => {
-            "held for a person: the provider gave two job ids for one request — an operator chooses"
+            "held for a person: the provider's answer cannot be this operation's alone (two job ids for one request, or a job another operation holds) — an operator decides"
         }
         State::CancellationUnconfirmed => {
             "held for a person: the provider never confirmed the cancel; the job may still run"
