@@ -930,49 +930,13 @@ fn fields<'a>(
     serde::Deserializer::deserialize_map(&mut de, Fields(keys)).ok()
 }
 
-/// The value under `key` in the JSON object `object` (the last, when the key is there twice, as a
-/// parsed document keeps), read key by key: nothing is built but the answer. `None`: no object;
+/// The value under `key` in the JSON object `object` (as [`fields`] reads it). `None`: no object;
 /// `Some(None)`: no such key.
 fn field<'a>(
     object: &'a serde_json::value::RawValue,
     key: &str,
 ) -> Option<Option<&'a serde_json::value::RawValue>> {
-    use serde::de::{DeserializeSeed, MapAccess, Visitor};
-    struct IsKey<'k>(&'k str);
-    impl<'de> DeserializeSeed<'de> for IsKey<'_> {
-        type Value = bool;
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-            d.deserialize_str(self)
-        }
-    }
-    impl Visitor<'_> for IsKey<'_> {
-        type Value = bool;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a key")
-        }
-        fn visit_str<E>(self, v: &str) -> Result<bool, E> {
-            Ok(v == self.0)
-        }
-    }
-    struct Field<'k>(&'k str);
-    impl<'de> Visitor<'de> for Field<'_> {
-        type Value = Option<&'de serde_json::value::RawValue>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut found = None;
-            while let Some(ours) = map.next_key_seed(IsKey(self.0))? {
-                let v: &'de serde_json::value::RawValue = map.next_value()?;
-                if ours {
-                    found = Some(v);
-                }
-            }
-            Ok(found)
-        }
-    }
-    let mut de = serde_json::Deserializer::from_str(object.get());
-    serde::Deserializer::deserialize_map(&mut de, Field(key)).ok()
+    Some(fields(object, &std::collections::HashSet::from([key]))?.remove(key))
 }
 
 /// Reads a JSON text's strings and keys, decoded, for a secret ([`Scrubber::escaped_in_json`]);
