@@ -218,6 +218,64 @@ async fn no_secret_reaches_the_database_or_the_logs() {
     );
 }
 
+/// SIGTERM while creates hang past the grace: the calls are abandoned, not forgotten. Each is in
+/// the call log as `abandoned_worker_stopping` (it reached the provider), its create is ambiguous
+/// (reconciled by the next worker, never resent blind), the lease is given back, and the worker
+/// exits 0 well before the calls' own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_grace_records_the_calls_in_flight() {
+    let env =
+        Env::with_edited_contracts(&[("sim.toml", "request_ms = 2000", "request_ms = 20000")])
+            .await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            env.submit(
+                "sim",
+                serde_json::json!({"create": ["slow_accept"], "create_delay_ms": 60000}),
+                |_| {},
+            )
+            .await
+            .id,
+        );
+    }
+    let mut w = env.spawn_worker("abandoner", "60s", &[("JOBTRAIL_SHUTDOWN_GRACE", "200ms")]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while env.sim.ledger().create_requests.values().sum::<u32>() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the creates never arrived\n{}",
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let signalled = Instant::now();
+    w.signal(libc::SIGTERM);
+    let status = w
+        .wait_exit(Duration::from_secs(15))
+        .expect("exits after SIGTERM");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "waited {:?} for calls that time out after 20 s",
+        signalled.elapsed()
+    );
+    for id in &ids {
+        let calls = env.store.calls(*id).await.unwrap();
+        let create: Vec<_> = calls.iter().filter(|c| c.kind == "create").collect();
+        assert_eq!(create.len(), 1, "{id}: {calls:?}");
+        assert_eq!(
+            create[0].error_class.as_deref(),
+            Some("abandoned_worker_stopping"),
+            "{id}"
+        );
+        let op = env.store.get(*id).await.unwrap();
+        assert_eq!(op.state, State::CreateUnknown, "{id}\n{}", env.logs());
+        assert_eq!(op.lease_owner, None, "{id} still leased after shutdown");
+        assert!(env.store.verify_operation(*id).await.unwrap().is_clean());
+    }
+}
+
 /// SIGTERM: the worker stops claiming, finishes its steps, gives its leases back and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_releases_leases_and_exits_zero() {

@@ -33,8 +33,9 @@ pub struct WorkerArgs {
     /// Most steps written per transaction (group commit); 1 writes each step on its own.
     #[arg(long, env = "JOBTRAIL_WRITE_BATCH", default_value_t = 64)]
     write_batch: usize,
-    /// How long steps in flight may finish after SIGTERM before they are abandoned (nothing is
-    /// half-written either way); keep the pod's terminationGracePeriodSeconds above it.
+    /// How long steps in flight may finish after SIGTERM; calls still in flight then are
+    /// abandoned and logged as such (they may have reached the provider), their steps written
+    /// within 5 s more. Keep the pod's terminationGracePeriodSeconds above both.
     #[arg(long, env = "JOBTRAIL_SHUTDOWN_GRACE", default_value = "20s")]
     shutdown_grace: String,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address (e.g. 0.0.0.0:9090).

@@ -438,11 +438,10 @@ impl Event {
             } => {
                 format!("same token answered with job {other_job_id}, recorded {recorded_job_id}")
             }
-            Event::JobHeldElsewhere {
-                remote_job_id,
-                held_by,
-            } => format!(
-                "provider named job {remote_job_id}, which operation {held_by} already holds: one job is never two operations'"
+            // Not the holder's id: this cause is the operation's caller's to read, and the holder
+            // may be another caller's (the link's detail names it for operators).
+            Event::JobHeldElsewhere { remote_job_id, .. } => format!(
+                "provider named job {remote_job_id}, which another operation already holds: one job is never two operations'"
             ),
             Event::RemoteProgress {
                 remote_state,

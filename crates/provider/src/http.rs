@@ -480,7 +480,7 @@ impl HttpProvider {
     /// by-value argument twice), and the headers and body are moved into the boxed `Outgoing` in a
     /// block (a moved-from local keeps its room until its scope ends).
     async fn send(&self, op: &OperationRecord, mut req: Box<Req>) -> Exchange {
-        let (kind, at, access) = (req.kind, req.at, req.access);
+        let (kind, at, access) = (req.kind, req.at.clone(), req.access);
         let mut secrets = std::mem::take(&mut req.secrets);
         let out = {
             // Moved in: the box is freed when the block ends, before the exchange.
@@ -785,7 +785,7 @@ impl HttpProvider {
         body: Option<(Vec<u8>, Vec<String>)>,
         extra: http::HeaderMap,
     ) -> impl Future<Output = Exchange> + use<'a> {
-        let at = t.at;
+        let at = t.at.clone();
         match self.request(op, t, body, extra) {
             Ok(req) => futures::future::Either::Left(self.send(op, req)),
             Err(unsent) => {

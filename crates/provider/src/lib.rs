@@ -36,7 +36,7 @@ pub type ProviderFuture<'a, T> = Pin<Box<dyn Future<Output = Called<T>> + Send +
 /// One call's circumstances: its attempt number, and the instant by which it must have ended (the
 /// caller's lease, by its monotonic clock). A call that could not end in time is not sent at all:
 /// the check is made immediately before the bytes leave, with the whole call budget as margin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct CallCtx {
     pub attempt: i32,
     pub end_by: Option<std::time::Instant>,
@@ -44,6 +44,10 @@ pub struct CallCtx {
     /// is dated by it, as history links are, not by this host's clock, which may be skewed.
     /// `None`: this host's clock (tests, tools).
     pub clock: Option<(chrono::DateTime<chrono::Utc>, std::time::Instant)>,
+    /// Cancelled when the caller gives up on its calls in flight (a worker whose shutdown grace
+    /// ran out): the call ends at once as `abandoned_worker_stopping` (it may have reached the
+    /// provider), so its step can still be written, instead of vanishing with its task.
+    pub abandon: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl CallCtx {
@@ -53,6 +57,7 @@ impl CallCtx {
             attempt: n,
             end_by: None,
             clock: None,
+            abandon: None,
         }
     }
 

@@ -483,6 +483,8 @@ pub enum WireError {
     LeaseTooShort,
     /// The URL is outside the origins the contract declares: nothing was sent.
     Origin,
+    /// The caller gave up waiting (its worker is stopping): the request may have been processed.
+    Abandoned,
 }
 
 impl WireError {
@@ -497,6 +499,7 @@ impl WireError {
             WireError::NotOurAnswer => "answer_to_another_request",
             WireError::LeaseTooShort => "lease_too_short_to_send",
             WireError::Origin => "url_outside_origins",
+            WireError::Abandoned => "abandoned_worker_stopping",
         }
     }
     /// Nothing reached the provider.
@@ -594,34 +597,53 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
     let mut resp_headers = http::HeaderMap::new();
     let mut body = Vec::new();
     let mut error = None;
-    match req.send().await {
-        Err(e) => error = Some(classify(&e)),
-        Ok(mut resp) => {
-            status = Some(resp.status().as_u16());
-            resp_headers = resp.headers().clone();
-            loop {
-                match resp.chunk().await {
-                    Ok(Some(chunk)) => {
-                        if (body.len() + chunk.len()) as u64 > out.max_body {
-                            let room = (out.max_body as usize).saturating_sub(body.len());
-                            body.extend_from_slice(&chunk[..room]);
-                            error = Some(WireError::TooLarge);
+    let read = async {
+        match req.send().await {
+            Err(e) => error = Some(classify(&e)),
+            Ok(mut resp) => {
+                status = Some(resp.status().as_u16());
+                resp_headers = resp.headers().clone();
+                loop {
+                    match resp.chunk().await {
+                        Ok(Some(chunk)) => {
+                            if (body.len() + chunk.len()) as u64 > out.max_body {
+                                let room = (out.max_body as usize).saturating_sub(body.len());
+                                body.extend_from_slice(&chunk[..room]);
+                                error = Some(WireError::TooLarge);
+                                break;
+                            }
+                            body.extend_from_slice(&chunk);
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            error = Some(if e.is_timeout() {
+                                WireError::Timeout
+                            } else {
+                                WireError::ConnectionLost
+                            });
                             break;
                         }
-                        body.extend_from_slice(&chunk);
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        error = Some(if e.is_timeout() {
-                            WireError::Timeout
-                        } else {
-                            WireError::ConnectionLost
-                        });
-                        break;
                     }
                 }
             }
         }
+    };
+    let abandoned = match &out.clock.abandon {
+        Some(abandon) => tokio::select! {
+            biased;
+            () = read => false,
+            () = abandon.cancelled() => true,
+        },
+        None => {
+            read.await;
+            false
+        }
+    };
+    // Whatever arrived is not an answer: the connection is dropped mid-call.
+    if abandoned {
+        (status, error) = (None, Some(WireError::Abandoned));
+        resp_headers.clear();
+        body.clear();
     }
     // An answer whose JSON would take many times its text parsed (an object takes some 640 bytes)
     // is refused as one over its size: every call in flight may hold one parsed. (A result is the

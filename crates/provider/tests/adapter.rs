@@ -213,9 +213,8 @@ async fn create_faults_become_the_right_outcomes() {
     let op = h.op(one(&[])).await;
     let before = h.sim.ledger().requests;
     let late = CallCtx {
-        attempt: 1,
         end_by: Some(std::time::Instant::now() + Duration::from_millis(500)),
-        clock: None,
+        ..CallCtx::attempt(1)
     };
     assert_eq!(
         h.provider.create(&op, late).await.outcome,
@@ -234,9 +233,8 @@ async fn create_faults_become_the_right_outcomes() {
     let op = h.op(one(&[])).await;
     let behind = chrono::Utc::now() - chrono::Duration::hours(1);
     let dated = CallCtx {
-        attempt: 1,
-        end_by: None,
         clock: Some((behind, std::time::Instant::now())),
+        ..CallCtx::attempt(1)
     };
     let started = h.provider.create(&op, dated).await.call.started_at;
     assert!(
@@ -252,6 +250,44 @@ async fn create_faults_become_the_right_outcomes() {
             error_class: "timeout".into()
         }
     );
+
+    // A call its caller abandons (a worker whose shutdown grace ran out) ends at once, recorded:
+    // the request reached the provider, so the create is ambiguous, never forgotten.
+    let op = h.op(one(&["slow_accept"])).await;
+    let abandon = tokio_util::sync::CancellationToken::new();
+    let at = CallCtx {
+        abandon: Some(abandon.clone()),
+        ..CallCtx::attempt(1)
+    };
+    let before = h.sim.ledger().create_requests.values().sum::<u32>();
+    let t0 = std::time::Instant::now();
+    let call = h.provider.create(&op, at);
+    let stop = async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while h.sim.ledger().create_requests.values().sum::<u32>() == before
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        abandon.cancel();
+    };
+    let (called, ()) = tokio::join!(call, stop);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "ended only after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        called.outcome,
+        CreateOutcome::Ambiguous {
+            error_class: "abandoned_worker_stopping".into()
+        }
+    );
+    assert_eq!(
+        called.call.error_class.as_deref(),
+        Some("abandoned_worker_stopping")
+    );
+    assert_eq!(called.call.http_status, None);
 
     // A 500 after creating: ambiguous.
     let op = h.op(one(&["ambiguous_after_accept"])).await;

@@ -1480,9 +1480,9 @@ fn job_named<'s>(row: &LockedRow, step: &'s Step) -> Option<&'s str> {
 }
 
 /// Every worker step that names a job for its operation is checked against the other operations
-/// of the provider that are not finished, under the jobs' locks held to commit: one held by
-/// another is never taken (the second caller would read the first's result, and could cancel its
-/// job). Such a step is replaced by the contract violation that keeps the job as the conflicting
+/// of the provider that are not finished (or finished, but another caller's), under the jobs'
+/// locks held to commit: one held by another is never taken (the second caller would read the
+/// first's result, and could cancel its job). Such a step is replaced by the contract violation that keeps the job as the conflicting
 /// answer, with the call, counters and send mark of the step it replaces (the call was made and is
 /// logged). `steps`: each write's locked row and step (`None`: a write refused already); the
 /// answer holds the replacements, by position. A job named twice in one transaction goes to the
@@ -1526,6 +1526,12 @@ async fn held_elsewhere(
             )
             .bind(named.iter().map(|(_, _, j)| *j).collect::<Vec<_>>())
             .bind(named.iter().map(|(_, r, _)| r.row_id()).collect::<Vec<_>>())
+            .bind(
+                named
+                    .iter()
+                    .map(|(_, r, _)| r.row_caller())
+                    .collect::<Vec<_>>(),
+            )
             .fetch_all(&mut **tx)
             .await?;
     // (WITH ORDINALITY counts from 1.)
@@ -1545,14 +1551,23 @@ async fn held_elsewhere(
             continue;
         };
         let (_, step) = steps[*i].expect("named from a step");
+        let held_by = OperationId::from_uuid(owner).to_string();
+        // The holder is named in the link's detail (operators and auditors read it), never in its
+        // cause, which the operation's own caller reads: the holder may be another caller's.
+        let mut detail = match &step.detail {
+            Some(serde_json::Value::Object(m)) => m.clone(),
+            _ => serde_json::Map::new(),
+        };
+        detail.insert("held_by".into(), held_by.clone().into());
         instead[*i] = Some(Step {
             call: step.call.clone(),
             counters: step.counters,
             send_mark: step.send_mark,
             decided_in: step.decided_in,
+            detail: Some(detail.into()),
             ..Step::event(Event::JobHeldElsewhere {
                 remote_job_id: (*job).to_owned(),
-                held_by: OperationId::from_uuid(owner).to_string(),
+                held_by,
             })
         });
     }

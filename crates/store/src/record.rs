@@ -398,6 +398,9 @@ impl LockedRow {
     pub(crate) fn row_provider(&self) -> &str {
         &self.row.provider
     }
+    pub(crate) fn row_caller(&self) -> &str {
+        &self.row.caller
+    }
     pub(crate) fn row_remote_job_id(&self) -> Option<&str> {
         self.row.remote_job_id.as_deref()
     }

@@ -2260,16 +2260,22 @@ async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
         held.record.conflicting_remote_job_id.as_deref(),
         Some("j-shared")
     );
-    let cause = store
-        .history(b.operation_id)
-        .await
-        .unwrap()
-        .pop()
-        .unwrap()
-        .cause;
+    let link = store.history(b.operation_id).await.unwrap().pop().unwrap();
+    assert_eq!(
+        link.detail["held_by"],
+        a.operation_id.to_string(),
+        "names the holder for operators"
+    );
     assert!(
-        cause.contains(&a.operation_id.to_string()),
-        "names the holder: {cause}"
+        !link.cause.contains(&a.operation_id.to_string())
+            && !held
+                .record
+                .escalation_reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains(&a.operation_id.to_string()),
+        "never to the operation's own caller (the holder may be another's): {}",
+        link.cause
     );
     assert_eq!(
         store.calls(b.operation_id).await.unwrap().len(),
@@ -2295,8 +2301,11 @@ async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
     // A contract violation that would record, for an operation with no job yet, a job another
     // holds (a lookup listing others' jobs): held without taking it either.
     let mut more = Vec::new();
-    for i in 0..6 {
-        let s = submission(&format!(r#"{{"more":{i}}}"#));
+    for i in 0..8 {
+        let mut s = submission(&format!(r#"{{"more":{i}}}"#));
+        if i == 7 {
+            s.caller = "agent-8".into();
+        }
         let terms = providers();
         let op = store.submit_new(&s, &terms, SubmitLimits::default());
         more.push(op.await.unwrap().operation.id);
@@ -2362,6 +2371,30 @@ async fn a_job_another_operation_holds_is_never_taken_by_a_second() {
         .await
         .unwrap();
     assert_eq!(after_abandon.record.state, State::ContractViolation);
+    // A finished operation's job never comes back to another caller's operation (it would read
+    // the first caller's result).
+    let first = lease(more[6]);
+    let mut taking = accepted("j-done");
+    taking.keep_lease = true;
+    store.apply(&first, taking).await.unwrap();
+    let done = store
+        .apply(
+            &first,
+            Step::event(Event::RemoteFailed {
+                remote_state: "failed".into(),
+                reason: None,
+            }),
+        )
+        .await
+        .unwrap();
+    assert!(done.record.state.is_terminal(), "{:?}", done.record.state);
+    let other_caller = store
+        .apply(&lease(more[7]), accepted("j-done"))
+        .await
+        .unwrap();
+    assert_eq!(other_caller.record.caller, "agent-8");
+    assert_eq!(other_caller.record.state, State::ContractViolation);
+    assert_eq!(other_caller.record.remote_job_id, None);
     assert!(
         store.verify_all().await.unwrap().is_clean(),
         "the record replays"

@@ -73,6 +73,10 @@ pub(crate) struct Ctx<'a> {
     pub clock: DbClock,
     /// Set when the worker is stopping: finish the step in flight, start no new call.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Set when the worker's shutdown grace has run out: a call still in flight ends as abandoned
+    /// (it may have reached the provider) and its step is written like any failed call's, so the
+    /// call log keeps it.
+    pub abandon: tokio_util::sync::CancellationToken,
 }
 
 fn draw() -> f64 {
@@ -177,6 +181,7 @@ impl Ctx<'_> {
             attempt,
             end_by: Some(self.expires),
             clock: Some((self.clock.at, self.clock.since)),
+            abandon: Some(self.abandon.clone()),
         }
     }
 

@@ -12,7 +12,9 @@
 //! earliest moment something it could claim comes due, a notification on the database's work channel
 //! (new submissions, cancel requests, decisions), or a slow backstop (`idle`); lost notifications
 //! cost latency, never work. On shutdown a worker stops claiming, lets the steps in flight finish
-//! (each writes all of itself or nothing), and gives back its leases.
+//! (each writes all of itself or nothing), and gives back its leases. When its grace runs out, the
+//! calls still in flight are abandoned and their steps written as failed calls that may have
+//! reached the provider, so the call log keeps every call that left.
 
 mod drive;
 pub mod fault;
@@ -49,6 +51,10 @@ const CLAIM_GATHER: Duration = Duration::from_millis(20);
 /// an hour (`timeouts.request_ms`): a loop that only waited for a slot would fall silent for that
 /// long, and `/livez` would have a healthy worker restarted mid-call.
 const BUSY_BEAT: Duration = Duration::from_secs(1);
+
+/// How long a stopping worker whose grace has run out waits for the steps of its abandoned calls
+/// to be written, before it drops them.
+const ABANDONED_WRITE_GRACE: Duration = Duration::from_secs(5);
 
 /// Worker settings (validated by the binary).
 #[derive(Debug, Clone)]
@@ -274,7 +280,7 @@ impl Worker {
         // and as moved in), and every in-flight operation's task holds this future.
         c: Box<Claimed>,
         (sent, answered): (Instant, Instant),
-        shutdown: CancellationToken,
+        (shutdown, abandon): (CancellationToken, CancellationToken),
     ) -> Driven {
         let Some(provider) = self.registry.get(&c.operation.provider).cloned() else {
             // The claim filters by the providers this worker loaded, so this needs a registry
@@ -308,6 +314,7 @@ impl Worker {
                 since: answered,
             },
             shutdown,
+            abandon,
         };
         tracing::Instrument::instrument(drive::drive(&mut ctx, c.operation), span).await
     }
@@ -362,7 +369,7 @@ impl Worker {
         let driven = futures::future::join_all(
             claimed
                 .into_iter()
-                .map(|c| self.drive_one(Box::new(c), times, never.clone())),
+                .map(|c| self.drive_one(Box::new(c), times, (never.clone(), never.clone()))),
         )
         .await;
         for d in driven {
@@ -384,7 +391,7 @@ impl Worker {
         permits: &Arc<tokio::sync::Semaphore>,
         c: Claimed,
         times: (Instant, Instant),
-        stop: CancellationToken,
+        stop: (CancellationToken, CancellationToken),
     ) {
         let permit = permits
             .clone()
@@ -434,6 +441,7 @@ impl Worker {
     pub async fn run(&self, shutdown: CancellationToken) -> StatsSnapshot {
         let permits = Arc::new(tokio::sync::Semaphore::new(self.config.concurrency.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
+        let abandon = CancellationToken::new();
         let mut listener: Option<jobtrail_store::WorkListener> = None;
         let mut backoff = Duration::from_millis(100);
         let mut seeded = false;
@@ -531,8 +539,14 @@ impl Worker {
             let mut took: HashMap<String, i32> = HashMap::new();
             for c in claimed {
                 *took.entry(c.operation.provider.clone()).or_default() += 1;
-                self.spawn(&mut tasks, &permits, c, times, shutdown.clone())
-                    .await;
+                self.spawn(
+                    &mut tasks,
+                    &permits,
+                    c,
+                    times,
+                    (shutdown.clone(), abandon.clone()),
+                )
+                .await;
             }
             deep = got == want && want > 0;
             if deep {
@@ -611,7 +625,17 @@ impl Worker {
         while !tasks.is_empty() {
             tokio::select! {
                 _ = &mut grace => {
-                    tracing::warn!(abandoned = tasks.len(), "grace period over; abandoning steps in flight (nothing half-written)");
+                    if !abandon.is_cancelled() {
+                        // The calls still in flight end now as abandoned, and their steps are
+                        // written (the call log keeps every call that may have reached a
+                        // provider); a step whose write cannot finish soon is dropped with
+                        // nothing half-written.
+                        tracing::warn!(in_flight = tasks.len(), "grace period over; abandoning the calls in flight and recording them");
+                        abandon.cancel();
+                        grace.as_mut().reset(tokio::time::Instant::now() + ABANDONED_WRITE_GRACE);
+                        continue;
+                    }
+                    tracing::warn!(abandoned = tasks.len(), "steps still unwritten; dropping them (nothing half-written)");
                     tasks.abort_all();
                     while tasks.join_next().await.is_some() {}
                     break;
