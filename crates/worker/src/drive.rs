@@ -32,6 +32,10 @@ use std::time::{Duration, Instant};
 /// back and comes due again when the rate allows.
 const ADMIT_IN_PLACE: Duration = Duration::from_millis(250);
 
+/// The longest one `429` stops the provider's calls fleet-wide (the operation told to wait waits
+/// its whole `Retry-After`).
+const FLEET_PAUSE_MOST: Duration = Duration::from_secs(60);
+
 /// How a drive ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Driven {
@@ -146,17 +150,16 @@ impl Ctx<'_> {
         self.pause_fleet(self.fleet_wait(call, delay)).await
     }
 
-    /// How long a `429` with `Retry-After` stops the fleet, if it does.
+    /// How long a `429` with `Retry-After` stops the fleet, if it does: only one from the
+    /// provider's own (credentialed) origins, whose limits are the fleet's. Object storage a result
+    /// is downloaded from limits per object: one operation's download told to wait must not stop
+    /// the others' calls again each time it comes due.
     fn fleet_wait(
         &self,
         call: &jobtrail_core::CallRecord,
         delay: Option<Duration>,
     ) -> Option<Duration> {
-        // The contract's bounds on Retry-After hold for the fleet too: a hostile or broken provider
-        // cannot stop every worker for a day.
-        delay
-            .filter(|_| call.http_status == Some(429))
-            .map(|d| self.policy.retry_after.clamp(d))
+        fleet_pause(self.provider.contract(), &call.url, call.http_status, delay)
     }
 
     /// Stop the fleet's calls to the provider for `wait` (see [`Ctx::throttled`]).
@@ -692,10 +695,57 @@ async fn evidence_bundle(
     }))
 }
 
+/// See [`Ctx::fleet_wait`].
+fn fleet_pause(
+    contract: &Contract,
+    url: &str,
+    http_status: Option<i32>,
+    delay: Option<Duration>,
+) -> Option<Duration> {
+    let own_origin = url::Url::parse(url)
+        .is_ok_and(|u| contract.access(&u) == Some(contract::Access::Credentials));
+    // The contract's bounds on Retry-After hold for the fleet too, and the fleet stops for at most
+    // a minute: the operation told to wait waits its whole Retry-After on its own, and one whose
+    // every read is answered so (a single job's endpoint, throttled) could otherwise stop every
+    // other operation of the provider each time it comes due.
+    delay
+        .filter(|_| http_status == Some(429) && own_origin)
+        .map(|d| contract.polling.retry_after.clamp(d).min(FLEET_PAUSE_MOST))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A `429` stops the fleet only from the provider's own origins, and for at most a minute.
+    #[test]
+    fn only_the_providers_own_429_pauses_the_fleet_and_for_at_most_a_minute() {
+        // The simulator's contract, with object storage results are fetched from without
+        // credentials, and Retry-After honoured up to an hour.
+        let text = include_str!("../../../providers/sim.toml")
+            .replace(
+                "base_url = \"http://127.0.0.1:8700\"",
+                "base_url = \"http://127.0.0.1:8700\"\nunauthenticated_origins = [\"http://127.0.0.1:9000\"]",
+            )
+            .replace("retry_after_max_ms = 10000", "retry_after_max_ms = 3600000");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers/sim.toml");
+        let contract = Contract::parse(&text, std::path::Path::new(path)).unwrap();
+        let pause = |url: &str, status: i32, delay: Option<Duration>| {
+            fleet_pause(&contract, url, Some(status), delay)
+        };
+        let ten = Some(Duration::from_secs(10));
+        let own = "http://127.0.0.1:8700/v1/jobs/1";
+        assert_eq!(pause(own, 429, ten), ten);
+        assert_eq!(
+            pause(own, 429, Some(Duration::from_secs(3000))),
+            Some(FLEET_PAUSE_MOST)
+        );
+        assert_eq!(pause(own, 429, None), None);
+        let storage = "http://127.0.0.1:9000/results/1.json";
+        assert_eq!(pause(storage, 429, ten), None);
+        assert_eq!(pause(own, 503, ten), None);
+    }
 
     /// Many large results arriving at once are checked LARGE_CHECKS at a time (their parse trees
     /// are what bounds a worker's memory); small ones are not held back.

@@ -9,7 +9,9 @@
 //! * **borrowing**: a provider may take slots beyond its share while others have nothing due, but
 //!   never the last eighth of a share (at least one slot) of each other provider (a reserve: the next
 //!   due work of a fast provider finds a slot even when a hanging one borrowed everything else);
-//! * **`limits.max_in_flight`**: the contract's own cap per worker replaces the above cap;
+//! * **`limits.max_in_flight`**: the contract's own cap per worker, below the above (a cap, never a
+//!   grant: a provider's published "100 at once" on a worker of 64 slots leaves the others their
+//!   reserve);
 //! * **`limits.fleet_max_in_flight`**: counted by the claim query against leases held across the
 //!   fleet.
 //!
@@ -29,19 +31,16 @@ pub(crate) fn shares(
 ) -> Vec<ClaimShare> {
     let k = providers.len().max(1);
     let share = concurrency.div_ceil(k);
-    let reserve = if k > 1 && share >= 2 {
-        (share / 8).max(1)
-    } else {
-        0
-    };
+    // Kept on the smallest workers too (a slot per provider or fewer): one provider's hanging
+    // calls never take the slot another's due work needs.
+    let reserve = if k > 1 { (share / 8).max(1) } else { 0 };
     let borrow_cap = concurrency.saturating_sub((k - 1) * reserve).max(1);
     providers
         .iter()
         .map(|(name, limits)| {
             let hard = limits
                 .max_in_flight
-                .map_or(borrow_cap, |m| m as usize)
-                .min(concurrency);
+                .map_or(borrow_cap, |m| (m as usize).min(borrow_cap));
             let now = in_flight.get(name).copied().unwrap_or(0);
             let cap = hard.saturating_sub(now).min(free);
             let fair = share.min(hard).saturating_sub(now).min(cap);
@@ -123,13 +122,21 @@ mod tests {
                 &[("a", None), ("b", None)],
                 &[(0, 28), (32, 32)],
             ),
-            // The contract's cap replaces the borrowing cap, and is never above the slots.
+            // The contract's cap lowers the borrowing cap, never raises it: the others keep their
+            // reserve, and it is never above the slots.
             (
                 64,
                 64,
                 &[("a", 3)],
                 &[("a", Some(4)), ("b", None)],
                 &[(1, 1), (32, 60)],
+            ),
+            (
+                64,
+                64,
+                &[],
+                &[("a", Some(100)), ("b", None)],
+                &[(32, 60), (32, 60)],
             ),
             (8, 8, &[], &[("a", Some(100))], &[(8, 8)]),
             // Tiny workers: a slot each at least.
@@ -141,6 +148,15 @@ mod tests {
                 &[(1, 1), (1, 1), (1, 1)],
             ),
             (2, 0, &[], &[("a", None), ("b", None)], &[(0, 0), (0, 0)]),
+            // A slot per provider: one that holds two (it took them before the others had work)
+            // takes no more, and the others keep theirs.
+            (
+                3,
+                1,
+                &[("a", 2)],
+                &[("a", None), ("b", None), ("c", None)],
+                &[(0, 0), (1, 1), (1, 1)],
+            ),
             // Small workers keep a reserve of one slot per other provider.
             (
                 4,
