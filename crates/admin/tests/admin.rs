@@ -1709,9 +1709,10 @@ async fn a_step_column_edited_beside_the_chain_is_found() {
             "conflicting_remote_job_id = 'job_other'",
             "conflicting_remote_job_id",
         ),
+        // A megabyte written into a column is shown cut, not kept whole in the report.
         (
             finished.id,
-            r#"result_summary = '{"items": 4, "verdict": "all clear"}'"#,
+            r#"result_summary = jsonb_build_object('items', 4, 'verdict', repeat('all clear ', 100000))"#,
             "result_summary",
         ),
         (
@@ -1747,6 +1748,10 @@ async fn a_step_column_edited_beside_the_chain_is_found() {
             .any(|x| x["operation_id"] == intact.id.to_string()),
         "{breaks:#?}"
     );
+    for x in &breaks {
+        let stored = x["stored"].as_str().unwrap();
+        assert!(stored.len() < 1100, "{} bytes shown", stored.len());
+    }
     // A row edited to hold terminal escapes cannot erase its own BREAK line, or print a forged
     // summary, on the reader's screen: what a row holds is shown escaped.
     exec(

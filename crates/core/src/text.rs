@@ -63,6 +63,20 @@ pub enum TextError {
     },
 }
 
+/// At most `max` bytes of `text`, cut at a character boundary and marked with `…` (a provider's
+/// error text is kept, not its every megabyte).
+pub fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 /// Would a terminal act on this character instead of printing it, or print nothing a person could
 /// see? Controls; direction marks, embeddings, overrides and isolates (which reorder what is read);
 /// the line and paragraph separators (which break a line as `\n` does); and the characters that

@@ -55,19 +55,7 @@ pub(crate) fn bounded_json(v: &Value, max: usize) -> Value {
     clean(v)
 }
 
-/// At most `max` bytes of `text`, cut at a character boundary and marked with `…` (a provider's
-/// error text is kept, not its every megabyte).
-pub(crate) fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
-    }
-    text
-}
+pub(crate) use jobtrail_core::text::truncate;
 
 #[cfg(test)]
 mod tests {
