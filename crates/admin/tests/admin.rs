@@ -927,6 +927,35 @@ async fn a_whole_operation_deleted_after_an_anchor_is_found_through_the_anchor()
         0,
         "clean with the anchor"
     );
+    // The operator's login cannot spoil the kept anchor: a row of its own with the kept digest
+    // and no heads is refused with an id of its choosing, and, taken from the sequence, is later
+    // than the kept anchor, which is still the one checked.
+    let forge = |id: &str| {
+        let (cols, vals) = if id.is_empty() {
+            ("", String::new())
+        } else {
+            ("id, ", format!("{id}, "))
+        };
+        format!(
+            "SET ROLE jobtrail_operator; INSERT INTO audit_anchors ({cols}created_by, operations, digest, version) VALUES ({vals}'mallory', 3, '{digest}', 2)"
+        )
+    };
+    let refused = try_exec(&db, &forge("9223372036854775000")).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("permission denied")),
+        "{refused:?}"
+    );
+    exec(&db, &forge("")).await;
+    assert_eq!(
+        code(&admin(
+            &db,
+            &["audit", "verify", "--all", "--expect-anchor", &digest]
+        )),
+        0,
+        "a later row with the kept digest does not displace the kept anchor"
+    );
 
     // Remove an operation with its whole history, as a superuser with triggers off. Its own chain
     // is gone, so only the anchor can tell.
