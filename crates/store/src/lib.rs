@@ -299,6 +299,14 @@ impl Store {
             .min_connections(0)
             .acquire_timeout(CONNECT_WITHIN)
             .idle_timeout(Duration::from_secs(60))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query(include_str!("sql/session_lock_timeout_default.sql"))
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
             .connect_with(opts.clone())
             .await;
         match pool {
@@ -363,7 +371,13 @@ impl Store {
             locking: false,
             ..sqlx::migrate::Migrator::DEFAULT
         };
-        let applied = unlocked.run(&self.pool).await;
+        // On a connection of its own, with no bound on its lock waits (see the SQL), closed after.
+        let mut conn = self.pool.acquire().await?.detach();
+        sqlx::query(include_str!("sql/session_lock_timeout_none.sql"))
+            .execute(&mut conn)
+            .await?;
+        let applied = unlocked.run(&mut conn).await;
+        let _ = sqlx::Connection::close(conn).await;
         lock.commit().await?;
         applied?;
         let _ = sqlx::Connection::close(guard).await;

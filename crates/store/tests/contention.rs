@@ -124,6 +124,45 @@ async fn a_row_held_elsewhere_holds_up_neither_the_batch_nor_the_writer() {
     ));
 }
 
+/// A statement outside any transaction of jobtrail's (a fleet pause, a call-rate take, a lease's
+/// extension) waits at most 10 s for a lock a forgotten `psql` session holds, then fails as a write
+/// to try again: never a worker's slot held for ever.
+#[tokio::test]
+async fn a_statement_outside_a_transaction_waits_for_a_lock_at_most_ten_seconds() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    store
+        .pause_provider("sim", Duration::from_millis(1))
+        .await
+        .unwrap();
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT 1 FROM provider_throttles WHERE provider = 'sim' FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let paused = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.pause_provider("sim", Duration::from_secs(1)),
+    )
+    .await
+    .expect("the pause gave up on its own");
+    assert!(matches!(&paused, Err(e) if e.is_transient()), "{paused:?}");
+    assert!(
+        (Duration::from_secs(9)..Duration::from_secs(20)).contains(&t0.elapsed()),
+        "{:?}",
+        t0.elapsed()
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    store
+        .pause_provider("sim", Duration::from_secs(1))
+        .await
+        .unwrap();
+}
+
 /// A TCP proxy to PostgreSQL on 127.0.0.1 that, when armed, lets the next `COMMIT` through to the
 /// server and then cuts the connection before its answer comes back: a commit whose
 /// acknowledgement is lost (a dropped connection, a failover). Plain connections only
