@@ -276,16 +276,21 @@ async fn sigterm_past_the_grace_records_the_calls_in_flight() {
     }
 }
 
-/// SIGTERM: the worker stops claiming, finishes its steps, gives its leases back and exits 0.
+/// SIGTERM: the worker stops claiming, finishes its steps, gives its leases back, wakes the other
+/// workers for what it gave back, and exits 0; one already running, idle, takes it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_releases_leases_and_exits_zero() {
-    let env = Env::new().await;
+    // Status reads of 3 s (within a 20 s timeout): when the signal comes, every operation is
+    // leased, mid-read.
+    let mut env =
+        Env::with_edited_contracts(&[("sim.toml", "request_ms = 2000", "request_ms = 20000")])
+            .await;
     let mut ids = Vec::new();
     for _ in 0..20 {
         ids.push(
             env.submit(
                 "sim",
-                serde_json::json!({"never_finish": true, "status_delay_ms": 200}),
+                serde_json::json!({"never_finish": true, "status_delay_ms": 3000}),
                 |_| {},
             )
             .await
@@ -297,33 +302,47 @@ async fn sigterm_releases_leases_and_exits_zero() {
         env.wait_state(*id, State::Observing, Duration::from_secs(30))
             .await;
     }
+    env.start_worker_idle("next", Duration::from_secs(30), Duration::from_secs(60));
+    // Let it look once and find nothing it may claim.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut listener = env.store.listen().await.unwrap();
     w.signal(libc::SIGTERM);
     let status = w
         .wait_exit(Duration::from_secs(30))
         .expect("exits after SIGTERM");
     assert_eq!(status.code(), Some(0));
+    let exited = Instant::now();
+    // It woke the other workers for what it gave back (nothing else was submitted meanwhile).
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), listener.wait())
+            .await
+            .is_ok_and(|n| n.is_some()),
+        "no wake-up for the operations given back"
+    );
     for id in &ids {
         let op = env.store.get(*id).await.unwrap();
-        assert_eq!(op.lease_owner, None, "{id} still leased after shutdown");
-        assert_eq!(op.state, State::Observing);
+        assert!(
+            op.lease_owner.as_deref() != Some("polite"),
+            "{id} still leased after shutdown"
+        );
         assert!(env.store.verify_operation(*id).await.unwrap().is_clean());
     }
-    // A new worker picks them up at once (no lease to wait out).
-    let _next = env.spawn_worker("next", "30s", &[]);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !env
-        .store
-        .calls(ids[0])
-        .await
-        .unwrap()
-        .iter()
-        .any(|c| c.actor == "next")
+    // The idle worker takes them at once (no lease to wait out, no minute to sleep through).
+    let deadline = exited + Duration::from_secs(5);
+    while env.store.get(ids[0]).await.unwrap().lease_owner.as_deref() != Some("next")
+        && !env
+            .store
+            .calls(ids[0])
+            .await
+            .unwrap()
+            .iter()
+            .any(|c| c.actor == "next")
     {
         assert!(
             Instant::now() < deadline,
-            "the next worker never polled\n{}",
+            "the next worker never took it\n{}",
             env.logs()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -494,6 +494,16 @@ impl Store {
         self.pool.close().await;
     }
 
+    /// Wake every worker listening for work (`what` says why): operations were given back due at
+    /// once (a worker stopping), which the others would otherwise find only at their next look.
+    pub async fn wake_workers(&self, what: &str) -> Result<(), StoreError> {
+        sqlx::query(include_str!("sql/notify_work.sql"))
+            .bind(what)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// A listener on this database's work channel (its name is a secret only jobtrail's writing
     /// roles can read). Notifications are hints; the due-time scan is the truth.
     pub async fn listen(&self) -> Result<WorkListener, StoreError> {

@@ -620,6 +620,7 @@ impl Worker {
             }
         }
         tracing::info!(worker = %self.config.id, in_flight = tasks.len(), "stopping: no new claims; finishing steps in flight");
+        let gave_back = !tasks.is_empty();
         let grace = tokio::time::sleep(self.config.shutdown_grace);
         tokio::pin!(grace);
         while !tasks.is_empty() {
@@ -650,11 +651,17 @@ impl Worker {
             .drain()
             .map(|(_, l)| l)
             .collect();
+        let gave_back = gave_back || !leftover.is_empty();
         for lease in leftover {
             let _ = self
                 .store
                 .release(&lease, Duration::ZERO, "worker shutdown")
                 .await;
+        }
+        // What this worker gave back is due at once: the others take it now, not at their next
+        // look (up to --idle away). Best effort: their backstop finds it either way.
+        if gave_back && let Err(e) = self.store.wake_workers("released").await {
+            tracing::warn!(error = %e, "could not wake the other workers for the operations given back");
         }
         let s = self.stats.snapshot();
         let (write_tx, steps) = self.writer.counts();
