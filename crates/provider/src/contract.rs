@@ -1697,8 +1697,10 @@ impl Validator<'_> {
             .map(|(i, o)| origin_of(&format!("unauthenticated_origins[{i}]"), o))
             .collect::<Result<Vec<_>, _>>()?;
         let t = &r.timeouts;
-        let connect_timeout = self.ms_within("timeouts.connect_ms", t.connect_ms, 1, HOUR_MS)?;
-        let request_timeout = self.ms_within("timeouts.request_ms", t.request_ms, 1, HOUR_MS)?;
+        // Floors against a unit slip (`request_ms = 10` meant as seconds): every call would time out
+        // after it was sent, and every create be ambiguous, one paid job each for a person.
+        let connect_timeout = self.ms_within("timeouts.connect_ms", t.connect_ms, 50, HOUR_MS)?;
+        let request_timeout = self.ms_within("timeouts.request_ms", t.request_ms, 250, HOUR_MS)?;
         self.bytes_within(
             "timeouts.max_response_bytes",
             t.max_response_bytes,
