@@ -956,6 +956,81 @@ async fn an_mcp_call_with_a_key_twice_is_refused_and_writes_nothing() {
     assert_eq!(env.store.totals().await.unwrap().0, 1);
 }
 
+/// Over stdio as over `/mcp`: a tool call with a key twice (or a number MCP's parser would round)
+/// is refused with a JSON-RPC error naming its id, and nothing is written; the same call once is
+/// taken, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_over_stdio_with_a_key_twice_is_refused_and_writes_nothing() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let token = env.token("agent-alice", &["submit", "read"]).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .arg("mcp")
+        .env_remove("DATABASE_URL")
+        .env("JOBTRAIL_API", &server.base)
+        .env("JOBTRAIL_TOKEN", &token)
+        .env("JOBTRAIL_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn jobtrail mcp");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |message: String| {
+        stdin.write_all(message.as_bytes()).await.unwrap();
+        stdin.write_all(b"\n").await.unwrap();
+        stdin.flush().await.unwrap();
+    };
+    // The answer to request `id` (notifications and other answers skipped), within a bound.
+    let answer = async |stdout: &mut tokio::io::Lines<_>, id: i64| -> Value {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let line: String = stdout.next_line().await.unwrap().expect("an answer");
+                let v: Value = serde_json::from_str(&line).unwrap();
+                if v["id"] == id {
+                    return v;
+                }
+            }
+        })
+        .await
+        .expect("answered in time")
+    };
+    send(support::mcp_initialize().to_string()).await;
+    assert!(answer(&mut stdout, 1).await["result"].is_object());
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string()).await;
+    let call = |id: i64, extra: &str| {
+        format!(
+            r#"{{"jsonrpc": "2.0", "id": {id}, "method": "tools/call", "params": {{
+            "name": "submit_operation", "arguments": {{
+                "provider": "sim", "target": "reports", "approved_by": "alice",
+                "request": {{"report": "usage", {extra}"sim": {{"duration_ms": 100}}}}}}}}}}"#
+        )
+        .replace('\n', " ")
+    };
+    for (id, extra, names) in [
+        (2, r#""report": "payroll", "#, "report"),
+        (3, r#""amount": 123456789012345678901234, "#, "string"),
+    ] {
+        send(call(id, extra)).await;
+        let refused = answer(&mut stdout, id).await;
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{refused}");
+    }
+    assert_eq!(
+        env.store.totals().await.unwrap().0,
+        0,
+        "something was written"
+    );
+    send(call(4, "")).await;
+    let taken = answer(&mut stdout, 4).await;
+    assert!(taken["result"].is_object(), "{taken}");
+    assert_eq!(env.store.totals().await.unwrap().0, 1);
+    drop(send);
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+}
+
 /// An agent's trace reaches its operations over MCP as over the HTTP API: the W3C `traceparent` in
 /// a tool call's `_meta` (MCP SEP-414), else the Streamable HTTP request's `traceparent` header; one
 /// that is not valid is ignored (the operation starts a trace of its own), over both transports.

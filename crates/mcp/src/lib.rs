@@ -577,16 +577,142 @@ impl ServerHandler for JobtrailMcp {
 
 /// Serve over stdio until the client goes away.
 pub async fn serve_stdio(backend: Backend) -> Result<(), String> {
+    serve_lines(backend, tokio::io::stdin(), tokio::io::stdout()).await
+}
+
+/// The longest message read from stdio: the largest request body the API takes, and room for the
+/// JSON-RPC envelope around it.
+const MAX_LINE_BYTES: usize = jobtrail_service::MAX_REQUEST_BYTES + 64 * 1024;
+
+/// MCP over newline-delimited JSON-RPC. Each message is checked before rmcp reads it, as `/mcp`
+/// checks a body: two equal keys or an inexact number are refused with a JSON-RPC error naming the
+/// message's id (rmcp's parser takes the last key and rounds the number, so
+/// `{"provider": "a", "provider": "b"}` would start a job other than the one a reader of the call
+/// saw), as is a message longer than [`MAX_LINE_BYTES`]. What is not JSON at all goes on to rmcp,
+/// which answers it.
+async fn serve_lines(
+    backend: Backend,
+    input: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    mut output: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+) -> Result<(), String> {
     use rmcp::ServiceExt;
-    let running = JobtrailMcp::new(backend)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| format!("MCP session: {e}"))?;
-    running
-        .waiting()
-        .await
-        .map_err(|e| format!("MCP session: {e}"))?;
-    Ok(())
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let (mut to_rmcp, rmcp_in) = tokio::io::duplex(64 * 1024);
+    let (rmcp_out, from_rmcp) = tokio::io::duplex(64 * 1024);
+    let (refuse, mut refusals) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+    let reader = tokio::spawn(async move {
+        let mut input = tokio::io::BufReader::new(input);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let read = (&mut input)
+                .take(MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .await;
+            match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let refusal = if line.len() > MAX_LINE_BYTES && line.last() != Some(&b'\n') {
+                // Skip the rest of the message, bounded by the reader: never held whole.
+                loop {
+                    let mut rest = Vec::new();
+                    match (&mut input)
+                        .take(MAX_LINE_BYTES as u64)
+                        .read_until(b'\n', &mut rest)
+                        .await
+                    {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if rest.last() == Some(&b'\n') => break,
+                        Ok(_) => {}
+                    }
+                }
+                Some((
+                    serde_json::Value::Null,
+                    format!("message longer than {MAX_LINE_BYTES} bytes"),
+                ))
+            } else {
+                refused(&line)
+            };
+            match refusal {
+                None => {
+                    if to_rmcp.write_all(&line).await.is_err() {
+                        break;
+                    }
+                }
+                // A notification (no id) cannot be answered: it is dropped.
+                Some((serde_json::Value::Null, why)) => {
+                    tracing::warn!("MCP message over stdio refused: {why}");
+                }
+                Some((id, why)) => {
+                    let mut answer = serde_json::to_vec(&serde_json::json!({
+                        "jsonrpc": "2.0",
+                        "id": id,
+                        "error": {"code": -32602, "message": why},
+                    }))
+                    .unwrap_or_default();
+                    answer.push(b'\n');
+                    if refuse.send(answer).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // Dropping `to_rmcp` ends rmcp's input: the session ends as it would at stdin's end.
+    });
+    let writer = tokio::spawn(async move {
+        let mut from_rmcp = tokio::io::BufReader::new(from_rmcp);
+        let mut line = Vec::new();
+        let (mut rmcp_open, mut refusals_open) = (true, true);
+        while rmcp_open || refusals_open {
+            line.clear();
+            tokio::select! {
+                read = from_rmcp.read_until(b'\n', &mut line), if rmcp_open => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        rmcp_open = false;
+                    }
+                }
+                answer = refusals.recv(), if refusals_open => match answer {
+                    Some(a) => line = a,
+                    None => refusals_open = false,
+                },
+            }
+            if !line.is_empty()
+                && (output.write_all(&line).await.is_err() || output.flush().await.is_err())
+            {
+                break;
+            }
+        }
+    });
+    let session = async {
+        let running = JobtrailMcp::new(backend)
+            .serve((rmcp_in, rmcp_out))
+            .await
+            .map_err(|e| format!("MCP session: {e}"))?;
+        running
+            .waiting()
+            .await
+            .map_err(|e| format!("MCP session: {e}"))?;
+        Ok::<_, String>(())
+    };
+    let ended = session.await;
+    reader.abort();
+    let _ = writer.await;
+    ended
+}
+
+/// Why a message read over stdio is refused, with its id to answer (`Null` for a notification or
+/// an id that cannot be read), or `None` to pass it on.
+fn refused(line: &[u8]) -> Option<(serde_json::Value, String)> {
+    let text = line.trim_ascii();
+    if text.is_empty() {
+        return None;
+    }
+    // Not JSON at all: rmcp answers that itself.
+    let loose: serde_json::Value = serde_json::from_slice(text).ok()?;
+    let e = jobtrail_core::json::parse_exact(text).err()?;
+    let id = loose.get("id").cloned().unwrap_or(serde_json::Value::Null);
+    Some((id, format!("refused: {}", e.message)))
 }
 
 /// MCP sessions a caller may hold open at once over Streamable HTTP by default (each is a task and

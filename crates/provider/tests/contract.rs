@@ -125,7 +125,11 @@ fn each_invalid_field_is_refused_with_its_name() {
             "timeouts.request_ms",
         ),
         // A unit slip: ten seconds meant, ten milliseconds written.
-        ("request_ms = 2000", "request_ms = 10", "timeouts.request_ms"),
+        (
+            "request_ms = 2000",
+            "request_ms = 10",
+            "timeouts.request_ms",
+        ),
         ("connect_ms = 1000", "connect_ms = 5", "timeouts.connect_ms"),
         (
             "sync_result = \"body:/result\"",
