@@ -1027,8 +1027,10 @@ async fn an_mcp_call_over_stdio_with_a_key_twice_is_refused_and_writes_nothing()
     let taken = answer(&mut stdout, 4).await;
     assert!(taken["result"].is_object(), "{taken}");
     assert_eq!(env.store.totals().await.unwrap().0, 1);
-    drop(send);
-    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    // Its input closed, the server ends, as it would on stdin's end without the check before it.
+    drop(stdin);
+    let exited = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    assert!(exited.is_ok_and(|s| s.is_ok()), "still running");
 }
 
 /// An agent's trace reaches its operations over MCP as over the HTTP API: the W3C `traceparent` in
