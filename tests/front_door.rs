@@ -848,6 +848,25 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
         .await
         .unwrap();
     assert_eq!(q["more"], false, "{q}");
+    // One caller's at a time: the held operation's caller's list has it, another's does not.
+    for (caller, has) in [(op.caller.as_str(), true), ("someone-else", false)] {
+        let theirs: Value = c
+            .get(server.url("/v1/escalations"))
+            .query(&[("caller", caller)])
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let listed = theirs["escalations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["operation"]["id"] == held_id.as_str());
+        assert_eq!(listed, has, "{caller}: {theirs}");
+    }
     let entry = q["escalations"]
         .as_array()
         .unwrap()

@@ -66,6 +66,10 @@ enum Command {
         state: Option<String>,
         #[arg(long)]
         provider: Option<String>,
+        /// Only this caller's operations (one agent whose deadlines were too short for its jobs
+        /// can fill the queue; each listed operation names its caller).
+        #[arg(long)]
+        caller: Option<String>,
     },
     /// The whole story of one operation: every transition and every provider call.
     #[command(after_help = "Example:\n  jobtrail-admin show op_01KB3Z8Q6W4Y7T2V9N5M1P0R3S")]
@@ -367,9 +371,11 @@ async fn run(cli: Cli) -> CmdResult {
     let store = shell::store(&cli.common).await?;
     match cli.command {
         Command::Migrate => unreachable!("handled above"),
-        Command::Escalations { state, provider } => {
-            queue::escalations(&store, state, provider, json).await
-        }
+        Command::Escalations {
+            state,
+            provider,
+            caller,
+        } => queue::escalations(&store, state, provider, caller, json).await,
         Command::Show { operation } => queue::show(&store, &operation, json).await,
         Command::Stats => queue::stats(&store, json).await,
         Command::Audit {

@@ -37,6 +37,7 @@ pub async fn escalations(
     store: &Store,
     state: Option<String>,
     provider: Option<String>,
+    caller: Option<String>,
     json: bool,
 ) -> CmdResult {
     let state = match state {
@@ -62,12 +63,12 @@ pub async fn escalations(
     };
     let shown = jobtrail_service::operator::ESCALATIONS_SHOWN;
     let mut ops = store
-        .escalations(state, provider.as_deref(), shown + 1)
+        .escalations(state, provider.as_deref(), caller.as_deref(), shown + 1)
         .await?;
     if ops.len() > shown as usize {
         ops.truncate(shown as usize);
         eprintln!(
-            "more than {shown} operations are held: the oldest {shown} are shown; decide these first, or narrow with --state or --provider"
+            "more than {shown} operations are held: the oldest {shown} are shown; decide these first, or narrow with --state, --provider or --caller"
         );
     }
     let mut entries = Vec::new();
@@ -103,14 +104,18 @@ pub async fn escalations(
     }
     if entries.is_empty() {
         // A filter that matches nothing is not "nothing waits".
-        match (&state, provider.as_deref()) {
-            (None, None) => println!("the escalation queue is empty"),
+        match (&state, provider.as_deref(), caller.as_deref()) {
+            (None, None, None) => println!("the escalation queue is empty"),
             _ => println!(
-                "no held operation{}{}",
+                "no held operation{}{}{}",
                 state.map(|s| format!(" in {s}")).unwrap_or_default(),
                 provider
                     .as_deref()
                     .map(|p| format!(" for provider {p:?} (a name as contracts spell it)"))
+                    .unwrap_or_default(),
+                caller
+                    .as_deref()
+                    .map(|c| format!(" of caller {:?}", jobtrail_console::visible::text(c)))
                     .unwrap_or_default()
             ),
         }

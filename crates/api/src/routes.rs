@@ -392,6 +392,9 @@ struct EscalationParams {
     state: Option<String>,
     #[serde(default)]
     provider: Option<String>,
+    /// Only this caller's operations.
+    #[serde(default)]
+    caller: Option<String>,
 }
 
 #[utoipa::path(
@@ -412,7 +415,12 @@ async fn escalations(
     let q = query(q)?;
     Ok(Json(
         s.service
-            .escalations(&p, q.state.as_deref(), q.provider.as_deref())
+            .escalations(
+                &p,
+                q.state.as_deref(),
+                q.provider.as_deref(),
+                q.caller.as_deref(),
+            )
             .await?,
     ))
 }

@@ -580,16 +580,16 @@ pub async fn serve_stdio(backend: Backend) -> Result<(), String> {
     serve_lines(backend, tokio::io::stdin(), tokio::io::stdout()).await
 }
 
-/// The longest message read from stdio: the largest request body the API takes, and room for the
-/// JSON-RPC envelope around it.
-const MAX_LINE_BYTES: usize = jobtrail_service::MAX_REQUEST_BYTES + 64 * 1024;
+/// The longest message read from stdio, as rmcp's own line limit (what is longer it would drop).
+const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// MCP over newline-delimited JSON-RPC. Each message is checked before rmcp reads it, as `/mcp`
 /// checks a body: two equal keys or an inexact number are refused with a JSON-RPC error naming the
 /// message's id (rmcp's parser takes the last key and rounds the number, so
 /// `{"provider": "a", "provider": "b"}` would start a job other than the one a reader of the call
-/// saw), as is a message longer than [`MAX_LINE_BYTES`]. What is not JSON at all goes on to rmcp,
-/// which answers it.
+/// saw). A message longer than [`MAX_LINE_BYTES`] is dropped unread (its id unknown, it cannot be
+/// answered), as rmcp drops one, and so is a refused notification or batch (no id). What is not
+/// JSON at all goes on to rmcp, which answers it.
 async fn serve_lines(
     backend: Backend,
     input: impl tokio::io::AsyncRead + Unpin + Send + 'static,
@@ -662,23 +662,32 @@ async fn serve_lines(
     });
     let writer = tokio::spawn(async move {
         let mut from_rmcp = tokio::io::BufReader::new(from_rmcp);
-        let mut line = Vec::new();
+        // rmcp's line as read so far: `read_until` cancelled by a refusal keeps what it read in
+        // here, and the next read goes on from there (never a line cut in two).
+        let mut rmcp_line = Vec::new();
         let (mut rmcp_open, mut refusals_open) = (true, true);
         while rmcp_open || refusals_open {
-            line.clear();
-            tokio::select! {
-                read = from_rmcp.read_until(b'\n', &mut line), if rmcp_open => {
+            let out = tokio::select! {
+                read = from_rmcp.read_until(b'\n', &mut rmcp_line), if rmcp_open => {
                     if matches!(read, Ok(0) | Err(_)) {
                         rmcp_open = false;
                     }
+                    // A whole line, or what is left at rmcp's end.
+                    if rmcp_line.last() != Some(&b'\n') && rmcp_open {
+                        continue;
+                    }
+                    std::mem::take(&mut rmcp_line)
                 }
                 answer = refusals.recv(), if refusals_open => match answer {
-                    Some(a) => line = a,
-                    None => refusals_open = false,
+                    Some(a) => a,
+                    None => {
+                        refusals_open = false;
+                        continue;
+                    }
                 },
-            }
-            if !line.is_empty()
-                && (output.write_all(&line).await.is_err() || output.flush().await.is_err())
+            };
+            if !out.is_empty()
+                && (output.write_all(&out).await.is_err() || output.flush().await.is_err())
             {
                 break;
             }
@@ -708,10 +717,18 @@ fn refused(line: &[u8]) -> Option<(serde_json::Value, String)> {
     if text.is_empty() {
         return None;
     }
-    // Not JSON at all: rmcp answers that itself.
-    let loose: serde_json::Value = serde_json::from_slice(text).ok()?;
     let e = jobtrail_core::json::parse_exact(text).err()?;
-    let id = loose.get("id").cloned().unwrap_or(serde_json::Value::Null);
+    // Not JSON at all: rmcp answers that itself. (Read without building it: a refused message may
+    // be one too large to parse.)
+    serde_json::from_slice::<serde::de::IgnoredAny>(text).ok()?;
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: Option<serde_json::Value>,
+    }
+    let id = serde_json::from_slice::<Id>(text)
+        .ok()
+        .and_then(|m| m.id)
+        .unwrap_or(serde_json::Value::Null);
     Some((id, format!("refused: {}", e.message)))
 }
 

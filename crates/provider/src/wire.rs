@@ -485,6 +485,9 @@ pub enum WireError {
     Origin,
     /// The caller gave up waiting (its worker is stopping): the request may have been processed.
     Abandoned,
+    /// The caller had given up before the request was sent (its worker is stopping): nothing was
+    /// sent.
+    Stopping,
 }
 
 impl WireError {
@@ -500,6 +503,7 @@ impl WireError {
             WireError::LeaseTooShort => "lease_too_short_to_send",
             WireError::Origin => "url_outside_origins",
             WireError::Abandoned => "abandoned_worker_stopping",
+            WireError::Stopping => "not_sent_worker_stopping",
         }
     }
     /// Nothing reached the provider.
@@ -511,6 +515,7 @@ impl WireError {
                 | WireError::NotBuilt
                 | WireError::LeaseTooShort
                 | WireError::Origin
+                | WireError::Stopping
         )
     }
 }
@@ -573,6 +578,21 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
             out.trace,
             WireError::LeaseTooShort,
             "the lease would end before the call could",
+        );
+        ex.record.started_at = out.clock.now();
+        return ex;
+    }
+    // A worker past its grace starts no call: one that has not left is not sent, and says so (a
+    // create that was never sent is not ambiguous).
+    if out.clock.abandon.as_ref().is_some_and(|a| a.is_cancelled()) {
+        let mut ex = not_sent(
+            out.kind,
+            out.attempt,
+            &out.method,
+            &out.url,
+            out.trace,
+            WireError::Stopping,
+            "the worker is stopping",
         );
         ex.record.started_at = out.clock.now();
         return ex;

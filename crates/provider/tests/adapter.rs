@@ -288,6 +288,24 @@ async fn create_faults_become_the_right_outcomes() {
         Some("abandoned_worker_stopping")
     );
     assert_eq!(called.call.http_status, None);
+    // Once its caller has given up, a call that has not left is not sent at all, and says so.
+    let op = h.op(one(&[])).await;
+    let before = h.sim.ledger().requests;
+    let stopped = CallCtx {
+        abandon: Some(abandon.clone()),
+        ..CallCtx::attempt(1)
+    };
+    assert_eq!(
+        h.provider.create(&op, stopped).await.outcome,
+        CreateOutcome::NotSent {
+            error_class: "not_sent_worker_stopping".into()
+        }
+    );
+    assert_eq!(
+        h.sim.ledger().requests,
+        before,
+        "nothing reached the provider"
+    );
 
     // A 500 after creating: ambiguous.
     let op = h.op(one(&["ambiguous_after_accept"])).await;

@@ -98,9 +98,11 @@ impl Service {
         p: &Principal,
         state: Option<&str>,
         provider: Option<&str>,
+        caller: Option<&str>,
     ) -> Result<EscalationList, ServiceError> {
         p.require(Scope::Decide)?;
         crate::filter_text("provider", provider)?;
+        crate::filter_text("caller", caller)?;
         let state = state
             .map(|s| {
                 let st: State = s
@@ -116,7 +118,7 @@ impl Service {
             .transpose()?;
         let mut ops = self
             .operator()
-            .escalations(state, provider, ESCALATIONS_SHOWN + 1)
+            .escalations(state, provider, caller, ESCALATIONS_SHOWN + 1)
             .await?;
         let more = ops.len() > ESCALATIONS_SHOWN as usize;
         ops.truncate(ESCALATIONS_SHOWN as usize);

@@ -407,24 +407,25 @@ impl Store {
             .await?)
     }
 
-    /// The anchor with this digest (a copy kept outside the database names it).
+    /// The anchor with this digest (a copy kept outside the database names it): of the anchors
+    /// recorded with it (the operator's login may add one, with heads of its own making), the
+    /// earliest whose heads still hash to it; the earliest of all when none do (reported as
+    /// altered). Any anchor whose heads hash to the digest holds the kept copy's heads.
     pub async fn anchor_by_digest(&self, digest: &str) -> Result<Option<Anchor>, StoreError> {
-        Ok(sqlx::query_as(include_str!("sql/anchor_get_by_digest.sql"))
+        let candidates: Vec<Anchor> = sqlx::query_as(include_str!("sql/anchor_list_by_digest.sql"))
             .bind(digest.to_ascii_lowercase())
-            .fetch_optional(&self.pool)
-            .await?)
+            .fetch_all(&self.pool)
+            .await?;
+        for a in &candidates {
+            if self.heads_digest(a).await? == (a.digest.clone(), a.operations) {
+                return Ok(Some(a.clone()));
+            }
+        }
+        Ok(candidates.into_iter().next())
     }
 
-    /// Check an anchor: its recorded heads must still hash to its digest, and every anchored link
-    /// and call must still exist with the anchored hash. `only`: check one operation's anchored
-    /// heads (the digest is always recomputed over all of them).
-    pub async fn verify_anchor(
-        &self,
-        anchor: &Anchor,
-        only: Option<OperationId>,
-    ) -> Result<Vec<ChainBreak>, StoreError> {
-        let mut breaks = Vec::new();
-        let tag = format!("anchor #{}", anchor.id);
+    /// What an anchor's recorded heads hash to now, and how many there are.
+    async fn heads_digest(&self, anchor: &Anchor) -> Result<(String, i64), StoreError> {
         let mut hasher = HeadsHasher::default();
         let mut heads =
             sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>, Option<i64>, Option<Vec<u8>>)>(
@@ -443,9 +444,21 @@ impl Store {
                 ),
             );
         }
-        drop(heads);
         let count = hasher.count() as i64;
-        let digest = hex::encode(hasher.finish());
+        Ok((hex::encode(hasher.finish()), count))
+    }
+
+    /// Check an anchor: its recorded heads must still hash to its digest, and every anchored link
+    /// and call must still exist with the anchored hash. `only`: check one operation's anchored
+    /// heads (the digest is always recomputed over all of them).
+    pub async fn verify_anchor(
+        &self,
+        anchor: &Anchor,
+        only: Option<OperationId>,
+    ) -> Result<Vec<ChainBreak>, StoreError> {
+        let mut breaks = Vec::new();
+        let tag = format!("anchor #{}", anchor.id);
+        let (digest, count) = self.heads_digest(anchor).await?;
         if digest != anchor.digest || count != anchor.operations {
             breaks.push(ChainBreak {
                 operation_id: tag.clone(),

@@ -365,17 +365,19 @@ impl Store {
                 Err(e) => return Err(e.into()),
             }
         };
-        self.drop_interrupted_index_builds().await?;
+        // On a connection of its own, with no bound on its lock waits (see the SQL), closed after:
+        // both a concurrent build and the drop of an interrupted one wait for the transactions
+        // before them.
+        let mut conn = self.pool.acquire().await?.detach();
+        sqlx::query(include_str!("sql/session_lock_timeout_none.sql"))
+            .execute(&mut conn)
+            .await?;
+        Self::drop_interrupted_index_builds(&mut conn).await?;
         let unlocked = sqlx::migrate::Migrator {
             migrations: MIGRATOR.migrations.clone(),
             locking: false,
             ..sqlx::migrate::Migrator::DEFAULT
         };
-        // On a connection of its own, with no bound on its lock waits (see the SQL), closed after.
-        let mut conn = self.pool.acquire().await?.detach();
-        sqlx::query(include_str!("sql/session_lock_timeout_none.sql"))
-            .execute(&mut conn)
-            .await?;
         let applied = unlocked.run(&mut conn).await;
         let _ = sqlx::Connection::close(conn).await;
         lock.commit().await?;
@@ -388,10 +390,12 @@ impl Store {
     /// PostgreSQL keeps such a build as an INVALID index, and the migration, run again, fails on
     /// its name ("already exists") until a person drops it. Called under the migration lock, so no
     /// other run is building it; only names a pending migration creates are touched.
-    async fn drop_interrupted_index_builds(&self) -> Result<(), StoreError> {
+    async fn drop_interrupted_index_builds(
+        conn: &mut sqlx::PgConnection,
+    ) -> Result<(), StoreError> {
         let applied: Vec<i64> =
             match sqlx::query_as::<_, (i64, Vec<u8>)>(include_str!("sql/schema_versions.sql"))
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *conn)
                 .await
             {
                 Ok(rows) => rows.into_iter().map(|(v, _)| v).collect(),
@@ -411,7 +415,7 @@ impl Store {
         let invalid: Vec<(String,)> =
             sqlx::query_as(include_str!("sql/interrupted_index_builds.sql"))
                 .bind(&names)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *conn)
                 .await?;
         for (name,) in invalid {
             tracing::warn!(
@@ -424,7 +428,7 @@ impl Store {
                 name.replace('"', "\"\"")
             );
             sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-                .execute(&self.pool)
+                .execute(&mut *conn)
                 .await?;
         }
         Ok(())

@@ -16,12 +16,13 @@ pub struct LeaseHolder {
 }
 
 impl Store {
-    /// Operations held for a person, oldest first, at most `limit`, each **without its request
-    /// body** (`null`, as [`Store::list_page`]).
+    /// Operations held for a person (of `caller`'s, if named), oldest first, at most `limit`,
+    /// each **without its request body** (`null`, as [`Store::list_page`]).
     pub async fn escalations(
         &self,
         state: Option<State>,
         provider: Option<&str>,
+        caller: Option<&str>,
         limit: i64,
     ) -> Result<Vec<OperationRecord>, StoreError> {
         let rows: Vec<OperationRow> =
@@ -29,6 +30,7 @@ impl Store {
                 .bind(state.map(|s| s.as_str()))
                 .bind(provider)
                 .bind(limit)
+                .bind(caller)
                 .fetch_all(&self.pool)
                 .await?;
         rows.into_iter().map(TryInto::try_into).collect()

@@ -708,9 +708,10 @@ fn fleet_pause(
     // a minute: the operation told to wait waits its whole Retry-After on its own, and one whose
     // every read is answered so (a single job's endpoint, throttled) could otherwise stop every
     // other operation of the provider each time it comes due.
+    let bounds = contract.polling.retry_after;
     delay
         .filter(|_| http_status == Some(429) && own_origin)
-        .map(|d| contract.polling.retry_after.clamp(d).min(FLEET_PAUSE_MOST))
+        .map(|d| bounds.clamp(d).min(FLEET_PAUSE_MOST.max(bounds.min)))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
--- The escalation queue, oldest first, optionally filtered by state and provider, at most $3 rows.
--- Without request bodies (null here), as a listing page: an agent can fill the queue (deadlines too
--- short for its jobs), and a person reads one operation at a time.
+-- The escalation queue, oldest first, optionally filtered by state, provider and caller, at most $3
+-- rows. Without request bodies (null here), as a listing page: an agent can fill the queue
+-- (deadlines too short for its jobs), and a person reads one operation at a time (and one caller's
+-- at a time, $4, when one agent's fill the queue).
 SELECT
     id, provider, target, 'null'::jsonb AS request_body, request_fingerprint, idempotency_token,
     idempotency_mode, at_most_once, caller, approved_by, approval_ref, trace_id, parent_span_id, created_at,
@@ -16,5 +17,6 @@ FROM operations
 WHERE escalated_at IS NOT NULL
   AND ($1::text IS NULL OR state = $1)
   AND ($2::text IS NULL OR provider = $2)
+  AND ($4::text IS NULL OR caller = $4)
 ORDER BY escalated_at, id
 LIMIT $3
