@@ -186,6 +186,45 @@ async fn each_role_runs_its_commands_and_nothing_else() {
     denied(&abandon(&api), "a decision as api");
     denied(&abandon(&worker), "a decision as worker");
     allowed(&abandon(&operator), "a decision as operator");
+
+    // Each link names the login that wrote it, whatever actor it names: the submission the
+    // API's, the worker's steps the worker's, the cancel the API's, the decision the operator's.
+    let login = |url: &str| url::Url::parse(url).unwrap().username().to_owned();
+    let links = env.store.history(live.parse().unwrap()).await.unwrap();
+    let by: Vec<(&str, Option<&str>)> = links
+        .iter()
+        .map(|l| (l.event.as_str(), l.recorded_by.as_deref()))
+        .collect();
+    for (event, who) in &by {
+        let want = match *event {
+            "submitted" | "cancel_requested" => login(&api),
+            "abandon" => login(&operator),
+            _ => login(&worker),
+        };
+        assert_eq!(*who, Some(want.as_str()), "{event}: {by:?}");
+    }
+    assert!(by.iter().any(|(e, _)| *e == "abandon"), "{by:?}");
+    // A writer cannot name another login for a link it writes.
+    let named = sql_refused(
+        &worker,
+        &format!(
+            "INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, prev_hash, hash, recorded_by) \
+             VALUES ('{}', 99, now(), 'alice', 'abandoned', 'abandoned', 'remote_progress', 'x', '\\x00', '\\x00', 'alice-login')",
+            live.parse::<jobtrail_core::OperationId>().unwrap().as_uuid()
+        ),
+    )
+    .await;
+    assert!(named.contains("permission denied"), "{named}");
+    // An auditor reads it through the audit views.
+    let (seen_by,): (Option<String>,) = {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&auditor).await.unwrap();
+        sqlx::query_as("SELECT recorded_by FROM audit_decisions WHERE event = 'abandon'")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+    };
+    assert_eq!(seen_by, Some(login(&operator)));
     allowed(
         &admin(&operator, &["escalations"]),
         "escalations as operator",

@@ -192,9 +192,14 @@ pub fn render(op: &OperationRecord, history: &[HistoryRecord], calls: &[StoredCa
                     Some(f) => format!("#{} {f} (stays)", h.seq),
                     None => format!("#{} → {}", h.seq, h.to_state),
                 };
+                // The actor the writer named, and the login the database saw write it.
+                let who = match &h.recorded_by {
+                    Some(login) => format!("{} [{login}]", h.actor),
+                    None => h.actor.clone(),
+                };
                 table.add_row(vec![
                     t(&h.at),
-                    h.actor.clone(),
+                    who,
                     moved,
                     format!("{}: {}", h.event, h.cause),
                 ]);

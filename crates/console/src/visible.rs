@@ -79,6 +79,7 @@ pub fn history(h: &HistoryRecord) -> HistoryRecord {
     }
     fix_opt(&mut h.from_state);
     fix_opt(&mut h.remote_job_id);
+    fix_opt(&mut h.recorded_by);
     h
 }
 

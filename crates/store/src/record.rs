@@ -229,6 +229,9 @@ pub struct HistoryRecord {
     pub prev_hash: Vec<u8>,
     #[serde(serialize_with = "hex_bytes")]
     pub hash: Vec<u8>,
+    /// The database login that inserted the link (migration 0032; `None` before it): what the
+    /// database saw, beside the `actor` the writer named. Not hashed.
+    pub recorded_by: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -246,6 +249,8 @@ pub(crate) struct HistoryRow {
     detail: ReadableJson,
     prev_hash: Vec<u8>,
     hash: Vec<u8>,
+    #[sqlx(default)]
+    recorded_by: Option<String>,
 }
 
 impl HistoryRow {
@@ -273,6 +278,7 @@ impl From<HistoryRow> for HistoryRecord {
             detail: r.detail.0,
             prev_hash: r.prev_hash,
             hash: r.hash,
+            recorded_by: r.recorded_by,
         }
     }
 }
