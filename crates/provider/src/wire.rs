@@ -565,34 +565,31 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
     {
         headers.insert(h.clone(), v);
     }
-    // The last check before the bytes leave: a worker that was paused (SIGSTOP, a long GC-like
-    // stall, a VM freeze) past its lease must not send on an operation another worker may own now.
-    if let Some(end_by) = out.end_by
-        && Instant::now() + out.budget > end_by
+    // The last checks before the bytes leave: a worker that was paused (SIGSTOP, a long GC-like
+    // stall, a VM freeze) past its lease must not send on an operation another worker may own now;
+    // one past its shutdown grace starts no call (one never sent is not an ambiguous create).
+    let refused = if out
+        .end_by
+        .is_some_and(|end_by| Instant::now() + out.budget > end_by)
     {
-        let mut ex = not_sent(
-            out.kind,
-            out.attempt,
-            &out.method,
-            &out.url,
-            out.trace,
+        Some((
             WireError::LeaseTooShort,
             "the lease would end before the call could",
-        );
-        ex.record.started_at = out.clock.now();
-        return ex;
-    }
-    // A worker past its grace starts no call: one that has not left is not sent, and says so (a
-    // create that was never sent is not ambiguous).
-    if out.clock.abandon.as_ref().is_some_and(|a| a.is_cancelled()) {
+        ))
+    } else if out.clock.abandon.as_ref().is_some_and(|a| a.is_cancelled()) {
+        Some((WireError::Stopping, "the worker is stopping"))
+    } else {
+        None
+    };
+    if let Some((error, why)) = refused {
         let mut ex = not_sent(
             out.kind,
             out.attempt,
             &out.method,
             &out.url,
             out.trace,
-            WireError::Stopping,
-            "the worker is stopping",
+            error,
+            why,
         );
         ex.record.started_at = out.clock.now();
         return ex;
