@@ -192,7 +192,8 @@ enum Command {
         #[command(subcommand)]
         what: AuditCmd,
     },
-    /// Operations by state and provider, the escalation queue, and lease holders.
+    /// Operations by state and provider, the escalation queue, providers paused fleet-wide by a
+    /// 429, and lease holders.
     #[command(
         after_help = "Examples:\n  jobtrail-admin stats\n  jobtrail-admin stats --json | jq .escalations"
     )]

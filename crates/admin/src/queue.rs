@@ -196,12 +196,14 @@ pub async fn stats(store: &Store, json: bool) -> CmdResult {
     let (queue, oldest) = store.escalation_stats().await?;
     let leases = store.lease_holders().await?;
     let (ops, history, calls) = store.totals().await?;
+    let pauses = store.provider_pauses().await?;
     if json {
         print_json(&serde_json::json!({
             "operations": ops, "history_rows": history, "provider_calls": calls,
             "by_state": by_state.iter().map(|(s, p, n)| serde_json::json!({"state": s, "provider": p, "count": n})).collect::<Vec<_>>(),
             "escalations": {"open": queue, "oldest": oldest, "oldest_age_secs": oldest.map(|o| (Utc::now() - o).num_seconds())},
             "lease_holders": leases,
+            "provider_pauses": pauses,
         }));
         return Ok(ExitCode::SUCCESS);
     }
@@ -224,6 +226,14 @@ pub async fn stats(store: &Store, json: bool) -> CmdResult {
             (Utc::now() - o).num_seconds()
         ),
         None => println!("escalation queue: empty"),
+    }
+    for p in &pauses {
+        println!(
+            "provider {} paused fleet-wide (429 with Retry-After) until {} ({:.0}s more)",
+            jobtrail_console::visible::text(&p.provider),
+            p.paused_until.format("%Y-%m-%d %H:%M:%SZ"),
+            p.remaining_secs.ceil()
+        );
     }
     if leases.is_empty() {
         println!("lease holders: none");

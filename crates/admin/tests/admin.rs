@@ -1933,12 +1933,33 @@ async fn stats_report_states_the_queue_and_lease_holders() {
         .claim_due("busy-worker", 5, Duration::from_secs(60))
         .await
         .unwrap();
+    // One provider told the fleet to wait; another's pause has already ended.
+    store
+        .pause_provider("sim", Duration::from_secs(45))
+        .await
+        .unwrap();
+    store
+        .pause_provider("other", Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let text = admin(&db, &["stats"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("provider sim paused fleet-wide") && !text.contains("provider other"),
+        "{text}"
+    );
     let out = admin(&db, &["stats", "--json"]);
     assert_eq!(code(&out), 0);
     let s = json(&out);
     assert_eq!(s["operations"], 4);
     assert_eq!(s["escalations"]["open"], 2);
     assert_eq!(s["lease_holders"][0]["lease_owner"], "busy-worker");
+    let pauses = s["provider_pauses"].as_array().unwrap();
+    assert_eq!(pauses.len(), 1, "{pauses:?}");
+    assert_eq!(pauses[0]["provider"], "sim");
+    let left = pauses[0]["remaining_secs"].as_f64().unwrap();
+    assert!(left > 30.0 && left <= 45.0, "{left}");
     assert!(
         s["by_state"]
             .as_array()

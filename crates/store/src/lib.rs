@@ -43,7 +43,7 @@ pub use error::StoreError;
 pub use front::{
     Delivery, DeliveryOutcome, ListFilter, NewToken, STATE_CHANNEL, StateListener, TokenRecord,
 };
-pub use queue::LeaseHolder;
+pub use queue::{LeaseHolder, ProviderPause};
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
 pub use write::{Applied, Counters, FailureCount, Observation, ResultBytes, SendMark, Step};
 

@@ -15,6 +15,14 @@ pub struct LeaseHolder {
     pub expired: i64,
 }
 
+/// A provider the whole fleet is holding back: it answered `429` with `Retry-After`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct ProviderPause {
+    pub provider: String,
+    pub paused_until: DateTime<Utc>,
+    pub remaining_secs: f64,
+}
+
 impl Store {
     /// Operations held for a person (of `caller`'s, if named), oldest first, at most `limit`,
     /// each **without its request body** (`null`, as [`Store::list_page`]).
@@ -54,6 +62,15 @@ impl Store {
         Ok(sqlx::query_as(include_str!("sql/stats_escalations.sql"))
             .fetch_one(&self.pool)
             .await?)
+    }
+
+    /// Providers paused fleet-wide right now, soonest to resume first.
+    pub async fn provider_pauses(&self) -> Result<Vec<ProviderPause>, StoreError> {
+        Ok(
+            sqlx::query_as(include_str!("sql/stats_provider_pauses.sql"))
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     pub async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError> {
