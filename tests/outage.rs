@@ -88,3 +88,214 @@ async fn a_worker_survives_the_database_going_away_and_coming_back() {
         Some(0)
     );
 }
+
+/// The database's answer is lost without a word: a COMMIT reaches the server and commits, and then
+/// nothing more comes back on that connection, which stays open (a failover that takes the old
+/// primary's address with it; a dropped route). The driver sets no TCP keepalive, so only the
+/// worker's own bound ends the wait: each silenced round trip is given up after the lease, the
+/// worker goes on over fresh connections, and every operation still finishes with one job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_goes_on_when_the_database_stops_answering_on_a_connection() {
+    let env = Env::new().await;
+    let proxy = silencing::Proxy::start(&env.url).await;
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(
+            env.submit(
+                "sim",
+                serde_json::json!({"duration_ms": 1500 + i * 100}),
+                |_| {},
+            )
+            .await
+            .id,
+        );
+    }
+    let url = proxy.url();
+    let mut w = env.spawn_worker("unanswered", "3s", &[("DATABASE_URL", url.as_str())]);
+    env.wait_state(ids[0], State::Observing, Duration::from_secs(30))
+        .await;
+    // The next two transactions to commit (a claim, a batch of steps) lose their answers.
+    proxy.silence_next_commits(2);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for id in &ids {
+        loop {
+            let op = env.store.get(*id).await.unwrap();
+            if op.state == State::Succeeded {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{id} is {} with {} answers lost\n{}",
+                op.state,
+                proxy.silenced(),
+                env.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(proxy.silenced(), 2, "the proxy silenced two commits");
+    let logs = std::fs::read_to_string(env.dir.join("unanswered.log")).unwrap();
+    assert!(
+        logs.contains("no answer from the database within 3.0 s"),
+        "the lost answers were given up:\n{logs}"
+    );
+    assert_eq!(env.sim.ledger().max_jobs_per_token(), 1);
+    assert!(env.store.verify_all().await.unwrap().is_clean());
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(0)
+    );
+}
+
+mod silencing {
+    //! A TCP proxy in front of PostgreSQL that, when told, lets the next few COMMITs through to
+    //! the server and then goes silent on their connections: nothing more is forwarded either way,
+    //! and the sockets stay open.
+
+    use sqlx::postgres::PgConnectOptions;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    pub struct Proxy {
+        port: u16,
+        upstream: PgConnectOptions,
+        armed: Arc<AtomicUsize>,
+        silenced: Arc<AtomicUsize>,
+        accept: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            self.accept.abort();
+        }
+    }
+
+    type Half<T> = Box<T>;
+
+    async fn connect(
+        to: &PgConnectOptions,
+    ) -> std::io::Result<(
+        Half<dyn AsyncRead + Unpin + Send>,
+        Half<dyn AsyncWrite + Unpin + Send>,
+    )> {
+        if let Some(dir) = to.get_socket() {
+            let path = dir.join(format!(".s.PGSQL.{}", to.get_port()));
+            let (r, w) = tokio::net::UnixStream::connect(path).await?.into_split();
+            Ok((Box::new(r), Box::new(w)))
+        } else {
+            let (r, w) = TcpStream::connect((to.get_host(), to.get_port()))
+                .await?
+                .into_split();
+            Ok((Box::new(r), Box::new(w)))
+        }
+    }
+
+    impl Proxy {
+        pub async fn start(url: &str) -> Self {
+            let upstream: PgConnectOptions = url.parse().unwrap();
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let armed = Arc::new(AtomicUsize::new(0));
+            let silenced = Arc::new(AtomicUsize::new(0));
+            let (to, a, s) = (upstream.clone(), armed.clone(), silenced.clone());
+            let accept = tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let (to, a, s) = (to.clone(), a.clone(), s.clone());
+                    tokio::spawn(async move {
+                        if let Ok(server) = connect(&to).await {
+                            relay(client, server, a, s).await;
+                        }
+                    });
+                }
+            });
+            Self {
+                port,
+                upstream,
+                armed,
+                silenced,
+                accept,
+            }
+        }
+
+        /// The same database, through this proxy.
+        pub fn url(&self) -> String {
+            format!(
+                "postgres://{}@127.0.0.1:{}/{}?sslmode=disable",
+                self.upstream.get_username(),
+                self.port,
+                self.upstream.get_database().unwrap()
+            )
+        }
+
+        pub fn silence_next_commits(&self, n: usize) {
+            self.armed.store(n, Ordering::SeqCst);
+        }
+
+        pub fn silenced(&self) -> usize {
+            self.silenced.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn relay(
+        client: TcpStream,
+        (mut sr, mut sw): (
+            Half<dyn AsyncRead + Unpin + Send>,
+            Half<dyn AsyncWrite + Unpin + Send>,
+        ),
+        armed: Arc<AtomicUsize>,
+        silenced: Arc<AtomicUsize>,
+    ) {
+        let (mut cr, mut cw) = client.into_split();
+        let silent = AtomicBool::new(false);
+        let up = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match cr.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let chunk = &buf[..n];
+                // A simple-query COMMIT ('Q', length, "COMMIT\0"), as sqlx sends it.
+                let commit = chunk.windows(7).any(|w| w == b"COMMIT\0");
+                if commit
+                    && armed
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                {
+                    silent.store(true, Ordering::SeqCst);
+                    let _ = sw.write_all(chunk).await;
+                    silenced.fetch_add(1, Ordering::SeqCst);
+                }
+                if silent.load(Ordering::SeqCst) {
+                    return std::future::pending().await;
+                }
+                if sw.write_all(chunk).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let down = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match sr.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if silent.load(Ordering::SeqCst) {
+                    return std::future::pending().await;
+                }
+                if cw.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = up => {}
+            _ = down => {}
+        }
+    }
+}

@@ -15,6 +15,7 @@
 //! write would size every in-flight operation's task for it, though a task spends its life waiting
 //! on the provider. `jobtrail bench`'s `rss` phase measures what a call in flight costs.
 
+use crate::answered_within;
 use crate::fault;
 use crate::metrics;
 use crate::results::{ReadError, ResultStore};
@@ -102,7 +103,12 @@ impl Ctx<'_> {
         }
         let ttl = self.ttl.max(need + LEASE_MARGIN);
         let sent = Instant::now();
-        match Box::pin(self.store.extend_lease(&self.lease, ttl)).await {
+        match Box::pin(answered_within(
+            self.ttl,
+            self.store.extend_lease(&self.lease, ttl),
+        ))
+        .await
+        {
             Ok(_) => {
                 self.expires = sent + ttl;
                 Ok(())
@@ -121,8 +127,11 @@ impl Ctx<'_> {
         };
         let name = &self.provider.contract().name;
         for _ in 0..4 {
-            let wait = match Box::pin(self.store.take_calls(name, rate.per_sec, rate.burst, calls))
-                .await
+            let wait = match Box::pin(answered_within(
+                self.ttl,
+                self.store.take_calls(name, rate.per_sec, rate.burst, calls),
+            ))
+            .await
             {
                 Ok(None) => return Ok(None),
                 Ok(Some(wait)) => wait,
@@ -169,7 +178,12 @@ impl Ctx<'_> {
         };
         let name = &self.provider.contract().name;
         metrics::throttled(name, "429");
-        if let Err(e) = Box::pin(self.store.pause_provider(name, wait)).await {
+        if let Err(e) = Box::pin(answered_within(
+            self.ttl,
+            self.store.pause_provider(name, wait),
+        ))
+        .await
+        {
             tracing::warn!(provider = %name, error = %e, "could not pause the provider fleet-wide");
         }
     }
@@ -261,10 +275,11 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
     let mut out = Driven::default();
     for round in 0..6 {
         if round > 0 && ctx.shutdown.is_cancelled() {
-            let _ = Box::pin(
+            let _ = Box::pin(answered_within(
+                ctx.ttl,
                 ctx.store
                     .release(&ctx.lease, Duration::ZERO, "worker shutdown"),
-            )
+            ))
             .await;
             return out;
         }
@@ -361,10 +376,10 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                         _ => false,
                     };
                     if moved {
-                        let _ = Box::pin(ctx.store.release(
-                            &ctx.lease,
-                            Duration::ZERO,
-                            "moved meanwhile",
+                        let _ = Box::pin(answered_within(
+                            ctx.ttl,
+                            ctx.store
+                                .release(&ctx.lease, Duration::ZERO, "moved meanwhile"),
                         ))
                         .await;
                         out.due_in = Some(Duration::ZERO);
@@ -389,7 +404,11 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
         }
     }
     // Too many immediate steps in a row: give the lease back, due at once.
-    let _ = Box::pin(ctx.store.release(&ctx.lease, Duration::ZERO, "continue")).await;
+    let _ = Box::pin(answered_within(
+        ctx.ttl,
+        ctx.store.release(&ctx.lease, Duration::ZERO, "continue"),
+    ))
+    .await;
     out.due_in = Some(Duration::ZERO);
     out
 }
@@ -421,7 +440,7 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
             if plan.evidence_bundle {
                 // The database is away: no bundle missing its calls goes into the record for
                 // ever; the step is tried again once it answers.
-                let bundle = Box::pin(evidence_bundle(ctx.store, op))
+                let bundle = Box::pin(answered_within(ctx.ttl, evidence_bundle(ctx.store, op)))
                     .await
                     .map_err(Stop::Other)?;
                 plan.step.detail = Some(bundle);

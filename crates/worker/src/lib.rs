@@ -56,6 +56,28 @@ const BUSY_BEAT: Duration = Duration::from_secs(1);
 /// to be written, before it drops them.
 const ABANDONED_WRITE_GRACE: Duration = Duration::from_secs(5);
 
+/// Bound a database round trip (a claim, a lease extension, a release) by `within`, the lease:
+/// nothing the worker would do with a later answer is still its to do. A connection whose server
+/// went silent (a failover that took the old primary's address with it, a dropped route) never
+/// fails by itself, as the driver sets no TCP keepalive; without a bound one lost answer would hold
+/// the loop or a slot for ever. The abandoned connection is dropped, not reused.
+pub(crate) async fn answered_within<T>(
+    within: Duration,
+    round_trip: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(within, round_trip)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Unavailable(no_answer(within))))
+}
+
+/// Why a round trip was given up (see [`answered_within`]).
+pub(crate) fn no_answer(within: Duration) -> String {
+    format!(
+        "no answer from the database within {:.1} s (a connection lost without a word: a failover, a dropped route); the connection is given up",
+        within.as_secs_f64()
+    )
+}
+
 /// Worker settings (validated by the binary).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -229,7 +251,8 @@ impl Worker {
         // One writer lane: while a batch is being written the next one queues up, so batches form by
         // themselves; up to `write_batch` steps per transaction (see writer.rs).
         metrics::describe();
-        let writer = writer::Writer::start(store.clone(), 1, config.write_batch.max(1));
+        let writer =
+            writer::Writer::start(store.clone(), 1, config.write_batch.max(1), config.lease);
         let providers = Arc::new(
             registry
                 .names()
@@ -286,10 +309,10 @@ impl Worker {
             // The claim filters by the providers this worker loaded, so this needs a registry
             // changed under a running worker; give the operation back to whoever can drive it.
             tracing::error!(operation = %c.operation.id, provider = %c.operation.provider, "no contract for this provider; giving it back");
-            let _ = Box::pin(self.store.release(
-                &c.lease,
-                Duration::ZERO,
-                "provider not configured here",
+            let _ = Box::pin(answered_within(
+                self.config.lease,
+                self.store
+                    .release(&c.lease, Duration::ZERO, "provider not configured here"),
             ))
             .await;
             return Driven::default();
@@ -327,10 +350,12 @@ impl Worker {
         shares: &[ClaimShare],
     ) -> Result<(Vec<Claimed>, (Instant, Instant)), StoreError> {
         let sent = Instant::now();
-        let claimed = self
-            .store
-            .claim_shares(&self.config.id, limit, self.config.lease, shares)
-            .await?;
+        let claimed = answered_within(
+            self.config.lease,
+            self.store
+                .claim_shares(&self.config.id, limit, self.config.lease, shares),
+        )
+        .await?;
         let answered = Instant::now();
         metrics::claimed(answered - sent, &claimed);
         if let Some(c) = claimed.first() {
@@ -571,7 +596,7 @@ impl Worker {
             let sleep = if open.is_empty() {
                 backstop
             } else {
-                match self.store.next_due(&open).await {
+                match answered_within(self.config.lease, self.store.next_due(&open)).await {
                     // Due now yet not claimed: another claimer holds it, or the fleet cap; look again
                     // soon, not at once (later while a fleet-wide cap may be what holds it).
                     Ok(Some(d)) => {
@@ -653,14 +678,19 @@ impl Worker {
             .collect();
         let gave_back = gave_back || !leftover.is_empty();
         for lease in leftover {
-            let _ = self
-                .store
-                .release(&lease, Duration::ZERO, "worker shutdown")
-                .await;
+            let _ = answered_within(
+                self.config.lease,
+                self.store
+                    .release(&lease, Duration::ZERO, "worker shutdown"),
+            )
+            .await;
         }
         // What this worker gave back is due at once: the others take it now, not at their next
         // look (up to --idle away). Best effort: their backstop finds it either way.
-        if gave_back && let Err(e) = self.store.wake_workers("released").await {
+        if gave_back
+            && let Err(e) =
+                answered_within(self.config.lease, self.store.wake_workers("released")).await
+        {
             tracing::warn!(error = %e, "could not wake the other workers for the operations given back");
         }
         let s = self.stats.snapshot();

@@ -5,6 +5,7 @@
 //! naturally: while one batch is being written, the next queues up; a lone write goes at once.
 
 use jobtrail_store::{Applied, Lease, Step, Store, StoreError};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 type Reply = oneshot::Sender<Result<Applied, StoreError>>;
@@ -25,7 +26,12 @@ pub struct Counts {
 
 impl Writer {
     /// Start `lanes` writer tasks, each taking up to `max_batch` queued writes per transaction.
-    pub fn start(store: Store, lanes: usize, max_batch: usize) -> Self {
+    ///
+    /// A batch not answered `within` (the lease) is given up, each of its writes answered
+    /// `CommitUnknown`: its COMMIT may have been applied, its answer lost on a connection whose
+    /// server went silent (see [`crate::answered_within`]). Without the bound that one lost answer
+    /// would hold this lane, and every step queued behind it, for ever.
+    pub fn start(store: Store, lanes: usize, max_batch: usize, within: Duration) -> Self {
         let (tx, rx) = mpsc::channel::<(Lease, Step, Reply)>(4096);
         let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
         let counts = std::sync::Arc::new(Counts::default());
@@ -56,7 +62,20 @@ impl Writer {
                         .steps
                         .fetch_add(writes.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     let (steps, began) = (writes.len(), std::time::Instant::now());
-                    let results = store.apply_many(writes).await;
+                    let results = match tokio::time::timeout(within, store.apply_many(writes)).await
+                    {
+                        Ok(results) => results,
+                        Err(_) => {
+                            let why = crate::no_answer(within);
+                            tracing::error!(
+                                steps,
+                                "{why}: the steps may or may not be written; whoever holds each operation next reads it afresh"
+                            );
+                            (0..steps)
+                                .map(|_| Err(StoreError::CommitUnknown(why.clone())))
+                                .collect()
+                        }
+                    };
                     crate::metrics::written(steps, began.elapsed());
                     for (reply, result) in replies.into_iter().zip(results) {
                         let _ = reply.send(result);
