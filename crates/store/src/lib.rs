@@ -52,6 +52,13 @@ use record::{ClaimedRow, HistoryRow, LockedRow, OperationRow};
 /// The migrations, embedded in every binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
+/// How long a migration that alters a table waits for each lock before it gives way and tries
+/// again (see `Store::run_pending`): every statement on the table queues behind its request.
+pub const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// How often it tries (a minute in all) before `migrate` fails, applying nothing of it.
+pub const MIGRATION_LOCK_TRIES: u32 = 10;
+
 /// Wake-ups for workers: new submissions, cancel requests and decisions.
 pub struct WorkListener(sqlx::postgres::PgListener);
 
@@ -326,6 +333,12 @@ impl Store {
     /// `jobtrail_migration_lock`, a table only its owner may lock — unlike a session advisory lock,
     /// which any role (an auditor) could take to stall every migration. The wait is bounded.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.migrate_from(&MIGRATOR).await
+    }
+
+    /// [`Store::migrate`] with another set of migrations (a test's: this binary's and one more).
+    #[doc(hidden)]
+    pub async fn migrate_from(&self, migrator: &sqlx::migrate::Migrator) -> Result<(), StoreError> {
         // A connection of its own (not the pool's: a pool of one must still run the migrations).
         let mut guard: sqlx::PgConnection =
             <sqlx::PgConnection as sqlx::Connection>::connect_with(&self.pool.connect_options())
@@ -372,18 +385,91 @@ impl Store {
         sqlx::query(include_str!("sql/session_lock_timeout_none.sql"))
             .execute(&mut conn)
             .await?;
-        Self::drop_interrupted_index_builds(&mut conn).await?;
-        let unlocked = sqlx::migrate::Migrator {
-            migrations: MIGRATOR.migrations.clone(),
-            locking: false,
-            ..sqlx::migrate::Migrator::DEFAULT
-        };
-        let applied = unlocked.run(&mut conn).await;
+        Self::drop_interrupted_index_builds(&mut conn, migrator).await?;
+        let applied = Self::run_pending(&mut conn, migrator).await;
         let _ = sqlx::Connection::close(conn).await;
         lock.commit().await?;
         applied?;
         let _ = sqlx::Connection::close(guard).await;
         Ok(())
+    }
+
+    /// Apply the pending migrations one at a time, in order. One that runs in a transaction (it
+    /// alters a table) waits at most [`MIGRATION_LOCK_WAIT`] for each lock and is tried again, up
+    /// to [`MIGRATION_LOCK_TRIES`] times: its queued request for an exclusive lock would stop every
+    /// read and write of the table behind it for as long as something else holds the table (a
+    /// `pg_dump`, an `audit verify --all`, an anti-wraparound vacuum), and a worker's steps would
+    /// fail meanwhile. A concurrent index build (no transaction) waits as long as it needs: it
+    /// waits for the transactions before it, and blocks no writer while it does.
+    async fn run_pending(
+        conn: &mut sqlx::PgConnection,
+        migrator: &sqlx::migrate::Migrator,
+    ) -> Result<(), StoreError> {
+        let applied = Self::applied_versions(conn).await?;
+        let unlocked = sqlx::migrate::Migrator {
+            migrations: migrator.migrations.clone(),
+            locking: false,
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        let pending = migrator
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration() && !applied.contains(&m.version));
+        for m in pending {
+            let bound = if m.no_tx {
+                include_str!("sql/session_lock_timeout_none.sql")
+            } else {
+                include_str!("sql/session_lock_timeout_migration.sql")
+            };
+            for attempt in 1.. {
+                sqlx::query(bound).execute(&mut *conn).await?;
+                // `run_direct`, as `run_to` is: the latter's `Acquire` bound makes the future
+                // not `Send`.
+                match unlocked
+                    .run_direct(Some(m.version), &mut *conn, false)
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(
+                        sqlx::migrate::MigrateError::Execute(sqlx::Error::Database(db))
+                        | sqlx::migrate::MigrateError::ExecuteMigration(sqlx::Error::Database(db), _),
+                    ) if db.code().as_deref() == Some("55P03") => {
+                        if attempt >= MIGRATION_LOCK_TRIES {
+                            return Err(StoreError::Unavailable(format!(
+                                "migration {} ({}) could not take its locks in {attempt} tries of {} s: another session holds the table (see pg_stat_activity and pg_locks for who); nothing of it was applied, run migrate again",
+                                m.version,
+                                m.description,
+                                MIGRATION_LOCK_WAIT.as_secs()
+                            )));
+                        }
+                        tracing::warn!(
+                            migration = m.version,
+                            attempt,
+                            "another session holds a table this migration alters; giving way to the writers queued behind it and trying again"
+                        );
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        sqlx::query(include_str!("sql/session_lock_timeout_none.sql"))
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The versions applied so far (none on a database never migrated).
+    async fn applied_versions(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>, StoreError> {
+        match sqlx::query_as::<_, (i64, Vec<u8>)>(include_str!("sql/schema_versions.sql"))
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Ok(rows) => Ok(rows.into_iter().map(|(v, _)| v).collect()),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P01") => {
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Drop what an interrupted run left of an index a pending migration builds `CONCURRENTLY`:
@@ -392,19 +478,10 @@ impl Store {
     /// other run is building it; only names a pending migration creates are touched.
     async fn drop_interrupted_index_builds(
         conn: &mut sqlx::PgConnection,
+        migrator: &sqlx::migrate::Migrator,
     ) -> Result<(), StoreError> {
-        let applied: Vec<i64> =
-            match sqlx::query_as::<_, (i64, Vec<u8>)>(include_str!("sql/schema_versions.sql"))
-                .fetch_all(&mut *conn)
-                .await
-            {
-                Ok(rows) => rows.into_iter().map(|(v, _)| v).collect(),
-                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P01") => {
-                    Vec::new()
-                }
-                Err(e) => return Err(e.into()),
-            };
-        let names: Vec<String> = MIGRATOR
+        let applied = Self::applied_versions(conn).await?;
+        let names: Vec<String> = migrator
             .iter()
             .filter(|m| m.no_tx && !applied.contains(&m.version))
             .flat_map(|m| concurrent_index_names(m.sql.as_str()))
