@@ -449,7 +449,7 @@ async fn drill_same_token_different_job_id_stops_automation() {
 
 /// Drill 7: result_timed_out, result_validation_failed, result_unavailable and a partial batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drill_result_endings_land_where_the_brief_says() {
+async fn drill_result_endings_land_where_the_state_machine_says() {
     let mut env = Env::new().await;
     let timeout = env
         .submit("sim", serde_json::json!({"never_finish": true}), |s| {

@@ -2527,3 +2527,69 @@ async fn the_bytes_a_server_holds_at_once_are_bounded_across_callers() {
     let said = server.log_text().matches("refused for load").count();
     assert_eq!(said, 1, "{}", server.log_text());
 }
+
+/// A token the operator made (`openssl rand -hex 32`) and handed over on stdin, for a one-off pod
+/// whose output the cluster's log pipeline keeps: only its digest is stored, nothing secret is
+/// printed, and it works at once. One that is not random, or one already in use, is refused with
+/// nothing written.
+#[tokio::test]
+async fn a_token_the_operator_made_is_taken_from_stdin_and_never_printed() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let c = support::http();
+    let admin = support::admin_bin();
+    let create = |input: &str| {
+        support::run_bin(
+            &admin,
+            &env.url,
+            &env.providers,
+            &[
+                "tokens",
+                "create",
+                "--token-stdin",
+                "--caller",
+                "agent-9",
+                "--scopes",
+                "read",
+                "--created-by",
+                "alice",
+            ],
+            Some(input),
+        )
+    };
+    let hex = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let mine = format!("jtk_{hex}");
+    let out = create(&format!("{mine}\n"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for printed in [&stdout, &stderr] {
+        assert!(!printed.contains(&hex[..16]), "the token was printed");
+    }
+    let id: uuid::Uuid = stdout.trim().parse().expect("the record's id on stdout");
+    let list = c
+        .get(server.url("/v1/operations"))
+        .bearer_auth(&mine)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), reqwest::StatusCode::OK);
+    let tokens = env.store.tokens().await.unwrap();
+    assert!(tokens.iter().any(|t| t.id == id && t.caller == "agent-9"));
+
+    // Made up, not random; the same token again: refused, nothing written, never echoed.
+    let weak = format!("jtk_{}", "ab".repeat(32));
+    for (input, code) in [(weak.as_str(), 2), (mine.as_str(), 4)] {
+        let out = create(&format!("{input}\n"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{stderr}");
+        assert!(!stderr.contains(&input[4..20]), "{stderr}");
+    }
+    assert_eq!(env.store.tokens().await.unwrap().len(), tokens.len());
+}

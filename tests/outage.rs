@@ -299,3 +299,23 @@ mod silencing {
         }
     }
 }
+
+/// A worker with a pool of one connection (`--db-pool 1`) still works: its notification listener
+/// has a connection of its own. (It held the pool's only one before, and the worker, ready and
+/// logging "database may be away", never claimed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_a_pool_of_one_connection_still_claims() {
+    let env = Env::new().await;
+    let id = env
+        .submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+        .await
+        .id;
+    let mut w = env.spawn_worker("frugal", "5s", &[("JOBTRAIL_DB_POOL", "1")]);
+    env.wait_state(id, State::Succeeded, Duration::from_secs(30))
+        .await;
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(0)
+    );
+}

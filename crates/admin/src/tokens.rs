@@ -10,8 +10,10 @@ use std::process::ExitCode;
 #[derive(Subcommand)]
 pub enum TokensCmd {
     /// Create a token for a caller. Printed once on stdout: store it in the agent's secret store.
+    /// Or make the token yourself and hand it over on stdin (--token-stdin): then nothing secret is
+    /// printed, for a one-off pod whose output the cluster's log pipeline keeps.
     #[command(
-        after_help = "Examples:\n  jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel --created-by alice\n  jobtrail-admin tokens create --caller alice --scopes read,decide --expires +30d --created-by alice\n\nScopes: submit, read, cancel (own operations); decide (operator: every operation, decisions,\napproval); audit (every operation, verify)."
+        after_help = "Examples:\n  jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel --created-by alice\n  jobtrail-admin tokens create --caller alice --scopes read,decide --expires +30d --created-by alice\n  echo \"jtk_$(openssl rand -hex 32)\" | tee agent-7.token | jobtrail-admin tokens create --token-stdin --caller agent-7 --scopes submit,read --created-by alice\n\nScopes: submit, read, cancel (own operations); decide (operator: every operation, decisions,\napproval); audit (every operation, verify)."
     )]
     Create {
         /// The caller recorded for everything done with this token.
@@ -29,6 +31,11 @@ pub enum TokensCmd {
         /// What it is for.
         #[arg(long)]
         note: Option<String>,
+        /// Take the token from stdin's first line (`jtk_` and 64 random hex digits, as `openssl
+        /// rand -hex 32` makes them) instead of making one: only its digest is stored, and the
+        /// token is never printed.
+        #[arg(long)]
+        token_stdin: bool,
     },
     /// Every token: id, caller, scopes, status, created (when, by whom), note (never the token).
     List,
@@ -101,6 +108,24 @@ fn token_from_stdin() -> Result<String, shell::Failure> {
     Ok(token.to_owned())
 }
 
+/// A token the operator made, from stdin: shaped as jobtrail's own, and not obviously made up
+/// (256 random bits written in hex use nearly all sixteen digits; `jtk_` and `ab` thirty-two times
+/// would be guessed).
+fn token_made_by_hand() -> Result<String, shell::Failure> {
+    let token = token_from_stdin()?;
+    let digits: std::collections::BTreeSet<u8> = token[auth::TOKEN_PREFIX.len()..]
+        .bytes()
+        .map(|b| b.to_ascii_lowercase())
+        .collect();
+    if digits.len() < 10 {
+        return Err(fail(
+            exit::BAD_INPUT,
+            "--token-stdin: that token is not random (make one with: echo \"jtk_$(openssl rand -hex 32)\")",
+        ));
+    }
+    Ok(token)
+}
+
 pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
     match what {
         TokensCmd::Create {
@@ -109,6 +134,7 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
             created_by,
             expires,
             note,
+            token_stdin,
         } => {
             let caller = jobtrail_core::text::TOKEN_CALLER
                 .check(&caller)
@@ -136,8 +162,11 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
                     Ok(t)
                 })
                 .transpose()?;
-            let (token, sha256) =
-                auth::new_token().map_err(|e| fail(e.kind.exit_code(), e.message))?;
+            let given = token_stdin.then(token_made_by_hand).transpose()?;
+            let (token, sha256) = match &given {
+                Some(t) => (String::new(), auth::token_digest(t)),
+                None => auth::new_token().map_err(|e| fail(e.kind.exit_code(), e.message))?,
+            };
             let names: Vec<String> = scopes.iter().map(|s| s.as_str().to_owned()).collect();
             let rec = store
                 .insert_token(&NewToken {
@@ -149,6 +178,20 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
                     expires_at,
                 })
                 .await?;
+            if given.is_some() {
+                if json {
+                    print_json(&serde_json::json!({ "record": rec }));
+                } else {
+                    println!("{}", rec.id);
+                    eprintln!(
+                        "token {} for caller {} with scopes {}: the token you gave is live (only its digest is stored)",
+                        rec.id,
+                        jobtrail_console::visible::text(&rec.caller),
+                        rec.scopes.join(",")
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             // Shown once: a token that could not be written out (a full disk, a closed pipe)
             // would be live with nobody holding it, so it is revoked and the command fails.
             let shown = if json {

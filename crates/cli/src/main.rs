@@ -78,7 +78,7 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Submit an operation; prints its id at once. The intent is durable before anything is sent.
     #[command(
-        after_help = "Examples:\n  echo '{\"account\":\"acct_218\",\"format\":\"csv\"}' | jobtrail submit --provider sim --target reports \\\n      --caller agent-7 --approved-by alice --approval-ref CHG-42\n  jobtrail submit --provider sim --target reports --body req.json --id op_01J... --result-deadline +2h"
+        after_help = "Examples:\n  echo '{\"account\":\"acct_218\",\"format\":\"csv\"}' | jobtrail submit --provider sim --target reports \\\n      --caller agent-7 --approved-by alice --approval-ref CHG-42\n  jobtrail submit --provider sim --target reports --body req.json --id op_01J... --result-deadline +2h \\\n      --caller agent-7 --approved-by alice"
     )]
     Submit(ops::SubmitArgs),
     /// Submit many operations in one transaction, all or none: JSON lines, one submission per line
@@ -89,7 +89,8 @@ enum Command {
     SubmitBatch(ops::BatchArgs),
     /// Show an operation: state, remote facts, and its whole timeline.
     Show { operation: String },
-    /// List operations, newest first (with --api: the token's own).
+    /// List operations, newest first (with --api: the token's own, unless it has the decide or
+    /// audit scope).
     #[command(after_help = "Example:\n  jobtrail list --state observing --limit 20")]
     List {
         #[arg(long)]
@@ -160,7 +161,8 @@ enum Command {
     Worker(work::WorkerArgs),
     /// Start (or reuse) a private PostgreSQL on this machine for trying jobtrail, migrate it and
     /// print its URL: `export DATABASE_URL=$(jobtrail dev-db)`. Not for production: one machine,
-    /// data under $XDG_DATA_HOME/jobtrail/postgres.
+    /// data under $JOBTRAIL_PGDATA, else $XDG_DATA_HOME/jobtrail/postgres (/var/lib/jobtrail/postgres
+    /// as root).
     DevDb,
     /// Apply database migrations and exit: the command meant for a shared database (dev-db, demo
     /// and bench migrate the database they run on). Run it as the owner role, once per release (a

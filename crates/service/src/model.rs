@@ -74,7 +74,7 @@ pub struct SubmitResponse {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
 pub struct OperationView {
     pub id: String,
-    /// jobtrail's state (one of the states in the README's state table).
+    /// jobtrail's state (one of the states in docs/state-machine.md).
     pub state: String,
     /// What the state means, in plain words.
     pub meaning: String,
@@ -298,13 +298,14 @@ pub struct DecideRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Decision {
-    /// The remote job exists with this id: observe it (create_unresolved → accepted).
+    /// The remote job exists with this id: observe it (create_unknown / reconciliation /
+    /// create_unresolved → observing).
     Adopt { job_id: String },
     /// The remote job was never created (→ not_created).
     DeclareNotCreated,
     /// The cancellation is confirmed by evidence you hold (→ cancelled).
     ConfirmCancel { evidence: String },
-    /// One of the provider's two answers is ours (contract_violation → accepted).
+    /// One of the provider's two answers is ours (contract_violation → observing).
     ChooseJob { job_id: String },
     /// Go on observing with a new deadline or window (the one the held state needs).
     Resume {

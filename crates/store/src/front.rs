@@ -132,13 +132,15 @@ impl Store {
 
     /// A listener on the state channel.
     pub async fn listen_states(&self) -> Result<StateListener, StoreError> {
-        let mut l = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        let mut l = self.listener().await?;
         l.listen(STATE_CHANNEL).await?;
         Ok(StateListener(l))
     }
 
+    /// A token whose digest is already stored (live or revoked: a leaked one is never made live
+    /// again) is refused as a conflict.
     pub async fn insert_token(&self, t: &NewToken<'_>) -> Result<TokenRecord, StoreError> {
-        Ok(sqlx::query_as(include_str!("sql/token_insert.sql"))
+        sqlx::query_as(include_str!("sql/token_insert.sql"))
             .bind(uuid::Uuid::now_v7())
             .bind(t.caller)
             .bind(t.scopes)
@@ -147,7 +149,18 @@ impl Store {
             .bind(t.created_by)
             .bind(t.expires_at)
             .fetch_one(&self.pool)
-            .await?)
+            .await
+            .map_err(|e| match e {
+                sqlx::Error::Database(db)
+                    if db.constraint() == Some("api_tokens_token_sha256_key") =>
+                {
+                    StoreError::Conflict(
+                        "a token with this value is stored already (live or revoked): make another"
+                            .into(),
+                    )
+                }
+                e => e.into(),
+            })
     }
 
     /// The live (not revoked, not expired) token with this digest.

@@ -591,9 +591,22 @@ impl Store {
         let (channel,): (String,) = sqlx::query_as(include_str!("sql/settings_work_channel.sql"))
             .fetch_one(&self.pool)
             .await?;
-        let mut l = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        let mut l = self.listener().await?;
         l.listen(&channel).await?;
         Ok(WorkListener(l))
+    }
+
+    /// A listener on a connection of its own, outside the pool: sqlx's listener would hold one of
+    /// the pool's connections for as long as it lives, and a pool of one (`--db-pool 1`) would
+    /// then have none left for the claims and steps (or, in the API, the requests) it exists for.
+    pub(crate) async fn listener(&self) -> Result<sqlx::postgres::PgListener, StoreError> {
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(CONNECT_WITHIN)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_lazy_with((*self.pool.connect_options()).clone());
+        Ok(sqlx::postgres::PgListener::connect_with(&own).await?)
     }
 
     // ----------------------------------------------------------------------------------------------
