@@ -144,6 +144,12 @@ ports = lambda p: [q["port"] for r in p["spec"]["egress"] for q in r.get("ports"
 assert 4318 not in ports(pols["api"]), pols["api"]
 otel = [r for r in pols["worker"]["spec"]["egress"] if any(q["port"] == 4318 for q in r.get("ports", []))]
 assert otel and otel[0]["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}], otel
+# DNS goes to the cluster's DNS only, from every pod (port 53 anywhere would carry data out).
+for name, p in pols.items():
+    dns = [r for r in p["spec"]["egress"] if any(q["port"] == 53 for q in r.get("ports", []))]
+    assert dns and dns[0].get("to") == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}], (name, dns)
 PY
 # The per-address rate is off unless set (with the proxies to trust, behind an Ingress).
 grep -A1 'name: JOBTRAIL_RATE_PER_ADDRESS' "$out/default.yaml" | grep -q '"off"'
@@ -191,6 +197,15 @@ if "$helm" template jt helm/jobtrail --set api.stopDelaySeconds=25 >/dev/null 2>
   echo "an API grace period shorter than stopDelaySeconds + drain rendered" >&2
   exit 1
 fi
+if "$helm" template jt helm/jobtrail --set otel.endpoint=http://collector.observability:4318 --set otelPort=4317 >/dev/null 2>&1; then
+  echo "a NetworkPolicy opening another port than the OTLP endpoint's rendered" >&2
+  exit 1
+fi
+# The endpoint's port, or its scheme's when it names none.
+"$helm" template jt helm/jobtrail --set otel.endpoint=http://collector.observability \
+  | grep -A2 'The OTLP collector' | grep -q 'port: 80,'
+"$helm" template jt helm/jobtrail --set otel.endpoint=https://collector.example:4443 --set otelPort=4443 \
+  | grep -A2 'The OTLP collector' | grep -q 'port: 4443,'
 if "$helm" template jt helm/jobtrail --set api.opsPort=8080 >/dev/null 2>&1; then
   echo "the API and its ops listener on one port rendered" >&2
   exit 1

@@ -21,9 +21,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 /// Latency buckets (seconds) for every `*_seconds` histogram: provider calls run from milliseconds
-/// to their timeout (tens of seconds), claims from sub-millisecond to a stalled database.
+/// to their timeout (a contract may allow an hour), claims from sub-millisecond to a stalled
+/// database; past a minute the buckets go on to an hour, so a tail there still has a quantile.
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 900.0, 3600.0,
 ];
 /// Buckets for counts per transaction (the writer's group commits, claim batches).
 const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];

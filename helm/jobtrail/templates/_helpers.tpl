@@ -186,3 +186,18 @@ off
 {{- .value -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+The OTLP collector's port, for the workers' NetworkPolicy egress: the one otel.endpoint names, else
+its scheme's (80 for http, 443 for https). otelPort, when set, must agree: a policy opening another
+port than the exporter dials drops every span in silence.
+*/}}
+{{- define "jobtrail.otelPort" -}}
+{{- $u := urlParse .Values.otel.endpoint -}}
+{{- $hostport := splitList ":" $u.host -}}
+{{- $port := ternary (last $hostport) (ternary "443" "80" (eq $u.scheme "https")) (gt (len $hostport) 1) -}}
+{{- if and .Values.otelPort (ne (toString .Values.otelPort) $port) -}}
+{{- fail (printf "otelPort %v is not the port otel.endpoint %s names (%s): the workers' NetworkPolicy would open one port and the exporter dial another; drop otelPort (the endpoint's port is used) or make them agree" .Values.otelPort .Values.otel.endpoint $port) -}}
+{{- end -}}
+{{- $port -}}
+{{- end -}}
