@@ -2384,6 +2384,19 @@ impl Validator<'_> {
             reserved.push(h.as_str().to_owned());
         }
         let headers = self.fixed_headers("headers", &r.headers, &reserved)?;
+        // A fixed query is text in the contract file, which a cluster keeps in a ConfigMap and
+        // `contract check` prints: no credential goes there (jobtrail reads credentials from the
+        // environment or a file, through [auth], and sends them as a header).
+        if let Some(name) = r
+            .query
+            .keys()
+            .find(|k| crate::wire::secret_looking_query_name(k))
+        {
+            return Err(self.err(
+                &format!("query.{name}"),
+                "no credential in a fixed query (the contract file is kept in clear text, in a ConfigMap, and printed by `contract check`): send it as a header through [auth] with secret = \"env:…\" or \"file:…\" (Azure Functions: header = \"x-functions-key\"; Google APIs: header = \"x-goog-api-key\")",
+            ));
+        }
         let mut create = create;
         create.headers = self.fixed_headers("create.headers", &r.create.headers, &reserved)?;
         let mut cancel = cancel;

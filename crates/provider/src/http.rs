@@ -408,8 +408,9 @@ impl HttpProvider {
             .contract
             .access(&u)
             .ok_or_else(|| Refused::Foreign(u.clone()))?;
-        // The contract's query goes where its credentials go: it may hold a key (`?code=`), and a
-        // pre-signed URL's signature covers its query, so an added `api-version` would void it.
+        // The contract's query goes where its credentials go: it is the credentialed API's (its
+        // `api-version`; never a key, refused at load), and a pre-signed URL's signature covers
+        // its query, so an added `api-version` would void it.
         if access == Access::Credentials {
             for (k, v) in &self.contract.query {
                 if !u.query_pairs().any(|(qk, _)| qk == k.as_str()) {

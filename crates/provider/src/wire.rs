@@ -39,7 +39,8 @@ const REQUEST_ID_HEADERS: &[&str] = &[
     "x-amzn-requestid",
 ];
 
-/// Query parameter names whose values are never stored.
+/// Query parameter names whose values are never stored (and which a contract's fixed `query` may
+/// not name: see [`secret_looking_query_name`]).
 const SECRET_QUERY_HINTS: &[&str] = &[
     "token",
     "key",
@@ -353,6 +354,12 @@ pub fn sanitize_url_text(u: &str) -> String {
     }
 }
 
+/// Whether a query parameter's name says it carries a credential (`code`, `api_key`, `sig`).
+pub fn secret_looking_query_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    SECRET_QUERY_HINTS.iter().any(|h| lower.contains(h))
+}
+
 /// The URL as it may be stored: no user info, secret-looking query values redacted, no fragment
 /// (never sent, and where a sign-in leaves its `#access_token=`).
 pub fn sanitize_url(u: &url::Url) -> String {
@@ -364,8 +371,7 @@ pub fn sanitize_url(u: &url::Url) -> String {
         let pairs: Vec<(String, String)> = u
             .query_pairs()
             .map(|(k, v)| {
-                let lower = k.to_ascii_lowercase();
-                let secret = SECRET_QUERY_HINTS.iter().any(|h| lower.contains(h));
+                let secret = secret_looking_query_name(&k);
                 (
                     k.into_owned(),
                     if secret {

@@ -337,6 +337,34 @@ fn a_refused_base_url_does_not_echo_its_credential() {
     assert!(parse(&text).unwrap_err().contains("create.max_body_bytes"));
 }
 
+/// A key in the contract's fixed query (Azure Functions' `?code=`, Google's `?key=`) would sit in
+/// clear text in the contract file, which a cluster keeps in a ConfigMap and `contract check`
+/// prints: refused by name, without repeating the value; an `api-version` is no credential.
+#[test]
+fn a_credential_in_the_fixed_query_is_refused_without_its_value() {
+    let with_query = |q: &str| {
+        sim_text().replacen(
+            "base_url = \"http://127.0.0.1:8700\"",
+            &format!("base_url = \"http://127.0.0.1:8700\"\nquery = {q}"),
+            1,
+        )
+    };
+    for (q, key) in [
+        (r#"{ code = "hunter2-SECRET" }"#, "query.code"),
+        (
+            r#"{ "api-version" = "1", api_key = "hunter2-SECRET" }"#,
+            "query.api_key",
+        ),
+        (r#"{ Sig = "hunter2-SECRET" }"#, "query.Sig"),
+    ] {
+        let err = parse(&with_query(q)).unwrap_err();
+        assert!(err.contains(key) && err.contains("[auth]"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    let c = parse(&with_query(r#"{ "api-version" = "2024-01-01" }"#)).unwrap();
+    assert_eq!(c.query["api-version"], "2024-01-01");
+}
+
 #[test]
 fn the_base_url_can_be_overridden_per_environment() {
     // SAFETY: no other test in this binary reads this variable.
