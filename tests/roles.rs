@@ -496,6 +496,17 @@ async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
     .execute(&mut c)
     .await
     .unwrap();
+    // Its migration keeps what this binary does working (the database's oldest_reader is no newer
+    // than this binary): it starts, with a warning (an old pod restarting mid-rollout).
+    let out = jobtrail(&empty, &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("newer than this jobtrail"), "{err}");
+    // One that breaks it says so: refused.
+    sqlx::raw_sql("UPDATE jobtrail_schema_readers SET oldest_reader = 99991231000000")
+        .execute(&mut c)
+        .await
+        .unwrap();
     let out = jobtrail(&empty, &["show", "op_01JZZZZZZZZZZZZZZZZZZZZZZZ"], None);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{err}");

@@ -121,8 +121,12 @@ pub enum SchemaState {
     Current,
     /// Migrations this binary carries are missing: run `jobtrail migrate`.
     Behind(String),
-    /// The database has migrations this binary does not know (a newer release migrated it).
+    /// The database has migrations this binary does not know (a newer release migrated it), and
+    /// one of them breaks what this binary does: refused.
     Ahead(String),
+    /// The database has newer migrations this binary does not know, none of which breaks it (the
+    /// database's `oldest_reader` is no newer than this binary): it may start, with a warning.
+    AheadReadable(String),
     /// A migration was changed after it was applied.
     Edited(String),
 }
@@ -517,6 +521,10 @@ impl Store {
     pub async fn check_schema(&self) -> Result<(), StoreError> {
         match self.schema_state().await? {
             SchemaState::Current => Ok(()),
+            SchemaState::AheadReadable(m) => {
+                tracing::warn!("{m}");
+                Ok(())
+            }
             SchemaState::Behind(m) | SchemaState::Ahead(m) | SchemaState::Edited(m) => {
                 Err(StoreError::Schema(m))
             }
@@ -548,6 +556,29 @@ impl Store {
             .iter()
             .find(|(v, _)| !known.iter().any(|(k, _)| k == v))
         {
+            // Only newer migrations beyond every one this binary carries, all of them applied as
+            // this binary has them, and none that breaks it: an old pod of a rolling upgrade.
+            let only_newer = applied
+                .iter()
+                .all(|(a, _)| *a > newest_known || known.iter().any(|(k, _)| k == a));
+            let all_known_as_carried = known.iter().all(|(k, ks)| {
+                applied
+                    .iter()
+                    .any(|(a, sum)| a == k && sum.as_slice() == *ks)
+            });
+            if only_newer && all_known_as_carried {
+                let oldest_reader: Option<i64> =
+                    sqlx::query_scalar(include_str!("sql/schema_oldest_reader.sql"))
+                        .fetch_optional(&self.pool)
+                        .await
+                        .ok()
+                        .flatten();
+                if oldest_reader.is_some_and(|o| o <= newest_known) {
+                    return Ok(SchemaState::AheadReadable(format!(
+                        "the database has migration {newest_applied}, newer than this jobtrail (it knows up to {newest_known}), whose changes this binary can still run with: a newer release migrated it; replace this binary with that release"
+                    )));
+                }
+            }
             return Ok(SchemaState::Ahead(format!(
                 "the database has migration {v}, which this binary does not know (it knows up to {newest_known}): the database is newer than this jobtrail; upgrade the binary"
             )));

@@ -1,5 +1,6 @@
 //! Fenced writes under contention and faults, against a real PostgreSQL: rows another session
-//! holds, and a commit whose answer is lost on the way back (through a proxy on 127.0.0.1). Its own
+//! holds, a migration waiting behind a long reader, and a commit whose answer is lost on the way
+//! back (through a proxy on 127.0.0.1). Its own
 //! test binary: holding a row lock takes a transaction id, which would stop HOT pruning for the
 //! measurements of `store.rs` running beside it.
 
@@ -485,4 +486,72 @@ async fn a_commit_whose_answer_is_lost_is_known_committed_and_never_applied_twic
             "its call logged once"
         );
     }
+}
+
+/// A migration that alters a table gives way while another session holds the table (a `pg_dump`,
+/// an `audit verify --all`): its queued exclusive lock request would otherwise stop every read and
+/// write of the table behind it until the holder finished. It waits at most 5 s at a time, lets
+/// the queue through, tries again, and applies once the holder is gone.
+#[tokio::test]
+async fn a_migration_gives_way_to_a_long_reader_instead_of_stopping_every_writer() {
+    use sqlx::SqlSafeStr as _;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut migrations = MIGRATOR.migrations.to_vec();
+    migrations.push(Migration::new(
+        99_991_231_000_000,
+        "a column on history".into(),
+        MigrationType::Simple,
+        "ALTER TABLE operation_history ADD COLUMN note text".into_sql_str(),
+        false,
+    ));
+    let migrator = Migrator {
+        migrations: migrations.into(),
+        ..Migrator::DEFAULT
+    };
+    let connect = async || {
+        <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+            .await
+            .unwrap()
+    };
+    // A dump's read of the table, for 14 s.
+    let mut dump = connect().await;
+    sqlx::raw_sql("BEGIN; LOCK TABLE operation_history IN ACCESS SHARE MODE")
+        .execute(&mut dump)
+        .await
+        .unwrap();
+    let migrating = tokio::spawn({
+        let store = store.clone();
+        async move { store.migrate_from(&migrator).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A reader arriving meanwhile is held at most one try's wait, not until the dump ends.
+    let mut reader = connect().await;
+    let began = std::time::Instant::now();
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        sqlx::query("SELECT count(*) FROM operation_history").execute(&mut reader),
+    )
+    .await;
+    let waited = began.elapsed();
+    assert!(read.is_ok_and(|r| r.is_ok()));
+    assert!(
+        waited < Duration::from_secs(8),
+        "the reader waited {waited:?} behind the migration's lock request"
+    );
+    tokio::time::sleep(Duration::from_secs(14).saturating_sub(began.elapsed())).await;
+    if migrating.is_finished() {
+        panic!("not applied while the dump reads: {:?}", migrating.await);
+    }
+    sqlx::raw_sql("COMMIT").execute(&mut dump).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), migrating)
+        .await
+        .expect("applied once the dump is done")
+        .unwrap()
+        .unwrap();
+    sqlx::query("SELECT note FROM operation_history LIMIT 1")
+        .execute(&mut reader)
+        .await
+        .unwrap();
 }

@@ -216,7 +216,7 @@ async fn readiness(p: &Probe) -> (StatusCode, serde_json::Value) {
             // A newer release has migrated the database during a rolling upgrade: this process
             // started against its own schema and keeps serving until it is replaced (were it
             // unready, every old pod would leave its Service at once).
-            Ok(Ok(SchemaState::Ahead(m))) => {
+            Ok(Ok(SchemaState::Ahead(m) | SchemaState::AheadReadable(m))) => {
                 note = Some(m);
                 None
             }
