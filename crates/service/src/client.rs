@@ -46,6 +46,29 @@ struct Problem {
     extra: Option<serde_json::Value>,
 }
 
+/// What to say when `base` would carry the token in the clear across a network: plain `http://` to
+/// a host other than this machine. (Not refused: a cluster-internal Service over a mesh that
+/// encrypts is plain http:// to the client.)
+pub fn cleartext_warning(base: &url::Url) -> Option<String> {
+    if base.scheme() != "http" {
+        return None;
+    }
+    let this_machine = match base.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        None => false,
+    };
+    (!this_machine).then(|| {
+        format!(
+            "the API URL {base} is plain http:// to another machine: JOBTRAIL_TOKEN travels unencrypted, and anyone on the path can take it; use https:// (or a tunnel)"
+        )
+    })
+}
+
 impl ApiClient {
     /// A client for the API at `base` (`http://127.0.0.1:8080`), with `token`.
     pub fn new(base: &str, token: &str) -> Result<Self, ServiceError> {
@@ -64,6 +87,9 @@ impl ApiClient {
         if !base.path().ends_with('/') {
             let p = format!("{}/", base.path());
             base.set_path(&p);
+        }
+        if let Some(w) = cleartext_warning(&base) {
+            tracing::warn!("{w}");
         }
         let token = token.trim();
         if token.is_empty() {
@@ -390,4 +416,36 @@ fn segment(id: &str) -> Result<String, ServiceError> {
         )));
     }
     Ok(id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cleartext_warning;
+
+    /// The token in the clear across a network is said; to this machine, or over TLS, it is not.
+    /// (Only parsed: nothing is sent anywhere.)
+    #[test]
+    fn a_token_sent_in_the_clear_to_another_machine_is_warned_of() {
+        let warned = |u: &str| cleartext_warning(&url::Url::parse(u).unwrap()).is_some();
+        for u in [
+            "http://api.example:8080/",
+            "http://10.0.0.7:8080/",
+            "http://[2001:db8::1]:8080/",
+            "http://jobtrail-api.agents.svc:8080/",
+            "http://localhost.example/",
+        ] {
+            assert!(warned(u), "{u}");
+        }
+        for u in [
+            "https://api.example/",
+            "http://127.0.0.1:8080/",
+            "http://127.9.9.9/",
+            "http://[::1]:8080/",
+            "http://localhost:8080/",
+            "http://LOCALHOST./",
+            "http://api.localhost/",
+        ] {
+            assert!(!warned(u), "{u}");
+        }
+    }
 }
