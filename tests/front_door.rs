@@ -2585,7 +2585,12 @@ async fn a_token_the_operator_made_is_taken_from_stdin_and_never_printed() {
 
     // Made up, not random; the same token again: refused, nothing written, never echoed.
     let weak = format!("jtk_{}", "ab".repeat(32));
-    for (input, code) in [(weak.as_str(), 2), (mine.as_str(), 4)] {
+    let shouted = format!("jtk_{}", hex.to_uppercase());
+    for (input, code) in [
+        (weak.as_str(), 2),
+        (shouted.as_str(), 2),
+        (mine.as_str(), 4),
+    ] {
         let out = create(&format!("{input}\n"));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "{stderr}");

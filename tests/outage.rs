@@ -111,11 +111,21 @@ async fn a_worker_goes_on_when_the_database_stops_answering_on_a_connection() {
         );
     }
     let url = proxy.url();
-    let mut w = env.spawn_worker("unanswered", "3s", &[("DATABASE_URL", url.as_str())]);
+    // A pool of two: each connection given up must be closed, not kept (a kept one held its slot
+    // for as long as the silent socket stayed open, and three lost answers left none).
+    let mut w = env.spawn_worker(
+        "unanswered",
+        "3s",
+        &[
+            ("DATABASE_URL", url.as_str()),
+            ("JOBTRAIL_DB_POOL", "2"),
+            ("JOBTRAIL_DB_ANSWER_WITHIN", "3s"),
+        ],
+    );
     env.wait_state(ids[0], State::Observing, Duration::from_secs(30))
         .await;
-    // The next two transactions to commit (a claim, a batch of steps) lose their answers.
-    proxy.silence_next_commits(2);
+    // The next three transactions to commit (claims, batches of steps) lose their answers.
+    proxy.silence_next_commits(3);
 
     let deadline = Instant::now() + Duration::from_secs(60);
     for id in &ids {
@@ -134,7 +144,7 @@ async fn a_worker_goes_on_when_the_database_stops_answering_on_a_connection() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    assert_eq!(proxy.silenced(), 2, "the proxy silenced two commits");
+    assert_eq!(proxy.silenced(), 3, "the proxy silenced three commits");
     let logs = std::fs::read_to_string(env.dir.join("unanswered.log")).unwrap();
     assert!(
         logs.contains("no answer from the database within 3.0 s"),

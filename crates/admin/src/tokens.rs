@@ -113,6 +113,14 @@ fn token_from_stdin() -> Result<String, shell::Failure> {
 /// would be guessed).
 fn token_made_by_hand() -> Result<String, shell::Failure> {
     let token = token_from_stdin()?;
+    // Lowercase only, as jobtrail and `openssl rand -hex` write them: the digest is of the text,
+    // and a revoked token written in capitals must not come back as a new one.
+    if token.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(fail(
+            exit::BAD_INPUT,
+            "--token-stdin: write the token's hex digits in lowercase (as openssl rand -hex 32 does)",
+        ));
+    }
     let digits: std::collections::BTreeSet<u8> = token[auth::TOKEN_PREFIX.len()..]
         .bytes()
         .map(|b| b.to_ascii_lowercase())

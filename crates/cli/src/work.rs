@@ -38,6 +38,11 @@ pub struct WorkerArgs {
     /// within 5 s more. Keep the pod's terminationGracePeriodSeconds above both.
     #[arg(long, env = "JOBTRAIL_SHUTDOWN_GRACE", default_value = "20s")]
     shutdown_grace: String,
+    /// Give up a database round trip (a claim, a batch of steps, a lease extension) unanswered
+    /// this long: a server gone silent in a failover never fails a connection by itself. A batch
+    /// given up is "commit unknown", its operations read afresh by their next holder.
+    #[arg(long, env = "JOBTRAIL_DB_ANSWER_WITHIN", default_value = "60s")]
+    db_answer_within: String,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address (e.g. 0.0.0.0:9090).
     /// Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -84,6 +89,13 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         "--shutdown-grace",
         &a.shutdown_grace,
         Duration::ZERO,
+        Duration::from_secs(3600),
+    )?;
+    // A floor: under a second, a busy but working database would have its group commits given up.
+    config.db_answer_within = shell::parse_duration_within(
+        "--db-answer-within",
+        &a.db_answer_within,
+        Duration::from_secs(1),
         Duration::from_secs(3600),
     )?;
     let registry = shell::registry(&common.providers)?;

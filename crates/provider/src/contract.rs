@@ -2390,7 +2390,7 @@ impl Validator<'_> {
         if let Some(name) = r
             .query
             .keys()
-            .find(|k| crate::wire::secret_looking_query_name(k))
+            .find(|k| crate::wire::credential_query_name(k))
         {
             return Err(self.err(
                 &format!("query.{name}"),

@@ -354,10 +354,42 @@ pub fn sanitize_url_text(u: &str) -> String {
     }
 }
 
-/// Whether a query parameter's name says it carries a credential (`code`, `api_key`, `sig`).
+/// Whether a query parameter's name says it carries a credential anywhere in it (`code`,
+/// `api_key`, `sig`): its value is redacted before a URL is stored.
 pub fn secret_looking_query_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     SECRET_QUERY_HINTS.iter().any(|h| lower.contains(h))
+}
+
+/// Whether a query parameter's whole name is a credential's (`code`, `api_key`, `sig`; not
+/// `languageCode` or `pageToken`, which only contain such a word): refused in a contract's fixed
+/// query.
+pub fn credential_query_name(name: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "code",
+        "key",
+        "apikey",
+        "token",
+        "accesstoken",
+        "authtoken",
+        "idtoken",
+        "sig",
+        "signature",
+        "secret",
+        "clientsecret",
+        "password",
+        "auth",
+        "authorization",
+        "credential",
+        "credentials",
+        "subscriptionkey",
+    ];
+    let bare: String = name
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_' | '.'))
+        .collect::<String>()
+        .to_ascii_lowercase();
+    NAMES.contains(&bare.as_str())
 }
 
 /// The URL as it may be stored: no user info, secret-looking query values redacted, no fragment

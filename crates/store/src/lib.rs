@@ -52,6 +52,9 @@ use record::{ClaimedRow, HistoryRow, LockedRow, OperationRow};
 /// The migrations, embedded in every binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
+/// How long a connection given back to the pool may take to answer its check before it is closed.
+const RELEASE_PING_WITHIN: Duration = Duration::from_secs(2);
+
 /// How long a migration that alters a table waits for each lock before it gives way and tries
 /// again (see `Store::run_pending`): every statement on the table queues behind its request.
 pub const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -318,6 +321,21 @@ impl Store {
                         .map(|_| ())
                 })
             })
+            // A connection given back while its answer was lost (a caller gave up on a server
+            // gone silent) fails this bounded ping and is closed at once; sqlx's own check on
+            // release waits without a bound, and would hold the pool slot for as long as the
+            // silent socket stays open (for ever behind a proxy that keeps it so).
+            .after_release(|conn, _| {
+                Box::pin(async move {
+                    match tokio::time::timeout(RELEASE_PING_WITHIN, sqlx::Connection::ping(conn))
+                        .await
+                    {
+                        Ok(Ok(())) => Ok(true),
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(sqlx::Error::PoolTimedOut),
+                    }
+                })
+            })
             .connect_with(opts.clone())
             .await;
         match pool {
@@ -418,7 +436,9 @@ impl Store {
         let pending = migrator
             .iter()
             .filter(|m| m.migration_type.is_up_migration() && !applied.contains(&m.version));
+        let mut applied_any = false;
         for m in pending {
+            applied_any = true;
             let bound = if m.no_tx {
                 include_str!("sql/session_lock_timeout_none.sql")
             } else {
@@ -455,6 +475,12 @@ impl Store {
                     Err(e) => return Err(e.into()),
                 }
             }
+        }
+        if !applied_any {
+            // Nothing to apply: still check what is applied against what this binary carries (a
+            // migration it does not know, one edited, one left dirty), as a whole run would: an
+            // older release's migration Job must fail, not pass and leave its pods to refuse.
+            unlocked.run_direct(None, &mut *conn, false).await?;
         }
         sqlx::query(include_str!("sql/session_lock_timeout_none.sql"))
             .execute(&mut *conn)

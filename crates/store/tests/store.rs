@@ -2439,3 +2439,25 @@ async fn failed_reads_never_end_a_cancel_that_was_not_sent() {
     let calls = store.calls(c.lease.operation_id).await.unwrap();
     assert_eq!(calls.last().unwrap().kind, "status", "the read is logged");
 }
+
+/// `migrate` with nothing to apply still checks what is applied: an older release's migration Job
+/// run against a database a newer release migrated fails (before, it passed, and that release's
+/// pods then refused to start), and one run again on a current database passes.
+#[tokio::test]
+async fn migrate_with_nothing_to_apply_still_refuses_a_database_it_does_not_know() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    store.migrate().await.unwrap();
+    exec(
+        &db,
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99991231000000, 'from the future', true, '\\x00', 0)",
+    )
+    .await
+    .unwrap();
+    let refused = store.migrate().await;
+    assert!(
+        matches!(refused, Err(StoreError::Migrate(_))),
+        "{refused:?}"
+    );
+}

@@ -72,6 +72,8 @@ pub(crate) struct Ctx<'a> {
     pub results: &'a ResultStore,
     pub lease: Lease,
     pub ttl: Duration,
+    /// How long a database round trip may go unanswered ([`crate::answered_within`]).
+    pub answer_within: Duration,
     /// When the lease ends by our monotonic clock, measured from before the claim (or extension)
     /// was sent: never later than the database's expiry.
     pub expires: Instant,
@@ -104,7 +106,7 @@ impl Ctx<'_> {
         let ttl = self.ttl.max(need + LEASE_MARGIN);
         let sent = Instant::now();
         match Box::pin(answered_within(
-            self.ttl,
+            self.answer_within,
             self.store.extend_lease(&self.lease, ttl),
         ))
         .await
@@ -128,7 +130,7 @@ impl Ctx<'_> {
         let name = &self.provider.contract().name;
         for _ in 0..4 {
             let wait = match Box::pin(answered_within(
-                self.ttl,
+                self.answer_within,
                 self.store.take_calls(name, rate.per_sec, rate.burst, calls),
             ))
             .await
@@ -179,7 +181,7 @@ impl Ctx<'_> {
         let name = &self.provider.contract().name;
         metrics::throttled(name, "429");
         if let Err(e) = Box::pin(answered_within(
-            self.ttl,
+            self.answer_within,
             self.store.pause_provider(name, wait),
         ))
         .await
@@ -276,7 +278,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
     for round in 0..6 {
         if round > 0 && ctx.shutdown.is_cancelled() {
             let _ = Box::pin(answered_within(
-                ctx.ttl,
+                ctx.answer_within,
                 ctx.store
                     .release(&ctx.lease, Duration::ZERO, "worker shutdown"),
             ))
@@ -377,7 +379,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                     };
                     if moved {
                         let _ = Box::pin(answered_within(
-                            ctx.ttl,
+                            ctx.answer_within,
                             ctx.store
                                 .release(&ctx.lease, Duration::ZERO, "moved meanwhile"),
                         ))
@@ -405,7 +407,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
     }
     // Too many immediate steps in a row: give the lease back, due at once.
     let _ = Box::pin(answered_within(
-        ctx.ttl,
+        ctx.answer_within,
         ctx.store.release(&ctx.lease, Duration::ZERO, "continue"),
     ))
     .await;
@@ -440,9 +442,12 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
             if plan.evidence_bundle {
                 // The database is away: no bundle missing its calls goes into the record for
                 // ever; the step is tried again once it answers.
-                let bundle = Box::pin(answered_within(ctx.ttl, evidence_bundle(ctx.store, op)))
-                    .await
-                    .map_err(Stop::Other)?;
+                let bundle = Box::pin(answered_within(
+                    ctx.answer_within,
+                    evidence_bundle(ctx.store, op),
+                ))
+                .await
+                .map_err(Stop::Other)?;
                 plan.step.detail = Some(bundle);
             }
             return Ok(plan);

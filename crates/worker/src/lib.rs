@@ -56,11 +56,12 @@ const BUSY_BEAT: Duration = Duration::from_secs(1);
 /// to be written, before it drops them.
 const ABANDONED_WRITE_GRACE: Duration = Duration::from_secs(5);
 
-/// Bound a database round trip (a claim, a lease extension, a release) by `within`, the lease:
-/// nothing the worker would do with a later answer is still its to do. A connection whose server
+/// Bound a database round trip (a claim, a lease extension, a release) by `within`
+/// ([`WorkerConfig::db_answer_within`]). A connection whose server
 /// went silent (a failover that took the old primary's address with it, a dropped route) never
 /// fails by itself, as the driver sets no TCP keepalive; without a bound one lost answer would hold
-/// the loop or a slot for ever. The abandoned connection is dropped, not reused.
+/// the loop or a slot for ever. The abandoned connection fails the pool's bounded check on
+/// release and is closed, not reused.
 pub(crate) async fn answered_within<T>(
     within: Duration,
     round_trip: impl std::future::Future<Output = Result<T, StoreError>>,
@@ -96,6 +97,10 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Most steps written per transaction (group commit); 1 writes each step on its own.
     pub write_batch: usize,
+    /// The longest a database round trip may go unanswered before the worker gives it up (see
+    /// [`answered_within`]): long enough for a slow but working database (lock waits, a group
+    /// commit carrying large results), short enough that a server gone silent costs a minute.
+    pub db_answer_within: Duration,
 }
 
 impl WorkerConfig {
@@ -113,6 +118,7 @@ impl WorkerConfig {
             idle: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(20),
             write_batch: 64,
+            db_answer_within: Duration::from_secs(60),
         }
     }
 }
@@ -251,8 +257,12 @@ impl Worker {
         // One writer lane: while a batch is being written the next one queues up, so batches form by
         // themselves; up to `write_batch` steps per transaction (see writer.rs).
         metrics::describe();
-        let writer =
-            writer::Writer::start(store.clone(), 1, config.write_batch.max(1), config.lease);
+        let writer = writer::Writer::start(
+            store.clone(),
+            1,
+            config.write_batch.max(1),
+            config.db_answer_within,
+        );
         let providers = Arc::new(
             registry
                 .names()
@@ -310,7 +320,7 @@ impl Worker {
             // changed under a running worker; give the operation back to whoever can drive it.
             tracing::error!(operation = %c.operation.id, provider = %c.operation.provider, "no contract for this provider; giving it back");
             let _ = Box::pin(answered_within(
-                self.config.lease,
+                self.config.db_answer_within,
                 self.store
                     .release(&c.lease, Duration::ZERO, "provider not configured here"),
             ))
@@ -331,6 +341,7 @@ impl Worker {
             results: &self.results,
             lease: c.lease.clone(),
             ttl: self.config.lease,
+            answer_within: self.config.db_answer_within,
             expires: sent + self.config.lease,
             clock: drive::DbClock {
                 at: c.db_now,
@@ -351,7 +362,7 @@ impl Worker {
     ) -> Result<(Vec<Claimed>, (Instant, Instant)), StoreError> {
         let sent = Instant::now();
         let claimed = answered_within(
-            self.config.lease,
+            self.config.db_answer_within,
             self.store
                 .claim_shares(&self.config.id, limit, self.config.lease, shares),
         )
@@ -374,7 +385,11 @@ impl Worker {
     async fn seed_throttles(&self) -> Result<(), StoreError> {
         for (name, limits) in self.providers.iter() {
             if let Some(rate) = limits.rate {
-                self.store.seed_throttle(name, rate.burst).await?;
+                answered_within(
+                    self.config.db_answer_within,
+                    self.store.seed_throttle(name, rate.burst),
+                )
+                .await?;
             }
         }
         Ok(())
@@ -490,7 +505,9 @@ impl Worker {
                 }
             }
             if listener.is_none() {
-                listener = self.store.listen().await.ok();
+                listener = answered_within(self.config.db_answer_within, self.store.listen())
+                    .await
+                    .ok();
             }
             if permits.available_permits() == 0 {
                 // Every slot is busy: the next claim waits for one to free up.
@@ -596,7 +613,9 @@ impl Worker {
             let sleep = if open.is_empty() {
                 backstop
             } else {
-                match answered_within(self.config.lease, self.store.next_due(&open)).await {
+                match answered_within(self.config.db_answer_within, self.store.next_due(&open))
+                    .await
+                {
                     // Due now yet not claimed: another claimer holds it, or the fleet cap; look again
                     // soon, not at once (later while a fleet-wide cap may be what holds it).
                     Ok(Some(d)) => {
@@ -679,7 +698,7 @@ impl Worker {
         let gave_back = gave_back || !leftover.is_empty();
         for lease in leftover {
             let _ = answered_within(
-                self.config.lease,
+                self.config.db_answer_within,
                 self.store
                     .release(&lease, Duration::ZERO, "worker shutdown"),
             )
@@ -688,8 +707,11 @@ impl Worker {
         // What this worker gave back is due at once: the others take it now, not at their next
         // look (up to --idle away). Best effort: their backstop finds it either way.
         if gave_back
-            && let Err(e) =
-                answered_within(self.config.lease, self.store.wake_workers("released")).await
+            && let Err(e) = answered_within(
+                self.config.db_answer_within,
+                self.store.wake_workers("released"),
+            )
+            .await
         {
             tracing::warn!(error = %e, "could not wake the other workers for the operations given back");
         }

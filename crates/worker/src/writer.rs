@@ -27,7 +27,7 @@ pub struct Counts {
 impl Writer {
     /// Start `lanes` writer tasks, each taking up to `max_batch` queued writes per transaction.
     ///
-    /// A batch not answered `within` (the lease) is given up, each of its writes answered
+    /// A batch not answered `within` (`WorkerConfig::db_answer_within`) is given up, each of its writes answered
     /// `CommitUnknown`: its COMMIT may have been applied, its answer lost on a connection whose
     /// server went silent (see [`crate::answered_within`]). Without the bound that one lost answer
     /// would hold this lane, and every step queued behind it, for ever.

@@ -194,8 +194,8 @@ port than the exporter dials drops every span in silence.
 */}}
 {{- define "jobtrail.otelPort" -}}
 {{- $u := urlParse .Values.otel.endpoint -}}
-{{- $hostport := splitList ":" $u.host -}}
-{{- $port := ternary (last $hostport) (ternary "443" "80" (eq $u.scheme "https")) (gt (len $hostport) 1) -}}
+{{- $named := regexFind ":[0-9]+$" $u.host | trimPrefix ":" -}}
+{{- $port := $named | default (ternary "443" "80" (eq $u.scheme "https")) -}}
 {{- if and .Values.otelPort (ne (toString .Values.otelPort) $port) -}}
 {{- fail (printf "otelPort %v is not the port otel.endpoint %s names (%s): the workers' NetworkPolicy would open one port and the exporter dial another; drop otelPort (the endpoint's port is used) or make them agree" .Values.otelPort .Values.otel.endpoint $port) -}}
 {{- end -}}
