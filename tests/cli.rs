@@ -598,6 +598,14 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
         (vec!["worker", "--lease", "2h"], "--lease"),
         (vec!["worker", "--idle", "0s"], "--idle"),
         (vec!["worker", "--idle", "30ms"], "--idle"),
+        (
+            vec!["worker", "--db-answer-within", "0s"],
+            "--db-answer-within",
+        ),
+        (
+            vec!["worker", "--db-answer-within", "forever"],
+            "--db-answer-within",
+        ),
     ] {
         let out = jobtrail(&env, &args, None);
         let stderr = String::from_utf8_lossy(&out.stderr);
