@@ -606,6 +606,10 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
             vec!["worker", "--db-answer-within", "forever"],
             "--db-answer-within",
         ),
+        // No room at all would hold every JSON result; a size with a unit is not a number of MiB.
+        (vec!["worker", "--check-mib", "0"], "--check-mib"),
+        (vec!["worker", "--check-mib", "512Mi"], "--check-mib"),
+        (vec!["worker", "--check-mib", "2000000"], "--check-mib"),
     ] {
         let out = jobtrail(&env, &args, None);
         let stderr = String::from_utf8_lossy(&out.stderr);

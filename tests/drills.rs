@@ -137,6 +137,153 @@ async fn drill_worker_killed_after_saving_the_job_id_resumes_without_a_second_cr
     );
 }
 
+/// A result whose collection kills the worker collecting it (one too large for its memory, say)
+/// is not taken up again for ever: a claim counts each holder lost before it, the claim after the
+/// third lost in a row holds the operation for a person without fetching again, and the person's
+/// resume has it collected afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_a_result_that_keeps_killing_its_workers_is_held_for_a_person() {
+    use jobtrail_core::decide::STALLED_AFTER_TAKEOVERS;
+    use std::os::unix::process::ExitStatusExt;
+    let env = Env::new().await;
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
+        .await;
+    for n in 1..=STALLED_AFTER_TAKEOVERS {
+        let mut doomed = env.spawn_worker(
+            &format!("doomed-{n}"),
+            "2s",
+            &[("JOBTRAIL_FAULT", "kill_after:result_fetched")],
+        );
+        let status = doomed
+            .wait_exit(Duration::from_secs(30))
+            .expect("the worker killed itself collecting the result");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "died by SIGKILL");
+        let lost = env.store.get(op.id).await.unwrap();
+        assert_eq!(lost.state, State::ResultCollecting);
+        assert_eq!(lost.lease_owner, Some(format!("doomed-{n}")));
+        assert_eq!(
+            lost.takeovers,
+            n - 1,
+            "its claim counted the holders lost before it"
+        );
+    }
+    let _survivor = env.spawn_worker("survivor", "2s", &[]);
+    let held = env.wait_settled(op.id, T).await;
+    assert_eq!(held.state, State::ResultStalled, "{}", env.logs());
+    let reason = held.escalation_reason.clone().unwrap();
+    assert!(reason.contains("3 workers in a row"), "{reason}");
+    // A lost holder's call is never recorded (it goes in with the step it never wrote): the
+    // provider's own count tells.
+    let job = held.remote_job_id.clone().unwrap();
+    let fetched = || env.sim.ledger().jobs[&job].calls.get("result").copied();
+    assert_eq!(fetched(), Some(3), "one fetch per lost holder, no fourth");
+
+    // A person made room for the result and resumes it: fetched and checked again, and kept.
+    let admin = support::admin_bin();
+    let seen = format!("result_stalled@{}", held.history_seq);
+    let out = support::run_bin(
+        &admin,
+        &env.url,
+        &env.providers,
+        &[
+            "resume",
+            &op.id.to_string(),
+            "--seen",
+            &seen,
+            "--actor",
+            "alice",
+            "--reason",
+            "raised the workers' memory limit",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    assert_eq!(done.takeovers, 0, "a step written clears the count");
+    assert_eq!(fetched(), Some(4));
+    let calls = env.store.calls(op.id).await.unwrap();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.kind == "result" && c.actor == "survivor"),
+        "the survivor's fetch is recorded"
+    );
+    let history = env.store.history(op.id).await.unwrap();
+    let events: Vec<&str> = history.iter().map(|h| h.event.as_str()).collect();
+    let stalled = events.iter().position(|e| *e == "result_stalled").unwrap();
+    assert_eq!(
+        &events[stalled..],
+        ["result_stalled", "resume", "result_validated"],
+        "{events:?}"
+    );
+}
+
+/// A result whose parse would take more memory than the worker gives the results it checks is
+/// never parsed: it is held for a person at once, no worker killed, while a small result on the
+/// same worker is checked as ever; resumed where there is room, it is collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_a_result_beyond_the_workers_check_memory_is_held_not_parsed() {
+    let env = Env::new().await;
+    // 5 000 items of about 45 bytes: some 220 KiB of text, a few MiB parsed.
+    let large = env
+        .submit("sim", serde_json::json!({"items": 5000}), |_| {})
+        .await;
+    let small = env
+        .submit("sim", serde_json::json!({"items": 3}), |_| {})
+        .await;
+    let mut narrow = env.spawn_worker("narrow", "5s", &[("JOBTRAIL_CHECK_MIB", "1")]);
+    let held = env.wait_settled(large.id, T).await;
+    assert_eq!(held.state, State::ResultStalled, "{}", env.logs());
+    let last = env.store.history(large.id).await.unwrap().pop().unwrap();
+    assert_eq!(last.event, "result_beyond_check_memory");
+    let reason = held.escalation_reason.clone().unwrap();
+    assert!(reason.contains("more than the 1 MiB"), "{reason}");
+    assert_eq!(
+        env.wait_settled(small.id, T).await.state,
+        State::Succeeded,
+        "a result that fits is checked on the same worker"
+    );
+    assert!(
+        narrow.wait_exit(Duration::from_millis(100)).is_none(),
+        "no worker was killed"
+    );
+    narrow.signal(libc::SIGTERM);
+    assert!(narrow.wait_exit(Duration::from_secs(30)).is_some());
+
+    let _roomy = env.spawn_worker("roomy", "5s", &[]);
+    let out = support::run_bin(
+        &support::admin_bin(),
+        &env.url,
+        &env.providers,
+        &[
+            "resume",
+            &large.id.to_string(),
+            "--seen",
+            &format!("result_stalled@{}", held.history_seq),
+            "--actor",
+            "alice",
+            "--reason",
+            "a worker with room for it",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = env.wait_settled(large.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    let summary = done.result_summary.unwrap();
+    assert_eq!(summary["items"]["total"], 5000, "{summary}");
+}
+
 /// Drill 3: a terminal success races a cancel. The outcome and the order are recorded truthfully.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drill_success_racing_a_cancel_is_recorded_truthfully() {

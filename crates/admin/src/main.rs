@@ -61,7 +61,7 @@ enum Command {
         after_help = "Examples:\n  jobtrail-admin escalations\n  jobtrail-admin escalations --state cancellation_unconfirmed --provider sim --json"
     )]
     Escalations {
-        /// Only this state (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused).
+        /// Only this state (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused, result_stalled).
         #[arg(long)]
         state: Option<String>,
         #[arg(long)]
@@ -119,7 +119,7 @@ enum Command {
     },
     /// Resume automation: result_timed_out takes --result-deadline, cancellation_unconfirmed
     /// --cancel-window, create_unresolved --create-deadline; url_refused takes none (its contract
-    /// now declares the origin).
+    /// now declares the origin), nor does result_stalled (the workers now have room for the result).
     #[command(
         after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out@12 --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed@9 --actor bob --reason \"give it time\""
     )]

@@ -43,6 +43,14 @@ pub struct WorkerArgs {
     /// given up is "commit unknown", its operations read afresh by their next holder.
     #[arg(long, env = "JOBTRAIL_DB_ANSWER_WITHIN", default_value = "60s")]
     db_answer_within: String,
+    /// Memory, in MiB, for the JSON results the worker parses at once to check them (default:
+    /// half the container's memory limit, else 1024). Each parse is measured first, without
+    /// building it, and waits for its share; a result whose parse would take more than all of it
+    /// (millions of small values: some thirty times its bytes) is never parsed and is held for a
+    /// person (result_stalled). Keep the pod's memory limit above it.
+    #[arg(long, env = "JOBTRAIL_CHECK_MIB",
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    check_mib: Option<u32>,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address (e.g. 0.0.0.0:9090).
     /// Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -98,6 +106,9 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         Duration::from_secs(1),
         Duration::from_secs(3600),
     )?;
+    if let Some(mib) = a.check_mib {
+        config.check_bytes = u64::from(mib) << 20;
+    }
     let registry = shell::registry(&common.providers)?;
     let results = match a.result_dir.filter(|d| !d.as_os_str().is_empty()) {
         Some(d) => jobtrail_worker::ResultStore::directory(d),

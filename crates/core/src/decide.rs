@@ -38,6 +38,11 @@ use std::time::Duration;
 /// much (so a worker that died mid-create can be taken over with time left to reconcile).
 pub const LEASE_MARGIN: Duration = Duration::from_secs(2);
 
+/// Holders lost in a row while collecting a result, none recording a step, after which the next
+/// one holds the operation for a person (`result_stalled`) instead of trying again. One loss is a
+/// deploy or a node going away; three in a row on the same operation is the operation.
+pub const STALLED_AFTER_TAKEOVERS: i32 = 3;
+
 /// What a provider's contract says about scheduling, reconciliation and cancel: everything the
 /// decisions need from it.
 #[derive(Debug, Clone, PartialEq)]
@@ -322,6 +327,14 @@ pub fn next(op: &OperationRecord, policy: &Policy, own_epoch: i64, now: DateTime
             next_status(op, now)
         }
         State::ResultCollecting => {
+            // A result can stop the worker collecting it (parsed for its check, a pathological one
+            // takes many times its size in memory): the next holder would die the same way, and
+            // no attempt is ever counted. Lost holders are, and this many stop it for a person.
+            if op.takeovers >= STALLED_AFTER_TAKEOVERS {
+                return act(Plan::write(Step::event(Event::ResultStalled {
+                    takeovers: op.takeovers,
+                })));
+            }
             if let Some(sync) = op
                 .provider_context
                 .get("sync_result")
@@ -351,6 +364,7 @@ pub fn next(op: &OperationRecord, policy: &Policy, own_epoch: i64, now: DateTime
         | State::CancellationUnconfirmed
         | State::ResultTimedOut
         | State::UrlRefused
+        | State::ResultStalled
         | State::Succeeded
         | State::Failed
         | State::Cancelled
@@ -1237,6 +1251,11 @@ pub enum Collected {
     TooLarge {
         limit: u64,
     },
+    /// Parsed to be checked, it would take more than the worker's whole `room` for that (bytes):
+    /// never parsed.
+    BeyondCheckMemory {
+        room: u64,
+    },
     /// It will not become available (404, 410, no URL, a kept result unreadable).
     Unavailable {
         reason: String,
@@ -1330,6 +1349,9 @@ pub fn after_collect(
                 "the result is larger than the contract's limit of {limit} bytes"
             )],
         }),
+        Collected::BeyondCheckMemory { room } => {
+            Step::event(Event::ResultBeyondCheckMemory { room_bytes: room })
+        }
         Collected::Unavailable { reason } => Step::event(Event::ResultUnavailable { why: reason }),
         Collected::Refused { url } => Step {
             detail: Some(serde_json::json!({"refused_url": url})),

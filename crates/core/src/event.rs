@@ -220,6 +220,12 @@ pub enum Event {
     ResultDeadlinePassed,
     /// The provider named a URL outside the contract's origins (sanitized here); nothing was sent.
     UrlRefused { url: String },
+    /// Workers holding the operation were lost this many times in a row while collecting its
+    /// result, none of them recording a step: the next one stops instead of trying again.
+    ResultStalled { takeovers: i32 },
+    /// Parsed to be checked, the result would take more memory than the worker gives all the
+    /// results it checks at once (`room_bytes`): it is not parsed, and no worker tries again.
+    ResultBeyondCheckMemory { room_bytes: u64 },
     /// Calls kept failing past the contract's retry budget.
     RetryBudgetExhausted { error_class: String, failures: i32 },
 
@@ -314,6 +320,8 @@ event_kinds! {
     CallFailed = "call_failed",
     ResultDeadlinePassed = "result_deadline_passed",
     UrlRefused = "url_refused",
+    ResultStalled = "result_stalled",
+    ResultBeyondCheckMemory = "result_beyond_check_memory",
     RetryBudgetExhausted = "retry_budget_exhausted",
     CancelRequested = "cancel_requested",
     Withdraw = "withdraw",
@@ -376,6 +384,8 @@ impl Event {
             Event::CallFailed { .. } => EventKind::CallFailed,
             Event::ResultDeadlinePassed => EventKind::ResultDeadlinePassed,
             Event::UrlRefused { .. } => EventKind::UrlRefused,
+            Event::ResultStalled { .. } => EventKind::ResultStalled,
+            Event::ResultBeyondCheckMemory { .. } => EventKind::ResultBeyondCheckMemory,
             Event::RetryBudgetExhausted { .. } => EventKind::RetryBudgetExhausted,
             Event::CancelRequested(_) => EventKind::CancelRequested,
             Event::Withdraw(_) => EventKind::Withdraw,
@@ -471,6 +481,13 @@ impl Event {
             Event::ResultDeadlinePassed => "result deadline passed".into(),
             Event::UrlRefused { url } => format!(
                 "the provider named {url}, outside the origins its contract declares: nothing was sent there"
+            ),
+            Event::ResultStalled { takeovers } => format!(
+                "{takeovers} workers in a row were lost while collecting the result, none recording a step (killed, by the memory limit say, or stalled past the lease): a person decides before another tries"
+            ),
+            Event::ResultBeyondCheckMemory { room_bytes } => format!(
+                "checked, the result would take more than the {} MiB of memory the worker gives the results it checks (--check-mib): it holds too many small values; a person decides (a larger room, or the result taken some other way)",
+                room_bytes >> 20
             ),
             Event::RetryBudgetExhausted {
                 error_class,

@@ -44,6 +44,7 @@ const NOT_TERMINAL: &[State] = &[
     CancellationUnconfirmed,
     ResultTimedOut,
     UrlRefused,
+    ResultStalled,
 ];
 const TERMINAL: &[State] = &[
     Succeeded,
@@ -212,6 +213,18 @@ pub static RULES: &[Rule] = &[
         why: "the provider pointed outside the contract's origins: a person decides",
     },
     Rule {
+        on: EventKind::ResultStalled,
+        from: &[ResultCollecting],
+        to: To::State(ResultStalled),
+        why: "workers keep being lost collecting the result: a person decides before another tries",
+    },
+    Rule {
+        on: EventKind::ResultBeyondCheckMemory,
+        from: &[ResultCollecting],
+        to: To::State(ResultStalled),
+        why: "checking the result would take more memory than a worker gives it: a person decides",
+    },
+    Rule {
         on: EventKind::ResultDeadlinePassed,
         from: &[Accepted, Observing],
         to: To::State(ResultTimedOut),
@@ -324,6 +337,12 @@ pub static RULES: &[Rule] = &[
         from: &[UrlRefused],
         to: To::State(Observing),
         why: "a person declared the origin; a status read tells where the job is",
+    },
+    Rule {
+        on: EventKind::Resume,
+        from: &[ResultStalled],
+        to: To::State(ResultCollecting),
+        why: "a person made room for the result; it is fetched and checked again",
     },
     Rule {
         on: EventKind::Abandon,

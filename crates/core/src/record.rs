@@ -67,6 +67,10 @@ pub struct OperationRecord {
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub lease_epoch: i64,
+    /// Claims in a row that found the previous holder's lease run out (it was lost: killed, or
+    /// stalled past the lease) with no step recorded since. Counted by the claim, cleared by every
+    /// step written.
+    pub takeovers: i32,
     pub cancel_requested_at: Option<DateTime<Utc>>,
     pub cancel_requested_by: Option<String>,
     pub cancel_reason: Option<String>,

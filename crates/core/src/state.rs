@@ -102,6 +102,12 @@ states! {
     /// contract declares; nothing was sent there. Held for a person, with the URL in the evidence:
     /// declare the origin in the contract and resume, request a cancel, or abandon.
     UrlRefused = "url_refused", Human;
+    /// The remote job succeeded, but its result cannot be collected here: parsed to be checked it
+    /// would take more memory than a worker gives that (`--check-mib`), or workers were lost
+    /// holding the operation several times in a row while collecting it, none recording a step
+    /// (killed, by the memory limit say, or stalled past the lease). Held for a person: make room
+    /// (the workers' memory, the contract's result limit) and resume, or abandon.
+    ResultStalled = "result_stalled", Human;
     /// Remote success and a fetched, validated, stored result.
     Succeeded = "succeeded", Nobody;
     /// The provider rejected the create definitively or reported the job failed.

@@ -61,6 +61,7 @@ fn record(state: State) -> OperationRecord {
         lease_owner: Some("w".into()),
         lease_expires_at: Some(now + Td::seconds(30)),
         lease_epoch: EPOCH,
+        takeovers: 0,
         cancel_requested_at: None,
         cancel_requested_by: None,
         cancel_reason: None,
@@ -1086,6 +1087,53 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     );
 }
 
+/// A result whose collection keeps killing its workers (a pathological one parsed past the memory
+/// limit) is stopped for a person once enough holders were lost in a row, before another fetch;
+/// fewer losses are a deploy or a node and fetch again, and so does a synchronous result.
+#[test]
+fn lost_holders_in_a_row_stop_result_collecting_for_a_person() {
+    let p = policy();
+    let now = t0();
+    let mut op = record(State::ResultCollecting);
+    op.takeovers = STALLED_AFTER_TAKEOVERS - 1;
+    assert!(matches!(
+        call_of(next(&op, &p, EPOCH, now)),
+        Call::FetchResult { .. }
+    ));
+    op.takeovers = STALLED_AFTER_TAKEOVERS;
+    let Action::Write(plan) = next(&op, &p, EPOCH, now) else {
+        panic!("a fetch after {STALLED_AFTER_TAKEOVERS} lost holders");
+    };
+    assert_eq!(
+        plan.step.event,
+        Some(Event::ResultStalled {
+            takeovers: STALLED_AFTER_TAKEOVERS
+        })
+    );
+    assert!(plan.step.call.is_none(), "nothing is sent");
+    let to = transition(State::ResultCollecting, plan.step.event.as_ref().unwrap()).unwrap();
+    assert_eq!(to.to, State::ResultStalled);
+    assert!(to.to.needs_human());
+    // A synchronous result is read from the store, and may be what stops them as well.
+    op.provider_context = serde_json::json!({"sync_result": {"location": "db:x", "sha256": "00"}});
+    assert!(matches!(next(&op, &p, EPOCH, now), Action::Write(_)));
+    // Every other automated state goes on: their answers are small and bounded.
+    for state in State::ALL.iter().filter(|s| s.is_automated()) {
+        if *state == State::ResultCollecting {
+            continue;
+        }
+        let mut other = record(*state);
+        other.takeovers = 10;
+        if let Action::Write(plan) = next(&other, &p, EPOCH, now) {
+            assert_ne!(
+                plan.step.event.as_ref().map(Event::kind),
+                Some(EventKind::ResultStalled),
+                "{state}"
+            );
+        }
+    }
+}
+
 #[test]
 fn collection_outcomes_map_to_one_event_each() {
     let p = policy();
@@ -1155,6 +1203,12 @@ fn collection_outcomes_map_to_one_event_each() {
                 url: "http://127.0.0.1:9/r".into(),
             },
             EventKind::UrlRefused,
+        ),
+        // Parsed, it would take more than the worker's room for checks: held, never parsed.
+        (
+            &op,
+            Collected::BeyondCheckMemory { room: 256 << 20 },
+            EventKind::ResultBeyondCheckMemory,
         ),
         // "Not now" spends no failure, even with the budget spent, until the result deadline.
         (&spent, later(Some(7)), EventKind::ResultFetchFailed),

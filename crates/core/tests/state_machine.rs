@@ -66,6 +66,10 @@ fn sample_events() -> Vec<Event> {
         Event::UrlRefused {
             url: "http://127.0.0.1:9/elsewhere".into(),
         },
+        Event::ResultStalled { takeovers: 3 },
+        Event::ResultBeyondCheckMemory {
+            room_bytes: 256 << 20,
+        },
         Event::RetryBudgetExhausted {
             error_class: "timeout".into(),
             failures: 9,

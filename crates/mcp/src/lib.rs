@@ -150,7 +150,7 @@ fn answer<T: serde::Serialize>(r: Result<T, ServiceError>) -> CallToolResult {
 /// | jobtrail | task |
 /// | --- | --- |
 /// | automated states (create_pending … cancelling) | `working`, the state and its advice as the message |
-/// | held for a person (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused) | `input_required`, "held for a person: …" with the reason; no `inputRequests`: the input is a jobtrail operator's decision, which no MCP tool can make |
+/// | held for a person (create_unresolved, contract_violation, cancellation_unconfirmed, result_timed_out, url_refused, result_stalled) | `input_required`, "held for a person: …" with the reason; no `inputRequests`: the input is a jobtrail operator's decision, which no MCP tool can make |
 /// | succeeded | `completed`, with the validated result's description (fetch the bytes with `get_result`) |
 /// | failed, result_unavailable, result_validation_failed, not_created | `failed`, a JSON-RPC error object whose `data` is the operation |
 /// | cancelled, withdrawn, abandoned | `cancelled` |

@@ -114,6 +114,13 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
         at: CallCtx,
     ) -> ProviderFuture<'a, LookupOutcome>;
 
+    /// Whether checking `op`'s result parses it as JSON (its memory is then measured first).
+    fn result_is_json(&self, op: &OperationRecord) -> bool {
+        self.contract().result.as_ref().is_some_and(|spec| {
+            spec.for_request(&op.request_body).format == contract::ResultFormat::Json
+        })
+    }
+
     /// Validate a fetched result against the contract, with the hints the status reads left.
     fn check_result(&self, op: &OperationRecord, fetched: &FetchedResult) -> Checked {
         let hints: ResultHints = op

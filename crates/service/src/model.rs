@@ -383,6 +383,9 @@ pub fn advice(state: State) -> &'static str {
         State::UrlRefused => {
             "held for a person: the provider pointed outside its declared origins; nothing was sent there"
         }
+        State::ResultStalled => {
+            "held for a person: the job succeeded, but collecting its result keeps stopping the workers that try"
+        }
         State::Succeeded => "done: fetch the validated result",
         State::Failed => "done: the provider reported failure; there is no result",
         State::Cancelled => "done: the provider confirmed the cancel",

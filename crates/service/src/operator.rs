@@ -225,7 +225,7 @@ impl Service {
                     State::ResultTimedOut => Some(&["result_deadline"]),
                     State::CancellationUnconfirmed => Some(&["cancel_window"]),
                     State::CreateUnresolved => Some(&["create_deadline"]),
-                    State::UrlRefused => Some(&[]),
+                    State::UrlRefused | State::ResultStalled => Some(&[]),
                     _ => None,
                 };
                 for (name, given) in [
@@ -266,6 +266,9 @@ impl Service {
                     // The contract now declares the origin (or the provider moved on): a status
                     // read tells.
                     State::UrlRefused => {}
+                    // A person made room for the result (the workers' memory, the contract's
+                    // limit): it is fetched and checked again, by a holder counted afresh.
+                    State::ResultStalled => {}
                     State::CreateUnresolved => {
                         let t = create_deadline.ok_or_else(|| {
                             ServiceError::bad_input(
@@ -281,7 +284,7 @@ impl Service {
                     }
                     other => {
                         return Err(ServiceError::conflict(format!(
-                            "{other} cannot be resumed (resume applies to result_timed_out, cancellation_unconfirmed, create_unresolved, url_refused)"
+                            "{other} cannot be resumed (resume applies to result_timed_out, cancellation_unconfirmed, create_unresolved, url_refused, result_stalled)"
                         )));
                     }
                 }

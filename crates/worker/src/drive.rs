@@ -16,6 +16,7 @@
 //! on the provider. `jobtrail bench`'s `rss` phase measures what a call in flight costs.
 
 use crate::answered_within;
+use crate::check_room::{CheckRoom, Room};
 use crate::fault;
 use crate::metrics;
 use crate::results::{ReadError, ResultStore};
@@ -70,6 +71,8 @@ pub(crate) struct Ctx<'a> {
     pub provider: &'a dyn Provider,
     pub policy: Policy,
     pub results: &'a ResultStore,
+    /// The worker's memory for parsed results being checked.
+    pub check_room: &'a CheckRoom,
     pub lease: Lease,
     pub ttl: Duration,
     /// How long a database round trip may go unanswered ([`crate::answered_within`]).
@@ -233,18 +236,32 @@ impl Ctx<'_> {
     /// Check fetched bytes against the contract and keep them (valid ones as the result, invalid
     /// ones for inspection).
     async fn collected(&self, op: &OperationRecord, fetched: FetchedResult) -> Collected {
-        let checked = off_runtime(fetched.bytes.len(), || {
-            self.provider.check_result(op, &fetched)
-        })
-        .await;
+        // Where a worker dies of a result too large for its memory (the drills kill it here).
+        fault::point("result_fetched");
+        let size = fetched.bytes.len();
+        // Room for its parse, held until the check is done (see check_room.rs).
+        let _room = if self.provider.result_is_json(op) {
+            let need = off_runtime(size, || self.check_room.measure(&fetched.bytes)).await;
+            match self.check_room.take(need).await {
+                Room::Taken(room) => room,
+                Room::Beyond => {
+                    return Collected::BeyondCheckMemory {
+                        room: self.check_room.bytes(),
+                    };
+                }
+            }
+        } else {
+            None
+        };
+        let checked = off_runtime(size, || self.provider.check_result(op, &fetched)).await;
         let kept = self.keep(op, &fetched).await;
         Collected::from_fetched(&fetched, checked, kept)
     }
 }
 
-/// Large results a worker checks at once. Parsing one for validation holds its tree, which for a
-/// JSON list of small numbers is some thirty times its bytes (16 MiB of `[0,0,…]`, half a GiB): a
-/// provider answering many operations at once with such results could otherwise exhaust the worker.
+/// Large results a worker measures or checks at once: each takes a thread handed over from the
+/// runtime for as long as it takes. (The memory their parsed trees take is the check room's to
+/// bound, check_room.rs.)
 pub(crate) const LARGE_CHECKS: usize = 2;
 
 static LARGE_CHECKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LARGE_CHECKS);

@@ -16,6 +16,7 @@
 //! calls still in flight are abandoned and their steps written as failed calls that may have
 //! reached the provider, so the call log keeps every call that left.
 
+mod check_room;
 mod drive;
 pub mod fault;
 mod metrics;
@@ -23,6 +24,7 @@ pub mod results;
 mod share;
 mod writer;
 
+pub use check_room::default_check_bytes;
 pub use drive::Driven;
 pub use results::ResultStore;
 
@@ -101,6 +103,9 @@ pub struct WorkerConfig {
     /// [`answered_within`]): long enough for a slow but working database (lock waits, a group
     /// commit carrying large results), short enough that a server gone silent costs a minute.
     pub db_answer_within: Duration,
+    /// Memory for results parsed to be checked, across the worker (see check_room.rs): a result
+    /// whose parse would take more is held for a person, never parsed.
+    pub check_bytes: u64,
 }
 
 impl WorkerConfig {
@@ -119,6 +124,7 @@ impl WorkerConfig {
             shutdown_grace: Duration::from_secs(20),
             write_batch: 64,
             db_answer_within: Duration::from_secs(60),
+            check_bytes: check_room::default_check_bytes(),
         }
     }
 }
@@ -165,6 +171,7 @@ pub struct Worker {
     store: Store,
     registry: Arc<Registry>,
     results: Arc<ResultStore>,
+    check_room: Arc<check_room::CheckRoom>,
     config: WorkerConfig,
     stats: Arc<Stats>,
     active: Arc<Mutex<HashMap<jobtrail_core::OperationId, Lease>>>,
@@ -278,6 +285,7 @@ impl Worker {
             store,
             registry: Arc::new(registry),
             results: Arc::new(results),
+            check_room: Arc::new(check_room::CheckRoom::new(config.check_bytes)),
             config,
             stats: Arc::default(),
             active: Arc::default(),
@@ -339,6 +347,7 @@ impl Worker {
             policy: provider.contract().policy(),
             provider: provider.as_ref(),
             results: &self.results,
+            check_room: &self.check_room,
             lease: c.lease.clone(),
             ttl: self.config.lease,
             answer_within: self.config.db_answer_within,

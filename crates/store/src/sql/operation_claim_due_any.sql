@@ -30,7 +30,8 @@ SET lease_owner       = $1,
     lease_epoch       = o.lease_epoch + 1,
     next_action_at    = now() + make_interval(secs => $3),
     create_sent_epoch = CASE WHEN o.state = 'create_pending'
-                             THEN coalesce(o.create_sent_epoch, o.lease_epoch + 1) END
+                             THEN coalesce(o.create_sent_epoch, o.lease_epoch + 1) END,
+    takeovers         = o.takeovers + due.taken_over::int
 FROM due
 WHERE o.id = due.id
 RETURNING now() AS db_now, due.was_due, due.taken_over, o.*

@@ -10,7 +10,7 @@ SELECT
     remote_state, remote_updated_at, remote_progress, observed_at, status_url, provider_context,
     next_action_at, next_action_reason, create_attempts, create_sent_epoch, poll_count,
     poll_not_before, failure_count, cancel_attempts, result_attempts, reconcile_attempts,
-    lease_owner, lease_expires_at, lease_epoch, cancel_requested_at, cancel_requested_by,
+    lease_owner, lease_expires_at, lease_epoch, takeovers, cancel_requested_at, cancel_requested_by,
     cancel_reason, result_location, result_size, result_sha256, result_content_type,
     result_summary, supersedes, superseded_by, history_seq, history_head, calls_seq, calls_head
 FROM operations

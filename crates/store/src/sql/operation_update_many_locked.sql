@@ -18,7 +18,8 @@ UPDATE operations o SET
     superseded_by = u.superseded_by, result_deadline = u.result_deadline,
     create_deadline = u.create_deadline, history_seq = u.history_seq, history_head = u.history_head,
     create_sent_epoch = u.create_sent_epoch, poll_not_before = u.poll_not_before,
-    reconcile_attempts = u.reconcile_attempts, calls_seq = u.calls_seq, calls_head = u.calls_head
+    reconcile_attempts = u.reconcile_attempts, calls_seq = u.calls_seq, calls_head = u.calls_head,
+    takeovers = 0
 FROM UNNEST(
     $1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[],
     $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::jsonb[], $13::timestamptz[],

@@ -1,0 +1,151 @@
+//! The memory a worker gives to checking results at once.
+//!
+//! A JSON result is parsed whole to be checked (schema, counts, items), and parsed it takes from
+//! about its own size to some thirty times it (a list of small numbers, or of small objects, each
+//! a B-tree node). Many large results arriving together could take a worker's memory many times
+//! over, and a worker killed for memory records nothing: the next one to claim the operation is
+//! handed the same result. So a large JSON result's parse is first measured without building it
+//! (`json::footprint_within`), and the check waits for that much of the room. One that would take
+//! more than the whole room is never parsed: it is held for a person (`result_stalled`).
+
+use jobtrail_core::json::footprint_within;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// Room for parsed results, counted in KiB.
+pub(crate) struct CheckRoom {
+    room: Semaphore,
+    kib: u32,
+}
+
+/// What a check may take.
+pub(crate) enum Room<'a> {
+    /// This much of the room, given back when dropped.
+    Taken(Option<SemaphorePermit<'a>>),
+    /// More than the whole room: never parsed here.
+    Beyond,
+}
+
+impl CheckRoom {
+    /// A room of `bytes` (at least 1 MiB).
+    pub(crate) fn new(bytes: u64) -> Self {
+        let kib = u32::try_from(bytes / 1024).unwrap_or(u32::MAX).max(1024);
+        Self {
+            room: Semaphore::new(kib as usize),
+            kib,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        u64::from(self.kib) * 1024
+    }
+
+    /// Measure what parsing `text` takes (CPU in proportion to its size: call it off the async
+    /// threads for large texts), in KiB; `None` when it is more than the whole room.
+    pub(crate) fn measure(&self, text: &[u8]) -> Option<u32> {
+        let most = self.kib as usize * 1024;
+        let need = match footprint_within(text, most) {
+            Ok(n) => n,
+            Err(e) if e.too_large => return None,
+            // Not JSON after all: the check's parse stops where the walk did, within the room,
+            // having built as much as the walk counted; that is at most all of it.
+            Err(_) => most,
+        };
+        Some(u32::try_from(need.div_ceil(1024)).map_or(self.kib, |k| k.clamp(1, self.kib)))
+    }
+
+    /// Wait for `kib` of the room (as [`CheckRoom::measure`] gave it).
+    pub(crate) async fn take(&self, kib: Option<u32>) -> Room<'_> {
+        match kib {
+            // The semaphore is never closed: a failed acquire cannot happen, and would only skip
+            // the bound.
+            Some(k) => Room::Taken(self.room.acquire_many(k).await.ok()),
+            None => Room::Beyond,
+        }
+    }
+}
+
+/// Half the memory the process may use (its cgroup's limit, as a container's memory limit sets
+/// it: cgroup v2's `memory.max`, else v1's `memory.limit_in_bytes`), else 1 GiB: the default room
+/// when no `--check-mib` is given.
+pub fn default_check_bytes() -> u64 {
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|f| std::fs::read_to_string(f).ok())
+    .map_or(1 << 30, |text| room_for_limit(&text))
+}
+
+/// Half a cgroup's memory limit; 1 GiB where it sets none (v2 says `max`, v1 a number near
+/// 2^63).
+fn room_for_limit(text: &str) -> u64 {
+    match text.trim().parse::<u64>() {
+        Ok(limit) if limit < 1 << 50 => limit / 2,
+        _ => 1 << 30,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A parse that would take more than the room is refused before anything is built; one that
+    /// fits is measured at what serde_json builds for it; a text that is no JSON takes the whole
+    /// room; checks wait for room and never hold more than it between them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn checks_take_what_their_parse_needs_and_never_more_than_the_room() {
+        let room = Arc::new(CheckRoom::new(4 << 20));
+        assert_eq!(room.bytes(), 4 << 20);
+        // 1 MiB of `[0,0,…]`: half a million values of 32 bytes each, 16 MiB parsed.
+        let zeros = |n: usize| format!("[{}0]", "0,".repeat(n));
+        assert_eq!(room.measure(zeros(512 * 1024).as_bytes()), None);
+        assert!(matches!(room.take(None).await, Room::Beyond));
+        // 64 KiB of it: 32 769 values, 1 MiB, and the list's spare capacity (it doubles: 2 MiB).
+        let need = room.measure(zeros(32 * 1024).as_bytes()).unwrap();
+        assert!((1024..=2049).contains(&need), "{need} KiB");
+        assert_eq!(
+            room.measure(b"{\"not\": json"),
+            Some(4096),
+            "no JSON: all of it"
+        );
+        assert_eq!(room.measure(b"[]"), Some(1));
+
+        static HELD: AtomicU32 = AtomicU32::new(0);
+        static MOST: AtomicU32 = AtomicU32::new(0);
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let room = room.clone();
+                tokio::spawn(async move {
+                    let _taken = room.take(Some(1536)).await;
+                    let now = HELD.fetch_add(1536, Ordering::SeqCst) + 1536;
+                    MOST.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    HELD.fetch_sub(1536, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        for t in tasks {
+            tokio::time::timeout(std::time::Duration::from_secs(10), t)
+                .await
+                .expect("bounded")
+                .unwrap();
+        }
+        assert_eq!(
+            MOST.load(Ordering::SeqCst),
+            2 * 1536,
+            "two at a time in 4 MiB"
+        );
+    }
+
+    /// The default room is half a container's memory limit, and 1 GiB where none is set.
+    #[test]
+    fn the_default_room_is_half_the_containers_limit() {
+        assert_eq!(room_for_limit("536870912\n"), 256 << 20);
+        assert_eq!(room_for_limit("max\n"), 1 << 30);
+        assert_eq!(room_for_limit("9223372036854771712\n"), 1 << 30);
+        assert_eq!(room_for_limit(""), 1 << 30);
+    }
+}
