@@ -1369,6 +1369,25 @@ const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
 /// The largest result a contract may allow: read whole before it is checked, and PostgreSQL keeps
 /// at most 1 GB in one value (results in the database are held to less when a worker starts).
 const MAX_RESULT_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// The first parameter named as a credential whose value the contract writes out in the query of a
+/// URL (or URL template), without its value. One filled from a placeholder is not written there.
+fn credential_in_query(url: &str) -> Option<String> {
+    let (_, query) = url.split_once('?')?;
+    query
+        .split('&')
+        .filter(|pair| !pair.contains('{'))
+        .map(|pair| pair.split('=').next().unwrap_or_default())
+        .find(|name| crate::wire::credential_query_name(name))
+        .map(|name| crate::text::truncate(name.to_owned(), 64))
+}
+
+/// Why a URL the contract writes may not carry `name`.
+fn credential_in_url(name: &str) -> String {
+    format!(
+        "no credential in a URL the contract writes ({name:?} in its query; the contract file is kept in clear text, in a ConfigMap, and printed by `contract check`): send it as a header through [auth] with secret = \"env:…\" or \"file:…\" (Azure Functions: header = \"x-functions-key\"; Google APIs: header = \"x-goog-api-key\")"
+    )
+}
 /// The most failed calls a contract may tolerate (a count the database keeps as an integer).
 const MAX_FAILURES: u32 = 1_000_000;
 
@@ -1651,6 +1670,9 @@ impl Validator<'_> {
                 )
             })?;
 
+        if let Some(name) = credential_in_query(base_url.as_str()) {
+            return Err(self.err("base_url", credential_in_url(&name)));
+        }
         let origin_of = |key: &str, text: &str| -> Result<url::Origin, ContractError> {
             url::Url::parse(text)
                 .ok()
@@ -2516,6 +2538,9 @@ impl Validator<'_> {
         });
         for (key, t, url) in templates {
             self.placeholder_sources(&c, key, t)?;
+            if url && let Some(name) = credential_in_query(t) {
+                return Err(self.err(key, credential_in_url(&name)));
+            }
             // Without create.job_id the job is known by its status URL: there is no id to place.
             if c.create.job_id.is_none() && (t.contains("{job_id}") || t.contains("{job_id_path}"))
             {

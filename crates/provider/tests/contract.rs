@@ -361,6 +361,36 @@ fn a_credential_in_the_fixed_query_is_refused_without_its_value() {
         assert!(err.contains(key) && err.contains("[auth]"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
     }
+    // Nor written into a URL: the base URL, a path or a URL template's own query.
+    for (from, to, key) in [
+        (
+            "base_url = \"http://127.0.0.1:8700\"",
+            "base_url = \"http://127.0.0.1:8700/?code=hunter2-SECRET\"",
+            "base_url",
+        ),
+        (
+            "path = \"/v1/jobs\"",
+            "path = \"/v1/jobs?x=1&code=hunter2-SECRET\"",
+            "create.path",
+        ),
+        (
+            "url = \"/v1/jobs/{job_id}\"",
+            "url = \"/v1/jobs/{job_id}?api_key=hunter2-SECRET\"",
+            "status.url",
+        ),
+    ] {
+        assert!(sim_text().contains(from), "{from}");
+        let err = parse(&sim_text().replacen(from, to, 1)).unwrap_err();
+        assert!(err.contains(key) && err.contains("[auth]"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    let c = parse(&sim_text().replacen(
+        "url = \"/v1/jobs/{job_id}\"",
+        "url = \"/v1/jobs/{job_id}?keyword=x&languageCode=en\"",
+        1,
+    ))
+    .unwrap();
+    assert!(c.status.url.contains("keyword=x"));
     // A name that only contains such a word is no credential.
     let c = parse(&with_query(
         r#"{ "api-version" = "2024-01-01", languageCode = "en", keyword = "x" }"#,
