@@ -205,7 +205,6 @@ async fn drill_a_result_that_keeps_killing_its_workers_is_held_for_a_person() {
     );
     let done = env.wait_settled(op.id, T).await;
     assert_eq!(done.state, State::Succeeded, "{}", env.logs());
-    assert_eq!(done.takeovers, 0, "a step written clears the count");
     assert_eq!(fetched(), Some(4));
     let calls = env.store.calls(op.id).await.unwrap();
     assert!(
@@ -242,6 +241,13 @@ async fn drill_a_result_beyond_the_workers_check_memory_is_held_not_parsed() {
     assert_eq!(held.state, State::ResultStalled, "{}", env.logs());
     let last = env.store.history(large.id).await.unwrap().pop().unwrap();
     assert_eq!(last.event, "result_beyond_check_memory");
+    let kept = last.detail["evidence"]["kept_for_inspection"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", last.detail));
+    assert!(
+        kept.starts_with("postgres:operation_results/"),
+        "kept for inspection: {kept}"
+    );
     let reason = held.escalation_reason.clone().unwrap();
     assert!(reason.contains("more than the 1 MiB"), "{reason}");
     assert_eq!(

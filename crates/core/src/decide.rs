@@ -438,7 +438,7 @@ pub fn after_create(
     op: &OperationRecord,
     policy: &Policy,
     called: Called<CreateOutcome>,
-    kept: Option<(Result<Kept, String>, bool)>,
+    kept: Option<Result<Kept, String>>,
     now: DateTime<Utc>,
     draw: f64,
 ) -> Plan {
@@ -466,7 +466,7 @@ pub fn after_create(
             retry_after.map(|d| policy.retry_after.clamp(d)),
         ),
         CreateOutcome::Completed { job_id, result } => match kept {
-            Some((Ok(k), valid)) => completed(op, job_id, &result, (k, valid), &mut context),
+            Some(Ok(k)) => completed(op, job_id, &result, k, &mut context),
             // The job is done but its answer could not be kept: what we know is "created, result not
             // held", which reconciliation settles.
             _ => Plan::write(
@@ -517,7 +517,7 @@ fn completed(
     op: &OperationRecord,
     job_id: Option<String>,
     result: &FetchedResult,
-    (k, valid): (Kept, bool),
+    k: Kept,
     context: &mut Option<serde_json::Value>,
 ) -> Plan {
     let mut ctx = context
@@ -528,7 +528,7 @@ fn completed(
     }
     ctx["sync_result"] = serde_json::json!({
         "location": k.location, "size": k.size, "sha256": k.sha256,
-        "content_type": result.content_type, "valid": valid,
+        "content_type": result.content_type,
     });
     *context = Some(ctx);
     Plan::write(Step {
@@ -717,7 +717,7 @@ pub fn after_resend(
     policy: &Policy,
     called: Called<CreateOutcome>,
     lookup: Option<(Option<Vec<String>>, CallRecord, Option<serde_json::Value>)>,
-    kept: Option<(Result<Kept, String>, bool)>,
+    kept: Option<Result<Kept, String>>,
     now: DateTime<Utc>,
 ) -> Plan {
     let Called {
@@ -783,9 +783,7 @@ pub fn after_resend(
                         other_job_id: job_id,
                     }))
                 }
-                (None, job_id, Some((Ok(k), valid))) => {
-                    completed(op, job_id, &result, (k, valid), &mut context)
-                }
+                (None, job_id, Some(Ok(k))) => completed(op, job_id, &result, k, &mut context),
                 _ => Plan::write(inconclusive(
                     op,
                     policy,
@@ -1255,6 +1253,8 @@ pub enum Collected {
     /// never parsed.
     BeyondCheckMemory {
         room: u64,
+        /// Where its bytes are kept for inspection, where they could be.
+        kept: Option<Kept>,
     },
     /// It will not become available (404, 410, no URL, a kept result unreadable).
     Unavailable {
@@ -1349,9 +1349,13 @@ pub fn after_collect(
                 "the result is larger than the contract's limit of {limit} bytes"
             )],
         }),
-        Collected::BeyondCheckMemory { room } => {
-            Step::event(Event::ResultBeyondCheckMemory { room_bytes: room })
-        }
+        Collected::BeyondCheckMemory { room, kept } => Step {
+            detail: kept.as_ref().map(
+                |k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256}),
+            ),
+            result_bytes: kept.and_then(|k| k.bytes),
+            ..Step::event(Event::ResultBeyondCheckMemory { room_bytes: room })
+        },
         Collected::Unavailable { reason } => Step::event(Event::ResultUnavailable { why: reason }),
         Collected::Refused { url } => Step {
             detail: Some(serde_json::json!({"refused_url": url})),

@@ -106,7 +106,7 @@ states! {
     /// would take more memory than a worker gives that (`--check-mib`), or workers were lost
     /// holding the operation several times in a row while collecting it, none recording a step
     /// (killed, by the memory limit say, or stalled past the lease). Held for a person: make room
-    /// (the workers' memory, the contract's result limit) and resume, or abandon.
+    /// (the workers' memory, their `--check-mib`) and resume, or abandon.
     ResultStalled = "result_stalled", Human;
     /// Remote success and a fetched, validated, stored result.
     Succeeded = "succeeded", Nobody;

@@ -382,12 +382,7 @@ fn observing_states_notice_deadlines_and_pending_cancels_first() {
 // ---- after_*: what each answer means -----------------------------------------------------------
 
 /// (outcome, where a synchronous result was kept and whether it is valid, cancel pending, event).
-type CreateCase = (
-    CreateOutcome,
-    Option<(Result<Kept, String>, bool)>,
-    bool,
-    EventKind,
-);
+type CreateCase = (CreateOutcome, Option<Result<Kept, String>>, bool, EventKind);
 
 #[test]
 fn create_outcomes_map_to_one_event_each() {
@@ -416,7 +411,7 @@ fn create_outcomes_map_to_one_event_each() {
                 job_id: None,
                 result: fetched.clone(),
             },
-            Some((Ok(kept()), true)),
+            Some(Ok(kept())),
             false,
             EventKind::CreateCompleted,
         ),
@@ -425,7 +420,7 @@ fn create_outcomes_map_to_one_event_each() {
                 job_id: None,
                 result: fetched,
             },
-            Some((Err("disk full".into()), true)),
+            Some(Err("disk full".into())),
             false,
             EventKind::CreateAmbiguous,
         ),
@@ -762,7 +757,7 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
     ];
     for (outcome, looked_up, expected) in cases {
         let what = format!("{outcome:?} after {looked_up:?}");
-        let kept = matches!(outcome, CreateOutcome::Completed { .. }).then(|| (Ok(kept()), true));
+        let kept = matches!(outcome, CreateOutcome::Completed { .. }).then(|| Ok(kept()));
         let plan = after_resend(
             &op,
             &policy(),
@@ -1207,7 +1202,10 @@ fn collection_outcomes_map_to_one_event_each() {
         // Parsed, it would take more than the worker's room for checks: held, never parsed.
         (
             &op,
-            Collected::BeyondCheckMemory { room: 256 << 20 },
+            Collected::BeyondCheckMemory {
+                room: 256 << 20,
+                kept: Some(kept()),
+            },
             EventKind::ResultBeyondCheckMemory,
         ),
         // "Not now" spends no failure, even with the budget spent, until the result deadline.

@@ -60,6 +60,12 @@ pub(crate) fn plan<'s>(
     let now = storable(locked.db_now);
     let mut rec: OperationRecord = locked.row.try_into()?;
     let epoch = rec.lease_epoch;
+    // A step that records something (an event, a call) shows its holder was not lost (see
+    // operation_claim_*.sql). A deferral records nothing: a holder that keeps deferring, then dies
+    // checking, is still counted.
+    if step.event.is_some() || step.call.is_some() {
+        rec.takeovers = 0;
+    }
     // A webhook arrived while this lease was held (see `operation_poke_by_remote_job.sql`).
     let poked = rec.next_action_reason == WEBHOOK_WHILE_LEASED;
 
@@ -613,6 +619,7 @@ async fn update_row(
         .bind(r.reconcile_attempts)
         .bind(r.calls_seq)
         .bind(r.calls_head.as_slice())
+        .bind(r.takeovers)
         .fetch_optional(&mut **tx)
         .await?;
     match done {
@@ -923,6 +930,7 @@ pub(crate) async fn execute_many(
                 .map(|x| x.calls_head.as_slice())
                 .collect::<Vec<_>>(),
         )
+        .bind(r.iter().map(|x| x.takeovers).collect::<Vec<_>>())
         .execute(&mut **tx)
         .await?;
     if done.rows_affected() != planned.len() as u64 {

@@ -468,6 +468,118 @@ async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched(
     assert_eq!(applied.record.lease_owner, None, "released after the step");
 }
 
+/// A claim that takes over a lost holder's lease counts it only for a collecting operation; a step
+/// that records something clears the count, in the row and in the record its holder goes on with
+/// (a status read that moves it to collecting must not carry an old count there), alone or
+/// group-committed; a deferral, which records nothing, leaves it.
+#[tokio::test]
+async fn takeovers_of_a_collecting_operation_are_counted_until_a_step_records_something() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let short = Duration::from_millis(300);
+    let takeovers = || async { store.get(op.id).await.unwrap().takeovers };
+    // Lost in create_pending: not counted.
+    claim_one(&store, "a", short).await;
+    assert!(claim_one(&store, "b", short).await.taken_over);
+    assert_eq!(takeovers().await, 0, "only a collecting operation counts");
+    let c = claim_one(&store, "c", short).await;
+    let accept = Step::event(Event::CreateAccepted {
+        remote_job_id: "job_1".into(),
+        remote_state: None,
+    });
+    store.apply(&c.lease, accept).await.unwrap();
+    exec(
+        &db,
+        &format!(
+            "UPDATE operations SET state = 'result_collecting', next_action_at = now() WHERE id = '{}'",
+            op.id.as_uuid()
+        ),
+    )
+    .await
+    .unwrap();
+    // Three holders lost in a row while collecting: the second, third and fourth claims count.
+    for n in 0..4 {
+        let held = claim_one(&store, &format!("d{n}"), short).await;
+        assert_eq!(held.taken_over, n > 0);
+        assert_eq!(held.operation.takeovers, n, "claim {n}");
+    }
+    let e = claim_one(&store, "e", Duration::from_secs(60)).await;
+    assert_eq!(e.operation.takeovers, 4);
+    // A deferral records nothing.
+    let deferral = Step {
+        next_in: Some((Duration::from_millis(1), "provider call rate")),
+        keep_lease: true,
+        ..Step::default()
+    };
+    let applied = store.apply(&e.lease, deferral.clone()).await.unwrap();
+    assert_eq!(applied.record.takeovers, 4);
+    assert_eq!(takeovers().await, 4);
+    // A failed fetch is recorded: cleared, and the record says so.
+    let failed = Step {
+        keep_lease: true,
+        ..Step::event(Event::ResultFetchFailed {
+            error_class: "timeout".into(),
+        })
+    };
+    let applied = store.apply(&e.lease, failed.clone()).await.unwrap();
+    assert_eq!(applied.record.takeovers, 0);
+    assert_eq!(takeovers().await, 0);
+    // The same through a group commit, beside another operation's write.
+    exec(
+        &db,
+        &format!(
+            "UPDATE operations SET takeovers = 2 WHERE id = '{}'",
+            op.id.as_uuid()
+        ),
+    )
+    .await
+    .unwrap();
+    let other = store
+        .submit_new(
+            &submission(r#"{"n":2}"#),
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await
+        .unwrap()
+        .operation;
+    let o = claim_one(&store, "o", Duration::from_secs(60)).await;
+    assert_eq!(o.lease.operation_id, other.id);
+    let written = store
+        .apply_many(vec![
+            (e.lease.clone(), deferral),
+            (
+                o.lease.clone(),
+                Step {
+                    keep_lease: true,
+                    ..Step::default()
+                },
+            ),
+        ])
+        .await;
+    assert_eq!(written[0].as_ref().unwrap().record.takeovers, 2);
+    assert_eq!(takeovers().await, 2);
+    let written = store
+        .apply_many(vec![
+            (e.lease.clone(), failed),
+            (
+                o.lease.clone(),
+                Step {
+                    keep_lease: true,
+                    ..Step::default()
+                },
+            ),
+        ])
+        .await;
+    assert_eq!(written[0].as_ref().unwrap().record.takeovers, 0);
+    assert_eq!(takeovers().await, 0);
+}
+
 /// Each claimed operation's create accepted, its lease kept.
 async fn accept_keeping_leases(store: &Store, claimed: &[&Claimed]) {
     for c in claimed {

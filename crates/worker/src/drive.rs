@@ -240,13 +240,30 @@ impl Ctx<'_> {
         fault::point("result_fetched");
         let size = fetched.bytes.len();
         // Room for its parse, held until the check is done (see check_room.rs).
-        let _room = if self.provider.result_is_json(op) {
+        let room = if self.provider.result_is_json(op) {
             let need = off_runtime(size, || self.check_room.measure(&fetched.bytes)).await;
-            match self.check_room.take(need).await {
-                Room::Taken(room) => room,
-                Room::Beyond => {
+            // Waited for within the lease, or the next holder would count this one as lost.
+            let left = self
+                .expires
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(LEASE_MARGIN);
+            let taken = tokio::select! {
+                room = tokio::time::timeout(left, self.check_room.take(need)) => room.ok(),
+                () = self.abandon.cancelled() => None,
+            };
+            match taken {
+                Some(Room::Taken(room)) => room,
+                // Kept for inspection, and for whoever takes the result some other way.
+                Some(Room::Beyond) => {
                     return Collected::BeyondCheckMemory {
                         room: self.check_room.bytes(),
+                        kept: self.keep(op, &fetched).await.ok(),
+                    };
+                }
+                None => {
+                    return Collected::RetryLater {
+                        delay: Some(ROOM_FULL_RETRY),
+                        reason: "the worker's room for checking results stayed full until its lease ran short".into(),
                     };
                 }
             }
@@ -254,10 +271,14 @@ impl Ctx<'_> {
             None
         };
         let checked = off_runtime(size, || self.provider.check_result(op, &fetched)).await;
+        drop(room);
         let kept = self.keep(op, &fetched).await;
         Collected::from_fetched(&fetched, checked, kept)
     }
 }
+
+/// When a result that found no room to be checked in time is fetched again.
+const ROOM_FULL_RETRY: Duration = Duration::from_secs(5);
 
 /// Large results a worker measures or checks at once: each takes a thread handed over from the
 /// runtime for as long as it takes. (The memory their parsed trees take is the check room's to
@@ -530,24 +551,21 @@ async fn create(
 }
 
 /// What a create's answer (a first send or a resend) needs before its step is decided: a `429`
-/// pauses the provider fleet-wide; a synchronous answer's bytes are kept and checked against the
-/// contract's rules (`None` for any other answer).
+/// pauses the provider fleet-wide; a synchronous answer's bytes are kept (`None` for any other
+/// answer). They are checked in `result_collecting`, like any result: within the worker's check
+/// room, and counted there if checking them kills workers.
 async fn create_answered(
     ctx: &Ctx<'_>,
     op: &OperationRecord,
     called: &Called<CreateOutcome>,
-) -> Option<(Result<decide::Kept, String>, bool)> {
+) -> Option<Result<decide::Kept, String>> {
     if let CreateOutcome::RetryLater { delay, .. } = &called.outcome {
         ctx.throttled(&called.call, *delay).await;
     }
     let CreateOutcome::Completed { result, .. } = &called.outcome else {
         return None;
     };
-    let valid = off_runtime(result.bytes.len(), || {
-        matches!(ctx.provider.check_result(op, result), Checked::Valid { .. })
-    })
-    .await;
-    Some((ctx.keep(op, result).await, valid))
+    Some(ctx.keep(op, result).await)
 }
 
 async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {

@@ -10,7 +10,9 @@
 -- epoch is kept: that send's outcome was never recorded, and the new owner must treat it as unknown.
 -- Returns the database clock, from which the worker carries its one decision clock, and for the
 -- metrics: when each row was due (claim lag) and whether it still named another owner (a takeover:
--- that owner's lease ran out; a released lease names none).
+-- that owner's lease ran out; a released lease names none). A takeover of a collecting operation is
+-- counted in `takeovers` (migration 0034): a holder lost checking a result may have been killed by
+-- it; a step that records something clears the count (write.rs).
 WITH due AS (
     SELECT o.id, o.next_action_at AS was_due, o.lease_owner IS NOT NULL AS taken_over
     FROM operation_schedule q
@@ -31,7 +33,7 @@ SET lease_owner       = $1,
     next_action_at    = now() + make_interval(secs => $3),
     create_sent_epoch = CASE WHEN o.state = 'create_pending'
                              THEN coalesce(o.create_sent_epoch, o.lease_epoch + 1) END,
-    takeovers         = o.takeovers + due.taken_over::int
+    takeovers         = o.takeovers + (due.taken_over AND o.state = 'result_collecting')::int
 FROM due
 WHERE o.id = due.id
 RETURNING now() AS db_now, due.was_due, due.taken_over, o.*

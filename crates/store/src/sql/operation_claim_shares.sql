@@ -60,7 +60,7 @@ SET lease_owner       = $1,
     next_action_at    = now() + make_interval(secs => $3),
     create_sent_epoch = CASE WHEN o.state = 'create_pending'
                              THEN coalesce(o.create_sent_epoch, o.lease_epoch + 1) END,
-    takeovers         = o.takeovers + due.taken_over::int
+    takeovers         = o.takeovers + (due.taken_over AND o.state = 'result_collecting')::int
 FROM due
 WHERE o.id = due.id
 RETURNING now() AS db_now, due.was_due, due.taken_over, o.*

@@ -13,8 +13,6 @@ UPDATE operations SET
     result_summary = $33, superseded_by = $34, result_deadline = $35, create_deadline = $36,
     history_seq = $37, history_head = $38,
     create_sent_epoch = $39, poll_not_before = $40, reconcile_attempts = $41,
-    calls_seq = $42, calls_head = $43,
-    -- A step written: its holder was not lost (see operation_claim_*.sql).
-    takeovers = 0
+    calls_seq = $42, calls_head = $43, takeovers = $44
 WHERE id = $1 AND lease_epoch = $2
 RETURNING id

@@ -19,7 +19,7 @@ UPDATE operations o SET
     create_deadline = u.create_deadline, history_seq = u.history_seq, history_head = u.history_head,
     create_sent_epoch = u.create_sent_epoch, poll_not_before = u.poll_not_before,
     reconcile_attempts = u.reconcile_attempts, calls_seq = u.calls_seq, calls_head = u.calls_head,
-    takeovers = 0
+    takeovers = u.takeovers
 FROM UNNEST(
     $1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[],
     $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::jsonb[], $13::timestamptz[],
@@ -27,7 +27,7 @@ FROM UNNEST(
     $21::int[], $22::int[], $23::text[], $24::timestamptz[], $25::timestamptz[], $26::text[],
     $27::text[], $28::timestamptz[], $29::text[], $30::bigint[], $31::text[], $32::text[],
     $33::jsonb[], $34::uuid[], $35::timestamptz[], $36::timestamptz[], $37::bigint[], $38::bytea[],
-    $39::bigint[], $40::timestamptz[], $41::int[], $42::bigint[], $43::bytea[]
+    $39::bigint[], $40::timestamptz[], $41::int[], $42::bigint[], $43::bytea[], $44::int[]
 ) AS u (
     id, epoch, state, state_changed_at, finished_at, escalated_at, escalation_reason, remote_job_id,
     conflicting_remote_job_id, remote_state, remote_updated_at, remote_progress, observed_at,
@@ -36,6 +36,6 @@ FROM UNNEST(
     cancel_requested_at, cancel_requested_by, cancel_reason, cancel_deadline, result_location,
     result_size, result_sha256, result_content_type, result_summary, superseded_by, result_deadline,
     create_deadline, history_seq, history_head, create_sent_epoch, poll_not_before,
-    reconcile_attempts, calls_seq, calls_head
+    reconcile_attempts, calls_seq, calls_head, takeovers
 )
 WHERE o.id = u.id AND o.lease_epoch = u.epoch
