@@ -550,34 +550,20 @@ async fn takeovers_of_a_collecting_operation_are_counted_until_a_step_records_so
         .operation;
     let o = claim_one(&store, "o", Duration::from_secs(60)).await;
     assert_eq!(o.lease.operation_id, other.id);
-    let written = store
-        .apply_many(vec![
-            (e.lease.clone(), deferral),
-            (
-                o.lease.clone(),
-                Step {
-                    keep_lease: true,
-                    ..Step::default()
-                },
-            ),
-        ])
-        .await;
-    assert_eq!(written[0].as_ref().unwrap().record.takeovers, 2);
-    assert_eq!(takeovers().await, 2);
-    let written = store
-        .apply_many(vec![
-            (e.lease.clone(), failed),
-            (
-                o.lease.clone(),
-                Step {
-                    keep_lease: true,
-                    ..Step::default()
-                },
-            ),
-        ])
-        .await;
-    assert_eq!(written[0].as_ref().unwrap().record.takeovers, 0);
-    assert_eq!(takeovers().await, 0);
+    let nothing = Step {
+        keep_lease: true,
+        ..Step::default()
+    };
+    for (step, left) in [(deferral, 2), (failed, 0)] {
+        let written = store
+            .apply_many(vec![
+                (e.lease.clone(), step),
+                (o.lease.clone(), nothing.clone()),
+            ])
+            .await;
+        assert_eq!(written[0].as_ref().unwrap().record.takeovers, left);
+        assert_eq!(takeovers().await, left);
+    }
 }
 
 /// Each claimed operation's create accepted, its lease kept.
