@@ -250,6 +250,11 @@ async fn drill_a_result_beyond_the_workers_check_memory_is_held_not_parsed() {
     );
     let reason = held.escalation_reason.clone().unwrap();
     assert!(reason.contains("more than the 1 MiB"), "{reason}");
+    let log = std::fs::read_to_string(env.dir.join("narrow.log")).unwrap();
+    assert!(
+        log.contains("room for checking results: 1 MiB (--check-mib)"),
+        "the room is said at start"
+    );
     assert_eq!(
         env.wait_settled(small.id, T).await.state,
         State::Succeeded,

@@ -144,6 +144,18 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         tracing::warn!("{m}: requests naming this granted secret cannot be sent");
     }
     let shutdown = tokio_util::sync::CancellationToken::new();
+    // Said once: a result whose parse needs more is held for a person, and the default comes from
+    // the cgroup, which an operator should be able to check against the pod's limit.
+    tracing::info!(
+        check_mib = config.check_bytes >> 20,
+        "room for checking results: {} MiB ({})",
+        config.check_bytes >> 20,
+        if a.check_mib.is_some() {
+            "--check-mib"
+        } else {
+            "half the container's memory limit, else 1024"
+        }
+    );
     let worker = jobtrail_worker::Worker::new(store, registry, results, config);
     if let Some(addr) = a.ops_listen {
         let (heartbeat, limit) = worker.heartbeat();
