@@ -1297,6 +1297,18 @@ impl Collected {
     }
 }
 
+/// `step`, recording where a result that is not the operation's result was kept for inspection
+/// (its bytes stored with the step, where the database keeps them).
+fn for_inspection(kept: Option<Kept>, step: Step) -> Step {
+    Step {
+        detail: kept
+            .as_ref()
+            .map(|k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256})),
+        result_bytes: kept.and_then(|k| k.bytes),
+        ..step
+    }
+}
+
 /// The step for result collection (state `result_collecting`). `call`: the fetch, if one was made
 /// (a synchronous result kept at create needs none).
 ///
@@ -1337,25 +1349,18 @@ pub fn after_collect(
         Collected::Valid { kept: Err(e), .. } => {
             failed_fetch(op, policy, format!("result store: {e}"), None, draw)
         }
-        Collected::Invalid { violations, kept } => Step {
-            detail: kept.as_ref().map(
-                |k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256}),
-            ),
-            result_bytes: kept.and_then(|k| k.bytes),
-            ..Step::event(Event::ResultInvalid { violations })
-        },
+        Collected::Invalid { violations, kept } => {
+            for_inspection(kept, Step::event(Event::ResultInvalid { violations }))
+        }
         Collected::TooLarge { limit } => Step::event(Event::ResultInvalid {
             violations: vec![format!(
                 "the result is larger than the contract's limit of {limit} bytes"
             )],
         }),
-        Collected::BeyondCheckMemory { room, kept } => Step {
-            detail: kept.as_ref().map(
-                |k| serde_json::json!({"kept_for_inspection": k.location, "sha256": k.sha256}),
-            ),
-            result_bytes: kept.and_then(|k| k.bytes),
-            ..Step::event(Event::ResultBeyondCheckMemory { room_bytes: room })
-        },
+        Collected::BeyondCheckMemory { room, kept } => for_inspection(
+            kept,
+            Step::event(Event::ResultBeyondCheckMemory { room_bytes: room }),
+        ),
         Collected::Unavailable { reason } => Step::event(Event::ResultUnavailable { why: reason }),
         Collected::Refused { url } => Step {
             detail: Some(serde_json::json!({"refused_url": url})),
