@@ -1020,7 +1020,7 @@ async fn a_worker_whose_every_slot_waits_on_a_slow_call_still_beats() {
         env.results.clone(),
         config,
     ));
-    let (beat, _) = w.heartbeat();
+    let beat = w.heartbeat();
     let stop = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn({
         let (w, stop) = (w.clone(), stop.clone());

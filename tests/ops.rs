@@ -7,29 +7,7 @@ mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::Env;
-
-/// The address a process printed for its operations listener (bounded wait on its log).
-fn ops_address(log: &std::path::Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        // Only a whole line: the log is read while the process writes it.
-        if let Some((line, _)) = text
-            .split("/metrics on ")
-            .nth(1)
-            .and_then(|rest| rest.split_once('\n'))
-            && let Some(base) = line.split_whitespace().next()
-        {
-            return base.to_owned();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no operations listener announced:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use support::{Env, ops_address};
 
 /// Longer than the readiness answer is cached.
 const READY_CACHE: Duration = Duration::from_millis(1100);

@@ -7,7 +7,7 @@ mod support;
 use jobtrail_core::State;
 use jobtrail_store::cluster::{Cluster, ensure_database};
 use std::time::{Duration, Instant};
-use support::Env;
+use support::{Env, ops_address};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_survives_the_database_going_away_and_coming_back() {
@@ -87,6 +87,153 @@ async fn a_worker_survives_the_database_going_away_and_coming_back() {
         w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
         Some(0)
     );
+}
+
+/// A worker and an API server started while their database is down (a pod scheduled before its
+/// database, a failover at deploy time) wait for it: alive, not ready, saying why, and at work
+/// once it is back. Exiting instead would have their orchestrator restart them ever more slowly
+/// (Kubernetes' CrashLoopBackOff: up to 5 minutes) after the database returned. What waiting
+/// cannot mend (a database that does not exist) still exits 5 at once, as `--db-wait 0s` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() {
+    let cluster = tokio::task::spawn_blocking(|| Cluster::throwaway(std::process::id()))
+        .await
+        .unwrap()
+        .unwrap();
+    ensure_database(&cluster.url("postgres"), "waited")
+        .await
+        .unwrap();
+    let url = cluster.url("waited");
+    let store = jobtrail_store::Store::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    store.close().await;
+    let env = Env::on(url.clone(), None).await;
+    let id = env
+        .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
+        .await
+        .id;
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.stop())
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Told not to wait: exit 5 at once, naming where it could not connect.
+    let mut hasty = env.spawn_worker("hasty", "5s", &[("JOBTRAIL_DB_WAIT", "0s")]);
+    let code = hasty
+        .wait_exit(Duration::from_secs(30))
+        .and_then(|s| s.code());
+    let said = std::fs::read_to_string(&hasty.log).unwrap();
+    assert_eq!(code, Some(5), "{said}");
+    assert!(said.contains("no connection to"), "{said}");
+
+    let mut w = env.spawn_worker("patient", "5s", &[("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0")]);
+    let mut api = serve_waiting(&env, "patient-api");
+    let mut quitter = env.spawn_worker("quitter", "5s", &[]);
+    let (w_ops, api_ops) = (ops_address(&w.log), ops_address(&api.log));
+    for base in [&w_ops, &api_ops] {
+        assert_eq!(status(&format!("{base}/livez")).await, 200);
+        assert_eq!(status(&format!("{base}/readyz")).await, 503);
+    }
+    let said = until_logged(&w.log, "trying again in 2 s");
+    assert!(said.contains("no connection to"), "{said}");
+    until_logged(&api.log, "trying again in 2 s");
+    // Asked to stop while waiting: it holds nothing, and goes at once.
+    until_logged(&quitter.log, "trying again in 2 s");
+    quitter.signal(libc::SIGTERM);
+    let code = quitter
+        .wait_exit(Duration::from_secs(10))
+        .and_then(|s| s.code());
+    let said = std::fs::read_to_string(&quitter.log).unwrap();
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("stopped while waiting for the database"),
+        "{said}"
+    );
+
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.start())
+        .await
+        .unwrap()
+        .unwrap();
+    let done = env.wait_settled(id, Duration::from_secs(60)).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    until_logged(&w.log, "the database answers");
+    until_logged(&api.log, "listening on");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&format!("{w_ops}/readyz")).await != 200 {
+        assert!(Instant::now() < deadline, "the worker never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(status(&format!("{api_ops}/readyz")).await, 200);
+
+    // A database that is not there at all is no outage: waiting would not mend it.
+    let mut lost = env.spawn_worker(
+        "lost",
+        "5s",
+        &[("DATABASE_URL", cluster.url("nonesuch").as_str())],
+    );
+    let code = lost
+        .wait_exit(Duration::from_secs(30))
+        .and_then(|s| s.code());
+    let said = std::fs::read_to_string(&lost.log).unwrap();
+    assert_eq!(code, Some(5), "{said}");
+    assert!(!said.contains("trying again"), "{said}");
+
+    for p in [&mut w, &mut api] {
+        p.signal(libc::SIGTERM);
+        assert_eq!(
+            p.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+            Some(0)
+        );
+    }
+}
+
+/// `jobtrail serve` with an operations listener, not waited for (it listens only once its
+/// database answers).
+fn serve_waiting(env: &Env, name: &str) -> support::WorkerProcess {
+    let log = env.dir.join(format!("{name}.log"));
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--drain", "1s"])
+        .args(["--ops-listen", "127.0.0.1:0"])
+        .env("DATABASE_URL", &env.url)
+        .env("JOBTRAIL_PROVIDERS", &env.providers)
+        .env("JOBTRAIL_SIM_TOKEN", support::TOKEN)
+        .env_remove("JOBTRAIL_OPERATOR_DATABASE_URL")
+        .env_remove("JOBTRAIL_DB_WAIT")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn jobtrail serve");
+    support::WorkerProcess {
+        child,
+        log,
+        id: name.into(),
+    }
+}
+
+async fn status(url: &str) -> u16 {
+    support::http()
+        .get(url)
+        .send()
+        .await
+        .expect("GET")
+        .status()
+        .as_u16()
+}
+
+/// The log once it says `what` (bounded).
+fn until_logged(log: &std::path::Path, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "never said {what:?}:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The database's answer is lost without a word: a COMMIT reaches the server and commits, and then

@@ -7,6 +7,7 @@ mod demo;
 mod fleet;
 mod ops;
 mod serve;
+mod start;
 mod work;
 
 use clap::{Parser, Subcommand};

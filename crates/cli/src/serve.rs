@@ -1,6 +1,7 @@
 //! `jobtrail serve` (the HTTP API with MCP over Streamable HTTP at /mcp) and `jobtrail mcp` (MCP over
 //! stdio, through the HTTP API).
 
+use crate::start::{on_signal, ops_listener};
 use jobtrail_console::shell::{self, CmdResult, exit, fail};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -120,28 +121,8 @@ pub struct ServeArgs {
           default_value_t = jobtrail_service::WEBHOOK_BODIES_PER_PROVIDER as u32,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub webhook_bodies_per_provider: u32,
-}
-
-/// Cancel `first` on SIGTERM or Ctrl-C, and `then` on a second one (a person who asks twice does
-/// not want to wait out a delay).
-pub(crate) fn on_signal(
-    first: tokio_util::sync::CancellationToken,
-    then: tokio_util::sync::CancellationToken,
-) {
-    tokio::spawn(async move {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            return;
-        };
-        for token in [first, then] {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            token.cancel();
-        }
-    });
+    #[command(flatten)]
+    pub db_wait: crate::start::DbWait,
 }
 
 pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
@@ -174,26 +155,13 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         per_address: a.max_connections_per_address.0.map(|n| n as usize),
         exempt: a.trusted_proxies.clone(),
     };
+    let db_wait = a.db_wait.parse()?;
     let registry = shell::registry(&common.providers)?;
-    let store = shell::store(common).await?;
     let contracts = registry.names().count();
     // Webhooks only hint (polling goes on without them): said, but the API stays ready for agents.
     for m in registry.unresolvable_secrets(jobtrail_provider::SecretsFor::Webhooks) {
         tracing::warn!("{m}: this provider's webhooks are refused until it is set");
     }
-    let service = match a.operator_database_url.filter(|u| !u.trim().is_empty()) {
-        Some(u) => {
-            let operator = shell::store_at(Some(&u), common.db_pool).await?;
-            jobtrail_service::Service::with_operator(store, operator, registry)
-        }
-        None => jobtrail_service::Service::new(store, registry),
-    };
-    service.set_open_per_caller(a.open_per_caller);
-    service.set_waits_per_caller(a.waits_per_caller as usize);
-    service.set_results_per_caller(a.results_per_caller as usize);
-    service.set_bodies_per_caller(a.bodies_per_caller as usize);
-    service.set_held_bytes(a.held_mib as usize * 1024 * 1024);
-    service.set_webhook_bodies_per_provider(a.webhook_bodies_per_provider as usize);
     // SIGTERM marks the process as leaving (unready); it stops accepting --stop-delay later.
     let stopping = tokio_util::sync::CancellationToken::new();
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -212,9 +180,10 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             shutdown.cancel();
         }
     });
+    // The probes answer before the database does (see `jobtrail worker`).
     if let Some(addr) = a.ops_listen {
         let probe = jobtrail_telemetry::Probe {
-            store: shell::store_at(common.database_url.as_deref(), crate::work::PROBE_POOL).await?,
+            store: shell::store_lazy(common.database_url.as_deref(), crate::work::PROBE_POOL)?,
             contracts,
             needs_contracts: false,
             unresolved_secrets: Vec::new(),
@@ -223,6 +192,28 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         };
         ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;
     }
+    let database = |url: Option<String>, pool| {
+        let stopping = stopping.clone();
+        async move { crate::start::database(url.as_deref(), pool, db_wait, &stopping).await }
+    };
+    let Some(store) = database(common.database_url.clone(), common.db_pool).await? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let service = match a.operator_database_url.filter(|u| !u.trim().is_empty()) {
+        Some(u) => {
+            let Some(operator) = database(Some(u), common.db_pool).await? else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            jobtrail_service::Service::with_operator(store, operator, registry)
+        }
+        None => jobtrail_service::Service::new(store, registry),
+    };
+    service.set_open_per_caller(a.open_per_caller);
+    service.set_waits_per_caller(a.waits_per_caller as usize);
+    service.set_results_per_caller(a.results_per_caller as usize);
+    service.set_bodies_per_caller(a.bodies_per_caller as usize);
+    service.set_held_bytes(a.held_mib as usize * 1024 * 1024);
+    service.set_webhook_bodies_per_provider(a.webhook_bodies_per_provider as usize);
     let mcp = jobtrail_api::protected(
         axum::Router::new()
             .merge(jobtrail_mcp::http_router(
@@ -250,28 +241,6 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Start the `--ops-listen` listener (probes and metrics) until `shutdown`; says where it listens.
-pub(crate) async fn ops_listener(
-    who: &str,
-    addr: std::net::SocketAddr,
-    probe: jobtrail_telemetry::Probe,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> Result<(), shell::Failure> {
-    let bound = |e: std::io::Error| fail(exit::UNAVAILABLE, format!("--ops-listen {addr}: {e}"));
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bound)?;
-    let at = listener.local_addr().map_err(bound)?;
-    // The API's accept loop, with its timeouts: a probe or a scrape that stalls holds nothing long.
-    tokio::spawn(jobtrail_api::serve(
-        listener,
-        jobtrail_telemetry::router(probe),
-        shutdown,
-        Duration::from_secs(2),
-        jobtrail_api::Connections::default(),
-    ));
-    eprintln!("{who}: /livez, /readyz and /metrics on http://{at}");
-    Ok(())
 }
 
 pub async fn mcp(d: &crate::ops::DoorArgs) -> CmdResult {

@@ -55,6 +55,8 @@ pub struct WorkerArgs {
     /// Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
     ops_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    db_wait: crate::start::DbWait,
 }
 
 /// Connections of the probes' own pool.
@@ -109,6 +111,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     if let Some(mib) = a.check_mib {
         config.check_bytes = u64::from(mib) << 20;
     }
+    let db_wait = a.db_wait.parse()?;
     let registry = shell::registry(&common.providers)?;
     let results = match a.result_dir.filter(|d| !d.as_os_str().is_empty()) {
         Some(d) => jobtrail_worker::ResultStore::directory(d),
@@ -132,7 +135,6 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
             }
         }
     }
-    let store = shell::store(common).await?;
     let contracts_loaded = registry.names().count();
     // A secret a contract names and this process cannot read fails every call to that provider
     // unsent: said now, and the worker stays unready (a rollout stops here, old pods keep working).
@@ -144,6 +146,37 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         tracing::warn!("{m}: requests naming this granted secret cannot be sent");
     }
     let shutdown = tokio_util::sync::CancellationToken::new();
+    let loop_stop = tokio_util::sync::CancellationToken::new();
+    crate::start::on_signal(loop_stop.clone(), loop_stop.clone());
+    // The probes answer before the database does: alive while this process waits for it at start
+    // (a restart would not bring it sooner), not ready until it works.
+    let heartbeat = Arc::new(std::sync::OnceLock::<Arc<jobtrail_worker::Heartbeat>>::new());
+    if let Some(addr) = a.ops_listen {
+        let beat = heartbeat.clone();
+        let probe = jobtrail_telemetry::Probe {
+            store: shell::store_lazy(common.database_url.as_deref(), PROBE_POOL)?,
+            contracts: contracts_loaded,
+            needs_contracts: true,
+            unresolved_secrets: unresolved_secrets.clone(),
+            stopping: None,
+            liveness: Some((
+                Arc::new(move || beat.get().map_or(Duration::ZERO, |h| h.silence())),
+                config.silence_limit(),
+            )),
+        };
+        crate::start::ops_listener("jobtrail worker", addr, probe, shutdown.clone()).await?;
+    }
+    let Some(store) = crate::start::database(
+        common.database_url.as_deref(),
+        common.db_pool,
+        db_wait,
+        &loop_stop,
+    )
+    .await?
+    else {
+        tracing::info!("stopped while waiting for the database: nothing was held");
+        return Ok(ExitCode::SUCCESS);
+    };
     // Said once: a result whose parse needs more is held for a person, and the default comes from
     // the cgroup, which an operator should be able to check against the pod's limit.
     tracing::info!(
@@ -157,21 +190,8 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         }
     );
     let worker = jobtrail_worker::Worker::new(store, registry, results, config);
-    if let Some(addr) = a.ops_listen {
-        let (heartbeat, limit) = worker.heartbeat();
-        let probe = jobtrail_telemetry::Probe {
-            store: shell::store_at(common.database_url.as_deref(), PROBE_POOL).await?,
-            contracts: contracts_loaded,
-            needs_contracts: true,
-            unresolved_secrets,
-            stopping: None,
-            liveness: Some((Arc::new(move || heartbeat.silence()), limit)),
-        };
-        crate::serve::ops_listener("jobtrail worker", addr, probe, shutdown.clone()).await?;
-    }
+    let _ = heartbeat.set(worker.heartbeat());
     let stop = shutdown.clone();
-    let loop_stop = tokio_util::sync::CancellationToken::new();
-    crate::serve::on_signal(loop_stop.clone(), loop_stop.clone());
     worker.run(loop_stop).await;
     // The probes answer until the worker has given its leases back.
     stop.cancel();

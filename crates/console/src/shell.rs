@@ -222,24 +222,38 @@ pub async fn store_migrated(common: &Common) -> Result<Store, Failure> {
 pub const NO_DATABASE: &str = "DATABASE_URL is not set: point it at the PostgreSQL jobtrail runs on (postgres://user@host/db?sslmode=verify-full&sslrootcert=ca.pem). To try jobtrail on this machine: export DATABASE_URL=$(jobtrail dev-db)";
 
 async fn connect(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
-    // Bad input is named before anything is looked for (a missing URL is exit 5).
+    let url = url_and_pool(url, pool)?;
+    Store::connect_with(url, pool).await.map_err(connecting)
+}
+
+/// A pool for `url` that connects on first use (the probes of a process still waiting for its
+/// database at start); a missing or bad URL is refused now all the same.
+pub fn store_lazy(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
+    let url = url_and_pool(url, pool)?;
+    Store::connect_lazy_with(url, pool).map_err(connecting)
+}
+
+/// Bad input is named before anything is looked for (a missing URL is exit 5).
+fn url_and_pool(url: Option<&str>, pool: u32) -> Result<&str, Failure> {
     if !(1..=MAX_DB_POOL).contains(&pool) {
         return Err(fail(
             exit::BAD_INPUT,
             format!("--db-pool must be between 1 and {MAX_DB_POOL}, not {pool}"),
         ));
     }
-    let url = url
-        .map(str::trim)
+    url.map(str::trim)
         .filter(|u| !u.is_empty())
-        .ok_or_else(|| fail(exit::UNAVAILABLE, NO_DATABASE))?;
-    Store::connect_with(url, pool).await.map_err(|e| Failure {
+        .ok_or_else(|| fail(exit::UNAVAILABLE, NO_DATABASE))
+}
+
+fn connecting(e: StoreError) -> Failure {
+    Failure {
         code: match e {
             StoreError::BadUrl(_) => exit::BAD_INPUT,
             _ => exit::UNAVAILABLE,
         },
         error: anyhow::Error::new(e).context("connecting to the database"),
-    })
+    }
 }
 
 /// The most database connections one process may open (PostgreSQL's own default limit is 100).

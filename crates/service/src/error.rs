@@ -237,6 +237,7 @@ impl From<StoreError> for ServiceError {
             }
             StoreError::Corrupt(_)
             | StoreError::Unavailable(_)
+            | StoreError::Unreachable(_)
             | StoreError::CommitUnknown(_)
             | StoreError::BadUrl(_)
             | StoreError::Database(_)

@@ -46,6 +46,11 @@ pub enum StoreError {
     Corrupt(String),
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// Connecting found no server that accepted a connection in time (refused, no route, no such
+    /// host yet): an outage that may end, unlike a refused login or certificate. Only connecting
+    /// says this; a process starting during it may wait (`jobtrail worker --db-wait`).
+    #[error("database unavailable: {0}")]
+    Unreachable(String),
     /// A commit's answer was lost and whether it committed could not be read back in time (a
     /// failover longer than the check): the write may or may not be there. Never retried by the
     /// writer (it would apply a second time); its operation is read afresh by whoever holds it
@@ -114,7 +119,10 @@ impl StoreError {
 
     /// Worth retrying after a pause (the database went away); everything else is not.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::Unreachable(_)
+        )
     }
 }
 

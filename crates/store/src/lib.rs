@@ -282,6 +282,53 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let (pool, opts) = Self::pool_options(url, max_connections)?;
+        match pool.connect_with(opts.clone()).await {
+            Ok(pool) => Ok(Self { pool }),
+            // No server there accepted a connection: an outage, which may end (a worker or a
+            // server starting while it lasts waits for it; see `StoreError::Unreachable`). The
+            // pool itself retries only a refused connection, until its bound.
+            Err(sqlx::Error::PoolTimedOut) => Err(StoreError::Unreachable(format!(
+                "no connection to {} within {} s: {}",
+                server_of(&opts),
+                CONNECT_WITHIN.as_secs(),
+                why_no_connection(&opts).await
+            ))),
+            // No socket file (a local server stopped), a name that does not resolve (yet), no
+            // route; or a server starting up, shutting down, or out of connections.
+            Err(e @ sqlx::Error::Io(_)) => Err(StoreError::Unreachable(format!(
+                "no connection to {}: {e}",
+                server_of(&opts)
+            ))),
+            Err(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some("57P03" | "53300")) =>
+            {
+                Err(StoreError::Unreachable(format!(
+                    "{} does not take connections now: {}",
+                    server_of(&opts),
+                    db.message()
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A pool that connects on first use, not now: for the probes of a process that is still
+    /// waiting for its database at start (`/readyz` then says why the database does not answer).
+    /// A bad URL is still refused here.
+    pub fn connect_lazy_with(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let (pool, opts) = Self::pool_options(url, max_connections)?;
+        Ok(Self {
+            pool: pool.connect_lazy_with(opts),
+        })
+    }
+
+    /// The pool's settings for `url`: bounded waits everywhere, and the session set-up every
+    /// connection gets.
+    fn pool_options(
+        url: &str,
+        max_connections: u32,
+    ) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
         refuse_bad_url(url)?;
         let mut opts =
             PgConnectOptions::from_str(url).map_err(|e| StoreError::BadUrl(e.to_string()))?;
@@ -335,19 +382,8 @@ impl Store {
                         Err(_) => Err(sqlx::Error::PoolTimedOut),
                     }
                 })
-            })
-            .connect_with(opts.clone())
-            .await;
-        match pool {
-            Ok(pool) => Ok(Self { pool }),
-            Err(sqlx::Error::PoolTimedOut) => Err(StoreError::Unavailable(format!(
-                "no connection to {} within {} s: {}",
-                server_of(&opts),
-                CONNECT_WITHIN.as_secs(),
-                why_no_connection(&opts).await
-            ))),
-            Err(e) => Err(e.into()),
-        }
+            });
+        Ok((pool, opts))
     }
 
     /// Apply pending migrations: the only thing that changes the schema (`jobtrail migrate`, run
@@ -2126,7 +2162,10 @@ pub(crate) async fn calls_of<'c, E: sqlx::PgExecutor<'c>>(
 /// its id, its terms), not the database failing under the whole batch.
 fn item_or_whole(i: usize, e: &StoreError) -> Option<usize> {
     match e {
-        StoreError::Database(_) | StoreError::Unavailable(_) | StoreError::Corrupt(_) => None,
+        StoreError::Database(_)
+        | StoreError::Unavailable(_)
+        | StoreError::Unreachable(_)
+        | StoreError::Corrupt(_) => None,
         _ => Some(i),
     }
 }

@@ -127,6 +127,13 @@ impl WorkerConfig {
             check_bytes: check_room::default_check_bytes(),
         }
     }
+
+    /// The longest silence of a live service loop's heartbeat: an idle wait, a step's whole
+    /// lease, and a minute of margin (claims retried while the database is away back off for at
+    /// most 5 s and still beat).
+    pub fn silence_limit(&self) -> Duration {
+        self.idle + self.lease + Duration::from_secs(60)
+    }
 }
 
 /// Counters of what a worker did.
@@ -302,14 +309,9 @@ impl Worker {
         &self.config.id
     }
 
-    /// The service loop's heartbeat, and the longest silence a live loop can have: an idle wait,
-    /// a step's whole lease, and a minute of margin (claims retried while the database is away
-    /// back off for at most 5 s and still beat).
-    pub fn heartbeat(&self) -> (Arc<Heartbeat>, Duration) {
-        (
-            self.heartbeat.clone(),
-            self.config.idle + self.config.lease + Duration::from_secs(60),
-        )
+    /// The service loop's heartbeat (see [`WorkerConfig::silence_limit`]).
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.heartbeat.clone()
     }
 
     /// Drive one claimed operation (all its immediate steps). `sent`: when the claim was sent (the
