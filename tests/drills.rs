@@ -223,6 +223,46 @@ async fn drill_a_result_that_keeps_killing_its_workers_is_held_for_a_person() {
     );
 }
 
+/// Results' bytes are held from their fetch until their step is written, within a room of the
+/// worker's (half its check room): a fetch first takes the most its contract lets the result be.
+/// With room for one 1 MiB result (the sim contract's `max_bytes`), four due results are fetched
+/// one at a time, and every one succeeds; a worker with room for them fetches them together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_results_bytes_in_flight_stay_within_the_workers_room() {
+    let env = Env::new().await;
+    let slow_download = serde_json::json!({"duration_ms": 100, "result_delay_ms": 700});
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(env.submit("sim", slow_download.clone(), |_| {}).await.id);
+    }
+    let mut narrow = env.spawn_worker("narrow-bytes", "30s", &[("JOBTRAIL_CHECK_MIB", "2")]);
+    for id in &ids {
+        let done = env.wait_settled(*id, T).await;
+        assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    }
+    assert_eq!(
+        env.sim.ledger().max_results_in_flight,
+        1,
+        "a 1 MiB room holds one 1 MiB result at a time"
+    );
+    narrow.signal(libc::SIGTERM);
+    assert!(narrow.wait_exit(Duration::from_secs(30)).is_some());
+
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(env.submit("sim", slow_download.clone(), |_| {}).await.id);
+    }
+    let _roomy = env.spawn_worker("roomy-bytes", "30s", &[("JOBTRAIL_CHECK_MIB", "64")]);
+    for id in &ids {
+        let done = env.wait_settled(*id, T).await;
+        assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    }
+    assert!(
+        env.sim.ledger().max_results_in_flight > 1,
+        "a 32 MiB room fetches them together"
+    );
+}
+
 /// A result whose parse would take more memory than the worker gives the results it checks is
 /// never parsed: it is held for a person at once, no worker killed, while a small result on the
 /// same worker is checked as ever; resumed where there is room, it is collected.

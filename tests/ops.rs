@@ -283,7 +283,11 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
             vec![("JOBTRAIL_DB_POOL", "many")],
             "--db-pool",
         ),
-        (vec!["worker"], vec![("JOBTRAIL_DB_WAIT", "soon")], "--db-wait"),
+        (
+            vec!["worker"],
+            vec![("JOBTRAIL_DB_WAIT", "soon")],
+            "--db-wait",
+        ),
         (
             vec!["serve", "--listen", "127.0.0.1:0"],
             vec![("JOBTRAIL_DB_WAIT", "-5s")],

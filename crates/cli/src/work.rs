@@ -47,7 +47,9 @@ pub struct WorkerArgs {
     /// half the container's memory limit, else 1024). Each parse is measured first, without
     /// building it, and waits for its share; a result whose parse would take more than all of it
     /// (millions of small values: some thirty times its bytes) is never parsed and is held for a
-    /// person (result_stalled). Keep the pod's memory limit above it.
+    /// person (result_stalled). Half as much again bounds results' bytes in flight, from fetch
+    /// to written: each fetch first waits for the most its contract lets the result be. Keep the
+    /// pod's memory limit above both.
     #[arg(long, env = "JOBTRAIL_CHECK_MIB",
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     check_mib: Option<u32>,

@@ -112,8 +112,13 @@ impl Plan {
 /// operation is due again then, and gives its slot back meanwhile. A create's "may have been sent"
 /// mark, which the claim set for this epoch, is cleared: provably nothing left.
 pub fn deferred(call: &Call, wait: Duration) -> Plan {
+    deferred_for(call, wait, "provider call rate")
+}
+
+/// [`deferred`], for `why` (the worker's own room for a result's bytes was full, say).
+pub fn deferred_for(call: &Call, wait: Duration, why: &'static str) -> Plan {
     Plan::write(Step {
-        next_in: Some((wait, "provider call rate")),
+        next_in: Some((wait, why)),
         send_mark: match call {
             Call::Create { .. } => SendMark::Clear,
             _ => SendMark::Keep,

@@ -101,6 +101,8 @@ pub struct Ledger {
     pub throttled_ms: Vec<u64>,
     /// Every webhook delivery the simulator made, in order.
     pub webhooks: Vec<webhook::Sent>,
+    /// The most result downloads in flight at once, across every job.
+    pub max_results_in_flight: u32,
 }
 
 impl Ledger {
@@ -167,6 +169,8 @@ struct Inner {
     ledger: Ledger,
     /// The clock of `Ledger::arrivals_ms`.
     started: Instant,
+    /// Result downloads being answered now.
+    results_in_flight: u32,
 }
 
 /// The simulator's shared state.
@@ -218,6 +222,7 @@ impl Sim {
                 tokens: HashMap::new(),
                 ledger: Ledger::default(),
                 started: Instant::now(),
+                results_in_flight: 0,
             })),
             config: Arc::new(config),
         }
@@ -1461,6 +1466,17 @@ fn result_doc(id: &str, s: &Script) -> (Vec<u8>, &'static str) {
     (doc.to_string().into_bytes(), "application/json")
 }
 
+/// Counts a result download out when its answer is done, even if the client went away.
+struct ResultInFlight(Sim);
+
+impl Drop for ResultInFlight {
+    fn drop(&mut self) {
+        if let Ok(mut g) = self.0.inner.lock() {
+            g.results_in_flight = g.results_in_flight.saturating_sub(1);
+        }
+    }
+}
+
 async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderMap) -> Response {
     count_request(&sim, &headers);
     if !sim.authorized(&headers) {
@@ -1479,12 +1495,19 @@ async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
                 .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             return r;
         }
-        (
+        let taken = (
             job.script.clone(),
             job.phase(Instant::now()).0,
             job.request.clone(),
-        )
+        );
+        g.results_in_flight += 1;
+        g.ledger.max_results_in_flight = g.ledger.max_results_in_flight.max(g.results_in_flight);
+        taken
     };
+    let _downloading = ResultInFlight(sim.clone());
+    if script.result_delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(script.result_delay_ms)).await;
+    }
     match script.result {
         ResultAct::Fails => {
             return error(

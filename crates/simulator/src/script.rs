@@ -202,6 +202,9 @@ pub struct Script {
     pub status_faults: BTreeMap<u32, StatusFault>,
     /// Delay every status response (makes overlapping polls visible in the ledger).
     pub status_delay_ms: u64,
+    /// Delay every result response (makes overlapping downloads, across jobs, visible in the
+    /// ledger's `max_results_in_flight`).
+    pub result_delay_ms: u64,
     /// The first this many cancel calls are answered 429 with `Retry-After: 1`, nothing done.
     pub cancel_throttled: u32,
     /// The create's `202` says `Retry-After: <seconds>` (Azure's long-running operations do): a
@@ -288,6 +291,7 @@ impl Default for Script {
             expected_items_as: None,
             status_faults: BTreeMap::new(),
             status_delay_ms: 0,
+            result_delay_ms: 0,
             result_throttled: 0,
             create_retry_after: None,
             cancel_throttled: 0,

@@ -7,6 +7,11 @@
 //! handed the same result. So a large JSON result's parse is first measured without building it
 //! (`json::footprint_within`), and the check waits for that much of the room. One that would take
 //! more than the whole room is never parsed: it is held for a person (`result_stalled`).
+//!
+//! A result's bytes are held too, from its fetch until its step is written (a worker's 64 slots
+//! each fetching a 16 MiB result would hold 1 GiB before any parse): each fetch first takes the
+//! most its contract lets it be (the whole of a second room at most: such a result is fetched
+//! alone) and gives back what it did not need once it has arrived.
 
 use jobtrail_core::json::footprint_within;
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -53,6 +58,15 @@ impl CheckRoom {
         Some(u32::try_from(need.div_ceil(1024)).map_or(self.kib, |k| k.clamp(1, self.kib)))
     }
 
+    /// Wait for room for `bytes` held as they are (a result's bytes in flight), at most the whole
+    /// room: one larger than it is still taken in, alone.
+    pub(crate) async fn take_bytes(&self, bytes: u64) -> Option<SemaphorePermit<'_>> {
+        self.room
+            .acquire_many(kib_of(bytes).min(self.kib))
+            .await
+            .ok()
+    }
+
     /// Wait for `kib` of the room (as [`CheckRoom::measure`] gave it).
     pub(crate) async fn take(&self, kib: Option<u32>) -> Room<'_> {
         match kib {
@@ -62,6 +76,19 @@ impl CheckRoom {
             None => Room::Beyond,
         }
     }
+}
+
+/// What `bytes` take of a room, in whole KiB (at least 1).
+fn kib_of(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// Give back what `held` has beyond `bytes` (a result found smaller than the room taken for it).
+pub(crate) fn keep_only(held: &mut SemaphorePermit<'_>, bytes: u64) {
+    let beyond = (held.num_permits() as u64).saturating_sub(u64::from(kib_of(bytes)));
+    drop(held.split(beyond as usize));
 }
 
 /// Half the memory the process may use (its cgroup's limit, as a container's memory limit sets
@@ -137,6 +164,34 @@ mod tests {
         assert!(
             (1536..=2 * 1536).contains(&most),
             "{most} KiB at once in 4 MiB"
+        );
+    }
+
+    /// A result's bytes take the most their contract allows, the whole room at most, and give
+    /// back what they did not need once they have arrived.
+    #[tokio::test]
+    async fn bytes_take_their_most_then_only_what_came() {
+        let room = CheckRoom::new(4 << 20);
+        let free = || room.room.available_permits();
+        let mut held = room.take_bytes(16 << 20).await.expect("the whole room");
+        assert_eq!(
+            free(),
+            0,
+            "a result allowed more than the room is fetched alone"
+        );
+        keep_only(&mut held, 100 * 1024 + 1);
+        assert_eq!(free(), 4096 - 101);
+        keep_only(&mut held, 0);
+        assert_eq!(free(), 4095, "an empty result still counts 1 KiB");
+        drop(held);
+        assert_eq!(free(), 4096);
+        let _one = room.take_bytes(1 << 20).await.unwrap();
+        let _two = room.take_bytes(3 << 20).await.unwrap();
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), room.take_bytes(1))
+                .await
+                .is_err(),
+            "a full room makes the next fetch wait"
         );
     }
 

@@ -16,7 +16,7 @@
 //! on the provider. `jobtrail bench`'s `rss` phase measures what a call in flight costs.
 
 use crate::answered_within;
-use crate::check_room::{CheckRoom, Room};
+use crate::check_room::{CheckRoom, Room, keep_only};
 use crate::fault;
 use crate::metrics;
 use crate::results::{ReadError, ResultStore};
@@ -73,6 +73,11 @@ pub(crate) struct Ctx<'a> {
     pub results: &'a ResultStore,
     /// The worker's memory for parsed results being checked.
     pub check_room: &'a CheckRoom,
+    /// The worker's memory for results' bytes in flight.
+    pub bytes_room: &'a CheckRoom,
+    /// This operation's share of `bytes_room`, from before its result is fetched (or read back)
+    /// until the step carrying it is written.
+    pub holding: Option<tokio::sync::SemaphorePermit<'a>>,
     pub lease: Lease,
     pub ttl: Duration,
     /// How long a database round trip may go unanswered ([`crate::answered_within`]).
@@ -222,6 +227,29 @@ impl Ctx<'_> {
                 Err(e) => return Err(Stop::Other(e)),
             }
         }
+    }
+
+    /// Room for the bytes of `op`'s result before it is fetched or read back: the most its
+    /// contract lets it be. Waited for within the lease (less the call's own budget); `false`
+    /// when none came in time.
+    async fn take_bytes_room(&mut self, op: &OperationRecord) -> bool {
+        let most = self
+            .provider
+            .contract()
+            .result
+            .as_ref()
+            .map_or(0, |r| r.for_request(&op.request_body).max_bytes);
+        let left = self
+            .expires
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(self.call_budget() + LEASE_MARGIN);
+        let room = self.bytes_room;
+        let taken = tokio::select! {
+            room = tokio::time::timeout(left, room.take_bytes(most)) => room.ok().flatten(),
+            () = self.abandon.cancelled() => None,
+        };
+        self.holding = taken;
+        self.holding.is_some()
     }
 
     /// Keep result bytes (the database store only computes their digest; a directory makes them
@@ -432,6 +460,8 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 }
             }
         }
+        // The result's bytes this step carried are written: their room goes back.
+        ctx.holding = None;
         if !plan.go_on || !op.state.is_automated() || op.lease_owner.is_none() {
             if op.state.is_automated() && op.lease_owner.is_none() {
                 out.due_in = Some(
@@ -502,6 +532,16 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
         && let Some(wait) = Box::pin(ctx.admit(calls)).await?
     {
         return Ok(Box::new(decide::deferred(&call, wait)));
+    }
+    // A result's bytes are held from its fetch until its step is written (see check_room.rs).
+    if matches!(call, Call::FetchResult { .. } | Call::SyncResult { .. })
+        && !Box::pin(ctx.take_bytes_room(op)).await
+    {
+        return Ok(Box::new(decide::deferred_for(
+            &call,
+            ROOM_FULL_RETRY,
+            "the worker's room for results' bytes stayed full",
+        )));
     }
     Box::pin(ctx.ensure_lease(ctx.call_budget() * calls.max(1))).await?;
     match call {
@@ -661,8 +701,13 @@ async fn final_get(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Pla
     ))
 }
 
-async fn fetch_result(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
+async fn fetch_result(ctx: &mut Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
     let called = ctx.provider.fetch_result(op, ctx.at(attempt)).await;
+    // What it did not need of the room taken for it goes back now; none, if nothing came.
+    match (&called.outcome, &mut ctx.holding) {
+        (ResultOutcome::Fetched(f), Some(held)) => keep_only(held, f.bytes.len() as u64),
+        _ => ctx.holding = None,
+    }
     if let ResultOutcome::RetryLater { delay, .. } = &called.outcome {
         ctx.throttled(&called.call, *delay).await;
     }
@@ -702,7 +747,7 @@ async fn no_result(ctx: &Ctx<'_>, op: &OperationRecord) -> Box<Plan> {
 }
 
 async fn sync_result(
-    ctx: &Ctx<'_>,
+    ctx: &mut Ctx<'_>,
     op: &OperationRecord,
     location: String,
     sha256: String,
@@ -711,6 +756,9 @@ async fn sync_result(
     let collected = match Box::pin(ResultStore::read_verified(ctx.store, &location, &sha256)).await
     {
         Ok(bytes) => {
+            if let Some(held) = &mut ctx.holding {
+                keep_only(held, bytes.len() as u64);
+            }
             let fetched = FetchedResult {
                 bytes: bytes.into(),
                 content_type,

@@ -104,7 +104,8 @@ pub struct WorkerConfig {
     /// commit carrying large results), short enough that a server gone silent costs a minute.
     pub db_answer_within: Duration,
     /// Memory for results parsed to be checked, across the worker (see check_room.rs): a result
-    /// whose parse would take more is held for a person, never parsed.
+    /// whose parse would take more is held for a person, never parsed. Half as much again is the
+    /// room for results' bytes in flight, from fetch to written.
     pub check_bytes: u64,
 }
 
@@ -179,6 +180,8 @@ pub struct Worker {
     registry: Arc<Registry>,
     results: Arc<ResultStore>,
     check_room: Arc<check_room::CheckRoom>,
+    /// Results' bytes in flight (half the check room; see check_room.rs).
+    bytes_room: Arc<check_room::CheckRoom>,
     config: WorkerConfig,
     stats: Arc<Stats>,
     active: Arc<Mutex<HashMap<jobtrail_core::OperationId, Lease>>>,
@@ -293,6 +296,7 @@ impl Worker {
             registry: Arc::new(registry),
             results: Arc::new(results),
             check_room: Arc::new(check_room::CheckRoom::new(config.check_bytes)),
+            bytes_room: Arc::new(check_room::CheckRoom::new(config.check_bytes / 2)),
             config,
             stats: Arc::default(),
             active: Arc::default(),
@@ -350,6 +354,8 @@ impl Worker {
             provider: provider.as_ref(),
             results: &self.results,
             check_room: &self.check_room,
+            bytes_room: &self.bytes_room,
+            holding: None,
             lease: c.lease.clone(),
             ttl: self.config.lease,
             answer_within: self.config.db_answer_within,
