@@ -1,5 +1,5 @@
 # jobtrail's image: the three binaries (jobtrail, jobtrail-admin, jobtrail-sim) and the shipped
-# contracts, on a distroless runtime (glibc and CA certificates, no shell, no package manager),
+# contracts (in /usr/share/jobtrail/providers), on a distroless runtime (glibc and CA certificates, no shell, no package manager),
 # running as an unprivileged user. Build: docker build -t jobtrail .
 #
 # The PostgreSQL server binaries are not in the image: `jobtrail demo`, `bench` and `dev-db` (which
@@ -22,7 +22,11 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
-COPY providers /etc/jobtrail/providers
+# The shipped contracts (the simulator's, and examples) beside the binaries, not where a worker
+# looks by default (/etc/jobtrail/providers, where the chart mounts yours): a worker of this image
+# given no contracts is unready ("no provider contracts loaded"), not ready against the simulator.
+# docker-compose.yml points JOBTRAIL_PROVIDERS here.
+COPY providers /usr/share/jobtrail/providers
 # distroless's "nonroot" user (65532); the chart also sets runAsNonRoot and a read-only root.
 USER 65532:65532
 ENV JOBTRAIL_LOG_FORMAT=json

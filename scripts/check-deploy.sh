@@ -263,6 +263,12 @@ echo "== Dockerfile"
 runtime_user="$(awk '/^FROM /{stage++} stage==2 && /^USER /{print $2}' Dockerfile)"
 [ -n "$runtime_user" ] && [ "${runtime_user%%:*}" != "0" ] && [ "${runtime_user%%:*}" != "root" ] \
   || { echo "the runtime stage must run as a non-root USER" >&2; exit 1; }
+# The image puts no contracts where a worker looks by default: one given none is unready, not
+# ready against the simulator's.
+if awk '/^FROM /{stage++} stage==2' Dockerfile | grep -qE '^(COPY|ADD) .*/etc/jobtrail'; then
+  echo "the image ships contracts in /etc/jobtrail/providers" >&2
+  exit 1
+fi
 bins="$(awk '/^\[\[bin\]\]/{b=1; next} b && /^name *=/{gsub(/[" ]/,""); sub(/name=/,""); print; b=0}' crates/*/Cargo.toml)"
 for bin in $(grep -o -- '--bin [a-z-]*' Dockerfile | awk '{print $2}'); do
   echo "$bins" | grep -qx "$bin" || { echo "Dockerfile builds $bin, which no crate declares as a [[bin]]" >&2; exit 1; }
