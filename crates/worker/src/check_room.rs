@@ -91,26 +91,59 @@ pub(crate) fn keep_only(held: &mut SemaphorePermit<'_>, bytes: u64) {
     drop(held.split(beyond as usize));
 }
 
-/// Half the memory the process may use (its cgroup's limit, as a container's memory limit sets
-/// it: cgroup v2's `memory.max`, else v1's `memory.limit_in_bytes`), else 1 GiB: the default room
-/// when no `--check-mib` is given.
+/// Half the memory the process may use (the tightest memory limit on its cgroup and the cgroups
+/// above it: a container's memory limit, a systemd unit's `MemoryMax`), else 1 GiB: the default
+/// room when no `--check-mib` is given.
 pub fn default_check_bytes() -> u64 {
-    [
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ]
-    .iter()
-    .find_map(|f| std::fs::read_to_string(f).ok())
-    .map_or(1 << 30, |text| room_for_limit(&text))
+    memory_limit(&|path| std::fs::read_to_string(path).ok()).map_or(1 << 30, |limit| limit / 2)
 }
 
-/// Half a cgroup's memory limit; 1 GiB where it sets none (v2 says `max`, v1 a number near
-/// 2^63).
-fn room_for_limit(text: &str) -> u64 {
-    match text.trim().parse::<u64>() {
-        Ok(limit) if limit < 1 << 50 => limit / 2,
-        _ => 1 << 30,
+/// The tightest memory limit on the cgroup `/proc/self/cgroup` names and on each above it: cgroup
+/// v2's `memory.max` under `/sys/fs/cgroup`, else v1's `memory.limit_in_bytes` under
+/// `/sys/fs/cgroup/memory`. Reading only the mount's root would miss a limit set below it (a host
+/// cgroup namespace, a systemd unit); a level whose file is missing is skipped (the kernel names
+/// a v1 container's cgroup by its host path, which its own mount does not have). `read`: the
+/// file system, or a test's.
+fn memory_limit(read: &dyn Fn(&str) -> Option<String>) -> Option<u64> {
+    let cgroups = read("/proc/self/cgroup").unwrap_or_default();
+    let v2 = cgroups.lines().find_map(|l| l.strip_prefix("0::"));
+    let v1 = cgroups.lines().find_map(|l| {
+        let mut fields = l.splitn(3, ':').skip(1);
+        let (controllers, path) = (fields.next()?, fields.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path)
+    });
+    for (path, root, file) in [
+        (v2, "/sys/fs/cgroup", "memory.max"),
+        (v1, "/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+    ] {
+        let Some(path) = path else { continue };
+        let mut dir = path.trim().trim_end_matches('/').to_owned();
+        let (mut read_any, mut tightest) = (false, None::<u64>);
+        loop {
+            if let Some(text) = read(&format!("{root}{dir}/{file}")) {
+                read_any = true;
+                if let Some(limit) = limit_of(&text) {
+                    tightest = Some(tightest.map_or(limit, |t| t.min(limit)));
+                }
+            }
+            if dir.is_empty() {
+                break;
+            }
+            dir.truncate(dir.rfind('/').unwrap_or(0));
+        }
+        if read_any {
+            return tightest;
+        }
     }
+    None
+}
+
+/// A cgroup file's memory limit; `None` where it sets none (v2 says `max`, v1 a number near 2^63).
+fn limit_of(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok().filter(|l| *l < 1 << 50)
 }
 
 #[cfg(test)]
@@ -195,12 +228,62 @@ mod tests {
         );
     }
 
-    /// The default room is half a container's memory limit, and 1 GiB where none is set.
+    /// The default room is half the tightest memory limit on the process's cgroup or any above
+    /// it (cgroup v2, else v1), read where `/proc/self/cgroup` says; 1 GiB where none is set.
     #[test]
-    fn the_default_room_is_half_the_containers_limit() {
-        assert_eq!(room_for_limit("536870912\n"), 256 << 20);
-        assert_eq!(room_for_limit("max\n"), 1 << 30);
-        assert_eq!(room_for_limit("9223372036854771712\n"), 1 << 30);
-        assert_eq!(room_for_limit(""), 1 << 30);
+    fn the_default_room_is_half_the_tightest_limit_above_the_process() {
+        let limit = |files: &[(&str, &str)]| {
+            let files: std::collections::HashMap<String, String> = files
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            memory_limit(&|p| files.get(p).cloned())
+        };
+        // A container with its own cgroup namespace: the root of its mount.
+        let container = [
+            ("/proc/self/cgroup", "0::/\n"),
+            ("/sys/fs/cgroup/memory.max", "536870912\n"),
+        ];
+        assert_eq!(limit(&container), Some(512 << 20));
+        // A host namespace, or a systemd unit's MemoryMax: set below the root.
+        let unit = [
+            ("/proc/self/cgroup", "0::/system.slice/jobtrail.service\n"),
+            ("/sys/fs/cgroup/memory.max", "max\n"),
+            ("/sys/fs/cgroup/system.slice/memory.max", "max\n"),
+            (
+                "/sys/fs/cgroup/system.slice/jobtrail.service/memory.max",
+                "1073741824\n",
+            ),
+        ];
+        assert_eq!(limit(&unit), Some(1 << 30));
+        // A tighter limit above wins.
+        let slice = [
+            ("/proc/self/cgroup", "0::/kubepods/pod1/c1\n"),
+            ("/sys/fs/cgroup/kubepods/pod1/memory.max", "268435456\n"),
+            ("/sys/fs/cgroup/kubepods/pod1/c1/memory.max", "max\n"),
+        ];
+        assert_eq!(limit(&slice), Some(256 << 20));
+        // v1 (beside an empty v2 hierarchy), named by a host path its mount lacks: the levels
+        // there are read.
+        let v1 = [
+            (
+                "/proc/self/cgroup",
+                "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n",
+            ),
+            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "134217728\n"),
+        ];
+        assert_eq!(limit(&v1), Some(128 << 20));
+        let v1_unlimited = [
+            ("/proc/self/cgroup", "4:memory:/\n"),
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+        ];
+        assert_eq!(limit(&v1_unlimited), None);
+        assert_eq!(limit(&[]), None);
+        assert_eq!(limit(&[("/proc/self/cgroup", "garbage")]), None);
+        // This machine's own answer, whatever it is, is a room of at least something.
+        assert!(default_check_bytes() > 0);
     }
 }
