@@ -5,7 +5,7 @@
 mod support;
 
 use jobtrail_core::{CancelRequest, State};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::Env;
 
 const T: Duration = Duration::from_secs(40);
@@ -235,7 +235,26 @@ async fn drill_results_bytes_in_flight_stay_within_the_workers_room() {
     for _ in 0..4 {
         ids.push(env.submit("sim", slow_download.clone(), |_| {}).await.id);
     }
-    let mut narrow = env.spawn_worker("narrow-bytes", "30s", &[("JOBTRAIL_CHECK_MIB", "2")]);
+    // A lease shorter than the call's budget and a margin: the wait for room extends it rather
+    // than put the fetch off (one put off would show its reason in the row for 5 s).
+    let mut narrow = env.spawn_worker("narrow-bytes", "5s", &[("JOBTRAIL_CHECK_MIB", "2")]);
+    let deadline = Instant::now() + T;
+    loop {
+        let mut settled = 0;
+        for id in &ids {
+            let op = env.store.get(*id).await.unwrap();
+            assert!(
+                !op.next_action_reason.contains("room for results' bytes"),
+                "a fetch was put off for room it could have waited for"
+            );
+            settled += usize::from(!op.state.is_automated());
+        }
+        if settled == ids.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", env.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for id in &ids {
         let done = env.wait_settled(*id, T).await;
         assert_eq!(done.state, State::Succeeded, "{}", env.logs());

@@ -232,6 +232,35 @@ fn bare(bin: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output 
     cmd.output().unwrap()
 }
 
+/// `jobtrail worker` against `url`, bounded: its exit code (`None`: still running after `limit`,
+/// and then killed) and what it logged (kept in `dir`).
+fn worker_within(url: &str, dir: &std::path::Path, limit: Duration) -> (Option<i32>, String) {
+    let log = dir.join(format!("worker-{}.log", uuid::Uuid::now_v7().simple()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+        .arg("worker")
+        .env("DATABASE_URL", url)
+        .env("JOBTRAIL_PROVIDERS", support::providers_dir())
+        .env_remove("JOBTRAIL_DB_WAIT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (code, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
 #[test]
 fn commands_on_the_database_require_database_url_and_start_no_database_of_their_own() {
     let jobtrail = env!("CARGO_BIN_EXE_jobtrail");
@@ -446,6 +475,16 @@ async fn postgres_over_tls_require_and_verify_full_work_and_a_wrong_authority_is
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{err}");
     assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // A worker waits at start for a database that is away, but not for a certificate refused or a
+    // CA file missing (the TLS library says both as I/O errors): waiting would not mend them.
+    let missing = dir.join("no-such-ca.pem");
+    for (ca, says) in [(&other_file, "certificate"), (&missing, "no such file")] {
+        let url = format!("{base}?sslmode=verify-full&sslrootcert={}", ca.display());
+        let (code, err) = worker_within(&url, &dir, Duration::from_secs(40));
+        assert_eq!(code, Some(5), "{err}");
+        assert!(!err.contains("trying again"), "{err}");
+        assert!(err.to_lowercase().contains(says), "{err}");
+    }
     let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }

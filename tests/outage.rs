@@ -120,12 +120,21 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
 
     // Told not to wait: exit 5 at once, naming where it could not connect.
     let mut hasty = env.spawn_worker("hasty", "5s", &[("JOBTRAIL_DB_WAIT", "0s")]);
+    // Told to wait 3 s: it tries again, says why, and exits 5 once no attempt may start.
+    let mut brief = env.spawn_worker("brief", "5s", &[("JOBTRAIL_DB_WAIT", "3s")]);
     let code = hasty
         .wait_exit(Duration::from_secs(30))
         .and_then(|s| s.code());
     let said = std::fs::read_to_string(&hasty.log).unwrap();
     assert_eq!(code, Some(5), "{said}");
     assert!(said.contains("no connection to"), "{said}");
+    assert!(!said.contains("trying again"), "{said}");
+    let code = brief
+        .wait_exit(Duration::from_secs(30))
+        .and_then(|s| s.code());
+    let said = std::fs::read_to_string(&brief.log).unwrap();
+    assert_eq!(code, Some(5), "{said}");
+    assert!(said.contains("trying again in 2 s"), "{said}");
 
     let mut w = env.spawn_worker("patient", "5s", &[("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0")]);
     let mut api = serve_waiting(&env, "patient-api");

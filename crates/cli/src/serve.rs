@@ -180,7 +180,9 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             shutdown.cancel();
         }
     });
-    // The probes answer before the database does (see `jobtrail worker`).
+    // The probes answer before the database does (see `jobtrail worker`); ready once the API
+    // listens.
+    let at_work = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(addr) = a.ops_listen {
         let probe = jobtrail_telemetry::Probe {
             store: shell::store_lazy(common.database_url.as_deref(), crate::work::PROBE_POOL)?,
@@ -189,6 +191,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             unresolved_secrets: Vec::new(),
             stopping: Some(stopping.clone()),
             liveness: None,
+            at_work: Some(at_work.clone()),
         };
         ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;
     }
@@ -237,6 +240,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         .local_addr()
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     eprintln!("jobtrail API listening on http://{addr} (MCP at /mcp, OpenAPI at /openapi.json)");
+    at_work.store(true, std::sync::atomic::Ordering::Relaxed);
     jobtrail_api::serve(listener, app, shutdown, drain, connections)
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;

@@ -14,9 +14,10 @@ const AGAIN_AFTER: Duration = Duration::from_secs(2);
 #[derive(clap::Args)]
 pub struct DbWait {
     /// How long to wait at start for a database that accepts no connection (refused, no route,
-    /// a name not resolving yet), trying again every few seconds and saying why: `forever`, or a
-    /// duration (0s: exit 5 at once). Meanwhile /livez answers and /readyz does not. A refused
-    /// login or certificate, or a schema this binary cannot use, exits 5 at once.
+    /// a name not resolving yet, a server starting up), trying again 2 s after each failed
+    /// attempt and saying why: `forever`, or a duration after which no attempt starts (0s: exit 5
+    /// after one). Meanwhile /livez answers and /readyz does not. A refused login, certificate or
+    /// database name, or a schema this binary cannot use, exits 5 at once.
     #[arg(long, env = "JOBTRAIL_DB_WAIT", default_value = "forever")]
     db_wait: String,
 }

@@ -47,7 +47,7 @@ pub struct WorkerArgs {
     /// half the container's memory limit, else 1024). Each parse is measured first, without
     /// building it, and waits for its share; a result whose parse would take more than all of it
     /// (millions of small values: some thirty times its bytes) is never parsed and is held for a
-    /// person (result_stalled). Half as much again bounds results' bytes in flight, from fetch
+    /// person (result_stalled). Half as much (at least 1 MiB) bounds results' bytes in flight, from fetch
     /// to written: each fetch first waits for the most its contract lets the result be. Keep the
     /// pod's memory limit above both.
     #[arg(long, env = "JOBTRAIL_CHECK_MIB",
@@ -153,6 +153,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     // The probes answer before the database does: alive while this process waits for it at start
     // (a restart would not bring it sooner), not ready until it works.
     let heartbeat = Arc::new(std::sync::OnceLock::<Arc<jobtrail_worker::Heartbeat>>::new());
+    let at_work = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(addr) = a.ops_listen {
         let beat = heartbeat.clone();
         let probe = jobtrail_telemetry::Probe {
@@ -165,6 +166,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
                 Arc::new(move || beat.get().map_or(Duration::ZERO, |h| h.silence())),
                 config.silence_limit(),
             )),
+            at_work: Some(at_work.clone()),
         };
         crate::start::ops_listener("jobtrail worker", addr, probe, shutdown.clone()).await?;
     }
@@ -193,6 +195,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     );
     let worker = jobtrail_worker::Worker::new(store, registry, results, config);
     let _ = heartbeat.set(worker.heartbeat());
+    at_work.store(true, std::sync::atomic::Ordering::Relaxed);
     let stop = shutdown.clone();
     worker.run(loop_stop).await;
     // The probes answer until the worker has given its leases back.

@@ -261,6 +261,26 @@ fn server_of(opts: &PgConnectOptions) -> String {
     }
 }
 
+/// Whether an I/O error while connecting says no server is there now (refused, reset, no route,
+/// a name that does not resolve yet, no socket file): an outage that may end. Not a certificate
+/// refused, a key or CA file missing or unreadable, permission denied: rustls reports those as
+/// I/O errors too, and waiting would not mend them.
+fn unreachable(e: &std::io::Error, opts: &PgConnectOptions) -> bool {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionRefused | ConnectionReset | ConnectionAborted | NotConnected | BrokenPipe
+        | TimedOut | UnexpectedEof | HostUnreachable | NetworkUnreachable | AddrNotAvailable => {
+            true
+        }
+        // A stopped local server leaves no socket file; over TCP a missing file is a TLS one.
+        NotFound => opts.get_socket().is_some(),
+        // getaddrinfo's failures have no kind of their own on stable Rust.
+        _ => e
+            .to_string()
+            .starts_with("failed to lookup address information"),
+    }
+}
+
 /// Why a connection per `opts` fails: the pool's retries end in "timed out" whatever the cause, so
 /// one more attempt of its own, bounded, names it (refused, no such host, TLS, ...).
 async fn why_no_connection(opts: &PgConnectOptions) -> String {
@@ -294,14 +314,21 @@ impl Store {
                 CONNECT_WITHIN.as_secs(),
                 why_no_connection(&opts).await
             ))),
-            // No socket file (a local server stopped), a name that does not resolve (yet), no
-            // route; or a server starting up, shutting down, or out of connections.
-            Err(e @ sqlx::Error::Io(_)) => Err(StoreError::Unreachable(format!(
-                "no connection to {}: {e}",
-                server_of(&opts)
-            ))),
+            Err(sqlx::Error::Io(e)) if unreachable(&e, &opts) => Err(StoreError::Unreachable(
+                format!("no connection to {}: {e}", server_of(&opts)),
+            )),
+            // A server starting up or shutting down (57P*), out of connections (53300), or a
+            // pooler in front of a server that is away (PgBouncer says 08P01, as it says a login
+            // it refused: that one is told by its words).
             Err(sqlx::Error::Database(db))
-                if matches!(db.code().as_deref(), Some("57P03" | "53300")) =>
+                if db.code().is_some_and(|c| {
+                    c.starts_with("57P")
+                        || c == "53300"
+                        || (c.starts_with("08") && {
+                            let m = db.message().to_ascii_lowercase();
+                            !m.contains("auth") && !m.contains("password")
+                        })
+                }) =>
             {
                 Err(StoreError::Unreachable(format!(
                     "{} does not take connections now: {}",

@@ -16,6 +16,7 @@ use axum::routing::get;
 use jobtrail_store::{SchemaState, Store};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
@@ -126,6 +127,9 @@ pub struct Probe {
     /// live loop stays silent. Past that `/livez` fails, so the orchestrator restarts a stuck loop
     /// (a database that is away does not count: the loop keeps going round, retrying).
     pub liveness: Option<(Liveness, Duration)>,
+    /// For a process that opens its probes before it can work (it waits for its database at
+    /// start): not ready until this is set. `None`: at work from the start.
+    pub at_work: Option<Arc<AtomicBool>>,
 }
 
 /// How long since a process's loop last went round.
@@ -203,7 +207,13 @@ async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
 
 async fn readiness(p: &Probe) -> (StatusCode, serde_json::Value) {
     let mut note = None;
-    let problem = if p.needs_contracts && p.contracts == 0 {
+    let problem = if p
+        .at_work
+        .as_ref()
+        .is_some_and(|w| !w.load(Ordering::Relaxed))
+    {
+        Some("starting: waiting for the database (the log says why)".to_owned())
+    } else if p.needs_contracts && p.contracts == 0 {
         Some("no provider contracts loaded".to_owned())
     } else if !p.unresolved_secrets.is_empty() {
         Some(format!(

@@ -4,7 +4,7 @@
 use jobtrail_store::testing::TestDb;
 use jobtrail_telemetry::{Probe, router};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -13,12 +13,15 @@ async fn livez_fails_when_the_loop_is_stuck_and_readyz_still_reads_the_database(
     let db = TestDb::new().await;
     let silent_s = Arc::new(AtomicU64::new(0));
     let s = silent_s.clone();
+    // Set once the process is at work (after its database answered at start).
+    let at_work = Arc::new(AtomicBool::new(false));
     let probe = Probe {
         store: db.store().await,
         contracts: 1,
         needs_contracts: true,
         unresolved_secrets: Vec::new(),
         stopping: None,
+        at_work: Some(at_work.clone()),
         liveness: Some((
             Arc::new(move || Duration::from_secs(s.load(Ordering::Relaxed))),
             Duration::from_secs(90),
@@ -43,6 +46,12 @@ async fn livez_fails_when_the_loop_is_stuck_and_readyz_still_reads_the_database(
         }
     };
     assert_eq!(get("/livez").await, (200, "ok\n".to_owned()));
+    // Alive, but not ready before it is at work, though the database answers.
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("starting"), "{body}");
+    at_work.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     silent_s.store(91, Ordering::Relaxed);
     let (status, body) = get("/livez").await;
     assert_eq!(status, 503);

@@ -230,9 +230,10 @@ impl Ctx<'_> {
     }
 
     /// Room for the bytes of `op`'s result before it is fetched or read back: the most its
-    /// contract lets it be. Waited for within the lease (less the call's own budget); `false`
-    /// when none came in time.
-    async fn take_bytes_room(&mut self, op: &OperationRecord) -> bool {
+    /// contract lets it be. Waited for up to [`BYTES_ROOM_WAIT`], under a lease extended to cover
+    /// the wait (the call's own budget is made sure of after it); `false` when none came in time.
+    async fn take_bytes_room(&mut self, op: &OperationRecord) -> Result<bool, Stop> {
+        Box::pin(self.ensure_lease(BYTES_ROOM_WAIT)).await?;
         let most = self
             .provider
             .contract()
@@ -242,14 +243,15 @@ impl Ctx<'_> {
         let left = self
             .expires
             .saturating_duration_since(Instant::now())
-            .saturating_sub(self.call_budget() + LEASE_MARGIN);
+            .saturating_sub(LEASE_MARGIN / 4)
+            .min(BYTES_ROOM_WAIT);
         let room = self.bytes_room;
         let taken = tokio::select! {
             room = tokio::time::timeout(left, room.take_bytes(most)) => room.ok().flatten(),
             () = self.abandon.cancelled() => None,
         };
         self.holding = taken;
-        self.holding.is_some()
+        Ok(self.holding.is_some())
     }
 
     /// Keep result bytes (the database store only computes their digest; a directory makes them
@@ -305,8 +307,12 @@ impl Ctx<'_> {
     }
 }
 
-/// When a result that found no room to be checked in time is fetched again.
+/// When a result that found no room to be checked (or fetched) in time is fetched again.
 const ROOM_FULL_RETRY: Duration = Duration::from_secs(5);
+
+/// The longest a result's fetch waits for room for its bytes (in the room's fair queue) before
+/// it is put off.
+const BYTES_ROOM_WAIT: Duration = Duration::from_secs(20);
 
 /// Large results a worker measures or checks at once: each takes a thread handed over from the
 /// runtime for as long as it takes. (The memory their parsed trees take is the check room's to
@@ -528,20 +534,21 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
         Call::SyncResult { .. } | Call::NoResult => 0,
         _ => 1,
     };
-    if calls > 0
-        && let Some(wait) = Box::pin(ctx.admit(calls)).await?
-    {
-        return Ok(Box::new(decide::deferred(&call, wait)));
-    }
     // A result's bytes are held from its fetch until its step is written (see check_room.rs).
+    // Their room is taken first: a fetch put off for want of it spends none of the call rate.
     if matches!(call, Call::FetchResult { .. } | Call::SyncResult { .. })
-        && !Box::pin(ctx.take_bytes_room(op)).await
+        && !Box::pin(ctx.take_bytes_room(op)).await?
     {
         return Ok(Box::new(decide::deferred_for(
             &call,
             ROOM_FULL_RETRY,
             "the worker's room for results' bytes stayed full",
         )));
+    }
+    if calls > 0
+        && let Some(wait) = Box::pin(ctx.admit(calls)).await?
+    {
+        return Ok(Box::new(decide::deferred(&call, wait)));
     }
     Box::pin(ctx.ensure_lease(ctx.call_budget() * calls.max(1))).await?;
     match call {

@@ -104,7 +104,7 @@ pub struct WorkerConfig {
     /// commit carrying large results), short enough that a server gone silent costs a minute.
     pub db_answer_within: Duration,
     /// Memory for results parsed to be checked, across the worker (see check_room.rs): a result
-    /// whose parse would take more is held for a person, never parsed. Half as much again is the
+    /// whose parse would take more is held for a person, never parsed. Half as much (at least 1 MiB) is the
     /// room for results' bytes in flight, from fetch to written.
     pub check_bytes: u64,
 }
