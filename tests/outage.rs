@@ -9,20 +9,26 @@ use jobtrail_store::cluster::{Cluster, ensure_database};
 use std::time::{Duration, Instant};
 use support::{Env, ops_address};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_survives_the_database_going_away_and_coming_back() {
+/// A private cluster this test may stop and start, with a migrated database `name` on it, and an
+/// environment over it.
+async fn on_a_cluster_of_its_own(name: &str) -> (Cluster, Env) {
     let cluster = tokio::task::spawn_blocking(|| Cluster::throwaway(std::process::id()))
         .await
         .unwrap()
         .unwrap();
-    ensure_database(&cluster.url("postgres"), "outage")
+    ensure_database(&cluster.url("postgres"), name)
         .await
         .unwrap();
-    let url = cluster.url("outage");
+    let url = cluster.url(name);
     let store = jobtrail_store::Store::connect(&url).await.unwrap();
     store.migrate().await.unwrap();
     store.close().await;
-    let env = Env::on(url, None).await;
+    (cluster, Env::on(url, None).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_survives_the_database_going_away_and_coming_back() {
+    let (cluster, env) = on_a_cluster_of_its_own("outage").await;
 
     let mut ids = Vec::new();
     for i in 0..20 {
@@ -96,18 +102,7 @@ async fn a_worker_survives_the_database_going_away_and_coming_back() {
 /// cannot mend (a database that does not exist) still exits 5 at once, as `--db-wait 0s` does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() {
-    let cluster = tokio::task::spawn_blocking(|| Cluster::throwaway(std::process::id()))
-        .await
-        .unwrap()
-        .unwrap();
-    ensure_database(&cluster.url("postgres"), "waited")
-        .await
-        .unwrap();
-    let url = cluster.url("waited");
-    let store = jobtrail_store::Store::connect(&url).await.unwrap();
-    store.migrate().await.unwrap();
-    store.close().await;
-    let env = Env::on(url.clone(), None).await;
+    let (cluster, env) = on_a_cluster_of_its_own("waited").await;
     let id = env
         .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
         .await
