@@ -48,7 +48,16 @@ async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_
 
     let (status, body) = get(&format!("{base}/livez")).await;
     assert_eq!((status, body.trim()), (200, "ok"));
-    let (status, body) = get(&format!("{base}/readyz")).await;
+    // The listener opens before the database is connected: ready a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = get(&format!("{base}/readyz")).await;
+        if status == 200 || Instant::now() > deadline {
+            break (status, body);
+        }
+        assert!(body.contains("starting"), "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(status, 200, "{body}");
     let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(ready["ready"], true);

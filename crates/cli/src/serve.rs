@@ -239,8 +239,9 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     let addr = listener
         .local_addr()
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
-    eprintln!("jobtrail API listening on http://{addr} (MCP at /mcp, OpenAPI at /openapi.json)");
+    // Ready before it says where it listens: whoever waits for the line finds it ready.
     at_work.store(true, std::sync::atomic::Ordering::Relaxed);
+    eprintln!("jobtrail API listening on http://{addr} (MCP at /mcp, OpenAPI at /openapi.json)");
     jobtrail_api::serve(listener, app, shutdown, drain, connections)
         .await
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;

@@ -194,6 +194,16 @@ async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
         });
         return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
     }
+    // Uncached too: a process not yet at work says so (or what stops it) without the database,
+    // and is ready the moment it starts.
+    if s.probe
+        .at_work
+        .as_ref()
+        .is_some_and(|w| !w.load(Ordering::Relaxed))
+    {
+        let (status, body) = readiness(&s.probe).await;
+        return (status, axum::Json(body)).into_response();
+    }
     let mut cached = s.ready.lock().await;
     if let Some((at, status, body)) = &*cached
         && at.elapsed() < READY_CACHE
@@ -207,19 +217,19 @@ async fn readyz(State(s): State<Arc<OpsState>>) -> Response {
 
 async fn readiness(p: &Probe) -> (StatusCode, serde_json::Value) {
     let mut note = None;
-    let problem = if p
-        .at_work
-        .as_ref()
-        .is_some_and(|w| !w.load(Ordering::Relaxed))
-    {
-        Some("starting: waiting for the database (the log says why)".to_owned())
-    } else if p.needs_contracts && p.contracts == 0 {
+    let problem = if p.needs_contracts && p.contracts == 0 {
         Some("no provider contracts loaded".to_owned())
     } else if !p.unresolved_secrets.is_empty() {
         Some(format!(
             "provider secrets missing (restart once they are set): {}",
             p.unresolved_secrets.join("; ")
         ))
+    } else if p
+        .at_work
+        .as_ref()
+        .is_some_and(|w| !w.load(Ordering::Relaxed))
+    {
+        Some("starting: waiting for the database (the log says why)".to_owned())
     } else {
         match tokio::time::timeout(DB_PROBE_TIMEOUT, p.store.schema_state()).await {
             Ok(Ok(SchemaState::Current)) => None,
