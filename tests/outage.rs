@@ -107,6 +107,14 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
         .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
         .await
         .id;
+    // Over TCP, as in a cluster: a port where nothing listens is refused, and that is waited for.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcp_url = format!("postgres://postgres@127.0.0.1:{closed}/x?sslmode=disable");
+    let mut over_tcp = env.spawn_worker("over-tcp", "5s", &[("DATABASE_URL", tcp_url.as_str())]);
     let c = cluster.clone();
     tokio::task::spawn_blocking(move || c.stop())
         .await
@@ -132,16 +140,62 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
     assert!(said.contains("trying again in 2 s"), "{said}");
 
     let mut w = env.spawn_worker("patient", "5s", &[("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0")]);
-    let mut api = serve_waiting(&env, "patient-api");
+    let mut api = serve_waiting(&env, "patient-api", "127.0.0.1:0");
     let mut quitter = env.spawn_worker("quitter", "5s", &[]);
     let (w_ops, api_ops) = (ops_address(&w.log), ops_address(&api.log));
     for base in [&w_ops, &api_ops] {
         assert_eq!(status(&format!("{base}/livez")).await, 200);
-        assert_eq!(status(&format!("{base}/readyz")).await, 503);
+        let (code, said) = answer(&format!("{base}/readyz")).await;
+        assert_eq!(code, 503, "{said}");
+        assert!(
+            said.contains("starting: waiting for the database"),
+            "{said}"
+        );
     }
     let said = until_logged(&w.log, "trying again in 2 s");
     assert!(said.contains("no connection to"), "{said}");
     until_logged(&api.log, "trying again in 2 s");
+    // An agent meanwhile is told to come back, not refused a connection.
+    let api_base = support::announced(&api.log, "bound to ");
+    let starting = support::http()
+        .get(format!("{api_base}/v1/operations"))
+        .send()
+        .await
+        .expect("GET while starting");
+    assert_eq!(starting.status(), 503);
+    assert_eq!(starting.headers()["retry-after"], "2");
+    assert_eq!(
+        starting.headers()["content-type"],
+        jobtrail_api::PROBLEM_JSON
+    );
+    let doc: serde_json::Value = starting.json().await.unwrap();
+    assert_eq!(doc["kind"], "unavailable", "{doc}");
+    assert!(
+        doc["detail"].as_str().unwrap().starts_with("starting"),
+        "{doc}"
+    );
+    // A port already taken is said at once, not once the database is back.
+    let taken = api_base.trim_start_matches("http://");
+    let mut clash = serve_waiting(&env, "clashing-api", taken);
+    let code = clash
+        .wait_exit(Duration::from_secs(10))
+        .and_then(|s| s.code());
+    let said = std::fs::read_to_string(&clash.log).unwrap();
+    assert_eq!(code, Some(5), "{said}");
+    assert!(said.contains(&format!("--listen {taken}")), "{said}");
+    assert!(!said.contains("trying again"), "{said}");
+    let said = until_logged(&over_tcp.log, "trying again in 2 s");
+    assert!(
+        said.contains(&format!("no connection to 127.0.0.1:{closed}")),
+        "{said}"
+    );
+    over_tcp.signal(libc::SIGTERM);
+    assert_eq!(
+        over_tcp
+            .wait_exit(Duration::from_secs(20))
+            .and_then(|s| s.code()),
+        Some(0)
+    );
     // Asked to stop while waiting: it holds nothing, and goes at once.
     until_logged(&quitter.log, "trying again in 2 s");
     quitter.signal(libc::SIGTERM);
@@ -170,6 +224,8 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(status(&format!("{api_ops}/readyz")).await, 200);
+    // The API itself answers on the address it held: a request without a token is refused as such.
+    assert_eq!(status(&format!("{api_base}/v1/operations")).await, 401);
 
     // A database that is not there at all is no outage: waiting would not mend it.
     let mut lost = env.spawn_worker(
@@ -193,12 +249,12 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
     }
 }
 
-/// `jobtrail serve` with an operations listener, not waited for (it listens only once its
-/// database answers).
-fn serve_waiting(env: &Env, name: &str) -> support::WorkerProcess {
+/// `jobtrail serve` on `listen` with an operations listener, not waited for (it is at work only
+/// once its database answers).
+fn serve_waiting(env: &Env, name: &str, listen: &str) -> support::WorkerProcess {
     let log = env.dir.join(format!("{name}.log"));
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_jobtrail"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--drain", "1s"])
+        .args(["serve", "--listen", listen, "--drain", "1s"])
         .args(["--ops-listen", "127.0.0.1:0"])
         .env("DATABASE_URL", &env.url)
         .env("JOBTRAIL_PROVIDERS", &env.providers)
@@ -218,13 +274,60 @@ fn serve_waiting(env: &Env, name: &str) -> support::WorkerProcess {
 }
 
 async fn status(url: &str) -> u16 {
-    support::http()
-        .get(url)
-        .send()
+    answer(url).await.0
+}
+
+/// A GET's status and body.
+async fn answer(url: &str) -> (u16, String) {
+    let r = support::http().get(url).send().await.expect("GET");
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// Connected, then held up before the schema read that follows (a lock on the migrations table,
+/// as a session left in a transaction would hold; the same path as a connection lost just after
+/// it was made): an outage like any other, waited out at start, not an exit into the
+/// orchestrator's ever slower restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_read_held_up_at_start_is_waited_out() {
+    use sqlx::Connection;
+    let env = Env::new().await;
+    let mut holder = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("LOCK TABLE _sqlx_migrations IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut holder)
         .await
-        .expect("GET")
-        .status()
-        .as_u16()
+        .unwrap();
+    let mut w = env.spawn_worker("held-up", "5s", &[("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0")]);
+    let ops = ops_address(&w.log);
+    // A session's lock waits end after 10 s; the first attempt then fails, and is tried again.
+    let said = until_logged(&w.log, "trying again in 2 s");
+    assert!(said.contains("checking the database schema"), "{said}");
+    assert_eq!(w.child.try_wait().unwrap(), None, "{said}");
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&format!("{ops}/readyz")).await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready: {}",
+            std::fs::read_to_string(&w.log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let id = env
+        .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
+        .await
+        .id;
+    assert_eq!(
+        env.wait_settled(id, Duration::from_secs(30)).await.state,
+        State::Succeeded,
+        "{}",
+        env.logs()
+    );
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(0)
+    );
 }
 
 /// The log once it says `what` (bounded).

@@ -675,12 +675,17 @@ pub fn admin_bin() -> std::path::PathBuf {
 
 /// The address a process printed for its operations listener (bounded wait on its log).
 pub fn ops_address(log: &std::path::Path) -> String {
+    announced(log, "/metrics on ")
+}
+
+/// The address a process's log names right after `marker` (waited for, bounded).
+pub fn announced(log: &std::path::Path, marker: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         // Only a whole line: the log is read while the process writes it.
         if let Some((line, _)) = text
-            .split("/metrics on ")
+            .split(marker)
             .nth(1)
             .and_then(|rest| rest.split_once('\n'))
             && let Some(base) = line.split_whitespace().next()
@@ -689,7 +694,7 @@ pub fn ops_address(log: &std::path::Path) -> String {
         }
         assert!(
             Instant::now() < deadline,
-            "no operations listener announced:\n{text}"
+            "no address after {marker:?}:\n{text}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

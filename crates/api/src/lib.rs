@@ -282,6 +282,43 @@ pub fn router(service: Arc<Service>) -> axum::Router {
     protected(routes)
 }
 
+/// How long a client told the server is starting is asked to wait before it comes back.
+const STARTING_RETRY_SECS: u64 = 2;
+
+/// The server before its database answers: `jobtrail serve` listens first (a port already taken
+/// is said at once, not after the database returns, and a client is told to come back rather than
+/// refused a connection), answering every request 503 `unavailable` with `Retry-After` until
+/// `app` is set; then `app` answers everything.
+pub fn until_ready(app: Arc<std::sync::OnceLock<axum::Router>>) -> axum::Router {
+    axum::Router::new().fallback_service(tower::service_fn(move |request: Request| {
+        let app = app.get().cloned();
+        async move {
+            let Some(app) = app else {
+                return Ok(starting());
+            };
+            tower::ServiceExt::oneshot(app, request).await
+        }
+    }))
+}
+
+/// The answer while the server waits for its database (logged by the waiting loop, not here: one
+/// line per request would flood the log).
+fn starting() -> Response {
+    let mut e = jobtrail_service::ServiceError::unavailable(
+        "starting: this server is waiting for its database; come back shortly",
+    );
+    e.logged_by_door = true;
+    let mut r = Problem(e).into_response();
+    let headers = r.headers_mut();
+    headers.insert(header::RETRY_AFTER, STARTING_RETRY_SECS.into());
+    // A request's body is left unread: the connection is not kept for another.
+    headers.insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
+}
+
 /// `app` behind the layers every route of the server has (the API's own, and routes other crates
 /// serve beside it, such as `/mcp`): the request body limit, a panic answered as a 503 problem
 /// rather than a dropped connection, and the `Authorization` header marked sensitive (never logged).

@@ -195,9 +195,29 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         };
         ops_listener("jobtrail API", addr, probe, shutdown.clone()).await?;
     }
+    // Listening before the database answers: a port already taken is said now, not once the
+    // database is back, and a client is answered 503 with Retry-After meanwhile, not refused.
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| fail(exit::UNAVAILABLE, format!("--listen {}: {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
+    let ready = std::sync::Arc::new(std::sync::OnceLock::new());
+    let server = tokio::spawn(jobtrail_api::serve(
+        listener,
+        jobtrail_api::until_ready(ready.clone()),
+        shutdown.clone(),
+        drain,
+        connections,
+    ));
+    eprintln!("jobtrail API bound to http://{addr} (503 'starting' until its database answers)");
+    // One --db-wait for both logins: the second waits only what the first left of it.
+    let began = std::time::Instant::now();
     let database = |url: Option<String>, pool| {
         let stopping = stopping.clone();
-        async move { crate::start::database(url.as_deref(), pool, db_wait, &stopping).await }
+        let left = db_wait.map(|w| w.saturating_sub(began.elapsed()));
+        async move { crate::start::database(url.as_deref(), pool, left, &stopping).await }
     };
     let Some(store) = database(common.database_url.clone(), common.db_pool).await? else {
         return Ok(ExitCode::SUCCESS);
@@ -233,17 +253,13 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
     let gate =
         jobtrail_api::limit::Gate::new(a.rate_per_address, a.rate_per_token, a.trusted_proxies);
     let app = gate.around(jobtrail_api::router(service).merge(mcp));
-    let listener = tokio::net::TcpListener::bind(a.listen)
-        .await
-        .map_err(|e| fail(exit::UNAVAILABLE, format!("--listen {}: {e}", a.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| fail(exit::UNAVAILABLE, e))?;
-    // Ready before it says where it listens: whoever waits for the line finds it ready.
+    // Ready before it says it listens: whoever waits for the line finds it answering.
+    let _ = ready.set(app);
     at_work.store(true, std::sync::atomic::Ordering::Relaxed);
     eprintln!("jobtrail API listening on http://{addr} (MCP at /mcp, OpenAPI at /openapi.json)");
-    jobtrail_api::serve(listener, app, shutdown, drain, connections)
+    server
         .await
+        .map_err(|e| fail(exit::UNAVAILABLE, e))?
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     Ok(ExitCode::SUCCESS)
 }

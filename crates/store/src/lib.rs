@@ -273,12 +273,41 @@ fn unreachable(e: &std::io::Error, opts: &PgConnectOptions) -> bool {
             true
         }
         // A stopped local server leaves no socket file; over TCP a missing file is a TLS one.
-        NotFound => opts.get_socket().is_some(),
+        NotFound => opts.get_socket().is_some() || opts.get_host().starts_with('/'),
         // getaddrinfo's failures have no kind of their own on stable Rust.
         _ => e
             .to_string()
             .starts_with("failed to lookup address information"),
     }
+}
+
+/// Whether a pooler's refusal of a connection says its server is away for now. PgBouncer answers
+/// `08P01` alike for that and for what waiting never mends (`No such database`, `No such user`,
+/// `Unsupported startup parameter`, `SSL required`, a login it refused): only its words tell them
+/// apart, so only the words of an outage are waited for, and not even those when the cause they
+/// carry is a refused login (`server login has been failing, cached error: password
+/// authentication failed`).
+fn pooler_away(code: &str, message: &str) -> bool {
+    const AWAY: [&str; 6] = [
+        "server login has been failing",
+        "cannot connect to server",
+        "server conn crashed",
+        "server dns lookup failed",
+        "no more connections allowed",
+        "query_wait_timeout",
+    ];
+    // What a cached error may carry that no wait mends.
+    const NEVER: [&str; 5] = [
+        "auth",
+        "password",
+        "does not exist",
+        "pg_hba",
+        "permission denied",
+    ];
+    let m = message.to_ascii_lowercase();
+    code.starts_with("08")
+        && AWAY.iter().any(|w| m.contains(w))
+        && !NEVER.iter().any(|w| m.contains(w))
 }
 
 /// Why a connection per `opts` fails: the pool's retries end in "timed out" whatever the cause, so
@@ -318,16 +347,10 @@ impl Store {
                 format!("no connection to {}: {e}", server_of(&opts)),
             )),
             // A server starting up or shutting down (57P*), out of connections (53300), or a
-            // pooler in front of a server that is away (PgBouncer says 08P01, as it says a login
-            // it refused: that one is told by its words).
+            // pooler in front of a server that is away.
             Err(sqlx::Error::Database(db))
                 if db.code().is_some_and(|c| {
-                    c.starts_with("57P")
-                        || c == "53300"
-                        || (c.starts_with("08") && {
-                            let m = db.message().to_ascii_lowercase();
-                            !m.contains("auth") && !m.contains("password")
-                        })
+                    c.starts_with("57P") || c == "53300" || pooler_away(&c, db.message())
                 }) =>
             {
                 Err(StoreError::Unreachable(format!(
@@ -2233,6 +2256,66 @@ fn concurrent_index_names(sql: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_pooler_saying_its_server_is_away_is_waited_for() {
+        for away in [
+            "server login has been failing, try again later (server_login_retry)",
+            "pgbouncer cannot connect to server",
+            "server conn crashed?",
+            "no more connections allowed (max_client_conn)",
+            "query_wait_timeout",
+        ] {
+            assert!(pooler_away("08P01", away), "{away}");
+        }
+        for mended_by_no_wait in [
+            "No such database: jobtral",
+            "No such user: jobtrail_wroker",
+            "Unsupported startup parameter: options",
+            "SSL required",
+            "login rejected",
+            "password authentication failed",
+            "server login has been failing, cached error: password authentication failed for user \"pgbouncer\" (server_login_retry)",
+            "database \"x\" does not allow connections",
+            "server login has been failing, cached error: database \"jobtral\" does not exist (server_login_retry)",
+            "server login has been failing, cached error: no pg_hba.conf entry for host (server_login_retry)",
+        ] {
+            assert!(
+                !pooler_away("08P01", mended_by_no_wait),
+                "{mended_by_no_wait}"
+            );
+        }
+        assert!(!pooler_away("28P01", "query_wait_timeout"));
+    }
+
+    #[test]
+    fn only_io_errors_that_say_no_server_is_there_are_waited_for() {
+        use std::io::{Error, ErrorKind};
+        let tcp = PgConnectOptions::from_str("postgres://u@db.example/j").unwrap();
+        let socket =
+            PgConnectOptions::from_str("postgres://u@%2Fvar%2Frun%2Fpostgresql/j").unwrap();
+        let by_host = PgConnectOptions::new_without_pgpass().host("/var/run/postgresql");
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::TimedOut,
+            ErrorKind::HostUnreachable,
+        ] {
+            assert!(unreachable(&Error::from(kind), &tcp), "{kind:?}");
+        }
+        let no_name =
+            Error::other("failed to lookup address information: Name or service not known");
+        assert!(unreachable(&no_name, &tcp));
+        // No socket file: the local server is stopped. Over TCP a missing file is a CA file.
+        for local in [&socket, &by_host] {
+            assert!(unreachable(&Error::from(ErrorKind::NotFound), local));
+        }
+        assert!(!unreachable(&Error::from(ErrorKind::NotFound), &tcp));
+        // A refused certificate (rustls says it as InvalidData), a key it may not read.
+        for kind in [ErrorKind::InvalidData, ErrorKind::PermissionDenied] {
+            assert!(!unreachable(&Error::from(kind), &tcp), "{kind:?}");
+        }
+    }
 
     #[test]
     fn the_indexes_a_migration_builds_concurrently_are_named() {

@@ -545,6 +545,10 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
             "the worker's room for results' bytes stayed full",
         )));
     }
+    // A room won late in its wait may have left little of the lease for the rate's round trip.
+    if ctx.holding.is_some() {
+        Box::pin(ctx.ensure_lease(ctx.call_budget() * calls.max(1))).await?;
+    }
     if calls > 0
         && let Some(wait) = Box::pin(ctx.admit(calls)).await?
     {
