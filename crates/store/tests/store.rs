@@ -917,6 +917,66 @@ async fn check_constraints_tie_states_to_their_facts() {
     );
 }
 
+/// A provider call's date is its writer's word, but only within its operation's life: one dated
+/// before its operation was submitted, or ending after the database's clock, is refused whoever
+/// logs it (with its step: nothing is written), as a history link dated off the database's clock is.
+#[tokio::test]
+async fn a_call_dated_outside_its_operations_life_is_refused() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    let accepted = || {
+        Step::event(Event::CreateAccepted {
+            remote_job_id: "job_1".into(),
+            remote_state: None,
+        })
+    };
+    let dated = |started_at: chrono::DateTime<chrono::Utc>, duration_ms: f64| CallRecord {
+        started_at,
+        duration_ms,
+        ..jobtrail_store::testing::accepted_create("http://127.0.0.1:1/v1/jobs")
+    };
+    let now = chrono::Utc::now();
+    for (why, call) in [
+        (
+            "a year before its operation",
+            dated(op.created_at - chrono::Duration::days(365), 1.0),
+        ),
+        (
+            "started in the future",
+            dated(now + chrono::Duration::hours(1), 1.0),
+        ),
+        ("ending in the future", dated(now, 3_600_000.0)),
+    ] {
+        let r = store.apply(&c.lease, accepted().with_call(call)).await;
+        let e = r.err().unwrap_or_else(|| panic!("{why}: logged"));
+        assert!(
+            e.to_string().contains("outside its operation's life"),
+            "{why}: {e}"
+        );
+        assert!(store.calls(op.id).await.unwrap().is_empty(), "{why}");
+        assert_eq!(
+            store.get(op.id).await.unwrap().state,
+            State::CreatePending,
+            "{why}"
+        );
+    }
+    // A call as a worker dates it: within a few minutes of the clock either way is its word.
+    store
+        .apply(
+            &c.lease,
+            accepted().with_call(dated(now - chrono::Duration::seconds(90), 200.0)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.calls(op.id).await.unwrap().len(), 1);
+}
+
 /// An operation submitted, claimed and accepted by its provider, with the create call logged.
 async fn accepted_with_a_call(store: &Store) -> OperationRecord {
     let op = store
