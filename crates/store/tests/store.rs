@@ -924,12 +924,8 @@ async fn check_constraints_tie_states_to_their_facts() {
 async fn a_call_dated_outside_its_operations_life_is_refused() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let op = store
-        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
-        .await
-        .unwrap()
-        .operation;
-    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    let c = submit_and_claim(&store, 1, "dated").await.remove(0);
+    let op = &c.operation;
     let accepted = || {
         Step::event(Event::CreateAccepted {
             remote_job_id: "job_1".into(),
