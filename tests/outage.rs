@@ -164,6 +164,7 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
         .expect("GET while starting");
     assert_eq!(starting.status(), 503);
     assert_eq!(starting.headers()["retry-after"], "2");
+    assert_eq!(starting.headers()["connection"], "close");
     assert_eq!(
         starting.headers()["content-type"],
         jobtrail_api::PROBLEM_JSON
@@ -174,6 +175,7 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
         doc["detail"].as_str().unwrap().starts_with("starting"),
         "{doc}"
     );
+    assert_eq!(doc["extra"]["retry_after_secs"], 2, "{doc}");
     // A port already taken is said at once, not once the database is back.
     let taken = api_base.trim_start_matches("http://");
     let mut clash = serve_waiting(&env, "clashing-api", taken);

@@ -301,22 +301,16 @@ pub fn until_ready(app: Arc<std::sync::OnceLock<axum::Router>>) -> axum::Router 
     }))
 }
 
-/// The answer while the server waits for its database (logged by the waiting loop, not here: one
-/// line per request would flood the log).
+/// The answer while the server waits for its database: a refusal for load, as the API's others
+/// (`Retry-After` and `extra.retry_after_secs`; the connection closed, its body unread).
 fn starting() -> Response {
-    let mut e = jobtrail_service::ServiceError::unavailable(
-        "starting: this server is waiting for its database; come back shortly",
-    );
-    e.logged_by_door = true;
-    let mut r = Problem(e).into_response();
-    let headers = r.headers_mut();
-    headers.insert(header::RETRY_AFTER, STARTING_RETRY_SECS.into());
-    // A request's body is left unread: the connection is not kept for another.
-    headers.insert(
-        header::CONNECTION,
-        header::HeaderValue::from_static("close"),
-    );
-    r
+    Problem(
+        jobtrail_service::ServiceError::unavailable(
+            "starting: this server is waiting for its database; come back shortly",
+        )
+        .with_detail(serde_json::json!({ "retry_after_secs": STARTING_RETRY_SECS })),
+    )
+    .into_response()
 }
 
 /// `app` behind the layers every route of the server has (the API's own, and routes other crates

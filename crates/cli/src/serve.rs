@@ -181,7 +181,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         }
     });
     // The probes answer before the database does (see `jobtrail worker`); ready once the API
-    // listens.
+    // answers.
     let at_work = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(addr) = a.ops_listen {
         let probe = jobtrail_telemetry::Probe {
@@ -204,7 +204,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         .local_addr()
         .map_err(|e| fail(exit::UNAVAILABLE, e))?;
     let ready = std::sync::Arc::new(std::sync::OnceLock::new());
-    let server = tokio::spawn(jobtrail_api::serve(
+    let mut server = tokio::spawn(jobtrail_api::serve(
         listener,
         jobtrail_api::until_ready(ready.clone()),
         shutdown.clone(),
@@ -219,12 +219,34 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         let left = db_wait.map(|w| w.saturating_sub(began.elapsed()));
         async move { crate::start::database(url.as_deref(), pool, left, &stopping).await }
     };
-    let Some(store) = database(common.database_url.clone(), common.db_pool).await? else {
+    // The listener's task ends only if it panics: said then, not once the database is back.
+    let gone = |ended: Result<std::io::Result<()>, tokio::task::JoinError>| {
+        fail(
+            exit::UNAVAILABLE,
+            format!(
+                "--listen {addr}: the listener stopped while waiting for the database: {}",
+                match ended {
+                    Ok(Ok(())) => "no error".to_owned(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                }
+            ),
+        )
+    };
+    let connected = tokio::select! {
+        connected = database(common.database_url.clone(), common.db_pool) => connected?,
+        ended = &mut server => return Err(gone(ended)),
+    };
+    let Some(store) = connected else {
         return Ok(ExitCode::SUCCESS);
     };
     let service = match a.operator_database_url.filter(|u| !u.trim().is_empty()) {
         Some(u) => {
-            let Some(operator) = database(Some(u), common.db_pool).await? else {
+            let connected = tokio::select! {
+                connected = database(Some(u), common.db_pool) => connected?,
+                ended = &mut server => return Err(gone(ended)),
+            };
+            let Some(operator) = connected else {
                 return Ok(ExitCode::SUCCESS);
             };
             jobtrail_service::Service::with_operator(store, operator, registry)

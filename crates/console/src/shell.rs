@@ -197,13 +197,8 @@ pub async fn store_at(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
     let store = connect(url, pool).await?;
     store.check_schema().await.map_err(|e| Failure {
         code: exit::UNAVAILABLE,
-        error: anyhow::Error::new(match e {
-            // Connected, then lost (a restart, a failover) or held up (a lock a migration holds)
-            // before one read: an outage like any other, which a process at start waits out.
-            StoreError::Unavailable(why) => StoreError::Unreachable(why),
-            e => e,
-        })
-        .context("checking the database schema"),
+        // Connected, then lost or held up before one read: an outage, waited out at start.
+        error: anyhow::Error::new(e.met_after_connecting()).context("checking the database schema"),
     })?;
     Ok(store)
 }

@@ -47,9 +47,10 @@ pub enum StoreError {
     #[error("database unavailable: {0}")]
     Unavailable(String),
     /// Connecting found no server that accepted a connection in time (refused, no route, no such
-    /// host yet), or lost the connection before the schema read that follows it: an outage that
-    /// may end, unlike a refused login or certificate. Only connecting says this; a process
-    /// starting during it may wait (`jobtrail worker --db-wait`).
+    /// host yet), or lost or held up the read that follows it: an outage that
+    /// may end, unlike a refused login or certificate. Only connecting (and the read right after
+    /// it, [`StoreError::met_after_connecting`]) says this; a process starting during it may wait
+    /// (`jobtrail worker --db-wait`).
     #[error("database unavailable: {0}")]
     Unreachable(String),
     /// A commit's answer was lost and whether it committed could not be read back in time (a

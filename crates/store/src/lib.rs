@@ -288,26 +288,54 @@ fn unreachable(e: &std::io::Error, opts: &PgConnectOptions) -> bool {
 /// carry is a refused login (`server login has been failing, cached error: password
 /// authentication failed`).
 fn pooler_away(code: &str, message: &str) -> bool {
-    const AWAY: [&str; 6] = [
+    // PgBouncer's words, then other poolers' (Odyssey, pgcat, Supavisor) for the same.
+    const AWAY: [&str; 10] = [
         "server login has been failing",
         "cannot connect to server",
         "server conn crashed",
         "server dns lookup failed",
         "no more connections allowed",
         "query_wait_timeout",
+        "failed to connect",
+        "could not connect",
+        "connection refused",
+        "shutting down",
     ];
-    // What a cached error may carry that no wait mends.
-    const NEVER: [&str; 5] = [
+    let m = message.to_ascii_lowercase();
+    code.starts_with("08") && AWAY.iter().any(|w| m.contains(w)) && !names_what_no_wait_mends(&m)
+}
+
+/// Whether a refusal's words (a pooler's cached error, carried whole) name what waiting never
+/// mends: a login, a certificate, a database or a rule.
+fn names_what_no_wait_mends(message: &str) -> bool {
+    const NEVER: [&str; 9] = [
         "auth",
         "password",
         "does not exist",
         "pg_hba",
         "permission denied",
+        "not permitted",
+        "ssl",
+        "tls",
+        "certificate",
     ];
     let m = message.to_ascii_lowercase();
-    code.starts_with("08")
-        && AWAY.iter().any(|w| m.contains(w))
-        && !NEVER.iter().any(|w| m.contains(w))
+    NEVER.iter().any(|w| m.contains(w))
+}
+
+impl StoreError {
+    /// This error, met on the first read after connecting, as a process at start should take it:
+    /// a connection lost or held up then (a restart, a failover, a lock a migration holds) is an
+    /// outage like a refused connection ([`StoreError::Unreachable`]), unless its words name what
+    /// no wait mends (a pooler's second login refused, a certificate).
+    pub fn met_after_connecting(self) -> Self {
+        match self {
+            StoreError::Unavailable(why) if !names_what_no_wait_mends(&why) => {
+                StoreError::Unreachable(why)
+            }
+            e => e,
+        }
+    }
 }
 
 /// Why a connection per `opts` fails: the pool's retries end in "timed out" whatever the cause, so
@@ -2265,6 +2293,7 @@ mod tests {
             "server conn crashed?",
             "no more connections allowed (max_client_conn)",
             "query_wait_timeout",
+            "failed to connect to remote server",
         ] {
             assert!(pooler_away("08P01", away), "{away}");
         }
@@ -2276,7 +2305,8 @@ mod tests {
             "login rejected",
             "password authentication failed",
             "server login has been failing, cached error: password authentication failed for user \"pgbouncer\" (server_login_retry)",
-            "database \"x\" does not allow connections",
+            "server login has been failing, cached error: role \"x\" is not permitted to log in (server_login_retry)",
+            "server login has been failing, cached error: SSL connection is required (server_login_retry)",
             "server login has been failing, cached error: database \"jobtral\" does not exist (server_login_retry)",
             "server login has been failing, cached error: no pg_hba.conf entry for host (server_login_retry)",
         ] {
@@ -2286,6 +2316,21 @@ mod tests {
             );
         }
         assert!(!pooler_away("28P01", "query_wait_timeout"));
+        // The read right after connecting: lost or held up is an outage, a refused login is not.
+        let after = |why: &str| StoreError::Unavailable(why.into()).met_after_connecting();
+        assert!(matches!(
+            after("error communicating with database: Connection reset by peer"),
+            StoreError::Unreachable(_)
+        ));
+        for never in [
+            "08P01: server login has been failing, cached error: password authentication failed",
+            "error occurred while attempting to establish a TLS connection: invalid peer certificate",
+        ] {
+            assert!(
+                matches!(after(never), StoreError::Unavailable(_)),
+                "{never}"
+            );
+        }
     }
 
     #[test]
