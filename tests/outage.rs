@@ -125,17 +125,11 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
     let mut hasty = env.spawn_worker("hasty", "5s", &[("JOBTRAIL_DB_WAIT", "0s")]);
     // Told to wait 3 s: it tries again, says why, and exits 5 once no attempt may start.
     let mut brief = env.spawn_worker("brief", "5s", &[("JOBTRAIL_DB_WAIT", "3s")]);
-    let code = hasty
-        .wait_exit(Duration::from_secs(30))
-        .and_then(|s| s.code());
-    let said = std::fs::read_to_string(&hasty.log).unwrap();
+    let (code, said) = exited(&mut hasty, 30);
     assert_eq!(code, Some(5), "{said}");
     assert!(said.contains("no connection to"), "{said}");
     assert!(!said.contains("trying again"), "{said}");
-    let code = brief
-        .wait_exit(Duration::from_secs(30))
-        .and_then(|s| s.code());
-    let said = std::fs::read_to_string(&brief.log).unwrap();
+    let (code, said) = exited(&mut brief, 30);
     assert_eq!(code, Some(5), "{said}");
     assert!(said.contains("trying again in 2 s"), "{said}");
 
@@ -179,10 +173,7 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
     // A port already taken is said at once, not once the database is back.
     let taken = api_base.trim_start_matches("http://");
     let mut clash = serve_waiting(&env, "clashing-api", taken);
-    let code = clash
-        .wait_exit(Duration::from_secs(10))
-        .and_then(|s| s.code());
-    let said = std::fs::read_to_string(&clash.log).unwrap();
+    let (code, said) = exited(&mut clash, 10);
     assert_eq!(code, Some(5), "{said}");
     assert!(said.contains(&format!("--listen {taken}")), "{said}");
     assert!(!said.contains("trying again"), "{said}");
@@ -201,10 +192,7 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
     // Asked to stop while waiting: it holds nothing, and goes at once.
     until_logged(&quitter.log, "trying again in 2 s");
     quitter.signal(libc::SIGTERM);
-    let code = quitter
-        .wait_exit(Duration::from_secs(10))
-        .and_then(|s| s.code());
-    let said = std::fs::read_to_string(&quitter.log).unwrap();
+    let (code, said) = exited(&mut quitter, 10);
     assert_eq!(code, Some(0), "{said}");
     assert!(
         said.contains("stopped while waiting for the database"),
@@ -235,10 +223,7 @@ async fn a_worker_and_a_server_started_while_the_database_is_down_wait_for_it() 
         "5s",
         &[("DATABASE_URL", cluster.url("nonesuch").as_str())],
     );
-    let code = lost
-        .wait_exit(Duration::from_secs(30))
-        .and_then(|s| s.code());
-    let said = std::fs::read_to_string(&lost.log).unwrap();
+    let (code, said) = exited(&mut lost, 30);
     assert_eq!(code, Some(5), "{said}");
     assert!(!said.contains("trying again"), "{said}");
 
@@ -330,6 +315,14 @@ async fn a_schema_read_held_up_at_start_is_waited_out() {
         w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
         Some(0)
     );
+}
+
+/// How `p` exited (waited for up to `secs`), and what its log said.
+fn exited(p: &mut support::WorkerProcess, secs: u64) -> (Option<i32>, String) {
+    let code = p
+        .wait_exit(Duration::from_secs(secs))
+        .and_then(|s| s.code());
+    (code, std::fs::read_to_string(&p.log).unwrap())
 }
 
 /// The log once it says `what` (bounded).
