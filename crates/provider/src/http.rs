@@ -444,21 +444,25 @@ impl HttpProvider {
             http::header::ACCEPT,
             http::HeaderValue::from_static("application/json, */*;q=0.5"),
         );
-        // Credentials and cookies go to the contract's own origins only.
-        if access == Access::Anonymous {
-            return Ok((h, secrets));
-        }
+        // Credentials and cookies go to the contract's own origins only. The credential is
+        // resolved for every call all the same: an answer from an origin called without it (a
+        // result store serving what quotes the key) must not put it into the record either.
         if let Some(auth) = &self.contract.auth {
             let secret = wire::resolve_secret(&auth.secret).await?;
             secrets.push(secret.clone());
-            let value = match &auth.scheme {
-                Some(s) => format!("{s} {secret}"),
-                None => secret,
-            };
-            let mut v = http::HeaderValue::from_str(&value)
-                .map_err(|_| "the auth secret is not a valid header value".to_owned())?;
-            v.set_sensitive(true);
-            h.insert(auth.header.clone(), v);
+            if access == Access::Credentials {
+                let value = match &auth.scheme {
+                    Some(s) => format!("{s} {secret}"),
+                    None => secret,
+                };
+                let mut v = http::HeaderValue::from_str(&value)
+                    .map_err(|_| "the auth secret is not a valid header value".to_owned())?;
+                v.set_sensitive(true);
+                h.insert(auth.header.clone(), v);
+            }
+        }
+        if access == Access::Anonymous {
+            return Ok((h, secrets));
         }
         if self.contract.cookies {
             let jar = Self::jar(op);
@@ -1421,11 +1425,15 @@ impl HttpProvider {
                 .then(|| format!("HTTP {}", ex.status.unwrap_or_default()));
         }
         // The result itself, maybe: only its state is built (a large one that cannot be read so is
-        // not built whole here: the result's own checks read it, a few at a time).
+        // not built whole here: the result's own checks read it, a few at a time). One that can
+        // be read only whole (an array) is built only within a status answer's bounds: its size,
+        // and what it may take parsed, as the wire measures a status answer.
         let json = wire::sparse(&ex.body, spec.state.iter().map(String::as_str)).or_else(|| {
-            (ex.body.len() as u64 <= self.contract.max_response_bytes)
-                .then(|| serde_json::from_slice::<serde_json::Value>(&ex.body).ok())
-                .flatten()
+            let most = self.contract.max_response_bytes;
+            (ex.body.len() as u64 <= most
+                && jobtrail_core::json::footprint_within(&ex.body, wire::parsed_most(most)).is_ok())
+            .then(|| serde_json::from_slice::<serde_json::Value>(&ex.body).ok())
+            .flatten()
         })?;
         // A status document that names no state is in the contract's absent state, as a status
         // read takes it (Google's `done` left out: still running); the created resource may

@@ -194,6 +194,10 @@ pub struct Scrubber {
 /// What a scrubbed value is replaced with.
 pub const SCRUBBED: &str = "[secret]";
 
+/// The most an answer that repeats a secret behind JSON escapes may take parsed to be scrubbed as
+/// JSON (any answer within the default 1 MiB limit fits); past it, the whole body is the secret.
+const SCRUB_PARSED_MOST: usize = 16 * 1024 * 1024;
+
 impl Scrubber {
     /// Each value, as sent and in the spellings a provider's echo commonly takes: JSON-quoted, JSON
     /// with `/` escaped (PHP's `json_encode`), percent-encoded (a URL or a form). A JSON body is
@@ -302,15 +306,22 @@ impl Scrubber {
         }
         if self.escaped_in_json(&ex.body) {
             echoed = true;
-            // Scrubbed as JSON (an answer other than a result, within its bound parsed); one that
-            // is JSON only up to the secret (cut short, or trailed by other text) is not kept.
+            // Scrubbed as JSON where it can be parsed within a bound (an answer refused at the
+            // wire, or one whose small values would take many times its text parsed, is the
+            // provider's doing: parsing it to scrub it would let an echo cost what the wire's
+            // measure refused); one that is JSON only up to the secret (cut short, or trailed by
+            // other text) is not kept either.
             if !keep_body {
-                ex.body = match serde_json::from_slice::<serde_json::Value>(&ex.body) {
-                    Ok(mut v) => {
+                let parsed = (ex.error.is_none()
+                    && jobtrail_core::json::footprint_within(&ex.body, SCRUB_PARSED_MOST).is_ok())
+                .then(|| serde_json::from_slice::<serde_json::Value>(&ex.body).ok())
+                .flatten();
+                ex.body = match parsed {
+                    Some(mut v) => {
                         self.json(&mut v);
                         serde_json::to_vec(&v).unwrap_or_default().into()
                     }
-                    Err(_) => bytes::Bytes::from_static(SCRUBBED.as_bytes()),
+                    None => bytes::Bytes::from_static(SCRUBBED.as_bytes()),
                 };
             }
         }
@@ -1327,6 +1338,17 @@ mod tests {
         // No backslash, no secret: the body is left alone, unparsed.
         let mut ex = exchange_with_body(r#"{"ok": true}"#);
         assert!(!s.exchange(&mut ex, false));
+        // An echo behind an escape in an answer of many small values (an error page to a result
+        // call, which no wire measure bounds): 1 MiB of them would take some 100 MiB parsed to
+        // scrub, so the body is not parsed but replaced whole. So is one the wire refused.
+        let flood = format!(r#"[{}"\u0061b/cd+ef="]"#, r#"{"":0},"#.repeat(150_000));
+        let mut ex = exchange_with_body(&flood);
+        assert!(s.exchange(&mut ex, false));
+        assert_eq!(&ex.body[..], SCRUBBED.as_bytes());
+        let mut ex = exchange_with_body(r#"{"e": "\u0061b/cd+ef="}"#);
+        ex.error = Some(WireError::TooLarge);
+        assert!(s.exchange(&mut ex, false));
+        assert_eq!(&ex.body[..], SCRUBBED.as_bytes());
     }
 
     /// A secret a provider echoes in a header the record keeps is scrubbed before the header is

@@ -11,6 +11,60 @@ use std::time::Duration;
 
 const SECRET: &str = "s3cr3t-bearer-DO-NOT-LEAK-7f3a";
 
+/// What the current thread has allocated and not yet freed, and the most it reached: a call's
+/// memory, measured on the current-thread runtime a `#[tokio::test]` runs everything on (the stub
+/// provider and the client's connection tasks too).
+mod heap {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+        static PEAK: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn add(n: isize) {
+        // No destructor and no allocation: safe to reach from inside the allocator.
+        let _ = LIVE.try_with(|l| {
+            let now = l.get() + n;
+            l.set(now);
+            let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+        });
+    }
+
+    pub struct Counting;
+
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            add(l.size() as isize);
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            add(-(l.size() as isize));
+            unsafe { System.dealloc(p, l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+            add(new as isize - l.size() as isize);
+            unsafe { System.realloc(p, l, new) }
+        }
+    }
+
+    /// `f`'s output, and the most it had allocated at once on this thread beyond what was live
+    /// when it began.
+    pub async fn peak_of<F: std::future::Future>(f: F) -> (F::Output, usize) {
+        let base = LIVE.with(Cell::get);
+        PEAK.with(|p| p.set(base));
+        let out = f.await;
+        (
+            out,
+            usize::try_from(PEAK.with(Cell::get) - base).unwrap_or(0),
+        )
+    }
+}
+
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
+
 struct H {
     sim: jobtrail_sim::Running,
     provider: HttpProvider,
@@ -1497,4 +1551,93 @@ async fn a_status_read_for_the_result_that_no_longer_says_succeeded_is_no_result
         }
     }
     server.abort();
+}
+
+/// A hostile provider's answer costs a call what its bounds allow, not what parsing it whole would
+/// (a JSON object of no keys takes some 640 bytes parsed for its 7 of text):
+/// - an error answer to a result call (which no wire measure bounds: a result is kept as bytes)
+///   repeating the key behind a JSON escape, among a megabyte of small values: scrubbed as JSON, it
+///   was parsed whole to scrub it (some 90 MiB); now the whole body is replaced;
+/// - a status-served result of that shape: read whole for its state, it was parsed whole.
+///
+/// And a result store the contract calls without credentials (pre-signed URLs) that serves the key
+/// gets it into no record: the credential is resolved to scrub every call, sent or not.
+#[tokio::test]
+async fn a_flood_of_small_values_or_a_key_from_a_store_costs_and_leaks_nothing() {
+    use axum::http::StatusCode;
+    use jobtrail_provider::contract::ResultFrom;
+    let flood = |tail: &str| format!("[{}{tail}]", r#"{"":0},"#.repeat(140_000));
+    let escaped = format!("\\u0073{}", &SECRET[1..]);
+    let store = axum::Router::new()
+        .route(
+            "/gone",
+            axum::routing::get({
+                let body = flood(&format!("\"{escaped}\""));
+                move || async move { (StatusCode::NOT_FOUND, body) }
+            }),
+        )
+        .route(
+            "/echo",
+            axum::routing::get(|| async {
+                (
+                    [("content-type", "application/json")],
+                    format!(r#"{{"items":[],"key":"{SECRET}"}}"#),
+                )
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let store_at = format!("http://{}", listener.local_addr().unwrap());
+    let store_server = tokio::spawn(async move { axum::serve(listener, store).await });
+    let (addr, answer, server) = stub_provider("/v1/jobs/{id}").await;
+
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.unauthenticated_origins = vec![url::Url::parse(&store_at).unwrap().origin()];
+        c
+    })
+    .await;
+    for (path, expect_status) in [("/gone", 404), ("/echo", 200)] {
+        let mut op = h.op(serde_json::json!({})).await;
+        op.remote_job_id = Some("job_1".into());
+        op.state = jobtrail_core::State::ResultCollecting;
+        op.provider_context =
+            serde_json::json!({"result": {"result_url": format!("{store_at}{path}")}});
+        let (r, peak) = heap::peak_of(h.provider.fetch_result(&op, 1.into())).await;
+        let seen = format!("{:?} {:?}", r.outcome, r.call);
+        assert!(
+            matches!(&r.outcome, ResultOutcome::Unavailable { http_status: Some(s), .. } if *s == expect_status),
+            "{path}: {seen}"
+        );
+        assert!(
+            !seen.contains(&SECRET[1..]),
+            "{path}: the key is in the record: {seen}"
+        );
+        assert!(peak < 24 << 20, "{path}: the call took {} MiB", peak >> 20);
+    }
+
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.result.as_mut().unwrap().from = ResultFrom::Status;
+        // The default: a megabyte (the simulator's own contract says 256 KiB).
+        c.max_response_bytes = 1 << 20;
+        c
+    })
+    .await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.remote_job_id = Some("job_1".into());
+    op.state = jobtrail_core::State::ResultCollecting;
+    *answer.lock().unwrap() = flood("0");
+    let (r, peak) = heap::peak_of(h.provider.fetch_result(&op, 1.into())).await;
+    assert!(
+        matches!(r.outcome, ResultOutcome::Fetched(_)),
+        "an array names no state: its own checks read it: {:?}",
+        r.outcome
+    );
+    assert!(
+        peak < 24 << 20,
+        "the read for its state took {} MiB",
+        peak >> 20
+    );
+    server.abort();
+    store_server.abort();
 }
