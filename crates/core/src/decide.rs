@@ -1180,7 +1180,37 @@ pub fn after_final_get(
             None,
             draw,
         )),
-        _ => None,
+        // Refused (a 403, a 404): the read was not had, and the hints it gives (a checksum, a
+        // count) would be missing from the result's checks. Never skipped: read again, within
+        // the failure budget.
+        StatusOutcome::Rejected { reason, .. } => Some(failed_fetch(
+            op,
+            policy,
+            format!("final GET: refused: {reason}"),
+            None,
+            draw,
+        )),
+        // The resource says the job is not succeeded (any more): a provider that went back, or a
+        // stale replica. Its result is not collected on that word, as a status-served result
+        // that says so is not.
+        StatusOutcome::Observed(s) if s.phase.is_some_and(|p| p != Phase::Succeeded) => {
+            Some(failed_fetch(
+                op,
+                policy,
+                format!(
+                    "final GET: status_no_longer_succeeded: the resource says {}",
+                    s.remote_state
+                ),
+                None,
+                draw,
+            ))
+        }
+        // Nothing was sent: a person decides, as for any URL outside the contract's origins.
+        StatusOutcome::Refused { url } => Some(Step {
+            detail: Some(serde_json::json!({"refused_url": url})),
+            ..Step::event(Event::UrlRefused { url })
+        }),
+        StatusOutcome::Observed(_) => None,
     };
     if let Some(mut step) = again {
         // Each read is counted: the next one is a new attempt.

@@ -1288,6 +1288,50 @@ fn result_collection_reads_a_kept_sync_result_or_does_the_final_get_first() {
             assert!(plan.step.next_in.unwrap().0 >= w, "{:?}", plan.step.next_in);
         }
     }
+    // Nor is it skipped when refused, or when the resource says the job is not succeeded (a
+    // provider that went back, a stale replica): each is a failed read, counted.
+    for outcome in [
+        StatusOutcome::Rejected {
+            http_status: Some(404),
+            reason: "HTTP 404: no such resource".into(),
+        },
+        status(Some(Phase::Failed), None),
+        status(Some(Phase::Cancelled), None),
+        status(Some(Phase::Running), None),
+    ] {
+        let plan = after_final_get(&op, &p, called(CallKind::Status, outcome.clone()), now, 0.3);
+        assert!(!plan.go_on, "{outcome:?}");
+        assert_eq!(plan.step.counters.failures, FailureCount::Increment);
+        assert!(
+            matches!(&plan.step.event, Some(Event::ResultFetchFailed { error_class }) if error_class.starts_with("final GET: ")),
+            "{outcome:?}: {:?}",
+            plan.step.event
+        );
+        assert!(plan.step.observation.is_none(), "not marked done");
+    }
+    // A URL outside the contract's origins: nothing was sent, a person decides.
+    let plan = after_final_get(
+        &op,
+        &p,
+        called(
+            CallKind::Status,
+            StatusOutcome::Refused {
+                url: "https://elsewhere.example/x".into(),
+            },
+        ),
+        now,
+        0.3,
+    );
+    assert!(matches!(plan.step.event, Some(Event::UrlRefused { .. })));
+    // A state the contract does not map says nothing against the success already seen.
+    let plan = after_final_get(
+        &op,
+        &p,
+        called(CallKind::Status, status(None, None)),
+        now,
+        0.3,
+    );
+    assert!(plan.go_on);
     let late = spent.result_deadline + chrono::Duration::seconds(1);
     let plan = after_final_get(&spent, &p, called(CallKind::Status, throttled()), late, 0.3);
     assert!(
