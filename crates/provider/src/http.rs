@@ -563,7 +563,8 @@ impl HttpProvider {
         // an answer to a result call that is no result (a 401 quoting the key) is scrubbed like
         // any other, since its words become the reason recorded.
         let result = kind == CallKind::Result && Self::kept_as_sent(&ex);
-        ex.echoed_secret = wire::Scrubber::new(&secrets).exchange(&mut ex, result);
+        let scrubber = wire::Scrubber::new(&secrets);
+        ex.echoed_secret = wire::sized_work(ex.body.len(), || scrubber.exchange(&mut ex, result));
         ex
     }
 

@@ -4,10 +4,10 @@
 use serde_json::Value;
 
 /// A JSON value as text: a string as itself, anything else (`true`, `3`, an object) as its JSON.
-/// Storable (see [`storable`]): a provider's string may hold anything.
+/// Storable (see [`storable`]): a provider's string may hold anything, and JSON text escapes only
+/// the characters below U+0020 (DEL and the C1 range, U+009B a terminal's escape, stay raw in it).
 pub(crate) fn of_json(v: &Value) -> String {
-    v.as_str()
-        .map_or_else(|| v.to_string(), |s| storable(s.to_owned()))
+    storable(v.as_str().map_or_else(|| v.to_string(), str::to_owned))
 }
 
 /// `text` as a record can store it: PostgreSQL refuses NUL in `text` and `jsonb` (a provider that
@@ -76,6 +76,11 @@ mod tests {
         );
         assert_eq!(storable("two\nlines\tok".into()), "two\nlines\tok");
         assert_eq!(of_json(&serde_json::json!("a\u{0}b")), "a\u{FFFD}b");
+        // Not a string: its JSON text keeps DEL and the C1 range raw, so they are replaced too.
+        assert_eq!(
+            of_json(&serde_json::json!({"m": "\u{9b}2J\u{7f}"})),
+            "{\"m\":\"\u{FFFD}2J\u{FFFD}\"}"
+        );
         let v = bounded_json(&serde_json::json!({"n\u{0}": ["x\u{0}"], "k": 1}), 100);
         assert_eq!(v, serde_json::json!({"n\u{FFFD}": ["x\u{FFFD}"], "k": 1}));
         let big = bounded_json(&serde_json::json!({"pad": "y".repeat(5000)}), 64);

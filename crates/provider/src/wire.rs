@@ -275,23 +275,33 @@ impl Scrubber {
         }
     }
 
-    /// Whether a JSON body holds a secret behind escapes no byte search knows (`\u0061`): its
-    /// strings and keys are read as decoded, one at a time, and nothing is built (a result of any
-    /// size, and an answer of many small values, cost no memory to search). Only a body with a
-    /// backslash can hide one; others are not read.
+    /// Whether a body holds a secret behind JSON escapes no byte search knows (`\u0061`, `\/`),
+    /// wherever they stand: in a JSON document, in one behind a prefix (a byte-order mark, an
+    /// anti-hijacking `)]}'`), in one cut short or trailed by other text, in many (JSON lines).
+    /// Escapes are decoded left to right, as JSON decodes them inside a string (escapes outside
+    /// one mean nothing to any reader: decoding them too can only find more), into a window that
+    /// is searched and moved on keeping its tail, so nothing the size of the body is built. Only a
+    /// body with a backslash can hide one; others are not read.
     fn escaped_in_json(&self, body: &[u8]) -> bool {
-        let Some(first) = body.iter().find(|b| !b.is_ascii_whitespace()) else {
-            return false;
-        };
-        if !matches!(first, b'{' | b'[' | b'"') || memchr::memchr(b'\\', body).is_none() {
+        const WINDOW: usize = 64 * 1024;
+        if memchr::memchr(b'\\', body).is_none() {
             return false;
         }
-        let mut scan = SecretScan {
-            scrubber: self,
-            found: false,
-        };
-        let _ = jobtrail_core::json::walk(body, &mut scan);
-        scan.found
+        // A secret that straddles two windows is found in the second: each keeps the last
+        // window's tail, as long as the longest spelling less one byte.
+        let tail = self.needles.iter().map(Vec::len).max().unwrap_or(1) - 1;
+        let mut window = Vec::with_capacity(WINDOW + tail + 4);
+        let mut at = 0;
+        while at < body.len() {
+            at += unescape_one(&body[at..], &mut window);
+            if window.len() >= WINDOW + tail {
+                if self.contains(&window) {
+                    return true;
+                }
+                window.drain(..window.len() - tail);
+            }
+        }
+        self.contains(&window)
     }
 
     /// Scrub an exchange: its record, its headers and — unless `keep_body` (a result, kept exactly as
@@ -721,7 +731,9 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
             .len()
             .saturating_mul(jobtrail_core::json::MOST_PER_BYTE)
             > most
-        && jobtrail_core::json::footprint_within(&body, most).is_err_and(|e| e.too_large)
+        && sized_work(body.len(), || {
+            jobtrail_core::json::footprint_within(&body, most).is_err_and(|e| e.too_large)
+        })
     {
         error = Some(WireError::TooLarge);
     }
@@ -764,7 +776,8 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
         outcome: String::new(),
         trace_id: out.trace.to_string(),
         span_id: span.to_string(),
-        response_sha256: status.map(|_| hex::encode(Sha256::digest(&body))),
+        response_sha256: status
+            .map(|_| sized_work(body.len(), || hex::encode(Sha256::digest(&body)))),
     };
     Exchange {
         echoed_secret: false,
@@ -841,6 +854,24 @@ pub fn not_sent(
             span_id: new_span_id().to_string(),
             response_sha256: None,
         },
+    }
+}
+
+/// Bytes of an answer from which work in proportion to its size is done off the runtime's thread.
+const BLOCKING_BYTES: usize = 256 << 10;
+
+/// Work in proportion to an answer's size (its digest, its measure, the search for a secret in
+/// it): past [`BLOCKING_BYTES`] (a result may be a gigabyte), done with this runtime thread handed
+/// over to the others first (`block_in_place`), so the calls and steps of every other operation on
+/// the thread go on. (How many large answers are read at once is the result room's to bound.)
+pub(crate) fn sized_work<T>(size: usize, work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let multi =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if size >= BLOCKING_BYTES && multi {
+        tokio::task::block_in_place(work)
+    } else {
+        work()
     }
 }
 
@@ -1027,22 +1058,52 @@ fn field<'a>(
     Some(fields(object, &std::collections::HashSet::from([key]))?.remove(key))
 }
 
-/// Reads a JSON text's strings and keys, decoded, for a secret ([`Scrubber::escaped_in_json`]);
-/// stops at the first found.
-struct SecretScan<'a> {
-    scrubber: &'a Scrubber,
-    found: bool,
-}
-
-impl jobtrail_core::json::Walker for SecretScan<'_> {
-    fn text(&mut self, s: &str) -> Result<(), String> {
-        if self.scrubber.contains(s.as_bytes()) {
-            self.found = true;
-            // Found: the rest need not be read.
-            return Err("a secret".into());
-        }
-        Ok(())
+/// Decodes the escape (or the byte) at the start of `text` into `out` as JSON decodes it inside a
+/// string, returning the bytes read: `\uXXXX` (a surrogate pair as one character, a lone
+/// surrogate as U+FFFD), `\"`, `\\`, `\/` and the control escapes; anything else, itself.
+fn unescape_one(text: &[u8], out: &mut Vec<u8>) -> usize {
+    fn hex4(t: &[u8]) -> Option<u16> {
+        let digits = std::str::from_utf8(t.get(..4)?).ok()?;
+        u16::from_str_radix(digits, 16).ok()
     }
+    let [b'\\', escape, ..] = text else {
+        out.push(text[0]);
+        return 1;
+    };
+    let (decoded, read) = match escape {
+        b'u' => match hex4(&text[2..]) {
+            None => (None, 1),
+            Some(high @ 0xD800..=0xDBFF) => {
+                match (text.get(6..8), hex4(text.get(8..).unwrap_or(&[]))) {
+                    (Some(br"\u"), Some(low @ 0xDC00..=0xDFFF)) => (
+                        char::from_u32(
+                            0x10000
+                                + ((u32::from(high) - 0xD800) << 10)
+                                + (u32::from(low) - 0xDC00),
+                        ),
+                        12,
+                    ),
+                    _ => (Some(char::REPLACEMENT_CHARACTER), 6),
+                }
+            }
+            Some(unit) => (
+                Some(char::from_u32(u32::from(unit)).unwrap_or(char::REPLACEMENT_CHARACTER)),
+                6,
+            ),
+        },
+        b'"' | b'\\' | b'/' => (Some(char::from(*escape)), 2),
+        b'b' => (Some('\u{8}'), 2),
+        b'f' => (Some('\u{c}'), 2),
+        b'n' => (Some('\n'), 2),
+        b'r' => (Some('\r'), 2),
+        b't' => (Some('\t'), 2),
+        _ => (None, 1),
+    };
+    match decoded {
+        Some(c) => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        None => out.push(b'\\'),
+    }
+    read
 }
 
 /// The bytes of the JSON value at `pointer` inside `body`, exactly as the provider wrote them
@@ -1338,6 +1399,34 @@ mod tests {
         // No backslash, no secret: the body is left alone, unparsed.
         let mut ex = exchange_with_body(r#"{"ok": true}"#);
         assert!(!s.exchange(&mut ex, false));
+        // Wherever the escapes stand, a kept result is refused: behind a byte-order mark or an
+        // anti-hijacking prefix (which a lenient reader strips), in the second of JSON lines,
+        // across the scan's windows, as a surrogate pair or a non-ASCII character escaped.
+        let across = (65_500..65_560).map(|pad| {
+            format!(
+                r#"{{"pad": "{}", "k": "\u0061b\/cd+ef="}}"#,
+                "x".repeat(pad)
+            )
+        });
+        for kept in [
+            "\u{feff}{\"k\": \"\\u0061b/cd+ef=\"}".to_owned(),
+            ")]}'\n{\"k\": \"a\\u0062/cd+ef=\"}".to_owned(),
+            "{\"a\": 1}\n{\"k\": [\"ab\\/cd\\u002bef=\"]}\n".to_owned(),
+        ]
+        .into_iter()
+        .chain(across)
+        {
+            let mut ex = exchange_with_body(&kept);
+            assert!(s.exchange(&mut ex, true), "{}", &kept[..kept.len().min(60)]);
+        }
+        let s2 = Scrubber::new(&["p\u{e4}ss\u{1f511}".into()]);
+        for hidden in [r#"["p\u00e4ss\ud83d\udd11"]"#, r#"["\u0070ä\u0073s🔑"]"#] {
+            let mut ex = exchange_with_body(hidden);
+            assert!(s2.exchange(&mut ex, true), "{hidden}");
+        }
+        // An escaped backslash before `u0061` is a backslash and the letters, as JSON reads it.
+        let mut ex = exchange_with_body(r#"["\\u0061b/cd+ef="]"#);
+        assert!(!s.exchange(&mut ex, true));
         // An echo behind an escape in an answer of many small values (an error page to a result
         // call, which no wire measure bounds): 1 MiB of them would take some 100 MiB parsed to
         // scrub, so the body is not parsed but replaced whole. So is one the wire refused.
@@ -1403,6 +1492,35 @@ mod tests {
         let mut ex = exchange_with_body(&result);
         assert!(s.exchange(&mut ex, true));
         assert_eq!(&ex.body[..], result.as_bytes(), "kept as sent");
+    }
+
+    /// Work on a large answer hands its runtime thread over: another task runs meanwhile, even
+    /// on a runtime of one thread (done inline, it waited for the work, which waits for it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn work_on_a_large_answer_lets_other_tasks_run() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // Both on the runtime's one worker thread (the test's own body is not on it).
+        let seen = tokio::spawn(async {
+            let ran = std::sync::Arc::new(AtomicBool::new(false));
+            let other = {
+                let ran = ran.clone();
+                tokio::spawn(async move { ran.store(true, Ordering::SeqCst) })
+            };
+            let seen = sized_work(BLOCKING_BYTES, || {
+                let until = Instant::now() + Duration::from_secs(5);
+                while !ran.load(Ordering::SeqCst) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                ran.load(Ordering::SeqCst)
+            });
+            other.await.unwrap();
+            seen
+        })
+        .await
+        .unwrap();
+        assert!(seen, "the other task waited for the work");
+        // A small answer's work is done in place (no thread handed over for a few bytes).
+        assert_eq!(sized_work(10, || 1), 1);
     }
 
     #[tokio::test]
