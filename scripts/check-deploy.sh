@@ -230,7 +230,7 @@ fi
 # values.schema.json: a name the chart does not know, or a value of the wrong kind, is refused
 # (before, a typo rendered with the default in its place, in silence).
 for bad in worker.replica=3 worker.lease=30 api.ratePerToken=fast api.heldMib=0 \
-  'image.pullPolicy=Sometimes' 'providerSecrets[0].name=X,providerSecrets[0].secretName=s,providerSecrets[0].key=k,providerSecrets[0].component=workers'; do
+  'image.pullPolicy=Sometimes' 'api.mcpAllowedHosts={https://jobtrail.example}' 'providerSecrets[0].name=X,providerSecrets[0].secretName=s,providerSecrets[0].key=k,providerSecrets[0].component=workers'; do
   if "$helm" template jt helm/jobtrail --set "$bad" >/dev/null 2>&1; then
     echo "values.schema.json let $bad through" >&2
     exit 1

@@ -610,6 +610,19 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
         (vec!["worker", "--check-mib", "0"], "--check-mib"),
         (vec!["worker", "--check-mib", "512Mi"], "--check-mib"),
         (vec!["worker", "--check-mib", "2000000"], "--check-mib"),
+        // A Host header never matches a URL, a path or a user: each MCP request would be 403.
+        (
+            vec!["serve", "--mcp-allowed-host", "https://jobtrail.example"],
+            "--mcp-allowed-host",
+        ),
+        (
+            vec!["serve", "--mcp-allowed-host", "jobtrail.example/"],
+            "no scheme, no path",
+        ),
+        (
+            vec!["serve", "--mcp-allowed-host", "a.example,user@b.example"],
+            "user@b.example",
+        ),
     ] {
         let out = jobtrail(&env, &args, None);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -20,7 +20,8 @@ pub struct ServeArgs {
     #[arg(
         long = "mcp-allowed-host",
         env = "JOBTRAIL_MCP_ALLOWED_HOSTS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = mcp_host
     )]
     pub mcp_allowed_hosts: Vec<String>,
     /// How long requests in flight may finish after SIGTERM.
@@ -123,6 +124,28 @@ pub struct ServeArgs {
     pub webhook_bodies_per_provider: u32,
     #[command(flatten)]
     pub db_wait: crate::start::DbWait,
+}
+
+/// An MCP allowed host as the Host header is compared with it: `host` or `host:port`, nothing
+/// else. A URL, a path or a user would never match a Host header, so every MCP request under that
+/// name would be refused (403) by a server that started as if all were well.
+fn mcp_host(given: &str) -> Result<String, String> {
+    let given = given.trim();
+    // An empty one (a variable set to nothing, a trailing comma) names no host.
+    if given.is_empty() {
+        return Ok(String::new());
+    }
+    let bad = || {
+        format!(
+            "{given:?} is not a host name or host:port (no scheme, no path, no user): \
+             e.g. jobtrail.example or jobtrail.example:8443"
+        )
+    };
+    let authority = http::uri::Authority::try_from(given).map_err(|_| bad())?;
+    if given.contains('@') || authority.host().is_empty() {
+        return Err(bad());
+    }
+    Ok(authority.as_str().to_owned())
 }
 
 pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
@@ -264,7 +287,10 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
             .merge(jobtrail_mcp::http_router(
                 service.clone(),
                 shutdown.clone(),
-                a.mcp_allowed_hosts,
+                a.mcp_allowed_hosts
+                    .into_iter()
+                    .filter(|h| !h.is_empty())
+                    .collect(),
                 a.mcp_sessions_per_caller as usize,
             ))
             .layer(axum::middleware::from_fn_with_state(
