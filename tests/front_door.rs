@@ -900,6 +900,72 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
     )
     .await;
     assert_eq!(p["extra"]["current"], seen.as_str());
+    // A cancel of another caller's operation held for a person is a decision on a view too (the
+    // provider's cancel cannot be taken back, and another person may have resumed the job to keep
+    // it): without `seen`, with a stale one or a malformed one it is refused, and nothing is
+    // written; on the view seen it is recorded.
+    let carol = env.token("carol", &["read", "decide", "cancel"]).await;
+    let cancel = |id: &str, body: Value| {
+        c.post(server.url(&format!("/v1/operations/{id}/cancel")))
+            .bearer_auth(&carol)
+            .json(&body)
+            .send()
+    };
+    let p = problem(
+        cancel(&held_id, json!({"reason": "no longer needed"}))
+            .await
+            .unwrap(),
+        StatusCode::CONFLICT,
+        "conflict",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("seen"), "{p}");
+    problem(
+        cancel(&held_id, json!({"reason": "x", "seen": stale}))
+            .await
+            .unwrap(),
+        StatusCode::CONFLICT,
+        "conflict",
+    )
+    .await;
+    problem(
+        cancel(&held_id, json!({"reason": "x", "seen": "held@@1"}))
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "bad-input",
+    )
+    .await;
+    let still = env.store.get(held_id.parse().unwrap()).await.unwrap();
+    assert_eq!(
+        (still.state, still.history_seq),
+        (jobtrail_core::State::ResultTimedOut, op.history_seq),
+        "nothing written"
+    );
+    let other: Value = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .json(&json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                      "request": body(json!({"never_finish": true})), "create_deadline": "+2s", "result_deadline": "+3s"}))
+        .send().await.unwrap().json().await.unwrap();
+    let other_id = other["operation"]["id"].as_str().unwrap().to_owned();
+    let other_op = env
+        .wait_state(
+            other_id.parse().unwrap(),
+            jobtrail_core::State::ResultTimedOut,
+            Duration::from_secs(30),
+        )
+        .await;
+    let r = cancel(
+        &other_id,
+        json!({"reason": "customer withdrew", "seen": format!("result_timed_out@{}", other_op.history_seq)}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let d: Value = r.json().await.unwrap();
+    assert_eq!(d["operation"]["state"], "cancel_requested", "{d}");
+    assert_eq!(d["operation"]["cancel_requested_by"], "carol", "{d}");
     let r = decide(&alice, &seen).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let d: Value = r.json().await.unwrap();

@@ -269,7 +269,7 @@ async fn wait(
         (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 403, description = "The token lacks the scope this route needs", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
-        (status = 409, description = "The state machine refuses a cancel in this state", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "The state machine refuses a cancel in this state; or `seen` is stale; or another caller's operation held for a person was named without `seen`", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 413, description = "Body too large (at most 64 KiB: a reason, not a document)", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
     security(("bearer" = []))
@@ -284,10 +284,15 @@ async fn cancel(
     p.require(Scope::Cancel)?;
     let (b, _turn): (CancelBody, _) =
         json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(s.service.cancel(&p, &id, &b.reason).await?),
-    ))
+    let done = match &b.seen {
+        Some(seen) => {
+            s.service
+                .cancel_as_seen(&p, &id, &b.reason, Some(seen))
+                .await?
+        }
+        None => s.service.cancel(&p, &id, &b.reason).await?,
+    };
+    Ok((StatusCode::ACCEPTED, Json(done)))
 }
 
 /// A result's bytes as a body handed to the connection a slice at a time (as the connection takes

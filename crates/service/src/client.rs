@@ -342,6 +342,7 @@ impl Operations for ApiClient {
             &[],
             Some(&CancelBody {
                 reason: reason.to_owned(),
+                seen: None,
             }),
             REQUEST_TIMEOUT,
             None,

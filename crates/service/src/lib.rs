@@ -831,6 +831,12 @@ impl Service {
         let op = self.own(p, id).await?;
         let req = jobtrail_core::CancelRequest::new(p.caller(), reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
+        // Another caller's operation (the decide scope) is cancelled as a person cancels it: one
+        // held for a person only on the view seen, as `jobtrail-admin cancel --seen` does.
+        let person = match person {
+            None if op.caller != p.caller() => Some(None),
+            other => other,
+        };
         let asked = match person {
             None => self.store.request_cancel(op.id, req).await,
             Some(seen) => self.store.request_cancel_as_seen(op.id, req, seen).await,
