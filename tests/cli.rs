@@ -154,6 +154,41 @@ async fn submit_show_wait_result_and_exit_codes() {
         env.store.get(id2.parse().unwrap()).await.unwrap().state,
         jobtrail_core::State::Cancelled
     );
+    // Held for a person, another's operation is cancelled only on the view seen (4 without one,
+    // nothing written); on it, the cancel is recorded.
+    let mut held = submit.to_vec();
+    held.extend(["--create-deadline", "+2s", "--result-deadline", "+3s"]);
+    let out = jobtrail(&env, &held, Some(r#"{"sim":{"never_finish":true}}"#));
+    let id3: jobtrail_core::OperationId = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .unwrap()["operation"]["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let op = env
+        .wait_state(
+            id3,
+            jobtrail_core::State::ResultTimedOut,
+            Duration::from_secs(30),
+        )
+        .await;
+    let id3 = id3.to_string();
+    let cancel = ["cancel", &id3, "--actor", "bob", "--reason", "not needed"];
+    let out = jobtrail(&env, &cancel, None);
+    assert_eq!(code(&out), 4, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--seen"));
+    assert_eq!(
+        env.store.get(op.id).await.unwrap().history_seq,
+        op.history_seq,
+        "nothing written"
+    );
+    let seen = format!("result_timed_out@{}", op.history_seq);
+    let out = jobtrail(&env, &[&cancel[..], &["--seen", &seen]].concat(), None);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        env.store.get(op.id).await.unwrap().state,
+        jobtrail_core::State::CancelRequested
+    );
     env.stop_workers().await;
 }
 
@@ -622,6 +657,14 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
         (
             vec!["serve", "--mcp-allowed-host", "a.example,user@b.example"],
             "user@b.example",
+        ),
+        (
+            vec!["serve", "--mcp-allowed-host", "jobtrail.example:99999"],
+            "no scheme, no path",
+        ),
+        (
+            vec!["serve", "--mcp-allowed-host", "jobtrail.example:"],
+            "no scheme, no path",
         ),
     ] {
         let out = jobtrail(&env, &args, None);

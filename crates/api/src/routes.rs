@@ -284,14 +284,10 @@ async fn cancel(
     p.require(Scope::Cancel)?;
     let (b, _turn): (CancelBody, _) =
         json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
-    let done = match &b.seen {
-        Some(seen) => {
-            s.service
-                .cancel_as_seen(&p, &id, &b.reason, Some(seen))
-                .await?
-        }
-        None => s.service.cancel(&p, &id, &b.reason).await?,
-    };
+    let done = s
+        .service
+        .cancel(&p, &id, &b.reason, b.seen.as_deref())
+        .await?;
     Ok((StatusCode::ACCEPTED, Json(done)))
 }
 

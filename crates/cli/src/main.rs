@@ -123,6 +123,10 @@ enum Command {
         actor: Option<String>,
         #[arg(long)]
         reason: String,
+        /// The view you saw (`STATE@SEQ`, as `show` prints it), checked before the cancel is
+        /// recorded: needed to cancel another caller's operation held for a person.
+        #[arg(long)]
+        seen: Option<String>,
     },
     /// Write the validated result of a succeeded operation (checked against its recorded sha256).
     #[command(
@@ -316,10 +320,11 @@ async fn run(cli: Cli) -> CmdResult {
             operation,
             actor,
             reason,
+            seen,
         } => {
             let actor = actor.unwrap_or_default();
             let door = ops::door(&cli.common, &cli.door, Some(&actor), false).await?;
-            ops::cancel(&door, &operation, &reason, json).await
+            ops::cancel(&door, &operation, &reason, seen.as_deref(), json).await
         }
         Command::Result { operation, output } => {
             let door = ops::door(&cli.common, &cli.door, None, false).await?;

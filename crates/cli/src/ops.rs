@@ -459,8 +459,14 @@ pub async fn providers(door: &Door, json: bool) -> CmdResult {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn cancel(door: &Door, id: &str, reason: &str, json: bool) -> CmdResult {
-    let r = door.cancel(id, reason).await.map_err(failure)?;
+pub async fn cancel(
+    door: &Door,
+    id: &str,
+    reason: &str,
+    seen: Option<&str>,
+    json: bool,
+) -> CmdResult {
+    let r = door.cancel(id, reason, seen).await.map_err(failure)?;
     if json {
         print_json(&r);
     } else {

@@ -141,8 +141,15 @@ fn mcp_host(given: &str) -> Result<String, String> {
              e.g. jobtrail.example or jobtrail.example:8443"
         )
     };
+    // An IPv6 address alone (`::1`), as rmcp takes it; with a port it is bracketed (`[::1]:8443`).
+    if given.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Ok(given.to_owned());
+    }
     let authority = http::uri::Authority::try_from(given).map_err(|_| bad())?;
-    if given.contains('@') || authority.host().is_empty() {
+    // A port that is no port (`host:`, `host:abc`, `host:99999`) would match any port.
+    let after_host = given.rsplit_once(']').map_or(given, |(_, rest)| rest);
+    let port_unread = after_host.contains(':') && authority.port_u16().is_none();
+    if given.contains('@') || authority.host().is_empty() || port_unread {
         return Err(bad());
     }
     Ok(authority.as_str().to_owned())
@@ -350,6 +357,39 @@ impl std::fmt::Display for Bound {
         match self.0 {
             Some(n) => write!(f, "{n}"),
             None => f.write_str("off"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mcp_host;
+
+    /// A Host header names `host` or `host:port` (an IPv6 address bracketed with a port); an
+    /// allowed host that no Host header could name is refused, not kept to answer 403 for ever.
+    #[test]
+    fn an_mcp_allowed_host_is_what_a_host_header_can_name() {
+        for ok in [
+            "jobtrail.example",
+            "jobtrail.example:8443",
+            "::1",
+            "[::1]:8443",
+            "10.0.0.5",
+        ] {
+            assert_eq!(mcp_host(ok).as_deref(), Ok(ok), "{ok}");
+        }
+        assert_eq!(mcp_host(" a.example ").as_deref(), Ok("a.example"));
+        assert_eq!(mcp_host("").as_deref(), Ok(""), "names none");
+        for bad in [
+            "https://jobtrail.example",
+            "jobtrail.example/",
+            "user@jobtrail.example",
+            "jobtrail.example:",
+            "jobtrail.example:abc",
+            "jobtrail.example:99999",
+            "a b",
+        ] {
+            assert!(mcp_host(bad).is_err(), "{bad}");
         }
     }
 }

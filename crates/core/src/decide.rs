@@ -1190,10 +1190,11 @@ pub fn after_final_get(
             None,
             draw,
         )),
-        // The resource says the job is not succeeded (any more): a provider that went back, or a
-        // stale replica. Its result is not collected on that word, as a status-served result
-        // that says so is not.
-        StatusOutcome::Observed(s) if s.phase.is_some_and(|p| p != Phase::Succeeded) => {
+        // The resource says the job failed or was cancelled after all: a provider that went back,
+        // or a stale replica. Its result is not collected on that word. (A resource's own state
+        // that reads as running may be the resource's, not the job's: it says nothing against
+        // the success already seen, like a state the contract does not map.)
+        StatusOutcome::Observed(s) if matches!(s.phase, Some(Phase::Failed | Phase::Cancelled)) => {
             Some(failed_fetch(
                 op,
                 policy,
@@ -1215,6 +1216,17 @@ pub fn after_final_get(
     if let Some(mut step) = again {
         // Each read is counted: the next one is a new attempt.
         step.counters.polls = 1;
+        // A read that did not count leaves the result's hints (its URL, checksum, count) as they
+        // were: only what else it set (cookies) is kept.
+        let context = context.map(|mut c| {
+            if let Some(c) = c.as_object_mut() {
+                match op.provider_context.get("result") {
+                    Some(was) => c.insert("result".into(), was.clone()),
+                    None => c.remove("result"),
+                };
+            }
+            c
+        });
         return Plan::write(with_call(step, call, context));
     }
     let mut ctx = context.unwrap_or_else(|| op.provider_context.clone());

@@ -1297,17 +1297,31 @@ fn result_collection_reads_a_kept_sync_result_or_does_the_final_get_first() {
         },
         status(Some(Phase::Failed), None),
         status(Some(Phase::Cancelled), None),
-        status(Some(Phase::Running), None),
     ] {
-        let plan = after_final_get(&op, &p, called(CallKind::Status, outcome.clone()), now, 0.3);
+        // What the read said of the result is not kept; what else it set is.
+        let mut read = called(CallKind::Status, outcome.clone());
+        read.context = Some(serde_json::json!({
+            "result": {"result_url": "https://p.example/other"},
+            "cookies": ["c"],
+        }));
+        let plan = after_final_get(&op, &p, read, now, 0.3);
         assert!(!plan.go_on, "{outcome:?}");
+        let kept = plan
+            .step
+            .observation
+            .as_ref()
+            .unwrap()
+            .provider_context
+            .as_ref()
+            .unwrap();
+        assert_eq!(kept, &serde_json::json!({"cookies": ["c"]}), "{outcome:?}");
         assert_eq!(plan.step.counters.failures, FailureCount::Increment);
         assert!(
             matches!(&plan.step.event, Some(Event::ResultFetchFailed { error_class }) if error_class.starts_with("final GET: ")),
             "{outcome:?}: {:?}",
             plan.step.event
         );
-        assert!(plan.step.observation.is_none(), "not marked done");
+        assert!(kept.get("final_get_done").is_none(), "not marked done");
     }
     // A URL outside the contract's origins: nothing was sent, a person decides.
     let plan = after_final_get(
@@ -1323,15 +1337,12 @@ fn result_collection_reads_a_kept_sync_result_or_does_the_final_get_first() {
         0.3,
     );
     assert!(matches!(plan.step.event, Some(Event::UrlRefused { .. })));
-    // A state the contract does not map says nothing against the success already seen.
-    let plan = after_final_get(
-        &op,
-        &p,
-        called(CallKind::Status, status(None, None)),
-        now,
-        0.3,
-    );
-    assert!(plan.go_on);
+    // A state the contract does not map says nothing against the success already seen; nor does
+    // one that reads as running (the resource's own, maybe, not the job's).
+    for unsaid in [status(None, None), status(Some(Phase::Running), None)] {
+        let plan = after_final_get(&op, &p, called(CallKind::Status, unsaid), now, 0.3);
+        assert!(plan.go_on);
+    }
     let late = spent.result_deadline + chrono::Duration::seconds(1);
     let plan = after_final_get(&spent, &p, called(CallKind::Status, throttled()), late, 0.3);
     assert!(

@@ -99,6 +99,10 @@ pub struct CancelArgs {
     pub operation_id: String,
     /// Why (recorded in the operation's history with your caller name).
     pub reason: String,
+    /// The view you saw (`seen` in the operation's view, `STATE@SEQ`): needed to cancel another
+    /// caller's operation held for a person; a stale one is refused.
+    #[serde(default)]
+    pub seen: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -353,7 +357,10 @@ impl JobtrailMcp {
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         match self.ops(&ctx) {
-            Ok(ops) => answer(ops.cancel(&a.operation_id, &a.reason).await),
+            Ok(ops) => answer(
+                ops.cancel(&a.operation_id, &a.reason, a.seen.as_deref())
+                    .await,
+            ),
             Err(e) => tool_error(e),
         }
     }
@@ -531,7 +538,7 @@ impl ServerHandler for JobtrailMcp {
         // A cancel as the cancel tool makes it (the cancel scope, not read): a task already
         // terminal is refused with -32602, as the Tasks extension asks, and nothing is written.
         let ops = self.ops(&ctx).map_err(mcp_error)?;
-        ops.cancel(&p.task_id, "tasks/cancel from the MCP client")
+        ops.cancel(&p.task_id, "tasks/cancel from the MCP client", None)
             .await
             .map_err(mcp_error)?;
         Ok(())

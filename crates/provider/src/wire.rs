@@ -195,7 +195,8 @@ pub struct Scrubber {
 pub const SCRUBBED: &str = "[secret]";
 
 /// The most an answer that repeats a secret behind JSON escapes may take parsed to be scrubbed as
-/// JSON (any answer within the default 1 MiB limit fits); past it, the whole body is the secret.
+/// JSON (a status answer within the default 1 MiB limit fits unless it is mostly tiny values);
+/// past it, the whole body is replaced.
 const SCRUB_PARSED_MOST: usize = 16 * 1024 * 1024;
 
 impl Scrubber {
@@ -293,7 +294,15 @@ impl Scrubber {
         let mut window = Vec::with_capacity(WINDOW + tail + 4);
         let mut at = 0;
         while at < body.len() {
-            at += unescape_one(&body[at..], &mut window);
+            // Text up to the next backslash is copied as it is, a window's worth at most.
+            let plain = memchr::memchr(b'\\', &body[at..]).unwrap_or(body.len() - at);
+            if plain > 0 {
+                let run = plain.min(WINDOW);
+                window.extend_from_slice(&body[at..at + run]);
+                at += run;
+            } else {
+                at += unescape_one(&body[at..], &mut window);
+            }
             if window.len() >= WINDOW + tail {
                 if self.contains(&window) {
                     return true;
@@ -316,11 +325,11 @@ impl Scrubber {
         }
         if self.escaped_in_json(&ex.body) {
             echoed = true;
-            // Scrubbed as JSON where it can be parsed within a bound (an answer refused at the
-            // wire, or one whose small values would take many times its text parsed, is the
-            // provider's doing: parsing it to scrub it would let an echo cost what the wire's
-            // measure refused); one that is JSON only up to the secret (cut short, or trailed by
-            // other text) is not kept either.
+            // Scrubbed as JSON where it can be parsed within a bound; replaced whole otherwise:
+            // an answer the wire found wanting (too large, cut off, another request's), one whose
+            // small values would take many times its text parsed (parsing it to scrub it would
+            // let an echo cost what the wire's measure refuses), and one that is JSON only up to
+            // the secret (cut short, or trailed by other text).
             if !keep_body {
                 let parsed = (ex.error.is_none()
                     && jobtrail_core::json::footprint_within(&ex.body, SCRUB_PARSED_MOST).is_ok())
@@ -1063,8 +1072,9 @@ fn field<'a>(
 /// surrogate as U+FFFD), `\"`, `\\`, `\/` and the control escapes; anything else, itself.
 fn unescape_one(text: &[u8], out: &mut Vec<u8>) -> usize {
     fn hex4(t: &[u8]) -> Option<u16> {
-        let digits = std::str::from_utf8(t.get(..4)?).ok()?;
-        u16::from_str_radix(digits, 16).ok()
+        // Four hex digits, as JSON has them (`from_str_radix` alone would take a sign too).
+        let digits = t.get(..4).filter(|d| d.iter().all(u8::is_ascii_hexdigit))?;
+        u16::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
     }
     let [b'\\', escape, ..] = text else {
         out.push(text[0]);
@@ -1424,6 +1434,9 @@ mod tests {
             let mut ex = exchange_with_body(hidden);
             assert!(s2.exchange(&mut ex, true), "{hidden}");
         }
+        // `\u` takes four hex digits, no sign (JSON refuses `\u+061`: no reader decodes it).
+        let mut ex = exchange_with_body(r#"["\u+061b/cd+ef="]"#);
+        assert!(!s.exchange(&mut ex, true));
         // An escaped backslash before `u0061` is a backslash and the letters, as JSON reads it.
         let mut ex = exchange_with_body(r#"["\\u0061b/cd+ef="]"#);
         assert!(!s.exchange(&mut ex, true));

@@ -335,14 +335,19 @@ impl Operations for ApiClient {
         .await
     }
 
-    async fn cancel(&self, id: &str, reason: &str) -> Result<CancelResponse, ServiceError> {
+    async fn cancel(
+        &self,
+        id: &str,
+        reason: &str,
+        seen: Option<&str>,
+    ) -> Result<CancelResponse, ServiceError> {
         self.json(
             Method::POST,
             &format!("v1/operations/{}/cancel", segment(id)?),
             &[],
             Some(&CancelBody {
                 reason: reason.to_owned(),
-                seen: None,
+                seen: seen.map(str::to_owned),
             }),
             REQUEST_TIMEOUT,
             None,

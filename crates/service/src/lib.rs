@@ -797,13 +797,20 @@ impl Service {
         }
     }
 
+    /// An agent's cancel; on `seen` (`STATE@SEQ`), a cancel on that view. Another caller's
+    /// operation (the decide scope) is cancelled as a person cancels it: one held for a person
+    /// only on the view seen, as `jobtrail-admin cancel --seen` does.
     pub async fn cancel(
         &self,
         p: &Principal,
         id: &str,
         reason: &str,
+        seen: Option<&str>,
     ) -> Result<CancelResponse, ServiceError> {
-        self.cancel_as(p, id, reason, None).await
+        match seen {
+            Some(_) => self.cancel_as_seen(p, id, reason, seen).await,
+            None => self.cancel_as(p, id, reason, None).await,
+        }
     }
 
     /// A person's cancel (`jobtrail-admin cancel`) on the view `seen` (`STATE@SEQ`, or a bare
@@ -831,8 +838,7 @@ impl Service {
         let op = self.own(p, id).await?;
         let req = jobtrail_core::CancelRequest::new(p.caller(), reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
-        // Another caller's operation (the decide scope) is cancelled as a person cancels it: one
-        // held for a person only on the view seen, as `jobtrail-admin cancel --seen` does.
+        // Another caller's operation (the decide scope): a person's cancel.
         let person = match person {
             None if op.caller != p.caller() => Some(None),
             other => other,
@@ -1081,10 +1087,13 @@ pub trait Operations: Send + Sync {
         seen: Option<&str>,
         timeout: Duration,
     ) -> impl Future<Output = Result<WaitResponse, ServiceError>> + Send;
+    /// `seen`: the view the caller saw (`STATE@SEQ`), checked under the row lock; needed to
+    /// cancel another caller's operation held for a person.
     fn cancel(
         &self,
         id: &str,
         reason: &str,
+        seen: Option<&str>,
     ) -> impl Future<Output = Result<CancelResponse, ServiceError>> + Send;
     fn result(&self, id: &str) -> impl Future<Output = Result<ResultBytes, ServiceError>> + Send;
     fn providers(&self) -> impl Future<Output = Result<ProviderList, ServiceError>> + Send;
@@ -1121,8 +1130,13 @@ impl Operations for Bound {
     ) -> Result<WaitResponse, ServiceError> {
         self.service.wait(&self.principal, id, seen, timeout).await
     }
-    async fn cancel(&self, id: &str, reason: &str) -> Result<CancelResponse, ServiceError> {
-        self.service.cancel(&self.principal, id, reason).await
+    async fn cancel(
+        &self,
+        id: &str,
+        reason: &str,
+        seen: Option<&str>,
+    ) -> Result<CancelResponse, ServiceError> {
+        self.service.cancel(&self.principal, id, reason, seen).await
     }
     async fn result(&self, id: &str) -> Result<ResultBytes, ServiceError> {
         self.service.result(&self.principal, id).await
@@ -1184,10 +1198,15 @@ impl Operations for Door {
             Door::Remote(c) => c.wait(id, seen, timeout).await,
         }
     }
-    async fn cancel(&self, id: &str, reason: &str) -> Result<CancelResponse, ServiceError> {
+    async fn cancel(
+        &self,
+        id: &str,
+        reason: &str,
+        seen: Option<&str>,
+    ) -> Result<CancelResponse, ServiceError> {
         match self {
-            Door::Local(b) => b.cancel(id, reason).await,
-            Door::Remote(c) => c.cancel(id, reason).await,
+            Door::Local(b) => b.cancel(id, reason, seen).await,
+            Door::Remote(c) => c.cancel(id, reason, seen).await,
         }
     }
     async fn result(&self, id: &str) -> Result<ResultBytes, ServiceError> {

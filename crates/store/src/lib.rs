@@ -1546,7 +1546,7 @@ impl Store {
             .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
         if by_person && seen.is_none() && state.needs_human() {
             return Err(StoreError::Conflict(format!(
-                "{id} is held for a person ({state}): cancelling it is a decision on what you saw; look at it (`show`) and name that view (`--seen STATE@SEQ`; over the API, `seen` in the cancel's body), as `escalations` and `show` print it"
+                "{id} is held for a person ({state}): cancelling it is a decision on what you saw; look at it (`show`) and name that view (`--seen STATE@SEQ`, or `seen` in the API's cancel body or the MCP tool's arguments), as `escalations` and `show` print it"
             )));
         }
         // A cancel already noted where the state cannot move yet: asking again writes nothing.
