@@ -866,14 +866,15 @@ pub fn not_sent(
     }
 }
 
-/// Bytes of an answer from which work in proportion to its size is done off the runtime's thread.
-const BLOCKING_BYTES: usize = 256 << 10;
+/// Bytes from which work in proportion to their size (hashing, measuring, searching, checking) is
+/// done off the runtime's thread: it would otherwise stall every other operation on the thread.
+pub const BLOCKING_BYTES: usize = 256 << 10;
 
 /// Work in proportion to an answer's size (its digest, its measure, the search for a secret in
 /// it): past [`BLOCKING_BYTES`] (a result may be a gigabyte), done with this runtime thread handed
 /// over to the others first (`block_in_place`), so the calls and steps of every other operation on
 /// the thread go on. (How many large answers are read at once is the result room's to bound.)
-pub(crate) fn sized_work<T>(size: usize, work: impl FnOnce() -> T) -> T {
+pub fn sized_work<T>(size: usize, work: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     let multi =
         Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);

@@ -326,19 +326,12 @@ static LARGE_CHECKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_ne
 /// thread handed over to the others first (`block_in_place`), so the calls and steps of every other
 /// operation on the worker go on.
 async fn off_runtime<T>(size: usize, check: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
     if size < crate::results::BLOCKING_BYTES {
         return check();
     }
     // The semaphore is never closed: a failed acquire cannot happen, and would only skip the bound.
     let _turn = LARGE_CHECKING.acquire().await.ok();
-    let multi =
-        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
-    if multi {
-        tokio::task::block_in_place(check)
-    } else {
-        check()
-    }
+    jobtrail_provider::wire::sized_work(size, check)
 }
 
 /// Drive one claimed operation until it needs to wait (or is done, or the lease is lost).

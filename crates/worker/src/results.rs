@@ -126,9 +126,9 @@ pub enum ReadError {
     Altered(String),
 }
 
-/// Bytes from which hashing or checking them is taken off the runtime's threads: work in proportion
-/// to the size that would otherwise stall every other operation on the thread.
-pub(crate) const BLOCKING_BYTES: usize = 256 << 10;
+/// Bytes from which hashing or checking them is taken off the runtime's threads (the provider's
+/// answers and the worker's results alike).
+pub(crate) use jobtrail_provider::wire::BLOCKING_BYTES;
 
 /// The lowercase hex sha256 of `bytes` (and the bytes back), computed on a blocking thread when
 /// they are large enough to stall the async threads.
