@@ -230,7 +230,8 @@ fi
 # values.schema.json: a name the chart does not know, or a value of the wrong kind, is refused
 # (before, a typo rendered with the default in its place, in silence).
 for bad in worker.replica=3 worker.lease=30 api.ratePerToken=fast api.heldMib=0 \
-  'image.pullPolicy=Sometimes' 'api.mcpAllowedHosts={https://jobtrail.example}' 'providerSecrets[0].name=X,providerSecrets[0].secretName=s,providerSecrets[0].key=k,providerSecrets[0].component=workers'; do
+  'image.pullPolicy=Sometimes' 'api.mcpAllowedHosts={https://jobtrail.example}' \
+  'api.mcpAllowedHosts={jobtrail.example:}' 'api.mcpAllowedHosts={jobtrail.example:99999}' 'providerSecrets[0].name=X,providerSecrets[0].secretName=s,providerSecrets[0].key=k,providerSecrets[0].component=workers'; do
   if "$helm" template jt helm/jobtrail --set "$bad" >/dev/null 2>&1; then
     echo "values.schema.json let $bad through" >&2
     exit 1
@@ -238,6 +239,8 @@ for bad in worker.replica=3 worker.lease=30 api.ratePerToken=fast api.heldMib=0 
 done
 "$helm" template jt helm/jobtrail --set api.ratePerAddress=off --set api.maxConnectionsPerAddress=512 \
   --set 'api.ratePerToken=50/s\,200' >/dev/null
+# What jobtrail serve's --mcp-allowed-host takes, the schema takes too.
+"$helm" template jt helm/jobtrail --set 'api.mcpAllowedHosts={jobtrail.example:8443,::1,10.0.0.5}' >/dev/null
 # A new contracts.revision rolls the pods (contracts in an existing ConfigMap change unseen).
 a="$("$helm" template jt helm/jobtrail --set contracts.existingConfigMap=mine | grep 'checksum/contracts' | head -1)"
 b="$("$helm" template jt helm/jobtrail --set contracts.existingConfigMap=mine --set contracts.revision=2 | grep 'checksum/contracts' | head -1)"

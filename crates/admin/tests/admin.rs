@@ -658,6 +658,17 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
         String::from_utf8_lossy(&blind.stderr)
     );
     assert!(String::from_utf8_lossy(&blind.stderr).contains("--seen"));
+    // A bare state names no view (the operation may have been resumed and come back since):
+    // refused, nothing written.
+    let bare = cancel(Some("result_timed_out"));
+    let said = String::from_utf8_lossy(&bare.stderr);
+    assert_eq!(code(&bare), 4, "{said}");
+    assert!(said.contains("a bare state names no view"), "{said}");
+    assert_eq!(
+        store.get(t2.id).await.unwrap().history_seq,
+        before.history_seq,
+        "nothing written"
+    );
     // A view that is out of date (another person resumed it, and a status read came in, since):
     // refused, nothing written.
     let stale = format!("result_timed_out@{}", before.history_seq - 1);

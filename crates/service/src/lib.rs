@@ -814,7 +814,8 @@ impl Service {
     }
 
     /// A person's cancel (`jobtrail-admin cancel`) on the view `seen` (`STATE@SEQ`, or a bare
-    /// state), checked under the row lock; without one, an operation held for a person is refused.
+    /// state), checked under the row lock; an operation held for a person is refused without a
+    /// whole `STATE@SEQ`.
     pub async fn cancel_as_seen(
         &self,
         p: &Principal,

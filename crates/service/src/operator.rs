@@ -194,7 +194,7 @@ impl Service {
                 Step::event(jobtrail_core::Event::ConfirmCancellation { decision, evidence })
             }
             Decision::ChooseJob { job_id } => {
-                let op = store.get(id).await?;
+                let op = store.get_shown(id).await?;
                 let answers: Vec<&str> = [
                     op.remote_job_id.as_deref(),
                     op.conflicting_remote_job_id.as_deref(),
@@ -277,7 +277,7 @@ impl Service {
                         })?;
                         let t = in_future(&t, "create_deadline", store.db_now().await?)?;
                         step.set_create_deadline = Some(t);
-                        let op = store.get(id).await?;
+                        let op = store.get_shown(id).await?;
                         if op.result_deadline < t {
                             step.set_result_deadline = Some(t);
                         }
@@ -391,7 +391,7 @@ impl Service {
             .map_err(|e| refused(id, e))?;
         // The retry is written: its answer never fails on a read after it (the old record as read
         // before, now linked, stands in).
-        let old = match store.get(id).await {
+        let old = match store.get_shown(id).await {
             Ok(now) => now,
             Err(_) => jobtrail_store::OperationRecord {
                 superseded_by: Some(s.operation.id),

@@ -618,7 +618,7 @@ impl Store {
             .ok_or_else(|| {
                 StoreError::Tampered(format!("the history of {id} records no validated result"))
             })?;
-        let op = self.get(id).await?;
+        let op = self.get_shown(id).await?;
         if op.result_sha256.as_deref() != Some(validated.sha256.as_str())
             || op.result_location.as_deref() != Some(validated.location.as_str())
         {

@@ -942,7 +942,9 @@ impl Store {
         };
         if !insert_intent(&mut tx, intent).await? {
             tx.rollback().await?;
-            let existing = self.get(intent.operation_id).await?;
+            // Compared without the stored body (the fingerprint stands for it): a tiny request
+            // under another's id must not make the server read and parse up to 16 MiB.
+            let existing = self.get_shown(intent.operation_id).await?;
             // Another caller's id is "not found": neither what it holds nor that it differs.
             if existing.caller != intent.caller {
                 return Err(StoreError::NotFound(intent.operation_id));
@@ -950,8 +952,9 @@ impl Store {
             if let Some(e) = intent.conflict_with(&existing) {
                 return Err(e.into());
             }
+            // The same request again: it is read whole, as its submitter just sent it whole.
             return Ok(Submitted {
-                operation: existing,
+                operation: self.get(intent.operation_id).await?,
                 created: false,
             });
         }
@@ -1516,8 +1519,8 @@ impl Store {
     }
 
     /// A person's cancel: as [`Store::request_cancel`], on the view `seen` (`STATE`, and the history
-    /// position when given) checked under the row lock. Without a view, an operation held for a
-    /// person is refused: cancelling it is a decision like any other on the queue, and another
+    /// position when given) checked under the row lock. Without a whole view (`STATE@SEQ`), an
+    /// operation held for a person is refused: cancelling it is a decision like any other on the queue, and another
     /// person may have resumed it since (a job someone chose to keep would be cancelled).
     pub async fn request_cancel_as_seen(
         &self,
@@ -1544,9 +1547,16 @@ impl Store {
             .row_state()
             .parse()
             .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
-        if by_person && seen.is_none() && state.needs_human() {
+        // A bare state is not a view here: the operation may have left this state and come back
+        // (resumed by someone who chose to keep the job), and the provider's cancel cannot be
+        // taken back.
+        if by_person && state.needs_human() && !matches!(seen, Some((_, Some(_)))) {
+            let given = match seen {
+                None => "no view was named",
+                Some(_) => "a bare state names no view",
+            };
             return Err(StoreError::Conflict(format!(
-                "{id} is held for a person ({state}): cancelling it is a decision on what you saw; look at it (`show`) and name that view (`--seen STATE@SEQ`, or `seen` in the API's cancel body or the MCP tool's arguments), as `escalations` and `show` print it"
+                "{id} is held for a person ({state}): cancelling it is a decision on what you saw, and {given}; look at it (`show`) and name that view with its number (`--seen STATE@SEQ`, or `seen` in the API's cancel body or the MCP tool's arguments), as `escalations` and `show` print it"
             )));
         }
         // A cancel already noted where the state cannot move yet: asking again writes nothing.

@@ -244,3 +244,54 @@ mod tests {
         );
     }
 }
+
+/// What the current thread has allocated and not yet freed, and the most it reached: a call's
+/// memory, measured on the current-thread runtime a `#[tokio::test]` runs everything on. A test
+/// binary counts with `#[global_allocator] static HEAP: heap::Counting = heap::Counting;`.
+pub mod heap {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+        static PEAK: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn add(n: isize) {
+        // No destructor and no allocation: safe to reach from inside the allocator.
+        let _ = LIVE.try_with(|l| {
+            let now = l.get() + n;
+            l.set(now);
+            let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+        });
+    }
+
+    pub struct Counting;
+
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            add(l.size() as isize);
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            add(-(l.size() as isize));
+            unsafe { System.dealloc(p, l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+            add(new as isize - l.size() as isize);
+            unsafe { System.realloc(p, l, new) }
+        }
+    }
+
+    /// `f`'s output, and the most it had allocated at once on this thread beyond what was live
+    /// when it began.
+    pub async fn peak_of<F: std::future::Future>(f: F) -> (F::Output, usize) {
+        let base = LIVE.with(Cell::get);
+        PEAK.with(|p| p.set(base));
+        let out = f.await;
+        (
+            out,
+            usize::try_from(PEAK.with(Cell::get) - base).unwrap_or(0),
+        )
+    }
+}

@@ -245,6 +245,72 @@ async fn the_same_id_under_other_terms_is_refused_and_another_callers_is_not_fou
     );
 }
 
+// Peak heap of one store call on the test's own thread (the store's reads decode there).
+#[global_allocator]
+static HEAP: jobtrail_store::testing::heap::Counting = jobtrail_store::testing::heap::Counting;
+
+/// A tiny request about an operation whose stored request is large (a conflicting resubmit under
+/// its id, another caller's guess at it, a cancel) never reads that request: it would cost the
+/// server the body's text and many times that parsed, once per tiny request.
+#[tokio::test]
+async fn tiny_requests_about_a_large_operation_never_read_its_request() {
+    use jobtrail_store::testing::heap::peak_of;
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut terms = providers();
+    let most_body = jobtrail_core::operation::MAX_BODY_BYTES;
+    terms.get_mut("sim").unwrap().max_body_bytes = most_body;
+    let limits = SubmitLimits {
+        max_body_bytes: most_body,
+        ..SubmitLimits::default()
+    };
+    // 13 MB of text, twice that once parsed (small values take 32 bytes each).
+    let body = format!(
+        r#"{{"s":"{}","n":[{}0]}}"#,
+        "x".repeat(12 << 20),
+        "0,".repeat(500_000)
+    );
+    let id = OperationId::from_uuid(uuid::Uuid::now_v7());
+    let mut large = submission(&body);
+    large.operation_id = Some(id);
+    store.submit_new(&large, &terms, limits).await.unwrap();
+    const MOST: usize = 4 << 20;
+
+    let mut conflicting = submission("{}");
+    conflicting.operation_id = Some(id);
+    let (r, peak) = peak_of(store.submit_new(&conflicting, &terms, limits)).await;
+    assert!(
+        matches!(
+            r,
+            Err(StoreError::Submit(SubmitError::FingerprintConflict { .. }))
+        ),
+        "{r:?}"
+    );
+    assert!(peak < MOST, "a conflicting resubmit took {peak} bytes");
+
+    let mut guess = conflicting.clone();
+    guess.caller = "agent-8".into();
+    let (r, peak) = peak_of(store.submit_new(&guess, &terms, limits)).await;
+    assert!(
+        matches!(r, Err(StoreError::NotFound(n)) if n == id),
+        "{r:?}"
+    );
+    assert!(peak < MOST, "another caller's guess took {peak} bytes");
+
+    let (r, peak) =
+        peak_of(store.request_cancel(id, CancelRequest::new("agent-7", "not needed").unwrap()))
+            .await;
+    assert_eq!(r.unwrap().record.state, State::Withdrawn);
+    assert!(peak < MOST, "a cancel took {peak} bytes");
+    // The record keeps its request; only these reads went without it.
+    assert_eq!(
+        store.get(id).await.unwrap().request_body["n"]
+            .as_array()
+            .map(Vec::len),
+        Some(500_001)
+    );
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_and_nothing_is_written() {
     let db = TestDb::new().await;

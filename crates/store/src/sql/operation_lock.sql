@@ -1,5 +1,18 @@
--- Lock the row for a write that is not a lease holder's (a cancel request, a person's decision).
-SELECT now() AS db_now, o.*
-FROM operations o
-WHERE o.id = $1
+-- Lock the row for a write that is not a lease holder's (a cancel request, a person's decision, a
+-- resubmit that finds its id taken, a refused write's call), without its request body (null here):
+-- none of them sends it, and a tiny request must not make the server read and parse 16 MiB.
+SELECT
+    now() AS db_now,
+    id, provider, target, 'null'::jsonb AS request_body, request_fingerprint, idempotency_token,
+    idempotency_mode, at_most_once, caller, approved_by, approval_ref, trace_id, parent_span_id, created_at,
+    create_deadline, result_deadline, cancel_window_ms, cancel_deadline, state, state_changed_at,
+    finished_at, escalated_at, escalation_reason, remote_job_id, conflicting_remote_job_id,
+    remote_state, remote_updated_at, remote_progress, observed_at, status_url, provider_context,
+    next_action_at, next_action_reason, create_attempts, create_sent_epoch, poll_count,
+    poll_not_before, failure_count, cancel_attempts, result_attempts, reconcile_attempts,
+    lease_owner, lease_expires_at, lease_epoch, takeovers, cancel_requested_at, cancel_requested_by,
+    cancel_reason, result_location, result_size, result_sha256, result_content_type,
+    result_summary, supersedes, superseded_by, history_seq, history_head, calls_seq, calls_head
+FROM operations
+WHERE id = $1
 FOR UPDATE
