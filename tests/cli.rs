@@ -103,6 +103,28 @@ async fn submit_show_wait_result_and_exit_codes() {
         None,
     );
     assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    // Over an earlier copy: replaced whole (renamed into place), nothing else left beside it;
+    // onto a directory: exit 2, the directory as it was.
+    let dir = std::env::temp_dir().join(format!("jobtrail-cli-o-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let kept = dir.join("r.json");
+    std::fs::write(&kept, vec![b'x'; 1 << 20]).unwrap();
+    let out = jobtrail(&env, &["result", &id, "-o", kept.to_str().unwrap()], None);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&kept).unwrap(), result.stdout);
+    let out = jobtrail(
+        &env,
+        &["result", &id, "-o", dir.join("sub").to_str().unwrap()],
+        None,
+    );
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    let mut left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["r.json", "sub"], "no temporary file left behind");
+    std::fs::remove_dir_all(&dir).unwrap();
 
     // Cancelling a finished operation is refused (4); unknown ids are 3; bad input is 2, nothing written.
     assert_eq!(
@@ -639,6 +661,20 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
             "--timeout",
         ),
         (vec!["worker", "--lease", "100000000d"], "--lease"),
+        // A contract path named by mistake is not read until memory runs out.
+        (vec!["contract", "check", "/dev/zero"], "larger than"),
+        // Bench counts that would wait on nothing, seed until the disk is full, or panic.
+        (vec!["bench", "--e2e-concurrency", "0"], "--e2e-concurrency"),
+        (vec!["bench", "--large-table=-1"], "--large-table"),
+        (
+            vec!["bench", "--ceiling-secs", "18446744073709551615"],
+            "--ceiling-secs",
+        ),
+        (vec!["bench", "--clients", "4,4294967300"], "--clients"),
+        (
+            vec!["bench", "--json-out", "/nonexistent-dir/x.json"],
+            "--json-out",
+        ),
         (vec!["worker", "--lease", "2h"], "--lease"),
         (vec!["worker", "--idle", "0s"], "--idle"),
         (vec!["worker", "--idle", "30ms"], "--idle"),
@@ -681,11 +717,62 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
         assert_eq!(code(&out), 2, "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
+    // A result directory that cannot take a file (here a plain file; a read-only mount or one
+    // without permission alike): refused at start, not found out as every finished job fails.
+    let not_a_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let out = jobtrail(&env, &["worker", "--result-dir", not_a_dir], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(stderr.contains("results cannot be kept there"), "{stderr}");
     assert_eq!(
         env.store.totals().await.unwrap(),
         (0, 0, 0),
         "nothing written"
     );
+}
+
+/// The API door as a careless user reaches it: a password in the API's URL is never printed,
+/// whatever else is wrong with it, and an argument that is not UTF-8 (a file name) is no panic.
+#[test]
+fn the_api_door_never_prints_a_password_or_panics_on_an_argument() {
+    let run = |args: &[&std::ffi::OsStr], api: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(args)
+            .env("JOBTRAIL_API", api)
+            .env("JOBTRAIL_TOKEN", "jtk_not-a-live-token")
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let op = std::ffi::OsStr::new("op_01JZZZZZZZZZZZZZZZZZZZZZZZ");
+    let show = std::ffi::OsStr::new("show");
+    let db = std::ffi::OsStr::new("--database-url=postgres://127.0.0.1:9/x");
+    for (args, api) in [
+        (vec![show, op], "ftp://u:hunter2@127.0.0.1:9/"),
+        (vec![show, op], "http://u:hunter2@127.0.0.1:bad/"),
+        (vec![show, op, db], "http://u:hunter2@127.0.0.1:9/"),
+    ] {
+        let (code, err) = run(&args, api);
+        assert_eq!(code, Some(2), "{api}: {err}");
+        assert!(!err.contains("hunter2"), "{api}: {err}");
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let (code, err) = run(
+        &[
+            std::ffi::OsStr::new("result"),
+            op,
+            std::ffi::OsStr::new("-o"),
+            std::ffi::OsStr::from_bytes(b"r\xe9sum\xe9.json"),
+        ],
+        "http://127.0.0.1:9/",
+    );
+    assert_ne!(code, Some(101), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

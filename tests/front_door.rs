@@ -1529,6 +1529,31 @@ async fn a_batch_submits_all_or_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(env.store.totals().await.unwrap().0, before);
+    // A submission the service refuses is named by its line (here the third, after a blank one),
+    // not by its place among the submissions counted from 0.
+    let out = run(format!(
+        "{}\n\n{}\n",
+        item(&fresh[0], "sim"),
+        item(&fresh[1], "no-such-provider")
+    ));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("line 3: ") && !said.contains("item 1"),
+        "{said}"
+    );
+    // More submissions than a batch holds: refused at the line past the limit, nothing sent.
+    let many: String = (0..=jobtrail_service::MAX_BATCH)
+        .map(|_| format!("{}\n", item(&fresh[0], "sim")))
+        .collect();
+    let out = run(many);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("line 1001: a batch holds at most 1000"),
+        "{said}"
+    );
+    assert_eq!(env.store.totals().await.unwrap().0, before);
     let out = run(lines);
     assert_eq!(
         out.status.code(),

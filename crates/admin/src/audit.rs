@@ -10,7 +10,7 @@ use ed25519_dalek::Signer;
 use jobtrail_console::shell::{self, CmdResult, exit, fail, print_json};
 use jobtrail_core::OperationId;
 use jobtrail_store::{Anchor, Store, StoreError};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Exit code: the named anchor is not in the database, or its signature does not verify.
@@ -68,14 +68,16 @@ fn expected_digest(
         }
         return Ok(v.to_ascii_lowercase());
     }
-    let text = std::fs::read_to_string(v).map_err(|e| {
-        fail(
-            exit::BAD_INPUT,
-            format!(
-                "--expect-anchor: neither a 64-hex digest nor a readable anchor file ({v}: {e})"
-            ),
-        )
-    })?;
+    // An anchor file is a few hundred bytes: a path named by mistake is not read to the end.
+    let text =
+        jobtrail_provider::contract::read_text_file(Path::new(v), 64 << 10).map_err(|e| {
+            fail(
+                exit::BAD_INPUT,
+                format!(
+                    "--expect-anchor: neither a 64-hex digest nor a readable anchor file ({v}: {e})"
+                ),
+            )
+        })?;
     let file: AnchorFile = serde_json::from_str(&text).map_err(|e| {
         fail(
             exit::BAD_INPUT,
@@ -143,7 +145,7 @@ pub async fn verify(
         .transpose()?;
     let checked = match &operation {
         Some(op) => {
-            let id: OperationId = op.parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
+            let id: OperationId = op.trim().parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
             store
                 .verify_operation_anchored(id, expected.as_deref())
                 .await
@@ -251,7 +253,7 @@ pub async fn anchor(
     let actor = shell::actor("--actor", actor)?;
     let key = match &signing_key {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
+            let text = jobtrail_provider::contract::read_text_file(path, 4 << 10).map_err(|e| {
                 fail(
                     exit::BAD_INPUT,
                     format!("--signing-key {}: {e}", path.display()),

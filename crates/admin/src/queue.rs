@@ -166,7 +166,8 @@ pub async fn escalations(
 }
 
 pub async fn show(store: &Store, id: &str, json: bool) -> CmdResult {
-    let id: OperationId = id.parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
+    // Trimmed as the check before connecting trims it (an id pasted with a space).
+    let id: OperationId = id.trim().parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
     let op = store.get(id).await?;
     let history = store.history(id).await?;
     let calls = store.calls(id).await?;

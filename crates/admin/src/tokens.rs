@@ -90,7 +90,14 @@ fn row(t: &TokenRecord) -> String {
 
 /// The token on stdin's first line (at most a line's worth is read: `/dev/zero` is no token).
 fn token_from_stdin() -> Result<String, shell::Failure> {
-    use std::io::{BufRead, Read};
+    use std::io::{BufRead, IsTerminal, Read};
+    // Typed at a terminal, the secret would be echoed on the screen (and kept by its scrollback).
+    if std::io::stdin().is_terminal() {
+        return Err(fail(
+            exit::BAD_INPUT,
+            "--token-stdin reads the token from a pipe, not a terminal (where it would be echoed): pipe it in, e.g. from a secrets manager or a file",
+        ));
+    }
     let mut line = String::new();
     std::io::stdin()
         .lock()

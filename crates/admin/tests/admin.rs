@@ -1198,6 +1198,16 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         2,
         "calls are verified through their chain"
     );
+    // A path named by mistake (a device, a disk image) is refused, not read until memory ends.
+    for args in [
+        &["audit", "verify", "--all", "--expect-anchor", "/dev/zero"][..],
+        &["audit", "anchor", "--signing-key", "/dev/zero"],
+    ] {
+        let out = admin(&db, args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?}: {said}");
+        assert!(said.contains("larger than"), "{args:?}: {said}");
+    }
     assert_eq!(json(&clean)["results"], 2);
     assert_eq!(json(&clean)["unanchored"]["links"], 0);
     // One operation against the anchor says what of it lies after the anchor: nothing of one it

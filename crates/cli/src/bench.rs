@@ -21,40 +21,40 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Seconds per ceiling configuration.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     ceiling_secs: u64,
     /// Client counts for the ceiling.
-    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64", value_parser = count(1_000))]
     clients: Vec<usize>,
     /// Worker-process counts for the end-to-end runs.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = count(64))]
     workers: Vec<usize>,
     /// Operations each end-to-end worker process drives at once (more in flight: bigger group
     /// commits).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = count(100_000))]
     e2e_concurrency: usize,
     /// Operations each end-to-end worker process claims per claim transaction.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = count(10_000))]
     e2e_batch: usize,
     /// Operations per end-to-end run. Enough for several seconds of steady state: worker start-up
     /// and the drain at the end are a fixed cost, not throughput.
-    #[arg(long, default_value_t = 20000)]
+    #[arg(long, default_value_t = 20000, value_parser = count(10_000_000))]
     e2e_operations: usize,
     /// Operations in the realistic run.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = count(1_000_000))]
     realistic_operations: usize,
     /// Fast operations per run of the head-of-line phase (each run also has a third as many on a
     /// second provider; the run with slow calls adds a thirtieth as many creates that hang).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, value_parser = count(1_000_000))]
     hol_operations: usize,
     /// How long the idle phase watches an idle worker.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_secs: u64,
     /// Operations in the table for the large claim-latency measurement.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(i64).range(0..=100_000_000))]
     large_table: i64,
     /// In-flight counts for the worker RSS measurement.
-    #[arg(long, value_delimiter = ',', default_value = "100,10000")]
+    #[arg(long, value_delimiter = ',', default_value = "100,10000", value_parser = count(100_000))]
     rss_in_flight: Vec<usize>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "jobtrail-bench.json")]
@@ -70,8 +70,14 @@ pub struct BenchArgs {
     #[arg(long)]
     keep_database: bool,
     /// Passed to every worker: most steps per transaction (1 turns group commit off, for comparison).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = count(10_000))]
     write_batch: usize,
+}
+
+/// A count from 1 to `most`: 0 would wait on nothing for minutes, and a huge one seed until the
+/// disk is full or panic.
+fn count(most: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=most)
 }
 
 fn pct(mut v: Vec<f64>, p: f64) -> f64 {
@@ -513,6 +519,17 @@ pub async fn run(mut a: BenchArgs, database_url: Option<&str>) -> CmdResult {
         a.large_table = 50_000;
         a.rss_in_flight = vec![100, 1000];
     }
+    // Where the results go is checked before the run, not found wanting after an hour of it.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&a.json_out)
+        .map_err(|e| {
+            fail(
+                exit::BAD_INPUT,
+                format!("--json-out {}: {e}", a.json_out.display()),
+            )
+        })?;
     let t_all = Instant::now();
     let mut fleet = Fleet::start("bench", database_url).await?;
     fleet.worker_args = vec!["--write-batch".into(), a.write_batch.to_string()];
@@ -1039,18 +1056,26 @@ pub async fn run(mut a: BenchArgs, database_url: Option<&str>) -> CmdResult {
     out.insert("elapsed_secs".into(), t_all.elapsed().as_secs_f64().into());
     out.insert("at".into(), chrono::Utc::now().to_rfc3339().into());
     let text = serde_json::to_string_pretty(&serde_json::Value::Object(out)).expect("json");
-    std::fs::write(&a.json_out, text)
-        .map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", a.json_out.display())))?;
-    println!(
-        "\nresults written to {} ({:.0} s in all)",
-        a.json_out.display(),
-        t_all.elapsed().as_secs_f64()
-    );
+    // The database is removed (or kept) whether or not the results could be written: the figures
+    // were printed above either way.
+    let written = std::fs::write(&a.json_out, text);
+    match &written {
+        Ok(()) => println!(
+            "\nresults written to {} ({:.0} s in all)",
+            a.json_out.display(),
+            t_all.elapsed().as_secs_f64()
+        ),
+        Err(e) => eprintln!(
+            "\nthe results were not written to {}: {e}",
+            a.json_out.display()
+        ),
+    }
     drop(store);
     if a.keep_database {
         println!("kept the database: {}", fleet.shown_url());
     } else if let Some(name) = fleet.remove().await? {
         println!("dropped the benchmark database {name} (--keep-database keeps it)");
     }
+    written.map_err(|e| fail(exit::UNAVAILABLE, format!("{}: {e}", a.json_out.display())))?;
     Ok(ExitCode::SUCCESS)
 }

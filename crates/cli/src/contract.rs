@@ -18,7 +18,11 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
         }
         fail(exit::BAD_INPUT, problem)
     };
-    let text = std::fs::read_to_string(file).map_err(|e| unreadable(format!("{name}: {e}")))?;
+    let text = jobtrail_provider::contract::read_text_file(
+        file,
+        jobtrail_provider::contract::CONFIG_FILE_MOST,
+    )
+    .map_err(|e| unreadable(format!("{name}: {e}")))?;
     let table: toml::Table =
         toml::from_str(&text).map_err(|e| unreadable(format!("{name}: {e}")))?;
     let profile = table

@@ -251,6 +251,15 @@ impl Fleet {
             }
             None => (Command::new(exe), false),
         };
+        // The fleet's workers take their settings from here, never from a JOBTRAIL_* left in
+        // the shell (an exported JOBTRAIL_OPS_LISTEN would have them all bind one address, a
+        // JOBTRAIL_RESULT_DIR share one directory, and all but one exit with it said only in
+        // their logs).
+        for (name, _) in std::env::vars_os() {
+            if name.as_encoded_bytes().starts_with(b"JOBTRAIL_") {
+                command.env_remove(name);
+            }
+        }
         let child = command
             .args(["worker", "--id", id])
             .args(args)

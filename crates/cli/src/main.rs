@@ -134,7 +134,9 @@ enum Command {
     )]
     Result {
         operation: String,
-        /// Output file; `-` or absent: stdout.
+        /// Output file, replaced whole (written beside it, then renamed over it); `-` or absent:
+        /// stdout. Absent and stdout a terminal, a result that is not plain text is refused (a
+        /// provider's escape sequences are not for the terminal): give a file, pipe it, or `-`.
         #[arg(long, short)]
         output: Option<PathBuf>,
     },

@@ -28,25 +28,30 @@ pub async fn door(
     needs_contracts: bool,
 ) -> Result<Door, Failure> {
     if let Some(api) = d.api.as_deref().filter(|a| !a.trim().is_empty()) {
+        // Checked first: a URL carrying a password is refused before anything prints it.
+        let token = std::env::var("JOBTRAIL_TOKEN").unwrap_or_default();
+        let client = jobtrail_service::client::ApiClient::new(api, &token).map_err(failure)?;
         // A database named on this command line beside an API (a JOBTRAIL_API left exported)
         // would be ignored without a word, and the command act as the token's caller instead.
-        if std::env::args().any(|a| a == "--database-url" || a.starts_with("--database-url=")) {
+        // (Arguments as the OS gives them: one that is not UTF-8, a file name, is no flag.)
+        if std::env::args_os().any(|a| {
+            let a = a.as_encoded_bytes();
+            a == b"--database-url" || a.starts_with(b"--database-url=")
+        }) {
             return Err(fail(
                 exit::BAD_INPUT,
                 format!(
-                    "--database-url and --api (or JOBTRAIL_API, here {api:?}) name two ways in: give one (unset JOBTRAIL_API to use the database)"
+                    "--database-url and --api (or JOBTRAIL_API, here {:?}) name two ways in: give one (unset JOBTRAIL_API to use the database)",
+                    api.trim()
                 ),
             ));
         }
         if caller.is_some_and(|c| !c.trim().is_empty()) {
             eprintln!(
-                "note: with --api the token decides the caller and actor; the flag is ignored"
+                "note: with --api the token decides the caller and actor; a --caller or --actor (or JOBTRAIL_CALLER) is ignored"
             );
         }
-        let token = std::env::var("JOBTRAIL_TOKEN").unwrap_or_default();
-        return Ok(Door::Remote(
-            jobtrail_service::client::ApiClient::new(api, &token).map_err(failure)?,
-        ));
+        return Ok(Door::Remote(client));
     }
     // Usage first: a missing --caller is exit 2 whether or not a database is there.
     let caller = match caller.map(str::trim) {
@@ -209,10 +214,23 @@ pub async fn submit_batch(door: &Door, a: BatchArgs, json: bool) -> CmdResult {
         ));
     }
     let mut reqs = Vec::new();
+    // Each submission's line, to name it when the batch is refused for it.
+    let mut lines = Vec::new();
     for (n, line) in text.split(|b| *b == b'\n').enumerate() {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        if reqs.len() == jobtrail_service::MAX_BATCH {
+            return Err(fail(
+                exit::BAD_INPUT,
+                format!(
+                    "line {}: a batch holds at most {} submissions: split it",
+                    n + 1,
+                    jobtrail_service::MAX_BATCH
+                ),
+            ));
+        }
+        lines.push(n + 1);
         let v = jobtrail_core::json::parse_strict(line).map_err(|e| {
             fail(
                 exit::BAD_INPUT,
@@ -226,7 +244,20 @@ pub async fn submit_batch(door: &Door, a: BatchArgs, json: bool) -> CmdResult {
     if reqs.is_empty() {
         return Err(fail(exit::BAD_INPUT, "no submissions: the input is empty"));
     }
-    let done = door.submit_batch(reqs, None).await.map_err(failure)?;
+    let done = door.submit_batch(reqs, None).await.map_err(|mut e| {
+        // The service names the submission refused by its place among them (`item 3`); here
+        // it is a line of the input, counted as an editor counts it.
+        let item = e.detail.as_ref().and_then(|d| d["item"].as_u64());
+        if let Some(line) = item.and_then(|i| lines.get(usize::try_from(i).ok()?)) {
+            let why = e
+                .message
+                .split_once(": ")
+                .filter(|(head, _)| head.starts_with("item "))
+                .map_or(e.message.as_str(), |(_, why)| why);
+            e.message = format!("line {line}: {why}");
+        }
+        failure(e)
+    })?;
     if json {
         print_json(&done);
     } else {
@@ -480,15 +511,13 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
     match output {
         Some(p) if p.as_os_str() != "-" => {
             // A path that cannot be made is the caller's to fix (bad input); a write that fails
-            // part way (a full disk) is not, and leaves no part of the result behind.
-            if let Err(e) = std::fs::write(p, &r.bytes) {
+            // part way (a full disk) is not. Written beside it and renamed over it: the file there
+            // before (an earlier copy) stays whole until the new one is, and none is left half.
+            if let Err(e) = write_whole(p, &r.bytes) {
                 use std::io::ErrorKind::{IsADirectory, NotADirectory, NotFound, PermissionDenied};
                 let code = match e.kind() {
                     NotFound | PermissionDenied | IsADirectory | NotADirectory => exit::BAD_INPUT,
-                    _ => {
-                        let _ = std::fs::remove_file(p);
-                        exit::UNAVAILABLE
-                    }
+                    _ => exit::UNAVAILABLE,
                 };
                 return Err(fail(code, format!("-o {}: {e}", p.display())));
             }
@@ -500,8 +529,21 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
             );
         }
         _ => {
-            use std::io::Write;
+            use std::io::{IsTerminal, Write};
             let mut out = std::io::stdout();
+            // A provider's bytes are not for a terminal to interpret: an escape sequence in them
+            // can retitle the window, hide text or worse. Text prints; anything else needs -o
+            // (`-o -` says stdout on purpose).
+            if output.is_none() && out.is_terminal() && !terminal_safe(&r.bytes) {
+                return Err(fail(
+                    exit::BAD_INPUT,
+                    format!(
+                        "the result ({} bytes, {}) holds control characters or is not UTF-8 text, and stdout is a terminal: give -o FILE, pipe it, or -o - to print it anyway",
+                        r.bytes.len(),
+                        r.content_type.as_deref().unwrap_or("no content type")
+                    ),
+                ));
+            }
             if let Err(e) = out.write_all(&r.bytes).and_then(|()| out.flush()) {
                 if e.kind() == std::io::ErrorKind::BrokenPipe {
                     shell::stdout_closed();
@@ -511,6 +553,27 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `bytes` at `path`, whole or not at all: written to a file beside it, synced, and renamed over it.
+fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let mut f = tempfile::NamedTempFile::new_in(dir)?;
+    f.write_all(bytes)?;
+    f.as_file().sync_all()?;
+    f.persist(path).map(|_| ()).map_err(|e| e.error)
+}
+
+/// Text a terminal shows as it is: UTF-8 with no control character but tab and line ends.
+fn terminal_safe(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok_and(|t| {
+        !t.chars()
+            .any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+    })
 }
 
 /// Block until the operation is terminal or held for a person, or the timeout. Woken by the
@@ -560,5 +623,29 @@ fn report(op: &OperationView, json: bool) {
             .map(|r| format!(" — {}", jobtrail_console::visible::text(r)))
             .unwrap_or_default();
         println!("{} {}{extra}", op.id, op.state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::terminal_safe;
+
+    /// What a provider's result may hold that a terminal would act on instead of show.
+    #[test]
+    fn only_plain_text_goes_to_a_terminal() {
+        for ok in ["", "{\"a\": 1}\n", "tab\there\r\n", "naïve ✓"] {
+            assert!(terminal_safe(ok.as_bytes()), "{ok:?}");
+        }
+        for bad in [
+            &b"\x1b]0;owned\x07"[..],
+            b"\x1b[2J",
+            b"a\x00b",
+            b"del\x7f",
+            "csi \u{9b}31m".as_bytes(),
+            b"\xff\xfe not utf-8",
+            b"\x08\x08\x08",
+        ] {
+            assert!(!terminal_safe(bad), "{bad:?}");
+        }
     }
 }

@@ -119,6 +119,17 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         Some(d) => jobtrail_worker::ResultStore::directory(d),
         None => jobtrail_worker::ResultStore::Database,
     };
+    if let jobtrail_worker::ResultStore::Directory(dir) = &results {
+        dir.check().map_err(|e| {
+            fail(
+                exit::BAD_INPUT,
+                format!(
+                    "--result-dir {}: results cannot be kept there ({e}): name a directory this process can write",
+                    dir.root().display()
+                ),
+            )
+        })?;
+    }
     if matches!(results, jobtrail_worker::ResultStore::Database) {
         // Refuse at start what would fail at every collect.
         let limit = jobtrail_worker::results::MAX_DATABASE_RESULT as u64;

@@ -262,7 +262,8 @@ pub const MAX_DB_POOL: u32 = 1000;
 
 /// The providers directory: `--providers`, `$JOBTRAIL_PROVIDERS`, `./providers`, `/etc/jobtrail/providers`.
 pub fn providers_dir(flag: &Option<PathBuf>) -> PathBuf {
-    if let Some(p) = flag {
+    // An empty one (a variable set to nothing) names none, as for every other setting.
+    if let Some(p) = flag.as_ref().filter(|p| !p.as_os_str().is_empty()) {
         return p.clone();
     }
     for candidate in ["providers", "/etc/jobtrail/providers"] {

@@ -944,6 +944,28 @@ pub struct Contract {
     pub limits: Limits,
 }
 
+/// The most a contract or a schema file it names may hold: far beyond any real one, and a path
+/// named by mistake (`/dev/zero`, a log, a disk image) is refused instead of read until memory ends.
+pub const CONFIG_FILE_MOST: u64 = 4 << 20;
+
+/// A text file of at most `most` bytes, read whole; a larger one, or one that is not UTF-8, is an
+/// error naming why (nothing past `most` is read).
+pub fn read_text_file(path: &Path, most: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(most.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > most {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than the {most} bytes such a file may hold"),
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
+}
+
 impl Contract {
     /// What submit needs to know.
     pub fn terms(&self) -> ProviderTerms {
@@ -1061,7 +1083,7 @@ impl Contract {
     /// (name upper-cased, `-` as `_`), so one contract serves every environment.
     pub fn load(path: &Path) -> Result<Self, ContractError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ContractError::Io {
+        let text = read_text_file(path, CONFIG_FILE_MOST).map_err(|e| ContractError::Io {
             file: file.clone(),
             message: e.to_string(),
         })?;
@@ -1436,7 +1458,7 @@ impl Validator<'_> {
             (Some(s), None) => (inline_key, s.clone()),
             (None, Some(f)) => {
                 let p = self.dir.join(f);
-                let text = std::fs::read_to_string(&p).map_err(|e| {
+                let text = read_text_file(&p, CONFIG_FILE_MOST).map_err(|e| {
                     self.err(file_key, format!("a readable file ({}: {e})", p.display()))
                 })?;
                 (file_key, text)

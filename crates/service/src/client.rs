@@ -72,17 +72,23 @@ pub fn cleartext_warning(base: &url::Url) -> Option<String> {
 impl ApiClient {
     /// A client for the API at `base` (`http://127.0.0.1:8080`), with `token`.
     pub fn new(base: &str, token: &str) -> Result<Self, ServiceError> {
+        // Never echoed with what may be a password in it (`https://user:pw@host`).
+        let shown = if base.contains('@') {
+            "(not shown: it holds an @)".to_owned()
+        } else {
+            format!("{:?}", base.trim())
+        };
         let mut base = url::Url::parse(base.trim())
-            .map_err(|e| ServiceError::bad_input(format!("API URL {base:?}: {e}")))?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(ServiceError::bad_input(format!(
-                "API URL {base}: an http:// or https:// URL"
-            )));
-        }
+            .map_err(|e| ServiceError::bad_input(format!("API URL {shown}: {e}")))?;
         if !base.username().is_empty() || base.password().is_some() {
             return Err(ServiceError::bad_input(
                 "API URL: put the token in JOBTRAIL_TOKEN, not in the URL",
             ));
+        }
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(ServiceError::bad_input(format!(
+                "API URL {shown}: an http:// or https:// URL"
+            )));
         }
         if !base.path().ends_with('/') {
             let p = format!("{}/", base.path());

@@ -157,6 +157,23 @@ impl ResultDir {
         &self.root
     }
 
+    /// Whether results can be kept here: the directory made if missing, and a file written,
+    /// synced and removed in it. Checked at start, so a read-only mount, a plain file or a
+    /// directory without permission is refused then, not found out one finished job at a time.
+    pub fn check(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        std::fs::create_dir_all(&self.root)?;
+        let probe = self
+            .root
+            .join(format!(".jobtrail-probe.{}", std::process::id()));
+        let written = std::fs::File::create(&probe).and_then(|mut f| {
+            f.write_all(b"probe")?;
+            f.sync_all()
+        });
+        let removed = std::fs::remove_file(&probe);
+        written.and(removed)
+    }
+
     /// Write `bytes` for `operation`, durably, at `<root>/<shard>/<operation>.<sha256>` (the shard is
     /// the id's last two characters, so no directory grows without bound and none is made per
     /// operation). The file is fsynced, and so is its directory (the new name must survive a crash
