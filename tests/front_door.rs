@@ -1000,6 +1000,56 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
         .unwrap();
     assert_eq!(v["breaks"].as_array().unwrap().len(), 0, "{v}");
     assert!(v["operations"].as_u64().unwrap() >= 2);
+    // Against an anchor: an operation deleted with its whole history (a superuser, triggers off)
+    // leaves no chain to break, and only the anchor can tell. One operation's verify names the
+    // deletion, as the admin tool does, not "not found"; so does every chain's against the digest
+    // the auditor kept. A digest the database lacks is the finding "tampered"; a malformed one is
+    // bad input.
+    let anchor = env.store.anchor("auditor").await.unwrap();
+    let gone = other_id.parse::<jobtrail_core::OperationId>().unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET session_replication_role = replica; DELETE FROM operation_history WHERE operation_id = '{0}'; DELETE FROM provider_calls WHERE operation_id = '{0}'; DELETE FROM operation_schedule WHERE operation_id = '{0}'; DELETE FROM operations WHERE id = '{0}'",
+        gone.as_uuid()
+    )))
+    .execute(&mut sqlx::PgConnection::connect(&env.url).await.unwrap())
+    .await
+    .unwrap();
+    let verify = |query: String| {
+        let c = c.clone();
+        let url = server.url(&format!("/v1/audit/verify{query}"));
+        let auditor = auditor.clone();
+        async move { c.get(url).bearer_auth(&auditor).send().await.unwrap() }
+    };
+    for query in [
+        format!("?operation={other_id}"),
+        format!("?operation={other_id}&expect_anchor={}", anchor.digest),
+        format!("?expect_anchor={}", anchor.digest.to_ascii_uppercase()),
+    ] {
+        let r = verify(query.clone()).await;
+        assert_eq!(r.status(), StatusCode::OK, "{query}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["breaks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|b| b["operation_id"] == other_id.as_str()
+                    && b["problem"].as_str().unwrap().contains("deleted")),
+            "{query}: {v}"
+        );
+    }
+    problem(
+        verify(format!("?expect_anchor={}", "0".repeat(64))).await,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "tampered",
+    )
+    .await;
+    problem(
+        verify("?expect_anchor=latest".to_owned()).await,
+        StatusCode::BAD_REQUEST,
+        "bad-input",
+    )
+    .await;
     // One verify of everything at a time: a second is refused at once while the first reads (held
     // here behind a lock on the history), instead of taking more database connections.
     let mut lock = sqlx::PgConnection::connect(&env.url).await.unwrap();

@@ -461,13 +461,20 @@ struct VerifyParams {
     /// One operation; absent: every chain.
     #[serde(default)]
     operation: Option<String>,
+    /// The digest of an anchor you kept outside the database (64 hex digits): its recorded heads
+    /// are checked, and it must be there. Absent: the latest anchor in the database.
+    #[serde(default)]
+    expect_anchor: Option<String>,
 }
 
 #[utoipa::path(
     get, path = "/v1/audit/verify", tag = "audit",
     params(VerifyParams),
     responses(
-        (status = 200, description = "What was checked and every break found (an empty `breaks` is a clean record)", body = Object),
+        (status = 200, description = "What was checked and every break found (an empty `breaks` is a clean record), against the anchor checked (`anchor`; `unanchored` counts what no anchor covers yet)", body = Object),
+        (status = 400, description = "A malformed operation id or anchor digest", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "No such operation, nor one an anchor recorded", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 500, description = "The anchor named is not in the database (`tampered`)", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 403, description = "The token lacks the audit scope", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
@@ -479,7 +486,10 @@ async fn verify(
     q: Result<Query<VerifyParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<serde_json::Value>, Problem> {
     let q = query(q)?;
-    let report = s.service.verify(&p, q.operation.as_deref()).await?;
+    let report = s
+        .service
+        .verify(&p, q.operation.as_deref(), q.expect_anchor.as_deref())
+        .await?;
     Ok(Json(serde_json::to_value(report).map_err(|e| {
         Problem::new(Kind::Unavailable, e.to_string())
     })?))

@@ -405,16 +405,36 @@ impl Service {
         })
     }
 
-    /// Verify the evidence of one operation or of all.
+    /// Verify the evidence of one operation or of all, and the heads an anchor recorded: the one
+    /// whose digest `expect_anchor` names (kept outside the database), or else the latest in it.
+    /// Without the anchor, a chain rewritten whole from its first link, or an operation deleted
+    /// with its history, would read as clean.
     pub async fn verify(
         &self,
         p: &Principal,
         id: Option<&str>,
+        expect_anchor: Option<&str>,
     ) -> Result<VerifyReport, ServiceError> {
         p.require(Scope::Audit)?;
+        let expect = expect_anchor
+            .map(|d| {
+                let d = d.trim();
+                if d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    Ok(d.to_ascii_lowercase())
+                } else {
+                    Err(ServiceError::bad_input(
+                        "expect_anchor: the digest of an anchor you kept (64 hex digits)",
+                    ))
+                }
+            })
+            .transpose()?;
         let store = self.operator();
         Ok(match id {
-            Some(id) => store.verify_operation(parse_id(id)?).await?,
+            Some(id) => {
+                store
+                    .verify_operation_anchored(parse_id(id)?, expect.as_deref())
+                    .await?
+            }
             None => {
                 let _only = self.verifying_everything.try_acquire().map_err(|_| {
                     ServiceError::rate_limited(
@@ -422,7 +442,7 @@ impl Service {
                         VERIFY_RETRY_SECS,
                     )
                 })?;
-                store.verify_everything(None).await?
+                store.verify_everything(expect.as_deref()).await?
             }
         })
     }
