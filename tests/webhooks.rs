@@ -174,6 +174,60 @@ async fn an_early_succeeded_webhook_while_the_job_runs_declares_nothing() {
     env.stop_workers().await;
 }
 
+/// A provider (or whoever holds its secret) that sends "still running" under a new event id every
+/// 25 ms: each delivery is recorded once, but status reads, each a call and a link kept for good,
+/// come no closer than two seconds after the last one. Before, every delivery made the job due at
+/// once and the worker read as fast as it could turn round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_webhooks_reads_the_status_no_faster_than_the_floor() {
+    let mut env = slow_polling_env("hmac").await;
+    let server = env.serve("api");
+    env.sim.sim.set_webhook(Some(Target {
+        url: server.url("/v1/webhooks/sim"),
+        signing: Signing::Hmac {
+            secret: support::WEBHOOK_SECRET.into(),
+            header: "X-Sim-Signature".into(),
+        },
+    }));
+    env.start_worker("w1", Duration::from_secs(5));
+    let started = Instant::now();
+    let op = env
+        .submit(
+            "sim",
+            json!({"duration_ms": 6000, "webhooks": {"flood": 200, "flood_every_ms": 25}}),
+            |_| {},
+        )
+        .await;
+    env.wait_state(op.id, State::Succeeded, Duration::from_secs(30))
+        .await;
+    let took = started.elapsed();
+    // The end announcement still brings the read forward: polling alone would take 20 s.
+    assert!(took < Duration::from_secs(15), "finished after {took:?}");
+    let flooded = env
+        .sim
+        .ledger()
+        .webhooks
+        .iter()
+        .filter(|w| w.kind == "progress" && w.status == Some(200))
+        .count();
+    assert!(flooded >= 100, "{flooded} deliveries accepted");
+    let reads = env
+        .store
+        .calls(op.id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind == "status")
+        .count();
+    // One read per two seconds over the run, and the one the end announcement brings.
+    let most = usize::try_from(took.as_secs() / 2).unwrap() + 2;
+    assert!(
+        reads <= most,
+        "{reads} status reads in {took:?} under {flooded} deliveries (at most {most})"
+    );
+    env.stop_workers().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
     let env = slow_polling_env("hmac").await;

@@ -1392,9 +1392,15 @@ pub fn after_collect(
             Err(e) => Step::event(Event::ResultUnavailable { why: e.to_string() }),
         },
         // The result could not be kept (a full or read-only result directory): fetched again
-        // after backing off, within the failure budget, never every second for good.
+        // after backing off, within the failure budget, never every second for good. Past it, the
+        // job's result still exists: held for a person, not ended as if the provider failed it.
         Collected::Valid { kept: Err(e), .. } => {
-            failed_fetch(op, policy, format!("result store: {e}"), None, draw)
+            let why = format!("result store: {e}");
+            if op.failure_count + 1 > policy.max_failures as i32 {
+                Step::event(Event::ResultNotKept { why })
+            } else {
+                failed_fetch(op, policy, why, None, draw)
+            }
         }
         Collected::Invalid { violations, kept } => {
             for_inspection(kept, Step::event(Event::ResultInvalid { violations }))

@@ -226,6 +226,11 @@ pub enum Event {
     /// Parsed to be checked, the result would take more memory than the worker gives all the
     /// results it checks at once (`room_bytes`): it is not parsed, and no worker tries again.
     ResultBeyondCheckMemory { room_bytes: u64 },
+    /// The result was fetched and checked, but could not be kept where results are kept (a full
+    /// or read-only result directory), attempt after attempt until the failure budget was spent:
+    /// the job's result exists, and a person decides (room made, then resumed) rather than the
+    /// operation ending as if the provider had failed it.
+    ResultNotKept { why: String },
     /// Calls kept failing past the contract's retry budget.
     RetryBudgetExhausted { error_class: String, failures: i32 },
 
@@ -322,6 +327,7 @@ event_kinds! {
     UrlRefused = "url_refused",
     ResultStalled = "result_stalled",
     ResultBeyondCheckMemory = "result_beyond_check_memory",
+    ResultNotKept = "result_not_kept",
     RetryBudgetExhausted = "retry_budget_exhausted",
     CancelRequested = "cancel_requested",
     Withdraw = "withdraw",
@@ -386,6 +392,7 @@ impl Event {
             Event::UrlRefused { .. } => EventKind::UrlRefused,
             Event::ResultStalled { .. } => EventKind::ResultStalled,
             Event::ResultBeyondCheckMemory { .. } => EventKind::ResultBeyondCheckMemory,
+            Event::ResultNotKept { .. } => EventKind::ResultNotKept,
             Event::RetryBudgetExhausted { .. } => EventKind::RetryBudgetExhausted,
             Event::CancelRequested(_) => EventKind::CancelRequested,
             Event::Withdraw(_) => EventKind::Withdraw,
@@ -488,6 +495,9 @@ impl Event {
             Event::ResultBeyondCheckMemory { room_bytes } => format!(
                 "checked, the result would take more than the {} MiB of memory the worker gives the results it checks (--check-mib): it holds too many small values; a person decides (a larger room, or the result taken some other way)",
                 room_bytes >> 20
+            ),
+            Event::ResultNotKept { why } => format!(
+                "the result could not be kept, attempt after attempt ({why}): a person makes room where results are kept and resumes it"
             ),
             Event::RetryBudgetExhausted {
                 error_class,

@@ -225,6 +225,12 @@ pub static RULES: &[Rule] = &[
         why: "checking the result would take more memory than a worker gives it: a person decides",
     },
     Rule {
+        on: EventKind::ResultNotKept,
+        from: &[ResultCollecting],
+        to: To::State(ResultStalled),
+        why: "the result exists but cannot be kept where results are kept: a person decides",
+    },
+    Rule {
         on: EventKind::ResultDeadlinePassed,
         from: &[Accepted, Observing],
         to: To::State(ResultTimedOut),

@@ -1152,12 +1152,9 @@ fn collection_outcomes_map_to_one_event_each() {
     let cases: Vec<(&OperationRecord, Collected, EventKind)> = vec![
         (&op, valid(Ok(kept())), EventKind::ResultValidated),
         (&op, valid(Err("disk".into())), EventKind::ResultFetchFailed),
-        // A result store that keeps failing spends the budget like any failed fetch.
-        (
-            &spent,
-            valid(Err("disk".into())),
-            EventKind::RetryBudgetExhausted,
-        ),
+        // A result store that keeps failing spends the budget like any failed fetch; past it the
+        // result still exists, so it is held for a person, not ended as unavailable.
+        (&spent, valid(Err("disk".into())), EventKind::ResultNotKept),
         (
             &op,
             Collected::Invalid {

@@ -70,6 +70,9 @@ fn sample_events() -> Vec<Event> {
         Event::ResultBeyondCheckMemory {
             room_bytes: 256 << 20,
         },
+        Event::ResultNotKept {
+            why: "result store: No space left on device".into(),
+        },
         Event::RetryBudgetExhausted {
             error_class: "timeout".into(),
             failures: 9,

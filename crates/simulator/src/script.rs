@@ -254,6 +254,11 @@ pub struct WebhookPlan {
     /// Also send the end announcement under a new event id with a timestamp an hour old (a late
     /// replay, outside any tolerance).
     pub stale: bool,
+    /// Send this many "still running" deliveries, each under a new event id, from the start (a
+    /// provider that floods its receiver).
+    pub flood: u32,
+    /// The pause between them.
+    pub flood_every_ms: u64,
 }
 
 impl Default for WebhookPlan {
@@ -264,6 +269,8 @@ impl Default for WebhookPlan {
             early: false,
             forged: false,
             stale: false,
+            flood: 0,
+            flood_every_ms: 20,
         }
     }
 }

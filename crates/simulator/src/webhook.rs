@@ -32,7 +32,7 @@ pub enum Signing {
 pub struct Sent {
     pub event_id: String,
     pub job_id: String,
-    /// What the delivery was: `finish`, `duplicate`, `early`, `forged`, `stale`.
+    /// What the delivery was: `finish`, `duplicate`, `early`, `forged`, `stale`, `progress`.
     pub kind: String,
     pub claimed_state: String,
     /// The receiver's status, if it answered.
@@ -97,22 +97,34 @@ pub(crate) fn spawn(sim: Sim, target: Target, job_id: String, script: &Script) {
             )
             .await;
         }
-        let Some(d) = duration else { return };
-        if !(plan.on_finish || plan.duplicates > 0 || plan.stale) {
-            return;
-        }
-        tokio::time::sleep(d + Duration::from_millis(50)).await;
-        let state = sim.job_state(&job_id);
-        let end = format!("evt_{job_id}_end");
-        if plan.on_finish {
-            send("finish", end.clone(), state.clone(), 0, true).await;
-        }
-        for _ in 0..plan.duplicates {
-            send("duplicate", end.clone(), state.clone(), 0, true).await;
-        }
-        if plan.stale {
-            send("stale", format!("evt_{job_id}_stale"), state, 3600, true).await;
-        }
+        // A provider that will not stop: "still running" under a new event id, again and again,
+        // while the job runs (beside the end announcement, not before it).
+        let flood = async {
+            for n in 0..plan.flood {
+                let event = format!("evt_{job_id}_p{n}");
+                send("progress", event, "running".into(), 0, true).await;
+                tokio::time::sleep(Duration::from_millis(plan.flood_every_ms)).await;
+            }
+        };
+        let end = async {
+            let Some(d) = duration else { return };
+            if !(plan.on_finish || plan.duplicates > 0 || plan.stale) {
+                return;
+            }
+            tokio::time::sleep(d + Duration::from_millis(50)).await;
+            let state = sim.job_state(&job_id);
+            let end = format!("evt_{job_id}_end");
+            if plan.on_finish {
+                send("finish", end.clone(), state.clone(), 0, true).await;
+            }
+            for _ in 0..plan.duplicates {
+                send("duplicate", end.clone(), state.clone(), 0, true).await;
+            }
+            if plan.stale {
+                send("stale", format!("evt_{job_id}_stale"), state, 3600, true).await;
+            }
+        };
+        tokio::join!(flood, end);
     });
 }
 

@@ -246,6 +246,7 @@ impl Store {
                     sqlx::query_as(include_str!("sql/operation_poke_by_remote_job.sql"))
                         .bind(provider)
                         .bind(job)
+                        .bind(crate::write::WEBHOOK_READ_FLOOR.as_millis() as i64)
                         .fetch_optional(&mut *tx)
                         .await?;
                 let outcome = if poked.is_some() {

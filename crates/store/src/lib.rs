@@ -45,7 +45,9 @@ pub use front::{
 };
 pub use queue::{LeaseHolder, ProviderPause};
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
-pub use write::{Applied, Counters, FailureCount, Observation, ResultBytes, SendMark, Step};
+pub use write::{
+    Applied, Counters, FailureCount, Observation, ResultBytes, SendMark, Step, WEBHOOK_READ_FLOOR,
+};
 
 use record::{ClaimedRow, HistoryRow, LockedRow, OperationRow};
 

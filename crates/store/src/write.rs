@@ -50,6 +50,12 @@ pub(crate) struct Planned<'s> {
 /// The schedule's mark for a webhook that arrived while a worker held the operation's lease.
 pub(crate) const WEBHOOK_WHILE_LEASED: &str = "webhook_while_leased";
 
+/// The closest a webhook brings a status read to the last call about the job: a provider
+/// (or a stolen secret) sending deliveries without end would otherwise have a worker read, and
+/// record a call and a link, as fast as it can turn round. One read per two seconds is the rate
+/// the default contract's first polls keep; the announcement of a finish is read within it.
+pub const WEBHOOK_READ_FLOOR: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Decide a write against a locked row: the transition (or `Illegal`), the new column values, the
 /// history link and its hash. Pure: nothing is written.
 pub(crate) fn plan<'s>(
@@ -218,7 +224,17 @@ pub(crate) fn plan<'s>(
             State::Accepted | State::Observing | State::Cancelling
         ) || (rec.state == State::CancelRequested && rec.cancel_attempts > 0)
         {
-            let soonest = rec.poll_not_before.map_or(now, |t| t.max(now));
+            // The floor counts from the last call about the job: this step's, else the last
+            // read that observed it.
+            let floor = chrono::Duration::from_std(WEBHOOK_READ_FLOOR).expect("two seconds");
+            let last_call = step.call.as_ref().map(|c| c.started_at);
+            let soonest = [
+                rec.poll_not_before,
+                last_call.or(rec.observed_at).map(|t| t + floor),
+            ]
+            .into_iter()
+            .flatten()
+            .fold(now, DateTime::max);
             // Never the backoff after failed calls (see `operation_poke_by_remote_job.sql`).
             if rec.next_action_at > soonest && rec.failure_count == 0 {
                 rec.next_action_at = soonest;

@@ -2168,8 +2168,10 @@ async fn a_job_id_as_long_as_a_status_url_is_recorded_and_found() {
 }
 
 /// A webhook that arrives while a worker holds the lease (its status read may have been answered
-/// just before the job finished) is not lost: the worker's next write makes the next read due at
-/// once, not after the backoff its step chose; a step that keeps the lease keeps the mark.
+/// just before the job finished) is not lost: the worker's next write makes the next read due
+/// soon, not after the backoff its step chose; a step that keeps the lease keeps the mark. Soon is
+/// never closer than the floor after the last read, with the lease or without: deliveries without
+/// end would have a worker read as fast as it turns round.
 #[tokio::test]
 async fn a_webhook_during_a_lease_makes_the_next_read_due_at_once() {
     let db = TestDb::new().await;
@@ -2217,17 +2219,36 @@ async fn a_webhook_during_a_lease_makes_the_next_read_due_at_once() {
     };
     // A step that keeps the lease carries the mark on.
     store.apply(&poked.lease, read(true)).await.unwrap();
-    let due_in = |r: &OperationRecord| (r.next_action_at - chrono::Utc::now()).num_seconds();
-    for (c, expected) in [(poked, 0..=1), (quiet, 55..=60)] {
+    let due_in_ms =
+        |r: &OperationRecord| (r.next_action_at - chrono::Utc::now()).num_milliseconds();
+    let floor = jobtrail_store::WEBHOOK_READ_FLOOR.as_millis() as i64;
+    for (c, expected) in [(poked, floor - 1000..=floor), (quiet, 55_000..=60_000)] {
         let r = store.apply(&c.lease, read(false)).await.unwrap().record;
         assert!(
-            expected.contains(&due_in(&r)),
-            "{}: due in {} s ({})",
+            expected.contains(&due_in_ms(&r)),
+            "{}: due in {} ms ({})",
             c.lease.operation_id,
-            due_in(&r),
+            due_in_ms(&r),
             r.next_action_reason
         );
     }
+    // Released after a read, then a webhook: due at the floor after that read, not at once.
+    let job = format!("job_{}", quiet.lease.operation_id);
+    match store
+        .webhook_delivered("sim", "evt-2", Some(&job), Duration::from_secs(3600))
+        .await
+        .unwrap()
+    {
+        Delivery::New { outcome, .. } => assert_eq!(outcome, DeliveryOutcome::Scheduled),
+        other => panic!("{other:?}"),
+    }
+    let r = store.get(quiet.lease.operation_id).await.unwrap();
+    assert!(
+        (floor - 1000..=floor).contains(&due_in_ms(&r)),
+        "due in {} ms ({})",
+        due_in_ms(&r),
+        r.next_action_reason
+    );
 }
 
 /// Failures spent creating a job are not its status reads': once the provider accepts it, it is

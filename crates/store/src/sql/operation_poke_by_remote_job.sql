@@ -6,17 +6,28 @@
 -- the one in flight may have been answered before the job finished). It changes nothing else: the
 -- state moves only by a status read, under the normal lease rules. A webhook shortens a polling wait
 -- only, never the backoff after failed calls (`failure_count` > 0): deliveries during a provider's
--- outage would otherwise spend its retry budget in seconds and hold the job for a person. `held`:
--- the mark was left (no worker needs waking).
+-- outage would otherwise spend its retry budget in seconds and hold the job for a person. Nor does
+-- it bring a read closer than $3 milliseconds after the last call to the provider about the job
+-- (whatever that call was answered: "not now" without a Retry-After too): deliveries without end
+-- would otherwise have a worker read, and record a call and a link, as fast as it turns round.
+-- `held`: the mark was left (no worker needs waking).
+WITH target AS (
+    SELECT o.id,
+           greatest(now(), o.poll_not_before,
+                    (SELECT max(c.started_at) FROM provider_calls c WHERE c.operation_id = o.id)
+                        + $3 * interval '1 millisecond') AS soonest
+    FROM operations o
+    WHERE o.provider = $1 AND o.remote_job_id = $2
+)
 UPDATE operations
 SET next_action_at     = CASE WHEN lease_expires_at > now() THEN next_action_at
-                              ELSE greatest(now(), coalesce(poll_not_before, now())) END,
+                              ELSE target.soonest END,
     next_action_reason = CASE WHEN lease_expires_at > now() THEN 'webhook_while_leased'
                               ELSE 'webhook' END
-WHERE provider = $1
-  AND remote_job_id = $2
+FROM target
+WHERE operations.id = target.id
   AND (state IN ('accepted', 'observing', 'cancelling')
        OR (state = 'cancel_requested' AND cancel_attempts > 0))
   AND (lease_expires_at > now()
-       OR (failure_count = 0 AND next_action_at > greatest(now(), coalesce(poll_not_before, now()))))
-RETURNING id, coalesce(lease_expires_at > now(), false) AS held
+       OR (failure_count = 0 AND next_action_at > target.soonest))
+RETURNING operations.id, coalesce(lease_expires_at > now(), false) AS held
