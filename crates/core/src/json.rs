@@ -345,6 +345,87 @@ pub fn first_integer_beyond_double(v: &Value) -> Option<(String, String)> {
     }
 }
 
+/// Integers beyond ±2^53 in `v` written as strings of their digits: the chain hashes JSON in
+/// RFC 8785's form, which writes every number as a double, so 2^53 + 1 and 2^53 would hash alike
+/// and one could be put in the other's place unseen. Applied to what a provider sends before it is
+/// recorded.
+pub fn integers_beyond_double_as_text(v: &mut Value) {
+    match v {
+        Value::Number(_) if first_integer_beyond_double(v).is_some() => {
+            *v = Value::String(v.to_string());
+        }
+        Value::Array(items) => items.iter_mut().for_each(integers_beyond_double_as_text),
+        Value::Object(map) => map.values_mut().for_each(integers_beyond_double_as_text),
+        _ => {}
+    }
+}
+
+/// The first number in JSON `text` (outside strings, in document order) that is not exactly the
+/// shortest decimal of a double: the chain's hash reads it as that double, so it could have been
+/// put in the place of the number hashed (`5` changed to `5.0000000000000001`, or 2^53 + 1 to
+/// 2^53) without the hash changing. Numbers written from a double, and integers within ±2^53, are
+/// such decimals; `None` when every number is. The token is cut to 64 bytes.
+pub fn first_number_beyond_double(text: &[u8]) -> Option<String> {
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b'"' => {
+                i += 1;
+                while i < text.len() && text[i] != b'"' {
+                    i += if text[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < text.len()
+                    && matches!(text[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let token = std::str::from_utf8(&text[start..i]).unwrap_or("");
+                if !is_shortest_double(token) {
+                    return Some(crate::text::truncate(token.to_owned(), 64));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Whether decimal `token` is exactly the shortest decimal of the double it reads as (Rust writes
+/// a double so, without an exponent), compared as numbers: `5.0`, `5` and `5e0` are one number.
+fn is_shortest_double(token: &str) -> bool {
+    match token.parse::<f64>() {
+        Ok(d) if d.is_finite() => decimal(token) == decimal(&format!("{d}")),
+        _ => false,
+    }
+}
+
+/// A decimal as (negative, significant digits, power of ten): one form for each number (zero is
+/// `(false, "", 0)`, whatever its sign).
+fn decimal(s: &str) -> Option<(bool, String, i64)> {
+    let (negative, s) = s.strip_prefix('-').map_or((false, s), |r| (true, r));
+    let (mantissa, exp) = match s.find(['e', 'E']) {
+        Some(at) => (&s[..at], s[at + 1..].parse::<i64>().ok()?),
+        None => (s, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if !(whole.bytes().chain(fraction.bytes())).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = format!("{whole}{fraction}");
+    let mut exp = exp.checked_sub(i64::try_from(fraction.len()).ok()?)?;
+    let significant = digits.trim_start_matches('0');
+    let trimmed = significant.trim_end_matches('0');
+    exp = exp.checked_add(i64::try_from(significant.len() - trimmed.len()).ok()?)?;
+    if trimmed.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, trimmed.to_owned(), exp))
+}
+
 /// The key of the marker a stored value PostgreSQL keeps but serde_json refuses is read as
 /// (`{"jobtrail_unreadable_json": "<why>"}`): reserved, never accepted in a request.
 pub const UNREADABLE_JSON: &str = "jobtrail_unreadable_json";
@@ -518,5 +599,47 @@ mod tests {
             assert!(e.message.contains(says), "{text}: {e}");
             assert!(e.line >= 1 && e.column >= 1, "{text}: {e}");
         }
+    }
+
+    /// A number the chain's hash reads as a double it is not exactly (so another number could
+    /// stand in its place unseen) is found wherever it stands; numbers written from a double, in
+    /// any of the forms PostgreSQL or serde_json write them, are not; nor is anything in a string.
+    #[test]
+    fn numbers_a_hash_cannot_tell_apart_are_found() {
+        use super::first_number_beyond_double as beyond;
+        for exact in [
+            "5",
+            "5.0",
+            "-0.0",
+            "0.1",
+            "0.30000000000000004",
+            "1.5e-7",
+            "0.00000015",
+            "9007199254740992",
+            "123456789012345680000",
+            "1e300",
+            r#"{"a":[1,2.5,{"b":-3}],"s":"9007199254740993","t":"x\"9007199254740993"}"#,
+        ] {
+            assert_eq!(beyond(exact.as_bytes()), None, "{exact}");
+        }
+        for (text, found) in [
+            ("5.0000000000000001", "5.0000000000000001"),
+            ("9007199254740993", "9007199254740993"),
+            ("0.10000000000000001", "0.10000000000000001"),
+            (
+                r#"{"a":"\\","n":[1,18446744073709551615]}"#,
+                "18446744073709551615",
+            ),
+            ("1e400", "1e400"),
+        ] {
+            assert_eq!(beyond(text.as_bytes()).as_deref(), Some(found), "{text}");
+        }
+        let mut v = serde_json::json!({"a": 9007199254740993_u64, "b": [5, -9007199254740993_i64], "c": 1.5});
+        super::integers_beyond_double_as_text(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"a": "9007199254740993", "b": [5, "-9007199254740993"], "c": 1.5})
+        );
+        assert_eq!(beyond(v.to_string().as_bytes()), None);
     }
 }

@@ -32,8 +32,10 @@ pub(crate) fn usable(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
 }
 
-/// A provider's JSON (progress, say) as a record can keep it: strings and keys storable, and a value
-/// whose JSON text is longer than `max` bytes kept as that text, cut.
+/// A provider's JSON (progress, say) as a record can keep it: strings and keys storable, integers
+/// beyond ±2^53 as their digits (the chain's hash reads every number as a double, and could not
+/// tell 2^53 + 1 from 2^53), and a value whose JSON text is longer than `max` bytes kept as that
+/// text, cut.
 pub(crate) fn bounded_json(v: &Value, max: usize) -> Value {
     let text = v.to_string();
     if text.len() > max {
@@ -52,7 +54,9 @@ pub(crate) fn bounded_json(v: &Value, max: usize) -> Value {
             other => other.clone(),
         }
     }
-    clean(v)
+    let mut kept = clean(v);
+    jobtrail_core::json::integers_beyond_double_as_text(&mut kept);
+    kept
 }
 
 pub(crate) use jobtrail_core::text::truncate;
@@ -83,6 +87,12 @@ mod tests {
         );
         let v = bounded_json(&serde_json::json!({"n\u{0}": ["x\u{0}"], "k": 1}), 100);
         assert_eq!(v, serde_json::json!({"n\u{FFFD}": ["x\u{FFFD}"], "k": 1}));
+        // An integer the chain's hash could not tell from its neighbours is kept as its digits.
+        let v = bounded_json(
+            &serde_json::json!({"done": 9007199254740993_u64, "of": 10}),
+            100,
+        );
+        assert_eq!(v, serde_json::json!({"done": "9007199254740993", "of": 10}));
         let big = bounded_json(&serde_json::json!({"pad": "y".repeat(5000)}), 64);
         assert!(big.as_str().is_some_and(|s| s.len() <= 64 + 3), "{big}");
         assert!(!usable("/v1/jobs/a\u{0}", 100) && !usable("", 100) && !usable("/x", 1));

@@ -211,14 +211,9 @@ impl Store {
                 .bind(Some(id.as_uuid()))
                 .fetch_all(&mut *tx)
                 .await?;
-        let old_shapes_until = old_shapes_until(&mut *tx).await?;
+        let cut = cutovers(&mut tx).await?;
         let mut report = VerifyReport::default();
-        check_operation(
-            &facts,
-            (&history, &calls, &results),
-            old_shapes_until,
-            &mut report,
-        );
+        check_operation(&facts, (&history, &calls, &results), cut, &mut report);
         Ok(report)
     }
 
@@ -295,7 +290,7 @@ impl Store {
         let [mut t_ops, mut t_history, mut t_calls, mut t_results] = self
             .one_snapshot::<{ Self::VERIFY_ALL_CONNECTIONS as usize }>()
             .await?;
-        let old_shapes_until = old_shapes_until(&mut *t_ops).await?;
+        let cut = cutovers(&mut t_ops).await?;
         let mut ops = sqlx::query_as::<_, Facts>(include_str!("sql/operation_list_facts.sql"))
             .fetch(&mut *t_ops);
         let mut history = PerOperation::new(
@@ -342,12 +337,7 @@ impl Store {
             }
             let Some(op) = op else { break };
             let links: Vec<HistoryRecord> = links.into_iter().map(HistoryRecord::from).collect();
-            check_operation(
-                &op,
-                (&links, &op_calls, &op_results),
-                old_shapes_until,
-                &mut report,
-            );
+            check_operation(&op, (&links, &op_calls, &op_results), cut, &mut report);
             progress(&report);
         }
         Ok(report)
@@ -600,7 +590,8 @@ impl Store {
         // Well hashed is not enough: a writer role can append links that hash (the trigger checks
         // only their place in the chain), so a chain with a move the state machine never makes
         // serves nothing.
-        let old_shapes_until = old_shapes_until(&self.pool).await?;
+        let mut conn = self.pool.acquire().await?;
+        let old_shapes_until = cutovers(&mut conn).await?.link_shapes;
         if let Some(b) = chain::illegal_moves(&entries, old_shapes_until).first() {
             return Err(StoreError::Tampered(format!(
                 "the history of {id} holds a move the state machine never makes (#{}: {}); its result is not served",
@@ -654,13 +645,28 @@ pub struct ChainedResult {
 
 /// Since when every writer of this database records links in their current shapes (see
 /// `chain::illegal_moves`); `None` in a database that does not say.
-async fn old_shapes_until<'e>(
-    db: impl sqlx::PgExecutor<'e>,
-) -> Result<Option<DateTime<Utc>>, StoreError> {
-    let row: Option<(DateTime<Utc>,)> = sqlx::query_as(include_str!("sql/cutover_link_shapes.sql"))
-        .fetch_optional(db)
-        .await?;
-    Ok(row.map(|(since,)| since))
+async fn cutovers(db: &mut sqlx::PgConnection) -> Result<Cutovers, StoreError> {
+    let mut since = async |name: &str| -> Result<Option<DateTime<Utc>>, StoreError> {
+        let row: Option<(DateTime<Utc>,)> = sqlx::query_as(include_str!("sql/cutover_since.sql"))
+            .bind(name)
+            .fetch_optional(&mut *db)
+            .await?;
+        Ok(row.map(|(since,)| since))
+    };
+    Ok(Cutovers {
+        link_shapes: since("current_link_shapes").await?,
+        exact_numbers: since("exact_numbers").await?,
+    })
+}
+
+/// Since when every writer of this database records links as the verifier expects them (see the
+/// migrations that add each `jobtrail_cutovers` row); `None` where the database does not say.
+#[derive(Debug, Clone, Copy)]
+struct Cutovers {
+    /// Links in their current shapes (migration 0022; see `chain::illegal_moves`).
+    link_shapes: Option<DateTime<Utc>>,
+    /// Integers beyond ±2^53 a provider sent recorded as text (migration 0037).
+    exact_numbers: Option<DateTime<Utc>>,
 }
 
 /// The most of a stored or expected value a break shows (the start of it, marked as cut).
@@ -681,9 +687,10 @@ fn shown(s: String) -> String {
 fn check_operation(
     f: &Facts,
     (history, calls, results): (&[HistoryRecord], &[StoredCall], &[ResultDigest]),
-    old_shapes_until: Option<DateTime<Utc>>,
+    cut: Cutovers,
     report: &mut VerifyReport,
 ) {
+    let old_shapes_until = cut.link_shapes;
     let op = OperationId::from_uuid(f.id).to_string();
     report.operations += 1;
     report.rows += history.len() as u64;
@@ -710,6 +717,25 @@ fn check_operation(
             "chain end does not match the head recorded on the operation (rows removed or appended out of band)".into(),
             format!("#{} {}", f.history_seq, hex::encode(&f.history_head)),
             format!("#{last_seq} {}", hex::encode(&last_hash)),
+        ));
+    }
+
+    // A number the hash read as a double it is not exactly: another could stand in its place
+    // unseen. An integer beyond ±2^53 is excused in a link dated before writers record such
+    // integers as text (a provider's, kept as it came); any other such number no writer writes.
+    for r in history {
+        let Some(n) = &r.detail_number_beyond_double else {
+            continue;
+        };
+        let integer = n.bytes().all(|b| b.is_ascii_digit() || b == b'-');
+        if integer && cut.exact_numbers.is_none_or(|since| r.at < since) {
+            continue;
+        }
+        report.breaks.push(br(
+            r.seq,
+            "the link's detail holds a number its hash cannot tell from the numbers nearest it (beyond a double's precision): it may have been put in the place of the one hashed".into(),
+            "a number a double holds exactly".into(),
+            n.clone(),
         ));
     }
 

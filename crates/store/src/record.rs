@@ -35,17 +35,55 @@ impl sqlx::Type<sqlx::Postgres> for ReadableJson {
     }
 }
 
+/// A jsonb value's JSON text, as PostgreSQL sends it.
+fn json_text<'r>(
+    value: &sqlx::postgres::PgValueRef<'r>,
+) -> Result<&'r [u8], sqlx::error::BoxDynError> {
+    let binary = value.format() == sqlx::postgres::PgValueFormat::Binary;
+    let text = value.as_bytes()?;
+    // jsonb's binary form is a version byte (1) before the text (JSON text never starts so).
+    Ok(match text.split_first() {
+        Some((1, rest)) if binary => rest,
+        _ => text,
+    })
+}
+
+fn readable(text: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(text).unwrap_or_else(|e| {
+        serde_json::json!({ UNREADABLE_JSON: format!("PostgreSQL keeps JSON this build cannot read: {e}") })
+    })
+}
+
 impl<'r> sqlx::Decode<'r, sqlx::Postgres> for ReadableJson {
     fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        let binary = value.format() == sqlx::postgres::PgValueFormat::Binary;
-        let mut text = value.as_bytes()?;
-        // jsonb's binary form is a version byte (1) before the text (JSON text never starts so).
-        if binary && text.first() == Some(&1) {
-            text = &text[1..];
-        }
-        Ok(Self(serde_json::from_slice(text).unwrap_or_else(|e| {
-            serde_json::json!({ UNREADABLE_JSON: format!("PostgreSQL keeps JSON this build cannot read: {e}") })
-        })))
+        Ok(Self(readable(json_text(&value)?)))
+    }
+}
+
+/// A history link's detail, as [`ReadableJson`], with the first number in its stored text that the
+/// chain's hash cannot tell from another (see `jobtrail_core::json::first_number_beyond_double`):
+/// the text is what the database keeps, the hash was of the value read from it.
+pub(crate) struct HashedJson {
+    value: serde_json::Value,
+    beyond_double: Option<String>,
+}
+
+impl sqlx::Type<sqlx::Postgres> for HashedJson {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <ReadableJson as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <ReadableJson as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for HashedJson {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = json_text(&value)?;
+        Ok(Self {
+            value: readable(text),
+            beyond_double: jobtrail_core::json::first_number_beyond_double(text),
+        })
     }
 }
 
@@ -234,6 +272,10 @@ pub struct HistoryRecord {
     /// The database login that inserted the link (migration 0032; `None` before it): what the
     /// database saw, beside the `actor` the writer named. Not hashed.
     pub recorded_by: Option<String>,
+    /// The first number in the stored `detail` that is not exactly the double the hash read it as
+    /// (`audit verify` reports one; see `jobtrail_core::json::first_number_beyond_double`).
+    #[serde(skip)]
+    pub detail_number_beyond_double: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -248,7 +290,7 @@ pub(crate) struct HistoryRow {
     cause: String,
     remote_job_id: Option<String>,
     call_id: Option<Uuid>,
-    detail: ReadableJson,
+    detail: HashedJson,
     prev_hash: Vec<u8>,
     hash: Vec<u8>,
     #[sqlx(default)]
@@ -277,10 +319,11 @@ impl From<HistoryRow> for HistoryRecord {
             cause: r.cause,
             remote_job_id: r.remote_job_id,
             call_id: r.call_id,
-            detail: r.detail.0,
+            detail: r.detail.value,
             prev_hash: r.prev_hash,
             hash: r.hash,
             recorded_by: r.recorded_by,
+            detail_number_beyond_double: r.detail.beyond_double,
         }
     }
 }

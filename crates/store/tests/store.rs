@@ -1067,6 +1067,79 @@ async fn a_call_dated_outside_its_operations_life_is_refused() {
 }
 
 /// An operation submitted, claimed and accepted by its provider, with the create call logged.
+/// The chain hashes JSON in RFC 8785's form, which reads every number as a double: a number put in
+/// the place of the one hashed that reads as the same double (`5` made `5.0000000000000001`, 2^53
+/// made 2^53 + 1) leaves every hash as it was. `audit verify` reads the stored text and names such a
+/// number; an integer beyond ±2^53 in a link written before writers kept such integers as text
+/// (migration 0037) is excused, any other such number never is.
+#[tokio::test]
+async fn a_number_put_in_the_place_of_the_one_hashed_is_a_break() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    let step = Step {
+        detail: Some(serde_json::json!({"n": 5, "big": 9007199254740992_u64})),
+        ..Step::event(Event::CreateAccepted {
+            remote_job_id: "job_1".into(),
+            remote_state: None,
+        })
+        .with_call(jobtrail_store::testing::accepted_create(
+            "http://127.0.0.1:1/v1/jobs",
+        ))
+    };
+    store.apply(&c.lease, step).await.unwrap();
+    assert!(store.verify_operation(op.id).await.unwrap().is_clean());
+    let id = op.id.as_uuid();
+    let set = |path: &str, to: &str| {
+        format!(
+            "SET session_replication_role = replica; UPDATE operation_history SET detail = jsonb_set(detail, '{{{path}}}', '{to}') WHERE operation_id = '{id}' AND seq = 2"
+        )
+    };
+    let found = |r: &VerifyReport| {
+        r.breaks
+            .iter()
+            .map(|b| (b.seq, b.stored.clone()))
+            .collect::<Vec<_>>()
+    };
+    exec(&db, &set("evidence,n", "5.0000000000000001"))
+        .await
+        .unwrap();
+    let r = store.verify_operation(op.id).await.unwrap();
+    assert_eq!(found(&r), [(2, "5.0000000000000001".to_owned())], "{r:#?}");
+    exec(&db, &set("evidence,n", "5")).await.unwrap();
+    exec(&db, &set("evidence,big", "9007199254740993"))
+        .await
+        .unwrap();
+    let r = store.verify_operation(op.id).await.unwrap();
+    assert_eq!(found(&r), [(2, "9007199254740993".to_owned())], "{r:#?}");
+    assert!(r.breaks[0].problem.contains("beyond a double's precision"));
+    // Dated before writers kept such integers as text: a provider's, kept as it came.
+    exec(
+        &db,
+        "SET session_replication_role = replica; UPDATE jobtrail_cutovers SET since = now() + interval '1 day' WHERE name = 'exact_numbers'",
+    )
+    .await
+    .unwrap();
+    assert!(store.verify_operation(op.id).await.unwrap().is_clean());
+    exec(&db, &set("evidence,n", "5.0000000000000001"))
+        .await
+        .unwrap();
+    assert_eq!(
+        found(&store.verify_operation(op.id).await.unwrap()),
+        [(2, "5.0000000000000001".to_owned())]
+    );
+    // Every chain's verify finds it too.
+    assert_eq!(
+        found(&store.verify_all().await.unwrap()),
+        [(2, "5.0000000000000001".to_owned())]
+    );
+}
+
 async fn accepted_with_a_call(store: &Store) -> OperationRecord {
     let op = store
         .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
