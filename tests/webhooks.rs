@@ -28,6 +28,17 @@ async fn slow_polling_env(scheme: &str) -> Env {
     Env::with_edited_contracts(&edits).await
 }
 
+/// The simulator's deliveries to `server`, signed as `sim.toml` checks them by default.
+fn hmac_target(server: &support::Server) -> Target {
+    Target {
+        url: server.url("/v1/webhooks/sim"),
+        signing: Signing::Hmac {
+            secret: support::WEBHOOK_SECRET.into(),
+            header: "X-Sim-Signature".into(),
+        },
+    }
+}
+
 async fn rows(env: &Env) -> Vec<(String, String)> {
     sqlx::query_as(
         "SELECT event_id, outcome FROM webhook_deliveries ORDER BY received_at, event_id",
@@ -116,13 +127,7 @@ async fn the_same_webhook_twice_a_forgery_and_a_stale_one_change_nothing_but_one
 async fn an_early_succeeded_webhook_while_the_job_runs_declares_nothing() {
     let mut env = slow_polling_env("hmac").await;
     let server = env.serve("api");
-    env.sim.sim.set_webhook(Some(Target {
-        url: server.url("/v1/webhooks/sim"),
-        signing: Signing::Hmac {
-            secret: support::WEBHOOK_SECRET.into(),
-            header: "X-Sim-Signature".into(),
-        },
-    }));
+    env.sim.sim.set_webhook(Some(hmac_target(&server)));
     env.start_worker("w1", Duration::from_secs(5));
     let op = env
         .submit(
@@ -182,13 +187,7 @@ async fn an_early_succeeded_webhook_while_the_job_runs_declares_nothing() {
 async fn a_flood_of_webhooks_reads_the_status_no_faster_than_the_floor() {
     let mut env = slow_polling_env("hmac").await;
     let server = env.serve("api");
-    env.sim.sim.set_webhook(Some(Target {
-        url: server.url("/v1/webhooks/sim"),
-        signing: Signing::Hmac {
-            secret: support::WEBHOOK_SECRET.into(),
-            header: "X-Sim-Signature".into(),
-        },
-    }));
+    env.sim.sim.set_webhook(Some(hmac_target(&server)));
     env.start_worker("w1", Duration::from_secs(5));
     let started = Instant::now();
     let op = env
