@@ -109,9 +109,30 @@ async fn submit_show_wait_result_and_exit_codes() {
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     let kept = dir.join("r.json");
     std::fs::write(&kept, vec![b'x'; 1 << 20]).unwrap();
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::set_permissions(&kept, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let before = std::fs::metadata(&kept).unwrap();
     let out = jobtrail(&env, &["result", &id, "-o", kept.to_str().unwrap()], None);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read(&kept).unwrap(), result.stdout);
+    let after = std::fs::metadata(&kept).unwrap();
+    assert_ne!(after.ino(), before.ino(), "a new file renamed into place");
+    assert_eq!(
+        after.mode() & 0o777,
+        0o640,
+        "with the earlier file's permissions"
+    );
+    // What is not a regular file is written to, never replaced (run as root, a rename would
+    // have put a plain file in the place of /dev/null).
+    let out = jobtrail(&env, &["result", &id, "-o", "/dev/null"], None);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
     let out = jobtrail(
         &env,
         &["result", &id, "-o", dir.join("sub").to_str().unwrap()],

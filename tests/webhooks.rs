@@ -202,13 +202,20 @@ async fn a_flood_of_webhooks_reads_the_status_no_faster_than_the_floor() {
     let took = started.elapsed();
     // The end announcement still brings the read forward: polling alone would take 20 s.
     assert!(took < Duration::from_secs(15), "finished after {took:?}");
-    let flooded = env
-        .sim
-        .ledger()
-        .webhooks
-        .iter()
-        .filter(|w| w.kind == "progress" && w.status == Some(200))
-        .count();
+    // Every delivery answered (on a busy machine some may still be on their way at the finish).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let flooded = loop {
+        let l = env.sim.ledger();
+        let answered: Vec<_> = l
+            .webhooks
+            .iter()
+            .filter(|w| w.kind == "progress" && w.status.is_some())
+            .collect();
+        if answered.len() >= 200 || Instant::now() > deadline {
+            break answered.iter().filter(|w| w.status == Some(200)).count();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(flooded >= 100, "{flooded} deliveries accepted");
     let reads = env
         .store
@@ -218,8 +225,9 @@ async fn a_flood_of_webhooks_reads_the_status_no_faster_than_the_floor() {
         .iter()
         .filter(|c| c.kind == "status")
         .count();
-    // One read per two seconds over the run, and the one the end announcement brings.
-    let most = usize::try_from(took.as_secs() / 2).unwrap() + 2;
+    // One read per two seconds, until the job ended and since, and the one the end announcement
+    // brings.
+    let most = usize::try_from(started.elapsed().as_secs() / 2).unwrap() + 2;
     assert!(
         reads <= most,
         "{reads} status reads in {took:?} under {flooded} deliveries (at most {most})"

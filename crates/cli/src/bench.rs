@@ -519,7 +519,9 @@ pub async fn run(mut a: BenchArgs, database_url: Option<&str>) -> CmdResult {
         a.large_table = 50_000;
         a.rss_in_flight = vec![100, 1000];
     }
-    // Where the results go is checked before the run, not found wanting after an hour of it.
+    // Where the results go is checked before the run, not found wanting after an hour of it (a
+    // file made only to check is removed again: a run refused later leaves nothing behind).
+    let existed = a.json_out.exists();
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -530,6 +532,9 @@ pub async fn run(mut a: BenchArgs, database_url: Option<&str>) -> CmdResult {
                 format!("--json-out {}: {e}", a.json_out.display()),
             )
         })?;
+    if !existed {
+        let _ = std::fs::remove_file(&a.json_out);
+    }
     let t_all = Instant::now();
     let mut fleet = Fleet::start("bench", database_url).await?;
     fleet.worker_args = vec!["--write-batch".into(), a.write_batch.to_string()];

@@ -555,14 +555,27 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// `bytes` at `path`, whole or not at all: written to a file beside it, synced, and renamed over it.
+/// `bytes` at `path`, whole or not at all: a new or regular file is written beside it, synced, and
+/// renamed over it (keeping an earlier file's permissions; a new one's as the umask says). Anything
+/// else (`/dev/stdout`, a pipe, a symbolic link) is written to as it is, not replaced.
 fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let permissions = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => m.permissions(),
+        Ok(_) => return std::fs::write(path, bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::Permissions::from_mode(0o666)
+        }
+        Err(e) => return Err(e),
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => std::path::Path::new("."),
     };
-    let mut f = tempfile::NamedTempFile::new_in(dir)?;
+    let mut f = tempfile::Builder::new()
+        .permissions(permissions)
+        .tempfile_in(dir)?;
     f.write_all(bytes)?;
     f.as_file().sync_all()?;
     f.persist(path).map(|_| ()).map_err(|e| e.error)

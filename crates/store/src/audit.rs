@@ -590,8 +590,12 @@ impl Store {
         // Well hashed is not enough: a writer role can append links that hash (the trigger checks
         // only their place in the chain), so a chain with a move the state machine never makes
         // serves nothing.
-        let mut conn = self.pool.acquire().await?;
-        let old_shapes_until = cutovers(&mut conn).await?.link_shapes;
+        // Given back before the next read takes one: as many results served at once as the pool
+        // holds must not each hold one connection while waiting for another.
+        let old_shapes_until = {
+            let mut conn = self.pool.acquire().await?;
+            cutovers(&mut conn).await?.link_shapes
+        };
         if let Some(b) = chain::illegal_moves(&entries, old_shapes_until).first() {
             return Err(StoreError::Tampered(format!(
                 "the history of {id} holds a move the state machine never makes (#{}: {}); its result is not served",

@@ -224,10 +224,10 @@ pub(crate) fn plan<'s>(
             State::Accepted | State::Observing | State::Cancelling
         ) || (rec.state == State::CancelRequested && rec.cancel_attempts > 0)
         {
-            // The floor counts from the last call about the job: this step's, else the last
-            // read that observed it.
+            // The floor counts from the last call about the job: this step's (just answered, so
+            // now, by the database's clock), else the last read that observed it.
             let floor = chrono::Duration::from_std(WEBHOOK_READ_FLOOR).expect("two seconds");
-            let last_call = step.call.as_ref().map(|c| c.started_at);
+            let last_call = step.call.as_ref().map(|_| now);
             let soonest = [
                 rec.poll_not_before,
                 last_call.or(rec.observed_at).map(|t| t + floor),

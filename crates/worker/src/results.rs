@@ -163,9 +163,11 @@ impl ResultDir {
     pub fn check(&self) -> std::io::Result<()> {
         use std::io::Write;
         std::fs::create_dir_all(&self.root)?;
+        // A name of its own: workers started together on a shared directory (each PID 1 in its
+        // container) must not remove each other's probe.
         let probe = self
             .root
-            .join(format!(".jobtrail-probe.{}", std::process::id()));
+            .join(format!(".jobtrail-probe.{}", uuid::Uuid::new_v4().simple()));
         let written = std::fs::File::create(&probe).and_then(|mut f| {
             f.write_all(b"probe")?;
             f.sync_all()
