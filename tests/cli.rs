@@ -745,6 +745,22 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 2, "{stderr}");
     assert!(stderr.contains("results cannot be kept there"), "{stderr}");
+    // A stale TRACEPARENT left in the shell: the error says where the value came from, since the
+    // user typed no --traceparent.
+    let out = support::run_bin_with(
+        std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+        &env.url,
+        &support::providers_dir(),
+        &submit,
+        Some("{}"),
+        &[("TRACEPARENT", "00-not-a-trace")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(
+        stderr.contains("TRACEPARENT in the environment"),
+        "{stderr}"
+    );
     assert_eq!(
         env.store.totals().await.unwrap(),
         (0, 0, 0),

@@ -22,13 +22,7 @@ pub async fn decide(
     d: Decided,
     json: bool,
 ) -> CmdResult {
-    // (Adopt and declare-not-created refuse a bare state outright: no warning before the refusal.)
-    if !matches!(
-        decision,
-        Decision::Adopt { .. } | Decision::DeclareNotCreated
-    ) {
-        warn_bare(&d.seen);
-    }
+    let seen = d.seen.clone();
     let service = Service::new(store.clone(), registry);
     let r = service
         .decide(
@@ -42,16 +36,19 @@ pub async fn decide(
         )
         .await
         .map_err(failure)?;
+    // After the decision, not before: where a bare state is refused (adopt, declare-not-created,
+    // a cancel of a held operation) the refusal alone is said.
+    warn_bare(&seen);
     report(&r, json);
     Ok(ExitCode::SUCCESS)
 }
 
-/// Said, not refused (scripts pass the bare state): only the state is compared, so another
-/// operation held in the same state, or this one after it left and came back, would pass.
+/// Said, not refused (scripts pass the bare state): only the state was compared, so another
+/// operation held in the same state, or this one after it left and came back, would have passed.
 fn warn_bare(seen: &str) {
     if !seen.contains('@') {
         eprintln!(
-            "warning: --seen {} checks only the state; give the STATE@SEQ that `escalations` and `show` print to decide on exactly what you saw",
+            "warning: --seen {} checked only the state; give the STATE@SEQ that `escalations` and `show` print to decide on exactly what you saw",
             seen.trim()
         );
     }
@@ -95,9 +92,6 @@ pub async fn cancel(
     seen: Option<&str>,
     json: bool,
 ) -> CmdResult {
-    if let Some(seen) = seen {
-        warn_bare(seen);
-    }
     let service = Service::new(store.clone(), jobtrail_provider::Registry::default());
     let r = service
         .cancel_as_seen(&Principal::trusted(actor), id, reason, seen)
@@ -108,6 +102,9 @@ pub async fn cancel(
             }
             _ => failure(e),
         })?;
+    if let Some(seen) = seen {
+        warn_bare(seen);
+    }
     if json {
         print_json(&serde_json::json!({
             "operation_id": r.operation.id, "state": r.operation.state, "note": r.note,

@@ -283,7 +283,7 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
             .windows(2)
             .any(|w| w[0] == "--seen" && !w[1].contains('@'));
         assert_eq!(
-            err.contains("checks only the state"),
+            err.contains("checked only the state"),
             bare,
             "{args:?}: {err}"
         );
@@ -664,6 +664,8 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
     let said = String::from_utf8_lossy(&bare.stderr);
     assert_eq!(code(&bare), 4, "{said}");
     assert!(said.contains("a bare state names no view"), "{said}");
+    // The refusal alone: no warning that the bare state was checked, as if it had been taken.
+    assert!(!said.contains("warning"), "{said}");
     assert_eq!(
         store.get(t2.id).await.unwrap().history_seq,
         before.history_seq,

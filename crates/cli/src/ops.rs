@@ -292,14 +292,18 @@ pub async fn submit(door: &Door, a: SubmitArgs, json: bool) -> CmdResult {
         None => None,
         Some(t) => {
             let mut h = http::HeaderMap::new();
-            let v = http::HeaderValue::from_str(t.trim())
-                .map_err(|_| fail(exit::BAD_INPUT, "--traceparent: not a header value"))?;
+            let v = http::HeaderValue::from_str(t.trim()).map_err(|_| {
+                fail(
+                    exit::BAD_INPUT,
+                    "--traceparent (or TRACEPARENT in the environment): not a header value",
+                )
+            })?;
             h.insert("traceparent", v);
             Some(jobtrail_provider::wire::extract_trace(&h).ok_or_else(|| {
                 fail(
                     exit::BAD_INPUT,
                     format!(
-                        "--traceparent {t:?}: not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
+                        "--traceparent (or TRACEPARENT in the environment) {t:?}: not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
                     ),
                 )
             })?)
@@ -538,7 +542,7 @@ pub async fn result(door: &Door, id: &str, output: Option<&std::path::Path>) -> 
                 return Err(fail(
                     exit::BAD_INPUT,
                     format!(
-                        "the result ({} bytes, {}) holds control characters or is not UTF-8 text, and stdout is a terminal: give -o FILE, pipe it, or -o - to print it anyway",
+                        "the result ({} bytes, {}) holds control characters (or text-reordering ones) or is not UTF-8 text, and stdout is a terminal: give -o FILE, pipe it, or -o - to print it anyway",
                         r.bytes.len(),
                         r.content_type.as_deref().unwrap_or("no content type")
                     ),
@@ -581,11 +585,27 @@ fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     f.persist(path).map(|_| ()).map_err(|e| e.error)
 }
 
-/// Text a terminal shows as it is: UTF-8 with no control character but tab and line ends.
+/// Text a terminal shows as it is: UTF-8 with no control character but tab and line ends (LF or
+/// CRLF), and nothing that reorders the line.
 fn terminal_safe(bytes: &[u8]) -> bool {
+    // A carriage return only as part of a CRLF line end: alone, it returns to the line's start,
+    // and what follows writes over what the line showed ("$5\r$500").
     std::str::from_utf8(bytes).is_ok_and(|t| {
-        !t.chars()
-            .any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+        let mut chars = t.chars().peekable();
+        while let Some(c) = chars.next() {
+            let shown = match c {
+                '\t' | '\n' => true,
+                '\r' => chars.peek() == Some(&'\n'),
+                // Embeddings, overrides and isolates reorder what the rest of the line reads as;
+                // the marks (U+200E, U+200F) that right-to-left prose needs are kept.
+                '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => false,
+                c => !c.is_control(),
+            };
+            if !shown {
+                return false;
+            }
+        }
+        true
     })
 }
 
@@ -646,7 +666,13 @@ mod tests {
     /// What a provider's result may hold that a terminal would act on instead of show.
     #[test]
     fn only_plain_text_goes_to_a_terminal() {
-        for ok in ["", "{\"a\": 1}\n", "tab\there\r\n", "naïve ✓"] {
+        for ok in [
+            "",
+            "{\"a\": 1}\n",
+            "tab\there\r\n",
+            "naïve ✓",
+            "שלום\u{200f} 5",
+        ] {
             assert!(terminal_safe(ok.as_bytes()), "{ok:?}");
         }
         for bad in [
@@ -657,6 +683,10 @@ mod tests {
             "csi \u{9b}31m".as_bytes(),
             b"\xff\xfe not utf-8",
             b"\x08\x08\x08",
+            b"paid $5\rpaid $500",
+            b"ends in a bare return\r",
+            "total \u{202e}005$\u{202c} due".as_bytes(),
+            "isolate \u{2067}x\u{2069}".as_bytes(),
         ] {
             assert!(!terminal_safe(bad), "{bad:?}");
         }

@@ -63,8 +63,10 @@ pub const SECRET_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// regular file of at most [`MAX_SECRET_BYTES`]: `/dev/zero` or a FIFO is refused, never read.
 pub async fn resolve_secret(r: &SecretRef) -> Result<String, String> {
     match r {
+        // A line end is trimmed as from a file: a Kubernetes Secret made from a file usually
+        // ends in one, which would sign every webhook wrongly or make a header unsendable.
         SecretRef::Env(name) => match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => Ok(v),
+            Ok(v) if !v.trim().is_empty() => Ok(v.trim_end_matches(['\n', '\r']).to_owned()),
             // An empty (or blank) credential is a missing one (the worker's readiness says so too).
             _ => Err(format!("secret env:{name} is not set (or empty)")),
         },
@@ -367,6 +369,12 @@ impl Scrubber {
         r.url = self.text(&r.url);
         r.outcome = self.text(&r.outcome);
         r.error_class = r.error_class.as_deref().map(|e| self.text(e));
+        if echoed && r.response_sha256.is_some() {
+            // The digest of what was sent would let a reader of the record test guesses at the
+            // secret in it (a card number is a small space) against the words kept around it.
+            // It is the digest of what is kept instead; of a refused result, nothing.
+            r.response_sha256 = (!keep_body).then(|| hex::encode(Sha256::digest(&ex.body)));
+        }
         echoed
     }
 }
@@ -1475,6 +1483,22 @@ mod tests {
         ex.record.response_headers = kept_headers(&ex.headers);
         ex.record.provider_request_id = provider_request_id(&ex.headers);
         assert!(!s.exchange(&mut ex, false));
+        // The digest of an answer that repeats the secret is of what is kept: the one of what was
+        // sent is a test for guesses at the secret. Of a result refused for it, none.
+        let digest = |b: &[u8]| Some(hex::encode(Sha256::digest(b)));
+        for keep_body in [false, true] {
+            let sent = format!(r#"{{"error":"card {secret} declined"}}"#);
+            let mut echo = exchange_with_body(&sent);
+            echo.record.response_sha256 = digest(sent.as_bytes());
+            assert!(s.exchange(&mut echo, keep_body));
+            let kept = &echo.record.response_sha256;
+            assert_ne!(*kept, digest(sent.as_bytes()), "keep_body {keep_body}");
+            if keep_body {
+                assert_eq!(*kept, None);
+            } else {
+                assert_eq!(*kept, digest(&echo.body));
+            }
+        }
         let kept = format!(
             "{} {:?}",
             ex.record.response_headers, ex.record.provider_request_id

@@ -167,7 +167,7 @@ impl ResultDir {
         // container) must not remove each other's probe.
         let probe = self
             .root
-            .join(format!(".jobtrail-probe.{}", uuid::Uuid::new_v4().simple()));
+            .join(format!(".jobtrail-probe.{}", uuid::Uuid::now_v7().simple()));
         let written = std::fs::File::create(&probe).and_then(|mut f| {
             f.write_all(b"probe")?;
             f.sync_all()
