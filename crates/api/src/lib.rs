@@ -374,6 +374,12 @@ impl Default for Connections {
     }
 }
 
+/// The most a request head may take (hyper's read buffer; past it, 431 and the connection
+/// closed). hyper's default, about 400 KiB, let a head sent slowly hold that much for the head
+/// timeout on every connection, before any token was read: 4 096 connections, 1.6 GiB. An
+/// Ingress passes no header line over 8 KiB by default.
+const HEAD_MOST_BYTES: usize = 16 * 1024;
+
 /// Serve `app` (HTTP/1.1) on `listener` until `shutdown` resolves,
 /// then finish the requests in flight (bounded by `drain`). Each request carries its peer's
 /// address (`ConnectInfo<SocketAddr>`: the rate limit per address reads it). Its own accept loop,
@@ -395,7 +401,8 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(connections.head_timeout);
+        .header_read_timeout(connections.head_timeout)
+        .max_buf_size(HEAD_MOST_BYTES);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let open = Arc::new(tokio::sync::Semaphore::new(connections.most.max(1)));
     let (mut said_full, mut said_stuck): (Option<std::time::Instant>, Option<std::time::Instant>) =

@@ -268,6 +268,38 @@ async fn a_client_that_sends_no_whole_head_in_time_is_cut_off() {
     stop(shutdown, server).await;
 }
 
+/// A request head larger than a head needs (one endless header line, sent by someone with no
+/// token) is answered 431 and its connection closed at once, not buffered up to hyper's 400 KiB
+/// for the head timeout; a head of a few KiB (a long token, a trace state) is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_larger_than_a_head_needs_is_refused_at_once() {
+    let app = axum::Router::new().route("/", get(|| async { "here" }));
+    let (addr, shutdown, server) = serving(app).await;
+    let mut big = TcpStream::connect(addr).await.unwrap();
+    big.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: ").await.unwrap();
+    // Written until the server stops taking it: it closes the connection once its buffer is full.
+    let pad = vec![b'a'; 4096];
+    for _ in 0..16 {
+        if big.write_all(&pad).await.is_err() {
+            break;
+        }
+    }
+    let seen = until_closed(&mut big, HEAD_TIMEOUT / 2)
+        .await
+        .expect("a 64 KiB header line was still being read");
+    assert!(seen.starts_with("HTTP/1.1 431"), "{seen}");
+    let mut fine = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\ntracestate: {}\r\nConnection: close\r\n\r\n",
+        "t".repeat(2048),
+        "k=v,".repeat(128)
+    );
+    fine.write_all(head.as_bytes()).await.unwrap();
+    let seen = until_closed(&mut fine, Duration::from_secs(10)).await.unwrap();
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    stop(shutdown, server).await;
+}
+
 /// At `most` connections open, no more is accepted until one closes: a request on a further
 /// connection waits (in the system's backlog), and is answered once a place is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
