@@ -806,8 +806,8 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
     }
 }
 
-/// A result sent over MCP holds one of its caller's result turns, as over HTTP, and as long as the
-/// session keeps the answer for a client to resume (10 s): a read-only token could otherwise make
+/// A result sent over MCP holds one of its caller's result turns, as over HTTP, and for 10 s after
+/// it is answered (the session's stream tells nothing of when it is sent): a read-only token could otherwise make
 /// the server hold result after result in memory, answered and kept, as fast as its rate allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_sent_over_mcp_hold_their_callers_result_turns() {
@@ -839,7 +839,7 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns() {
     let first = call(&client, "get_result", json!({"operation_id": id})).await;
     assert_eq!(first.is_error, Some(false), "{first:?}");
     let sent = std::time::Instant::now();
-    // Answered, and its turn still held while the session keeps the answer.
+    // Answered, and its turn still held for its 10 s.
     let second = call(&client, "get_result", json!({"operation_id": id})).await;
     assert_eq!(second.is_error, Some(true), "{second:?}");
     assert_eq!(structured(&second)["error"], "rate-limited", "{second:?}");
@@ -851,7 +851,7 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns() {
         .await
         .unwrap();
     assert_eq!(over_http.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
-    // The turn comes back once the session has let the answer go.
+    // The turn comes back once its 10 s are over.
     let deadline = sent + Duration::from_secs(20);
     loop {
         let again = call(&client, "get_result", json!({"operation_id": id})).await;
@@ -870,6 +870,84 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     env.stop_workers().await;
+}
+
+/// A POST to `/mcp` on `session` (none: an opening), as a Streamable HTTP client sends it.
+async fn mcp_post(
+    server: &Server,
+    token: &str,
+    session: Option<&str>,
+    body: Value,
+) -> reqwest::Response {
+    let mut r = support::http()
+        .post(server.url("/mcp"))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18");
+    if let Some(s) = session {
+        r = r.header("mcp-session-id", s);
+    }
+    r.json(&body).send().await.unwrap()
+}
+
+/// A session keeps no answer once it is sent: were answers kept for a resume (rmcp can, for
+/// streams it has marked complete, until the session's next message), a caller could open its 32
+/// sessions, have each sent page after page of 256 KiB and leave them idle for their 5 minutes,
+/// holding gigabytes counted nowhere. A stream that is lost is not resumed: the client calls
+/// again (every tool that reads is safe to repeat). This pins the behaviour across rmcp releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_no_answer_it_has_sent() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let token = env.token("agent-alice", &["read"]).await;
+    let opened = mcp_post(&server, &token, None, support::mcp_initialize()).await;
+    assert_eq!(opened.status(), reqwest::StatusCode::OK);
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    drop(opened.text().await);
+    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert!(
+        mcp_post(&server, &token, Some(&session), ready)
+            .await
+            .status()
+            .is_success()
+    );
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": "list_providers", "arguments": {}}});
+    let answer = mcp_post(&server, &token, Some(&session), call)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(answer.contains(r#""id":7"#), "{answer}");
+    // Resumed from the stream's first event (its priming one): everything after it again, if
+    // the session still had it.
+    let first = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("id:"))
+        .unwrap_or_else(|| panic!("no event id in {answer}"))
+        .trim()
+        .to_owned();
+    let resumed = support::http()
+        .get(server.url("/mcp"))
+        .bearer_auth(&token)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("last-event-id", &first)
+        .send()
+        .await
+        .unwrap();
+    let status = resumed.status();
+    let replayed = tokio::time::timeout(Duration::from_secs(5), resumed.text())
+        .await
+        .map(|t| t.unwrap_or_default())
+        .unwrap_or_default();
+    assert!(
+        !replayed.contains(r#""id":7"#),
+        "an answer sent was kept and sent again ({status}): {replayed}"
+    );
 }
 
 /// The MCP door reads a body as strictly as the HTTP routes: a key twice in one object (which

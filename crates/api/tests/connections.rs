@@ -276,7 +276,9 @@ async fn a_head_larger_than_a_head_needs_is_refused_at_once() {
     let app = axum::Router::new().route("/", get(|| async { "here" }));
     let (addr, shutdown, server) = serving(app).await;
     let mut big = TcpStream::connect(addr).await.unwrap();
-    big.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: ").await.unwrap();
+    big.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+        .await
+        .unwrap();
     // Written until the server stops taking it: it closes the connection once its buffer is full.
     let pad = vec![b'a'; 4096];
     for _ in 0..16 {
@@ -295,7 +297,9 @@ async fn a_head_larger_than_a_head_needs_is_refused_at_once() {
         "k=v,".repeat(128)
     );
     fine.write_all(head.as_bytes()).await.unwrap();
-    let seen = until_closed(&mut fine, Duration::from_secs(10)).await.unwrap();
+    let seen = until_closed(&mut fine, Duration::from_secs(10))
+        .await
+        .unwrap();
     assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
     stop(shutdown, server).await;
 }

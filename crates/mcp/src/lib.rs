@@ -35,13 +35,13 @@ use serde::Deserialize;
 
 /// Largest result returned inline by `get_result` (larger: fetch it over the HTTP API). An answer
 /// carries it twice (as structured content and as its text, for clients without structured
-/// output) and the session keeps the answer for [`ANSWER_KEPT`] after sending it.
+/// output); the session keeps no answer once it is sent.
 pub const MAX_INLINE_RESULT: usize = 1024 * 1024;
 
-/// How long a session keeps an answer it has sent, for a client that lost the stream to resume
-/// (rmcp's default is 60 s). A result sent over MCP holds one of its caller's result turns
-/// (`--results-per-caller`, as over HTTP) that long too, so what a caller can make the server hold
-/// in answers is bounded.
+/// How long a result sent over MCP holds one of its caller's result turns (`--results-per-caller`,
+/// as over HTTP) after it is answered, while the answer is handed to the connection: the
+/// session's stream gives no word of when the last byte has gone, so what a caller can make the
+/// server hold in results is bounded by this rate instead.
 pub const ANSWER_KEPT: Duration = Duration::from_secs(10);
 /// How often a client should poll `tasks/get`, while working and while held for a person.
 const POLL_WORKING_MS: u64 = 1_000;
@@ -378,8 +378,8 @@ impl JobtrailMcp {
             Ok(o) => o,
             Err(e) => return tool_error(e),
         };
-        // One of the caller's result turns, as over HTTP, held while the answer is built and as
-        // long as the session keeps it after (over stdio the API's own route holds one).
+        // One of the caller's result turns, as over HTTP, held while the answer is built and for
+        // ANSWER_KEPT after, as it is sent (over stdio the API's own route holds one).
         let turn = match &ops {
             Door::Local(b) => match b.service.result_slot(&b.principal) {
                 Ok(turn) => Some(turn),
@@ -772,7 +772,10 @@ pub fn http_router(
         config = config.with_allowed_hosts(hosts);
     }
     let mut manager = LocalSessionManager::default();
-    manager.session_config.completed_cache_ttl = ANSWER_KEPT;
+    // No answer is kept for a resume once its stream is complete (rmcp's default keeps one 60 s,
+    // and only drops it on the session's next message; an idle session lives 5 minutes): a
+    // client whose stream is lost calls again. Tested by `a_session_keeps_no_answer_it_has_sent`.
+    manager.session_config.completed_cache_ttl = Duration::ZERO;
     let manager = Arc::new(manager);
     let mcp = StreamableHttpService::new(
         move || Ok(JobtrailMcp::new(Backend::Service(service.clone()))),
