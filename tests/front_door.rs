@@ -434,7 +434,12 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     assert_eq!(p2["operations"][0]["id"], op_id.as_str());
     assert!(p2["next_cursor"].is_null());
     // A page never loads the request bodies (up to 16 MiB each, 200 to a page): only one read does.
-    let page = env.store.list_page(&Default::default(), 200).await.unwrap();
+    let page = env
+        .store
+        .list_page(&Default::default(), 200)
+        .await
+        .unwrap()
+        .operations;
     assert!(!page.is_empty() && page.iter().all(|o| o.request_body.is_null()));
     let one = env.store.get(page[0].id).await.unwrap();
     assert!(one.request_body.is_object());

@@ -499,7 +499,12 @@ async fn an_agent_over_streamable_http_submits_waits_fetches_and_cancels_with_du
         drop(server);
         let c = over_http(&second_server, &token, true).await;
         let stranger = over_http(&second_server, &other, true).await;
-        let mine = env.store.list_page(&Default::default(), 1).await.unwrap();
+        let mine = env
+            .store
+            .list_page(&Default::default(), 1)
+            .await
+            .unwrap()
+            .operations;
         let e = stranger
             .get_task(GetTaskParams::new(mine[0].id.to_string()))
             .await;

@@ -714,7 +714,8 @@ impl Service {
             before,
         };
         // One more than the page: whether there is a next page, without a count.
-        let mut ops = self.store.list_page(&filter, i64::from(limit) + 1).await?;
+        let page = self.store.list_page(&filter, i64::from(limit) + 1).await?;
+        let mut ops = page.operations;
         let mut more = ops.len() > limit as usize;
         ops.truncate(limit as usize);
         let mut operations = Vec::with_capacity(ops.len());
@@ -729,9 +730,14 @@ impl Service {
             bytes += size;
             operations.push(view);
         }
-        let next_cursor = more
-            .then(|| operations.last().map(|o| o.id.clone()))
-            .flatten();
+        // Full (or cut by size): the next page starts below the last operation shown. Short,
+        // because the page read as far as one page may: below the last one it read, which may be
+        // past everything shown (an empty page with a cursor is not the end).
+        let next_cursor = if more {
+            operations.last().map(|o| o.id.clone())
+        } else {
+            page.scanned_past.map(|id| id.to_string())
+        };
         Ok(OperationPage {
             operations,
             next_cursor,

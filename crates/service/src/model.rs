@@ -212,7 +212,9 @@ pub struct ListQuery {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, ToSchema)]
 pub struct OperationPage {
     pub operations: Vec<OperationView>,
-    /// Pass as `cursor` for the next page; absent on the last page.
+    /// Pass as `cursor` for the next page; absent on the last page. A page reads at most 2 000 of
+    /// your operations to find those the filters match, so a page may be short, or empty, and
+    /// still have a next one: only an absent cursor is the end.
     pub next_cursor: Option<String>,
 }
 

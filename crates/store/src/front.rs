@@ -11,6 +11,21 @@ use crate::{Store, StoreError};
 /// The channel every state change is announced on (see `sql/notify_state.sql`).
 pub const STATE_CHANNEL: &str = "jobtrail_state";
 
+/// The most operations one page of a listing reads (its caller's, below the cursor) to find those
+/// its filters match: ten of the largest pages. A listing's cost is bounded by it, not by how many
+/// operations there are.
+pub const LIST_SCAN_MOST: i64 = 2_000;
+
+/// A page of operations as read: those that matched, and, for a page that came back short (fewer
+/// than asked for) because it read [`LIST_SCAN_MOST`] of them, the last one it read, below which
+/// the next page starts. `None`: nothing past what was read (or a full page: the next starts
+/// below its last operation).
+#[derive(Debug)]
+pub struct ListPage {
+    pub operations: Vec<OperationRecord>,
+    pub scanned_past: Option<OperationId>,
+}
+
 /// Filters for a page of operations; `None` is "any".
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -111,23 +126,47 @@ impl Store {
     }
 
     /// One page of operations, newest first, each **without its request body** (`null`): a page is
-    /// for listing; read an operation on its own for its request.
-    pub async fn list_page(
-        &self,
-        filter: &ListFilter,
-        limit: i64,
-    ) -> Result<Vec<OperationRecord>, StoreError> {
+    /// for listing; read an operation on its own for its request. It holds at most `limit`
+    /// operations from the next [`LIST_SCAN_MOST`] of the caller's (any caller's, with none given)
+    /// below the cursor: a filter that matches few gives a short page, and
+    /// [`ListPage::scanned_past`] says where the next one starts.
+    pub async fn list_page(&self, filter: &ListFilter, limit: i64) -> Result<ListPage, StoreError> {
+        let mut tx = self
+            .pool
+            .begin_with(include_str!("sql/begin_listing.sql"))
+            .await?;
+        let before = filter.before.map(|b| b.as_uuid());
         let rows: Vec<OperationRow> = sqlx::query_as(include_str!("sql/operation_list_page.sql"))
-            .bind(filter.before.map(|b| b.as_uuid()))
+            .bind(before)
             .bind(filter.state.map(|s| s.as_str()))
             .bind(filter.provider.as_deref())
             .bind(filter.caller.as_deref())
             .bind(filter.created_from)
             .bind(filter.created_before)
             .bind(limit)
-            .fetch_all(&self.pool)
+            .bind(LIST_SCAN_MOST)
+            .fetch_all(&mut *tx)
             .await?;
-        rows.into_iter().map(TryInto::try_into).collect()
+        // A full page ends at its last operation; a short one scanned LIST_SCAN_MOST, or to the end.
+        let scanned_past = if (rows.len() as i64) < limit {
+            sqlx::query_scalar(include_str!("sql/operation_list_scan_end.sql"))
+                .bind(before)
+                .bind(filter.caller.as_deref())
+                .bind(LIST_SCAN_MOST)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(OperationId::from_uuid)
+        } else {
+            None
+        };
+        tx.commit().await?;
+        Ok(ListPage {
+            operations: rows
+                .into_iter()
+                .map(TryInto::try_into)
+                .collect::<Result<_, _>>()?,
+            scanned_past,
+        })
     }
 
     /// A listener on the state channel.

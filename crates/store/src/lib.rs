@@ -41,7 +41,8 @@ use std::time::Duration;
 pub use audit::{Anchor, AnchorNotFound, ChainedResult, Unanchored, VerifyReport};
 pub use error::StoreError;
 pub use front::{
-    Delivery, DeliveryOutcome, ListFilter, NewToken, STATE_CHANNEL, StateListener, TokenRecord,
+    Delivery, DeliveryOutcome, LIST_SCAN_MOST, ListFilter, ListPage, NewToken, STATE_CHANNEL,
+    StateListener, TokenRecord,
 };
 pub use queue::{LeaseHolder, ProviderPause};
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};

@@ -1953,6 +1953,131 @@ async fn claims_read_the_due_index_in_order_whatever_the_statistics() {
     );
 }
 
+/// A listing reads a bounded number of rows whatever the table holds. Before, a caller with one
+/// operation among thousands of another's walked the primary key through all of them, and a filter
+/// that matched nothing (`created_before` a date before any, a state none is in) read every row
+/// there was, on each request: with operations kept for good, a few such requests at once held the
+/// API's pool. Now a caller's listing reads the (caller, id) index, and a page reads at most
+/// LIST_SCAN_MOST of its operations, coming back short (or empty) with where the next starts.
+#[tokio::test]
+async fn a_listing_reads_a_bounded_number_of_rows_however_many_there_are() {
+    let _alone = HEAVY.lock().await;
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let many = 5_000;
+    assert_eq!(store.bench_seed(many, "succeeded").await.unwrap(), 5_000);
+    let mine = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    // Vacuumed, so that reading where a short page's scan ended is an index-only read (no row
+    // fetched): the rows counted are those the pages themselves read.
+    exec(&db, "VACUUM ANALYZE operations").await.unwrap();
+    let of = |caller: &str| ListFilter {
+        caller: Some(caller.into()),
+        ..Default::default()
+    };
+    let long_ago = Some("2000-01-01T00:00:00Z".parse().unwrap());
+
+    // The caller with one operation: found without reading the others' rows.
+    let read = rows_read_by(&db, many + 1, async |lister| {
+        let page = lister.list_page(&of("agent-7"), 51).await.unwrap();
+        assert_eq!(page.operations.len(), 1);
+        assert_eq!(page.operations[0].id, mine.id);
+        assert_eq!(page.scanned_past, None, "nothing past it");
+        let none = ListFilter {
+            created_before: long_ago,
+            ..of("agent-7")
+        };
+        let page = lister.list_page(&none, 51).await.unwrap();
+        assert!(page.operations.is_empty() && page.scanned_past.is_none());
+    })
+    .await;
+    assert!(
+        read < 100,
+        "two listings of a caller with one operation read {read} rows"
+    );
+
+    // The caller with thousands, and a filter that only its oldest operation matches: it is not
+    // on the first page, which reads no more than LIST_SCAN_MOST rows, nor the second; it is on
+    // the last, the pages before coming back empty with where the next starts.
+    exec(
+        &db,
+        "SET session_replication_role = replica; \
+         UPDATE operations SET state = 'failed' \
+         WHERE id = (SELECT id FROM operations WHERE caller = 'bench' ORDER BY id LIMIT 1)",
+    )
+    .await
+    .unwrap();
+    let failed = ListFilter {
+        state: Some(State::Failed),
+        ..of("bench")
+    };
+    let mut cursor = None;
+    let mut pages = Vec::new();
+    loop {
+        let filter = ListFilter {
+            before: cursor,
+            ..failed.clone()
+        };
+        let page = store.list_page(&filter, 51).await.unwrap();
+        pages.push(page.operations.len());
+        assert!(pages.len() <= 10, "the pages never ended");
+        match page.scanned_past {
+            Some(past) => cursor = Some(past),
+            None => break,
+        }
+    }
+    assert_eq!(
+        pages,
+        [0, 0, 1],
+        "pages of at most {LIST_SCAN_MOST} rows read"
+    );
+
+    // Paged with no filter, every operation is listed once.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut cursor = None;
+    for _ in 0..100 {
+        let filter = ListFilter {
+            before: cursor,
+            ..Default::default()
+        };
+        let page = store.list_page(&filter, 200).await.unwrap();
+        for o in &page.operations {
+            assert!(seen.insert(o.id), "{} listed twice", o.id);
+        }
+        cursor = match (page.operations.len(), page.scanned_past) {
+            (200, _) => page.operations.last().map(|o| o.id),
+            (_, past) => past,
+        };
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(seen.len() as i64, many + 1);
+}
+
+/// Rows of `operations` read by what `work` does on a store of its own, counted once that store's
+/// session has ended (a session reports what it read when it ends, or every so often).
+async fn rows_read_by(db: &TestDb, inserts: i64, work: impl AsyncFnOnce(&Store)) -> i64 {
+    let before = rows_read_after(db, inserts, 0).await;
+    let lister = Store::connect_with(&db.url, 1).await.unwrap();
+    work(&lister).await;
+    lister.close().await;
+    // Read until two readings half a second apart agree (the ended session's report lands).
+    let mut last = rows_read_after(db, inserts, 0).await;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = rows_read_after(db, inserts, 0).await;
+        if now == last && now > before {
+            break;
+        }
+        last = now;
+    }
+    last - before
+}
+
 /// A migration whose concurrent index build was interrupted runs again: PostgreSQL leaves such a
 /// build as an INVALID index, and before, `jobtrail migrate` then failed on its name ("already
 /// exists") until a person dropped it. (A unique build over duplicates fails as an interrupted one

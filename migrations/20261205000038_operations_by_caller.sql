@@ -1,0 +1,14 @@
+-- no-transaction
+-- A caller's listing (`GET /v1/operations`, MCP `list_operations` and `tasks/list`: every token
+-- sees only its own caller's operations) reads this index newest first, a bounded number of
+-- entries a page. Without it, a caller with few operations, or a filter that matched none, walked
+-- the whole table's primary key, every caller's rows, on each request: twenty such requests at
+-- once held every connection of the API's pool. `caller` and `id` never change, so no step that
+-- could be a HOT update stops being one.
+--
+-- Built CONCURRENTLY, outside a transaction (the first line tells the migrator), so that writes go
+-- on while it is built on a large table. It is the file's only statement. If a build is
+-- interrupted, PostgreSQL leaves the index INVALID and this migration unrecorded: `jobtrail
+-- migrate` drops such an index and builds it again.
+-- Never edit this file once landed: add a new migration instead.
+CREATE INDEX CONCURRENTLY operations_by_caller ON operations (caller, id)
