@@ -27,6 +27,8 @@ use jobtrail_core::ids::MAX_LOCATOR_BYTES;
 /// An operation's cookie jar: at most this many cookies (browsers keep about 50 per domain), each
 /// `Set-Cookie` at most this long (RFC 6265's minimum a client must support), the jar as stored at
 /// most this many bytes.
+/// The most of an answer's body a call's recorded reason quotes.
+const REASON_CHARS: usize = 200;
 const MAX_COOKIES: usize = 50;
 const MAX_COOKIE_BYTES: usize = 4096;
 const MAX_JAR_BYTES: usize = 64 * 1024;
@@ -645,7 +647,6 @@ impl HttpProvider {
     /// What the contract's first matching rule says this response means, if one matches.
     fn ruled(&self, call: CallName, ex: &Exchange) -> Option<Meaning> {
         let status = ex.status.unwrap_or(0);
-        let text = String::from_utf8_lossy(&ex.body);
         // A rule that names no codes never turns a create's 2xx (the job accepted) away: read as
         // refused the job would run unwatched, as "not now" a token-less provider would start it
         // twice. Only a rule that lists the 2xx code says so.
@@ -659,9 +660,12 @@ impl HttpProvider {
                         || (r.status.is_empty()
                             && !(accepted_create
                                 && matches!(r.means, Meaning::Reject | Meaning::RetryLater))))
-                    && r.body_contains
-                        .as_ref()
-                        .is_none_or(|needle| text.contains(needle.as_str()))
+                    // Searched in the bytes as sent: a copy of the body as text (every answer's,
+                    // a result of hundreds of MiB too, three bytes for each one not UTF-8) would be
+                    // made on the runtime's thread and counted by no bound.
+                    && r.body_contains.as_ref().is_none_or(|needle| {
+                        memchr::memmem::find(&ex.body, needle.as_bytes()).is_some()
+                    })
             })
             .map(|r| r.means)
     }
@@ -689,8 +693,10 @@ impl HttpProvider {
     }
 
     fn reason(ex: &Exchange) -> String {
-        let text = String::from_utf8_lossy(&ex.body);
-        let short: String = text.chars().take(200).collect();
+        // The first 200 characters are at most 800 bytes: only those are read as text.
+        let head = &ex.body[..ex.body.len().min(REASON_CHARS * 4)];
+        let text = String::from_utf8_lossy(head);
+        let short: String = text.chars().take(REASON_CHARS).collect();
         let short = text::storable(short);
         format!("HTTP {}: {}", ex.status.unwrap_or(0), short.trim())
     }

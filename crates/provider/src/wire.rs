@@ -696,6 +696,12 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
             Ok(mut resp) => {
                 status = Some(resp.status().as_u16());
                 resp_headers = resp.headers().clone();
+                // Room for the length the answer declares, up to the most it may be, at once:
+                // grown by doubling instead, the buffer would hold up to twice the answer (and
+                // three times it while it moved), beyond what the result bytes' room counts.
+                if let Some(declared) = resp.content_length() {
+                    body.reserve_exact(declared.min(out.max_body) as usize);
+                }
                 loop {
                     match resp.chunk().await {
                         Ok(Some(chunk)) => {

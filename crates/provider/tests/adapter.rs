@@ -1592,3 +1592,49 @@ async fn a_flood_of_small_values_or_a_key_from_a_store_costs_and_leaks_nothing()
     server.abort();
     store_server.abort();
 }
+
+/// A large result costs about its own size in memory, not three or four times it. A result of
+/// 32 MiB that is not UTF-8 (any binary result; here every byte 0xFF) was copied whole as text to
+/// check the contract's rules against it and to quote its first 200 characters (three bytes for
+/// each byte: 96 MiB more, on the runtime's thread, counted by no bound), and its buffer, grown by
+/// doubling, kept up to twice its length for the result's life.
+#[tokio::test]
+async fn a_large_result_costs_about_its_own_size() {
+    const SIZE: usize = 32 << 20;
+    // Made before the measure starts and served without a copy: only the client's memory counts.
+    let blob: &'static [u8] = vec![0xFF_u8; SIZE].leak();
+    let store = axum::Router::new().route(
+        "/blob",
+        axum::routing::get(move || async move {
+            ([("content-type", "application/octet-stream")], blob)
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let store_at = format!("http://{}", listener.local_addr().unwrap());
+    let store_server = tokio::spawn(async move { axum::serve(listener, store).await });
+    let h = harness_with(jobtrail_sim::Config::default(), |base| {
+        let mut c = contract("sim", base);
+        c.unauthenticated_origins = vec![url::Url::parse(&store_at).unwrap().origin()];
+        c.result.as_mut().unwrap().max_bytes = 64 << 20;
+        c
+    })
+    .await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.remote_job_id = Some("job_1".into());
+    op.state = jobtrail_core::State::ResultCollecting;
+    op.provider_context = serde_json::json!({"result": {"result_url": format!("{store_at}/blob")}});
+    let (r, peak) = heap::peak_of(h.provider.fetch_result(&op, 1.into())).await;
+    // Fetched whole (the worker's checks come after); never printed: it is 32 MiB.
+    let fetched = match &r.outcome {
+        ResultOutcome::Fetched(f) => f.bytes.len(),
+        _ => 0,
+    };
+    assert_eq!(fetched, SIZE, "the result was not fetched whole");
+    assert!(
+        peak < SIZE + SIZE / 2,
+        "a result of {} MiB took {} MiB",
+        SIZE >> 20,
+        peak >> 20
+    );
+    store_server.abort();
+}
