@@ -776,6 +776,16 @@ async fn ogc_processes_jobs_run_fail_and_are_dismissed() {
             |_| {},
         )
         .await;
+    // A capability URL as the job's Location: the job is addressed with it, and its token is in
+    // no record (the job id was the Location as sent, token and all, in the history and the
+    // caller's view).
+    let capability = env
+        .submit(
+            "ogc",
+            ogc(serde_json::json!({"location_query": "access_token=cap-s3cr3t-77&page=1"})),
+            |_| {},
+        )
+        .await;
     env.start_worker("w1", Duration::from_secs(10));
 
     let ok = env.wait_settled(ok.id, T).await;
@@ -799,6 +809,21 @@ async fn ogc_processes_jobs_run_fail_and_are_dismissed() {
 
     let bad = env.wait_settled(bad.id, T).await;
     assert_eq!(bad.state, State::Failed, "{bad:?}");
+
+    // Polled and fetched with the token (it succeeded), recorded without it.
+    let capability = env.wait_settled(capability.id, T).await;
+    assert_eq!(capability.state, State::Succeeded);
+    let job = capability.remote_job_id.clone().unwrap();
+    assert!(
+        job.starts_with("/jobs/") && job.ends_with("?access_token=REDACTED&page=1"),
+        "{job}"
+    );
+    let kept = format!(
+        "{job} {:?} {:?}",
+        env.store.history(capability.id).await.unwrap(),
+        env.store.calls(capability.id).await.unwrap()
+    );
+    assert!(!kept.contains("cap-s3cr3t"), "the token is in the record");
 
     env.wait_state(stop.id, State::Observing, T).await;
     env.store

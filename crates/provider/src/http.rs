@@ -84,6 +84,12 @@ fn job_id_of_url(u: &str) -> String {
     wire::sanitize_url_text(u)
 }
 
+/// Whether a job id the provider gave is a URL (absolute with a host, or a path from the root):
+/// Google's `operations/abc` or a plain id is not.
+fn names_a_url(id: &str) -> bool {
+    id.starts_with('/') || url::Url::parse(id).is_ok_and(|u| u.has_host())
+}
+
 /// What a template becomes when a value it needs is missing (no status URL from the provider, a
 /// request field that is absent): `call` sends nothing for it, and the reason follows the mark (a
 /// NUL cannot come from a provider's header, a contract, or a percent-encoded value).
@@ -1022,7 +1028,17 @@ impl HttpProvider {
         let json: Option<serde_json::Value> = serde_json::from_slice(&ex.body).ok();
         // Without a job id in the contract, the job is known by the status URL the answer names.
         let job_id = match &spec.job_id {
-            Some(l) => self.locate(l, ex, json.as_ref()),
+            // A job named by a URL (OGC's `Location`) is recorded as a status URL is: a
+            // capability's token in its query (`?access_token=…`) or credentials in it are
+            // blanked. The id addresses nothing (a `{job_id}` is filled percent-encoded): the
+            // status URL, kept apart, does.
+            Some(l) => self.locate(l, ex, json.as_ref()).map(|id| {
+                if names_a_url(&id) {
+                    job_id_of_url(&id)
+                } else {
+                    id
+                }
+            }),
             // Sanitised: a query may carry a key (`?code=…`), and the id is on the record for
             // auditors; the full URL is kept only as the status URL. Other query values stay (a
             // provider may name the job there: `?id=A` and `?id=B` are two jobs).

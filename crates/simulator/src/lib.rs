@@ -789,10 +789,12 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                 HeaderValue::from_static("application/json"),
             );
             // `status_url_elsewhere` names another Location (a broken provider's, say).
-            let location = script
-                .status_url_elsewhere
-                .clone()
-                .unwrap_or_else(|| script.at(format_args!("/jobs/{named}")));
+            let location = script.status_url_elsewhere.clone().unwrap_or_else(|| {
+                match &script.location_query {
+                    Some(q) => script.at(format_args!("/jobs/{named}?{q}")),
+                    None => script.at(format_args!("/jobs/{named}")),
+                }
+            });
             (r, location)
         }
         Protocol::AzureResource => {

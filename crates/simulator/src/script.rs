@@ -224,6 +224,9 @@ pub struct Script {
     pub require_cookie: bool,
     /// Name this URL (anywhere, any origin) as the status URL on create: a provider pointing away.
     pub status_url_elsewhere: Option<String>,
+    /// With `protocol = "ogc"`: a query the create's `Location` carries (`access_token=…`: a
+    /// provider that hands out capability URLs), which the job's URLs must keep and no record may.
+    pub location_query: Option<String>,
     /// Name this URL as the result URL when the job succeeds.
     pub result_url_elsewhere: Option<String>,
     /// The create answer carries partial output in `result` beside its `queued` state (as APIs
@@ -307,6 +310,7 @@ impl Default for Script {
             status_via_header: false,
             require_cookie: false,
             status_url_elsewhere: None,
+            location_query: None,
             result_url_elsewhere: None,
             partial_output: false,
             webhooks: WebhookPlan::default(),
