@@ -116,7 +116,8 @@ pub struct SubmitArgs {
     /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a no-op.
     #[arg(long)]
     pub id: Option<String>,
-    /// Who asks (agent run, tool, person). With --api the token decides.
+    /// Who asks (agent run, tool, person): required when going to the database. With --api the
+    /// token decides.
     #[arg(long, env = "JOBTRAIL_CALLER")]
     pub caller: Option<String>,
     /// Who authorised the work.

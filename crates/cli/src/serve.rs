@@ -24,12 +24,12 @@ pub struct ServeArgs {
         value_parser = mcp_host
     )]
     pub mcp_allowed_hosts: Vec<String>,
-    /// How long requests in flight may finish after SIGTERM.
+    /// How long requests in flight may finish after SIGTERM. 0s to 10m.
     #[arg(long, env = "JOBTRAIL_DRAIN", default_value = "10s")]
     pub drain: String,
     /// After SIGTERM, keep accepting requests this long while /readyz answers 503, so load
     /// balancers take this process out before it stops accepting (a rollout then drops no
-    /// connection); the drain follows. 0s: stop accepting at once.
+    /// connection); the drain follows. 0s: stop accepting at once. At most 5m.
     #[arg(long, env = "JOBTRAIL_STOP_DELAY", default_value = "0s")]
     pub stop_delay: String,
     /// Close a connection whose client takes none of the answer sent to it for this long (a

@@ -12,14 +12,14 @@ pub struct WorkerArgs {
     /// Lease owner name (default HOSTNAME-PID: the pod name on Kubernetes).
     #[arg(long, env = "JOBTRAIL_WORKER_ID")]
     id: Option<String>,
-    /// Most operations claimed by one claim transaction.
+    /// Most operations claimed by one claim transaction. 1 to 10000.
     #[arg(long, env = "JOBTRAIL_BATCH", default_value_t = 32)]
     batch: i64,
     /// Operations driven at once (each under its own lease); more in flight makes bigger group
-    /// commits.
+    /// commits. 1 to 100000.
     #[arg(long, env = "JOBTRAIL_CONCURRENCY", default_value_t = 64)]
     concurrency: usize,
-    /// Lease time-to-live: a dead worker's operations are taken over after this.
+    /// Lease time-to-live: a dead worker's operations are taken over after this. 1s to 1h.
     #[arg(long, env = "JOBTRAIL_LEASE", default_value = "30s")]
     lease: String,
     /// The backstop: longest sleep without looking for work. An idle worker otherwise sleeps until
@@ -30,17 +30,18 @@ pub struct WorkerArgs {
     /// default). Only this host can then read them back (`jobtrail result`).
     #[arg(long, env = "JOBTRAIL_RESULT_DIR")]
     result_dir: Option<PathBuf>,
-    /// Most steps written per transaction (group commit); 1 writes each step on its own.
+    /// Most steps written per transaction (group commit); 1 writes each step on its own. At most
+    /// 10000.
     #[arg(long, env = "JOBTRAIL_WRITE_BATCH", default_value_t = 64)]
     write_batch: usize,
     /// How long steps in flight may finish after SIGTERM; calls still in flight then are
     /// abandoned and logged as such (they may have reached the provider), their steps written
-    /// within 5 s more. Keep the pod's terminationGracePeriodSeconds above both.
+    /// within 5 s more. Keep the pod's terminationGracePeriodSeconds above both. 0s to 1h.
     #[arg(long, env = "JOBTRAIL_SHUTDOWN_GRACE", default_value = "20s")]
     shutdown_grace: String,
     /// Give up a database round trip (a claim, a batch of steps, a lease extension) unanswered
     /// this long: a server gone silent in a failover never fails a connection by itself. A batch
-    /// given up is "commit unknown", its operations read afresh by their next holder.
+    /// given up is "commit unknown", its operations read afresh by their next holder. 1s to 1h.
     #[arg(long, env = "JOBTRAIL_DB_ANSWER_WITHIN", default_value = "60s")]
     db_answer_within: String,
     /// Memory, in MiB, for the JSON results the worker parses at once to check them (default:

@@ -19,7 +19,7 @@ pub struct Common {
     pub database_url: Option<String>,
     /// Most database connections per pool (a process opens one pool per login; a worker or an API
     /// server also one connection for notifications and, with --ops-listen, two for its probes;
-    /// `audit verify --all` needs at least 4).
+    /// `audit verify --all` needs at least 4). 1 to 1000.
     #[arg(long, env = "JOBTRAIL_DB_POOL", global = true, default_value_t = 16)]
     pub db_pool: u32,
     /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.
