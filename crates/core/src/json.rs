@@ -42,6 +42,17 @@ pub fn parse_exact(bytes: &[u8]) -> Result<Value, BodyError> {
     parse::<true>(bytes)
 }
 
+/// A document a provider wrote (a result), read as every reader reads it alike: a key that appears
+/// twice in one object is refused, where `serde_json` keeps the last and other readers the first
+/// (a result checked against its schema by one value and read by its caller as the other). Its
+/// numbers and NULs are taken as written (a provider's doubles are its own); its size is bounded
+/// by the contract's limit on the bytes, not here.
+pub fn parse_unique_keys(bytes: &[u8]) -> Result<Value, BodyError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let parsed = Strict::<true, false>::deserialize(&mut de).and_then(|v| de.end().map(|()| v.0));
+    parsed.map_err(body_error)
+}
+
 /// The most memory a parsed body may take: twice the largest request body, so that a body of
 /// text (a long string, base64) or of a few hundred thousand small values passes, and sixteen
 /// megabytes of tiny values do not.
@@ -73,7 +84,7 @@ pub fn footprint_within(bytes: &[u8], most: usize) -> Result<usize, BodyError> {
 fn parse<const NUL_OK: bool>(bytes: &[u8]) -> Result<Value, BodyError> {
     footprint(bytes)?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let parsed = Strict::<NUL_OK>::deserialize(&mut de).and_then(|v| de.end().map(|()| v.0));
+    let parsed = Strict::<NUL_OK, true>::deserialize(&mut de).and_then(|v| de.end().map(|()| v.0));
     parsed.map_err(body_error)
 }
 
@@ -237,17 +248,18 @@ impl<'de> Visitor<'de> for Walk<'_> {
 /// The largest magnitude a double holds every integer up to.
 const EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0; // 2^53
 
-struct Strict<const NUL_OK: bool>(Value);
+struct Strict<const NUL_OK: bool, const EXACT: bool>(Value);
 
-impl<'de, const NUL_OK: bool> Deserialize<'de> for Strict<NUL_OK> {
+impl<'de, const NUL_OK: bool, const EXACT: bool> Deserialize<'de> for Strict<NUL_OK, EXACT> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrictVisitor::<NUL_OK>).map(Strict)
+        d.deserialize_any(StrictVisitor::<NUL_OK, EXACT>)
+            .map(Strict)
     }
 }
 
-struct StrictVisitor<const NUL_OK: bool>;
+struct StrictVisitor<const NUL_OK: bool, const EXACT: bool>;
 
-impl<const NUL_OK: bool> StrictVisitor<NUL_OK> {
+impl<const NUL_OK: bool, const EXACT: bool> StrictVisitor<NUL_OK, EXACT> {
     fn no_nul<E: de::Error>(s: &str, what: &str) -> Result<(), E> {
         if !NUL_OK && s.contains('\0') {
             return Err(E::custom(format!(
@@ -258,7 +270,7 @@ impl<const NUL_OK: bool> StrictVisitor<NUL_OK> {
     }
 }
 
-impl<'de, const NUL_OK: bool> Visitor<'de> for StrictVisitor<NUL_OK> {
+impl<'de, const NUL_OK: bool, const EXACT: bool> Visitor<'de> for StrictVisitor<NUL_OK, EXACT> {
     type Value = Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -275,7 +287,7 @@ impl<'de, const NUL_OK: bool> Visitor<'de> for StrictVisitor<NUL_OK> {
     }
     fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
         // serde_json hands integers beyond 64 bits to us as (rounded) doubles.
-        if f.fract() == 0.0 && f.abs() >= EXACT_DOUBLE {
+        if EXACT && f.fract() == 0.0 && f.abs() >= EXACT_DOUBLE {
             return Err(E::custom(format!(
                 "the number {f:e} is an integer beyond what is kept exactly (integers up to 64 bits, or 2^53 written with a fraction or exponent); send it as a string"
             )));
@@ -297,7 +309,7 @@ impl<'de, const NUL_OK: bool> Visitor<'de> for StrictVisitor<NUL_OK> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(Strict::<NUL_OK>(v)) = seq.next_element()? {
+        while let Some(Strict::<NUL_OK, EXACT>(v)) = seq.next_element()? {
             out.push(v);
         }
         Ok(Value::Array(out))
@@ -307,11 +319,14 @@ impl<'de, const NUL_OK: bool> Visitor<'de> for StrictVisitor<NUL_OK> {
         while let Some(key) = map.next_key::<String>()? {
             Self::no_nul(&key, "a key")?;
             if out.contains_key(&key) {
+                // Quoted in part: a key may be as long as the body.
+                let shown: String = key.chars().take(64).collect();
+                let more = if shown.len() < key.len() { "…" } else { "" };
                 return Err(de::Error::custom(format!(
-                    "the key {key:?} appears twice in one object"
+                    "the key {shown:?}{more} appears twice in one object"
                 )));
             }
-            let Strict::<NUL_OK>(v) = map.next_value()?;
+            let Strict::<NUL_OK, EXACT>(v) = map.next_value()?;
             out.insert(key, v);
         }
         Ok(Value::Object(out))

@@ -217,10 +217,16 @@ fn check_json(
     violations: &mut Vec<String>,
     summary: &mut serde_json::Value,
 ) {
-    let whole: serde_json::Value = match serde_json::from_slice(&fetched.bytes) {
+    // A key twice in one object is refused: the schema would check one value (serde_json keeps
+    // the last) and the caller's reader might take the other.
+    let whole = match jobtrail_core::json::parse_unique_keys(&fetched.bytes) {
         Ok(v) => v,
         Err(e) => {
-            violations.push(format!("result is not valid JSON: {e}"));
+            // Cut: the message may quote a key, which a provider may make as long as the result.
+            violations.push(crate::text::storable(format!(
+                "result is not valid JSON: {}",
+                cut(e.to_string())
+            )));
             return;
         }
     };
@@ -500,6 +506,53 @@ url = "/jobs/{{job_id}}/result"
             assert!(
                 violations.iter().all(|v| v.starts_with("schema: ")),
                 "{violations:?}"
+            );
+        }
+    }
+
+    /// A key twice in one object, at any depth: the schema would check the last value (what
+    /// serde_json keeps) while the caller's reader may take the first. A long key is quoted cut.
+    /// Numbers no request may hold (beyond a double's exact integers) are a provider's own.
+    #[test]
+    fn a_result_read_two_ways_is_refused() {
+        let mut spec = spec(r#"format = "json""#);
+        spec.schema = Some(std::sync::Arc::new(
+            jsonschema::validator_for(&serde_json::json!({
+                "properties": {"amount": {"maximum": 100}}
+            }))
+            .unwrap(),
+        ));
+        let long = "k".repeat(1 << 20);
+        let check_of = |body: String| {
+            let fetched = FetchedResult {
+                bytes: bytes::Bytes::from(body),
+                content_type: None,
+                checksum: None,
+            };
+            check(&spec, &fetched, &ResultHints::default())
+        };
+        for body in [
+            r#"{"amount": 1000000, "amount": 5}"#.to_owned(),
+            r#"{"rows": [{"id": 1, "id": 2}]}"#.to_owned(),
+            format!(r#"{{"{long}": 1, "{long}": 2}}"#),
+        ] {
+            let Checked::Invalid { violations } = check_of(body) else {
+                panic!("a result with a key twice was taken");
+            };
+            assert_eq!(violations.len(), 1, "{}", violations[0].len());
+            assert!(
+                violations[0].contains("appears twice") && violations[0].len() < 400,
+                "{}",
+                &violations[0][..violations[0].len().min(400)]
+            );
+        }
+        for body in [
+            r#"{"amount": 5, "rows": [{"amount": 5}], "big": 18446744073709551616, "x": 1e300, "s": "a\u0000b"}"#,
+            r#"[{"id": 1}, {"id": 1}]"#,
+        ] {
+            assert!(
+                matches!(check_of(body.to_owned()), Checked::Valid { .. }),
+                "{body}"
             );
         }
     }

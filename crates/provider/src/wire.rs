@@ -282,12 +282,33 @@ impl Scrubber {
     /// wherever they stand: in a JSON document, in one behind a prefix (a byte-order mark, an
     /// anti-hijacking `)]}'`), in one cut short or trailed by other text, in many (JSON lines).
     /// Escapes are decoded left to right, as JSON decodes them inside a string (escapes outside
-    /// one mean nothing to any reader: decoding them too can only find more), into a window that
-    /// is searched and moved on keeping its tail, so nothing the size of the body is built. Only a
-    /// body with a backslash can hide one; others are not read.
+    /// one mean nothing to any reader: decoding them too can only find more).
     fn escaped_in_json(&self, body: &[u8]) -> bool {
+        self.hidden_behind(body, b'\\', unescape_one)
+    }
+
+    /// Whether a body holds a secret behind the escapes a URL, a form or an HTML page writes that
+    /// no byte search for the usual spelling finds: percent-escapes in either case and of any
+    /// choice of bytes (`%2f`, or `encodeURIComponent`'s `a-b%2Bc` beside the `%2D` searched for),
+    /// and character references (`&#43;`, as Go's html/template writes `+`; `&#x2F;`; `&amp;`).
+    /// No JSON reading undoes these, so an answer hiding an echo behind them is not kept.
+    fn escaped_for_the_web(&self, body: &[u8]) -> bool {
+        self.hidden_behind(body, b'%', unpercent_one)
+            || self.hidden_behind(body, b'&', unreference_one)
+    }
+
+    /// Whether `body`, its escapes (each starting with the byte `escape`) decoded by `decode` left
+    /// to right, holds a secret. Decoded into a window that is searched and moved on keeping its
+    /// tail, so nothing the size of the body is built. Only a body with the escape byte can hide
+    /// one; others are not read.
+    fn hidden_behind(
+        &self,
+        body: &[u8],
+        escape: u8,
+        decode: fn(&[u8], &mut Vec<u8>) -> usize,
+    ) -> bool {
         const WINDOW: usize = 64 * 1024;
-        if memchr::memchr(b'\\', body).is_none() {
+        if memchr::memchr(escape, body).is_none() {
             return false;
         }
         // A secret that straddles two windows is found in the second: each keeps the last
@@ -296,14 +317,14 @@ impl Scrubber {
         let mut window = Vec::with_capacity(WINDOW + tail + 4);
         let mut at = 0;
         while at < body.len() {
-            // Text up to the next backslash is copied as it is, a window's worth at most.
-            let plain = memchr::memchr(b'\\', &body[at..]).unwrap_or(body.len() - at);
+            // Text up to the next escape is copied as it is, a window's worth at most.
+            let plain = memchr::memchr(escape, &body[at..]).unwrap_or(body.len() - at);
             if plain > 0 {
                 let run = plain.min(WINDOW);
                 window.extend_from_slice(&body[at..at + run]);
                 at += run;
             } else {
-                at += unescape_one(&body[at..], &mut window);
+                at += decode(&body[at..], &mut window);
             }
             if window.len() >= WINDOW + tail {
                 if self.contains(&window) {
@@ -346,11 +367,21 @@ impl Scrubber {
                 };
             }
         }
+        if self.escaped_for_the_web(&ex.body) {
+            echoed = true;
+            if !keep_body {
+                ex.body = bytes::Bytes::from_static(SCRUBBED.as_bytes());
+            }
+        }
         let mut headers = http::HeaderMap::new();
         for (name, value) in ex.headers.iter() {
-            let clean = if self.contains(value.as_bytes()) {
-                http::HeaderValue::from_bytes(&self.bytes(value.as_bytes()))
+            let v = value.as_bytes();
+            let clean = if self.contains(v) {
+                http::HeaderValue::from_bytes(&self.bytes(v))
                     .unwrap_or_else(|_| http::HeaderValue::from_static(SCRUBBED))
+            } else if self.escaped_in_json(v) || self.escaped_for_the_web(v) {
+                // A `Location` naming the key in lowercase escapes, say: small, so kept as nothing.
+                http::HeaderValue::from_static(SCRUBBED)
             } else {
                 value.clone()
             };
@@ -1082,6 +1113,77 @@ fn field<'a>(
     Some(fields(object, &std::collections::HashSet::from([key]))?.remove(key))
 }
 
+/// Decodes the percent-escape (or the byte) at the start of `text` into `out`, returning the bytes
+/// read: `%` and two hex digits of either case is the byte they name; anything else, itself.
+fn unpercent_one(text: &[u8], out: &mut Vec<u8>) -> usize {
+    match text {
+        [b'%', hi, lo, ..] if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+            let hex = [*hi, *lo];
+            // Two ASCII hex digits always parse.
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).unwrap_or("0"), 16).unwrap_or(0));
+            3
+        }
+        _ => {
+            out.push(text[0]);
+            1
+        }
+    }
+}
+
+/// Decodes the character reference (or the byte) at the start of `text` into `out`, returning the
+/// bytes read: a numeric one (`&#43;`, `&#x2F;`, its `;` optional as HTML reads it) and the five
+/// names an escaper writes for ASCII (`&amp;` `&lt;` `&gt;` `&quot;` `&apos;`); anything else,
+/// itself. Not an HTML decoder (a crate's would decode the whole body into a copy): only what
+/// stands for the characters a credential is made of.
+fn unreference_one(text: &[u8], out: &mut Vec<u8>) -> usize {
+    const NAMED: [(&[u8], u8); 5] = [
+        (b"&amp;", b'&'),
+        (b"&lt;", b'<'),
+        (b"&gt;", b'>'),
+        (b"&quot;", b'"'),
+        (b"&apos;", b'\''),
+    ];
+    if let Some((name, byte)) = NAMED.iter().find(|(n, _)| text.starts_with(n)) {
+        out.push(*byte);
+        return name.len();
+    }
+    let numeric = text.strip_prefix(b"&#").and_then(|rest| {
+        let (hex, digits) = match rest {
+            [b'x' | b'X', more @ ..] => (true, more),
+            _ => (false, rest),
+        };
+        let len = digits
+            .iter()
+            .take(8)
+            .take_while(|d| {
+                if hex {
+                    d.is_ascii_hexdigit()
+                } else {
+                    d.is_ascii_digit()
+                }
+            })
+            .count();
+        let code = u32::from_str_radix(
+            std::str::from_utf8(&digits[..len]).ok()?,
+            if hex { 16 } else { 10 },
+        )
+        .ok()?;
+        let c = char::from_u32(code)?;
+        let semi = usize::from(digits.get(len) == Some(&b';'));
+        Some((c, 2 + usize::from(hex) + len + semi))
+    });
+    match numeric {
+        Some((c, read)) => {
+            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+            read
+        }
+        None => {
+            out.push(text[0]);
+            1
+        }
+    }
+}
+
 /// Decodes the escape (or the byte) at the start of `text` into `out` as JSON decodes it inside a
 /// string, returning the bytes read: `\uXXXX` (a surrogate pair as one character, a lone
 /// surrogate as U+FFFD), `\"`, `\\`, `\/` and the control escapes; anything else, itself.
@@ -1424,6 +1526,45 @@ mod tests {
         // No backslash, no secret: the body is left alone, unparsed.
         let mut ex = exchange_with_body(r#"{"ok": true}"#);
         assert!(!s.exchange(&mut ex, false));
+        // Behind the escapes of a URL, a form or a page, in spellings no byte search lists:
+        // lowercase percent-escapes, some bytes escaped and not others (`encodeURIComponent`
+        // leaves `-` as it is, which the searched spelling escapes), character references
+        // (Go's html/template writes `+` as `&#43;`). The answer is not kept; a result is refused.
+        let s3 = Scrubber::new(&["ab-cd+ef/gh=".into()]);
+        for hidden in [
+            "https://p.example/cb?token=ab%2dcd%2bef%2fgh%3d",
+            "<a href=\"/cb?t=ab-cd%2Bef%2Fgh%3D\">retry</a>",
+            "<p>key ab-cd&#43;ef/gh= refused</p>",
+            "<p>key ab&#x2D;cd&#X2b;ef&#47gh&#61; refused</p>",
+        ] {
+            assert!(!s3.contains(hidden.as_bytes()), "{hidden}");
+            let mut ex = exchange_with_body(hidden);
+            assert!(s3.exchange(&mut ex, false), "{hidden}");
+            assert_eq!(&ex.body[..], SCRUBBED.as_bytes(), "{hidden}");
+            let mut ex = exchange_with_body(hidden);
+            assert!(s3.exchange(&mut ex, true), "{hidden}");
+            assert_eq!(&ex.body[..], hidden.as_bytes());
+        }
+        // A header naming it so is kept as nothing.
+        let mut ex = exchange_with_body("{}");
+        ex.headers.insert(
+            http::header::LOCATION,
+            http::HeaderValue::from_static("/jobs/1?key=ab-cd%2bef%2fgh%3d"),
+        );
+        s3.exchange(&mut ex, false);
+        assert_eq!(ex.headers[http::header::LOCATION], SCRUBBED);
+        // Escapes that name no secret, and escapes cut short at the end, leave the answer alone.
+        for plain in [
+            "100% done &amp; 50%2 &#43;",
+            "ab-cd+ef/gh%",
+            "ab-cd+ef/gh&#",
+            "ab-cd+ef/gh&#x",
+            "&#99999999999; &#x110000; &#; %zz ab-cd+ef/g%",
+        ] {
+            let mut ex = exchange_with_body(plain);
+            assert!(!s3.exchange(&mut ex, false), "{plain}");
+            assert_eq!(&ex.body[..], plain.as_bytes());
+        }
         // Wherever the escapes stand, a kept result is refused: behind a byte-order mark or an
         // anti-hijacking prefix (which a lenient reader strips), in the second of JSON lines,
         // across the scan's windows, as a surrogate pair or a non-ASCII character escaped.
