@@ -269,6 +269,39 @@ async fn each_role_runs_its_commands_and_nothing_else() {
             sql_refused(url, &sql).await;
         }
     }
+    // Which job an operation follows changes only with a link that names it, whoever writes (the
+    // next step would carry a job written by hand into its own link, and collect another caller's
+    // result); and what the provider said is not the API's login to change at all.
+    for url in [&worker, &operator, &api] {
+        let e = sql_refused(
+            url,
+            &format!("UPDATE operations SET remote_job_id = 'job_of_another' WHERE id = {some}"),
+        )
+        .await;
+        assert!(
+            e.contains("may change only with a link that names it")
+                || e.contains("may not change what the provider said"),
+            "{e}"
+        );
+    }
+    for set in [
+        "status_url = 'http://127.0.0.1:1/jobs/of_another'",
+        "provider_context = '{\"cookie_jar\": \"x\"}'",
+        "create_sent_epoch = 12345",
+        "result_sha256 = repeat('0', 64)",
+        "result_location = 'elsewhere'",
+        "conflicting_remote_job_id = 'x'",
+    ] {
+        let e = sql_refused(
+            &api,
+            &format!("UPDATE operations SET {set} WHERE id = {some}"),
+        )
+        .await;
+        assert!(
+            e.contains("may not change what the provider said"),
+            "{set}: {e}"
+        );
+    }
     // A link that does not continue the chain, and a decision recorded by a role that may not.
     let forged = format!(
         "INSERT INTO operation_history (operation_id, seq, at, actor, from_state, to_state, event, cause, detail, prev_hash, hash) \
@@ -586,6 +619,37 @@ async fn the_api_runs_as_the_api_role_and_people_decide_through_an_operator_logi
         .to_owned();
     assert_eq!(Some(digest), op.result_sha256.clone());
     assert_eq!(op.caller, "agent-7");
+
+    // The agent retries it, recorded under the API's login (the `superseded` link on the old
+    // operation was a person's event only, and the retry failed); a second retry is refused.
+    let retry = |n: u32| {
+        c.post(server.url("/v1/operations"))
+            .bearer_auth(&agent)
+            .json(&json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                          "supersedes": id,
+                          "request": {"account": format!("acct_r{n}"), "sim": {"duration_ms": 300}}}))
+            .send()
+    };
+    let r = retry(1).await.unwrap();
+    assert_eq!(r.status(), 201, "{}", server.log_text());
+    let retried: serde_json::Value = r.json().await.unwrap();
+    let old = env.store.get(id.parse().unwrap()).await.unwrap();
+    assert_eq!(
+        old.superseded_by.map(|s| s.to_string()).as_deref(),
+        retried["operation"]["id"].as_str()
+    );
+    let r = retry(2).await.unwrap();
+    assert_eq!(r.status(), 409, "{}", server.log_text());
+    // The schema keeps it to one as well, whoever inserts (here past every trigger).
+    let copy = format!(
+        "SET session_replication_role = replica; \
+         CREATE TEMP TABLE twin AS SELECT * FROM operations WHERE id = '{}'; \
+         UPDATE twin SET id = gen_random_uuid(), idempotency_token = 'idem_' || md5(random()::text); \
+         INSERT INTO operations SELECT * FROM twin",
+        old.superseded_by.unwrap().as_uuid()
+    );
+    let e = sql_refused(&env.url, &copy).await;
+    assert!(e.contains("operations_retried_once"), "{e}");
 
     // The provider's end-of-job webhook was verified and recorded by the api role.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

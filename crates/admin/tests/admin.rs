@@ -2519,7 +2519,9 @@ async fn no_role_rewinds_an_operation_to_be_created_again() {
         let e = try_exec(
             &db,
             &format!(
-                "{role}UPDATE operations SET state = 'create_pending', remote_job_id = NULL, \
+                // The job is left as it is: clearing it is refused on its own (a job changes
+                // only with a link that names it), before this refusal is reached.
+                "{role}UPDATE operations SET state = 'create_pending', \
                  finished_at = NULL, escalated_at = NULL, escalation_reason = NULL, \
                  create_attempts = 0, next_action_at = now() WHERE id = '{}'",
                 op.id.as_uuid()

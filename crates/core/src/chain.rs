@@ -476,6 +476,7 @@ pub fn illegal_moves(
     use crate::state::State;
     let mut breaks = Vec::new();
     let mut led_to: Option<&str> = None;
+    let mut job_before: Option<Option<&str>> = None;
     for e in entries {
         let mut br = |problem: String, expected: String, stored: String| {
             breaks.push(ChainBreak {
@@ -486,6 +487,20 @@ pub fn illegal_moves(
                 stored,
             })
         };
+        // A link carries the job its operation follows; only an event that names a job changes
+        // it. A job written onto the row by hand is carried into the next link by the worker's
+        // step, whose hash is then right: this is how it is found.
+        let job = e.remote_job_id.as_deref();
+        if let Some(was) = job_before.replace(job)
+            && was != job
+            && !names_a_job(&e.event, was.is_some())
+        {
+            br(
+                format!("the job changed on a {} link, which names no job", e.event),
+                was.unwrap_or("none").to_owned(),
+                job.unwrap_or("none").to_owned(),
+            );
+        }
         let from = e.from_state.as_deref().unwrap_or("none");
         match led_to {
             None => {
@@ -550,6 +565,16 @@ pub fn illegal_moves(
         led_to = Some(&e.to_state);
     }
     breaks
+}
+
+/// Whether a link of `event` may change the job its operation follows: the provider's answer to
+/// a create, a person's adopt or choice, and a contract violation when no job was known yet (it
+/// keeps the first answer as the operation's).
+fn names_a_job(event: &str, had_one: bool) -> bool {
+    matches!(
+        event,
+        "create_accepted" | "create_completed" | "adopt_remote_job" | "choose_remote_job"
+    ) || (event == "contract_violated" && !had_one)
 }
 
 fn prev_array(v: &[u8]) -> [u8; 32] {
@@ -900,6 +925,61 @@ mod tests {
         );
         let b = illegal_moves(&legal[1..], None);
         assert!(b[0].problem.contains("not a submission"), "{b:?}");
+
+        // The job changes only where a link names one: a provider's answer, a person's adopt or
+        // choice, a contract violation while none was known.
+        let job = |mut e: ChainEntry, j: &str| {
+            e.remote_job_id = Some(j.into());
+            e
+        };
+        let named = vec![
+            entry(1, "submitted"),
+            moved(2, "create_pending", "create_ambiguous", "create_unknown"),
+            job(
+                moved(
+                    3,
+                    "create_unknown",
+                    "contract_violated",
+                    "contract_violation",
+                ),
+                "job_a",
+            ),
+            job(
+                moved(4, "contract_violation", "choose_remote_job", "observing"),
+                "job_b",
+            ),
+            job(
+                moved(5, "observing", "remote_progress", "observing"),
+                "job_b",
+            ),
+        ];
+        assert_eq!(illegal_moves(&named, None), vec![]);
+        // Another caller's job written onto the row, then carried into the next step's link.
+        let mut laundered = named.clone();
+        laundered.push(job(
+            moved(6, "observing", "remote_progress", "observing"),
+            "job_of_another",
+        ));
+        let b = illegal_moves(&laundered, None);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert_eq!(b[0].seq, 6);
+        assert!(b[0].problem.contains("names no job"), "{b:?}");
+        assert_eq!(
+            (b[0].expected.as_str(), b[0].stored.as_str()),
+            ("job_b", "job_of_another")
+        );
+        // Nor is a job dropped, or a second contract violation a choice.
+        let mut dropped = named.clone();
+        dropped.push(moved(6, "observing", "remote_progress", "observing"));
+        assert_eq!(illegal_moves(&dropped, None)[0].stored, "none");
+        let mut violated = named.clone();
+        violated.push(job(
+            moved(6, "observing", "contract_violated", "contract_violation"),
+            "job_c",
+        ));
+        let b = illegal_moves(&violated, None);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(b[0].problem.contains("names no job"), "{b:?}");
     }
 
     #[test]

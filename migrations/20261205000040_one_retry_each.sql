@@ -1,0 +1,13 @@
+-- no-transaction
+-- An operation is retried at most once: one operation may name it as the one it supersedes. The
+-- write path already refuses a second retry (the superseded operation's row is locked and its
+-- `superseded_by` read), and now the schema does too, for every login: the API's may record the
+-- `superseded` link of an agent's retry (migration 0039), and it could otherwise have inserted
+-- two operations naming the same one.
+--
+-- Built CONCURRENTLY, outside a transaction (the first line tells the migrator), so that writes go
+-- on while it is built on a large table. It is the file's only statement. If a build is
+-- interrupted, PostgreSQL leaves the index INVALID and this migration unrecorded: `jobtrail
+-- migrate` drops such an index and builds it again.
+-- Never edit this file once landed: add a new migration instead.
+CREATE UNIQUE INDEX CONCURRENTLY operations_retried_once ON operations (supersedes) WHERE supersedes IS NOT NULL
