@@ -84,6 +84,15 @@ fn expected_digest(
             format!("--expect-anchor: {v} is not an anchor file: {e}"),
         )
     })?;
+    // What the file says is printed (the digest, in errors; the key it names): whoever rewrote the
+    // file could make either a terminal's escape that hides a warning or forges a line.
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex(&file.anchor.digest, 64) {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!("--expect-anchor: {v} is not an anchor file: its digest is not 64 hex digits"),
+        ));
+    }
     if let Some(key) = public_key {
         let key = ed25519_dalek::VerifyingKey::from_bytes(&hex32(key, "--anchor-public-key")?)
             .map_err(|e| fail(exit::BAD_INPUT, format!("--anchor-public-key: {e}")))?;
@@ -108,9 +117,13 @@ fn expected_digest(
     } else if let Some(sig) = &file.signature {
         // Checked against the key the file itself names, a signature proves nothing (whoever
         // rewrote the file could sign it): only a key the auditor holds does.
+        let named = if hex(&sig.public_key, 64) {
+            sig.public_key.as_str()
+        } else {
+            "that is not 64 hex digits"
+        };
         eprintln!(
-            "warning: {v} is signed (ed25519 key {}) but its signature was not checked: pass --anchor-public-key with the key you trust",
-            sig.public_key
+            "warning: {v} is signed (ed25519 key {named}) but its signature was not checked: pass --anchor-public-key with the key you trust"
         );
     }
     Ok(file.anchor.digest.to_ascii_lowercase())

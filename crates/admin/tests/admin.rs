@@ -1266,6 +1266,50 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         said.contains("signature was not checked") && said.contains(&public),
         "{said}"
     );
+    // A rewritten file's words reach no terminal: a key that would erase the warning's line, a
+    // digest that would print a forged one in the error.
+    let mut hostile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&keep).unwrap()).unwrap();
+    hostile["signature"]["public_key"] = serde_json::json!("\r\u{1b}[2Kaudit: intact");
+    let rewritten = keep.with_extension("hostile.json");
+    std::fs::write(&rewritten, hostile.to_string()).unwrap();
+    let out = admin(
+        &db,
+        &[
+            "audit",
+            "verify",
+            "--all",
+            "--expect-anchor",
+            rewritten.to_str().unwrap(),
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 0, "{said}");
+    assert!(
+        said.contains("signature was not checked")
+            && !said.contains('\u{1b}')
+            && !said.contains('\r'),
+        "{said:?}"
+    );
+    hostile["anchor"]["digest"] = serde_json::json!(format!("{}\u{1b}[2K", "a".repeat(64)));
+    std::fs::write(&rewritten, hostile.to_string()).unwrap();
+    let out = admin(
+        &db,
+        &[
+            "audit",
+            "verify",
+            "--all",
+            "--expect-anchor",
+            rewritten.to_str().unwrap(),
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{said:?}");
+    assert!(
+        said.contains("not 64 hex digits") && !said.contains('\u{1b}'),
+        "{said:?}"
+    );
+    let _ = std::fs::remove_file(&rewritten);
     // A key with no anchor file would check nothing: refused, not ignored (an auditor who set
     // JOBTRAIL_ANCHOR_PUBLIC_KEY believed signatures were checked while none was).
     let keyless = admin(

@@ -184,8 +184,9 @@ impl SubmittedFacts {
 
 /// The result digests a chain names: the sha256 of every validated result, of every result kept for
 /// inspection, and of a synchronous answer kept at create.
-pub fn named_result_digests(entries: &[ChainEntry]) -> Vec<String> {
-    let mut out = Vec::new();
+pub fn named_result_digests(entries: &[ChainEntry]) -> std::collections::HashSet<String> {
+    // A set: each stored result is looked up in it, and a chain may name a great many.
+    let mut out = std::collections::HashSet::new();
     for e in entries {
         let d = &e.detail;
         for v in [
@@ -197,7 +198,7 @@ pub fn named_result_digests(entries: &[ChainEntry]) -> Vec<String> {
         .flatten()
         {
             if let Some(s) = v.as_str() {
-                out.push(s.to_owned());
+                out.insert(s.to_owned());
             }
         }
     }

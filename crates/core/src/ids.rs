@@ -118,9 +118,11 @@ pub fn check_remote_job_id(id: &str) -> Result<(), String> {
             "the job id {id:?}, which a URL path resolves to another resource"
         ));
     }
-    if id.chars().any(char::is_control) {
+    // Nor what a terminal or a reader does instead of printing: a bidi override shows an id
+    // reversed in every listing and error that names it, a zero-width space makes two ids look one.
+    if id.chars().any(crate::text::acts_instead_of_printing) {
         return Err(format!(
-            "the job id {:?}, which holds control characters",
+            "the job id {:?}, which holds control, invisible or reordering characters",
             id.escape_debug().to_string()
         ));
     }
@@ -325,7 +327,15 @@ mod tests {
     fn job_ids_that_would_move_a_url_or_a_terminal_are_refused() {
         assert!(check_remote_job_id("job_7ad2").is_ok());
         assert!(check_remote_job_id("a.b").is_ok());
-        for bad in ["", ".", "..", "job\n2", "job\u{1b}[2J"] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "job\n2",
+            "job\u{1b}[2J",
+            "job_\u{202e}7ad2",
+            "job\u{200b}_7",
+        ] {
             assert!(check_remote_job_id(bad).is_err(), "{bad:?}");
         }
         // As long as a status URL may be (a job known by its URL has it as its id), no longer.
