@@ -735,6 +735,22 @@ async fn the_api_runs_as_the_api_role_and_people_decide_through_an_operator_logi
         "UPDATE api_tokens SET revoked_at = now(), revoked_by = 'alice'",
     )
     .await;
+    // Revoked for good: not undone, not re-dated, not put on another's name.
+    for undo in [
+        "UPDATE api_tokens SET revoked_at = NULL, revoked_by = NULL",
+        "UPDATE api_tokens SET revoked_at = now() + interval '1 day'",
+        "UPDATE api_tokens SET revoked_by = 'bob'",
+    ] {
+        let e = sql_refused(&operator, undo).await;
+        assert!(e.contains("never undone"), "{undo}: {e}");
+    }
+    let r = c
+        .get(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
     server.stop();
 }
 
