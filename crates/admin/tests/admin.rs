@@ -2248,6 +2248,40 @@ fn its_log_settings_are_jobtrails() {
 }
 
 #[tokio::test]
+async fn an_anchor_never_covers_less_of_a_chain_than_there_is() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
+    let id = op.id.as_uuid();
+    // A writer's login sets the row's head back two links (its columns are a step's), so that an
+    // anchor taken now would leave the last two for an owner to remove later, unseen.
+    let back = format!(
+        "UPDATE operations SET history_seq = history_seq - 2, \
+         history_head = (SELECT hash FROM operation_history h \
+                         WHERE h.operation_id = '{id}' AND h.seq = operations.history_seq - 2) \
+         WHERE id = '{id}'"
+    );
+    exec(
+        &db,
+        &format!("SET session_replication_role = replica; {back}"),
+    )
+    .await;
+    let out = admin(&db, &["audit", "anchor"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 8, "{said}");
+    assert!(
+        said.contains("runs past the head") && said.contains(&op.id.to_string()),
+        "{said}"
+    );
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let anchors: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_anchors")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(anchors, 0, "nothing was anchored");
+}
+
+#[tokio::test]
 async fn an_anchor_that_cannot_be_kept_or_named_is_not_recorded() {
     let db = TestDb::new().await;
     let store = db.store().await;

@@ -87,6 +87,8 @@ pub mod exit {
     pub const TIMEOUT: u8 = 6;
     /// The operation is held for a person (escalation queue).
     pub const NEEDS_HUMAN: u8 = 7;
+    /// The evidence disagrees with its chain.
+    pub const TAMPERED: u8 = 8;
 }
 
 /// A failure with the exit code it maps to.
@@ -121,6 +123,7 @@ pub fn code_for(e: &StoreError) -> u8 {
         | StoreError::LeaseLost { .. }
         | StoreError::Moved { .. }
         | StoreError::Conflict(_) => exit::CONFLICT,
+        StoreError::Tampered(_) => exit::TAMPERED,
         _ => exit::UNAVAILABLE,
     }
 }

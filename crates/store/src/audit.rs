@@ -353,11 +353,19 @@ impl Store {
             .await?;
         let mut hasher = HeadsHasher::default();
         {
-            let mut heads = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>, i64, Vec<u8>)>(
+            let mut heads = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>, i64, Vec<u8>, bool)>(
                 include_str!("sql/operation_list_heads.sql"),
             )
             .fetch(&mut *tx);
-            while let Some((id, seq, hash, calls_seq, calls_hash)) = heads.try_next().await? {
+            while let Some((id, seq, hash, calls_seq, calls_hash, runs_past)) =
+                heads.try_next().await?
+            {
+                if runs_past {
+                    return Err(StoreError::Tampered(format!(
+                        "{}'s chain runs past the head its row names (history link {seq}, call {calls_seq}): nothing was anchored; run `jobtrail-admin audit verify` on it",
+                        OperationId::from_uuid(id)
+                    )));
+                }
                 hasher.add_heads(
                     ANCHOR_VERSION,
                     &OperationId::from_uuid(id).to_string(),

@@ -1,2 +1,10 @@
--- Every operation's chain heads (history, calls), in id order: what an anchor hashes.
-SELECT id, history_seq, history_head, calls_seq, calls_head FROM operations ORDER BY id
+-- Every operation's chain heads (history, calls), in id order: what an anchor hashes. Each with
+-- whether its chains run past the heads its row names: a writer's login may set a row's head back
+-- (the row's columns are what a step changes), and an anchor of that head would cover less of the
+-- chain than there is, leaving the rest for an owner to remove unseen.
+SELECT o.id, o.history_seq, o.history_head, o.calls_seq, o.calls_head,
+       EXISTS (SELECT 1 FROM operation_history h WHERE h.operation_id = o.id AND h.seq > o.history_seq)
+       OR EXISTS (SELECT 1 FROM provider_calls c WHERE c.operation_id = o.id AND c.seq > o.calls_seq)
+           AS runs_past
+FROM operations o
+ORDER BY o.id
