@@ -671,6 +671,7 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
         assert_eq!(code(&out), 2, "{args:?} {body}: {stderr}");
         assert!(stderr.contains(says), "{args:?} {body}: {stderr}");
     }
+    let long_id = "w".repeat(300);
     for (args, says) in [
         (
             vec![
@@ -697,6 +698,10 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
             "--json-out",
         ),
         (vec!["worker", "--lease", "2h"], "--lease"),
+        // The actor of every link it writes: no escape, no line break, no page of text.
+        (vec!["worker", "--id", "w\u{1b}[2J"], "--id"),
+        (vec!["worker", "--id", "w1\nalice"], "--id"),
+        (vec!["worker", "--id", &long_id], "--id"),
         (vec!["worker", "--idle", "0s"], "--idle"),
         (vec!["worker", "--idle", "30ms"], "--idle"),
         (

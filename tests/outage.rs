@@ -408,6 +408,44 @@ async fn a_worker_goes_on_when_the_database_stops_answering_on_a_connection() {
     );
 }
 
+/// A synchronous result read back from the database is a round trip like any other: a
+/// connection gone silent in the middle of it is given up after `--db-answer-within`, and the
+/// operation goes back to be tried again at once, not held (with its slot, and the room taken for
+/// its bytes) until its lease runs out, or for as long as the worker runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_read_back_over_a_silent_connection_is_given_up() {
+    let env = Env::new().await;
+    let proxy = silencing::Proxy::start(&env.url).await;
+    proxy.silence_next(b"SELECT bytes FROM operation_results", 1);
+    let id = env
+        .submit("sim", serde_json::json!({"create": ["sync"]}), |_| {})
+        .await
+        .id;
+    let url = proxy.url();
+    let mut w = env.spawn_worker(
+        "result-read",
+        "60s",
+        &[
+            ("DATABASE_URL", url.as_str()),
+            ("JOBTRAIL_DB_ANSWER_WITHIN", "3s"),
+        ],
+    );
+    // Well before the 60 s lease could end.
+    let done = env.wait_settled(id, Duration::from_secs(25)).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    assert_eq!(proxy.silenced(), 1, "the read was silenced once");
+    let logs = std::fs::read_to_string(env.dir.join("result-read.log")).unwrap();
+    assert!(
+        logs.contains("no answer from the database within 3.0 s"),
+        "{logs}"
+    );
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(0)
+    );
+}
+
 mod silencing {
     //! A TCP proxy in front of PostgreSQL that, when told, lets the next few COMMITs through to
     //! the server and then goes silent on their connections: nothing more is forwarded either way,
@@ -424,6 +462,7 @@ mod silencing {
         upstream: PgConnectOptions,
         armed: Arc<AtomicUsize>,
         silenced: Arc<AtomicUsize>,
+        pattern: Arc<std::sync::Mutex<Vec<u8>>>,
         accept: tokio::task::JoinHandle<()>,
     }
 
@@ -460,13 +499,19 @@ mod silencing {
             let port = listener.local_addr().unwrap().port();
             let armed = Arc::new(AtomicUsize::new(0));
             let silenced = Arc::new(AtomicUsize::new(0));
-            let (to, a, s) = (upstream.clone(), armed.clone(), silenced.clone());
+            let pattern = Arc::new(std::sync::Mutex::new(b"COMMIT\0".to_vec()));
+            let (to, a, s, p) = (
+                upstream.clone(),
+                armed.clone(),
+                silenced.clone(),
+                pattern.clone(),
+            );
             let accept = tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
-                    let (to, a, s) = (to.clone(), a.clone(), s.clone());
+                    let (to, a, s, p) = (to.clone(), a.clone(), s.clone(), p.clone());
                     tokio::spawn(async move {
                         if let Ok(server) = connect(&to).await {
-                            relay(client, server, a, s).await;
+                            relay(client, server, a, s, p).await;
                         }
                     });
                 }
@@ -476,6 +521,7 @@ mod silencing {
                 upstream,
                 armed,
                 silenced,
+                pattern,
                 accept,
             }
         }
@@ -491,6 +537,12 @@ mod silencing {
         }
 
         pub fn silence_next_commits(&self, n: usize) {
+            self.silence_next(b"COMMIT\0", n);
+        }
+
+        /// Silence the next `n` connections to send a message holding `pattern` (a query's text).
+        pub fn silence_next(&self, pattern: &[u8], n: usize) {
+            *self.pattern.lock().unwrap() = pattern.to_vec();
             self.armed.store(n, Ordering::SeqCst);
         }
 
@@ -507,6 +559,7 @@ mod silencing {
         ),
         armed: Arc<AtomicUsize>,
         silenced: Arc<AtomicUsize>,
+        pattern: Arc<std::sync::Mutex<Vec<u8>>>,
     ) {
         let (mut cr, mut cw) = client.into_split();
         let silent = AtomicBool::new(false);
@@ -518,9 +571,13 @@ mod silencing {
                     Ok(n) => n,
                 };
                 let chunk = &buf[..n];
-                // A simple-query COMMIT ('Q', length, "COMMIT\0"), as sqlx sends it.
-                let commit = chunk.windows(7).any(|w| w == b"COMMIT\0");
-                if commit
+                // A simple-query COMMIT ('Q', length, "COMMIT\0"), as sqlx sends it, or another
+                // message holding the pattern asked for.
+                let matched = {
+                    let p = pattern.lock().unwrap().clone();
+                    chunk.windows(p.len()).any(|w| w == p.as_slice())
+                };
+                if matched
                     && armed
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                         .is_ok()

@@ -68,7 +68,9 @@ pub(crate) const PROBE_POOL: u32 = 2;
 pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     let mut config = jobtrail_worker::WorkerConfig::named_default();
     if let Some(id) = a.id.filter(|i| !i.trim().is_empty()) {
-        config.id = id;
+        // The actor of every link and call this worker writes, kept for good: one printable line,
+        // bounded, as a person's name on a decision is.
+        config.id = shell::actor("--id", &id)?;
     }
     if a.batch < 1 || a.concurrency < 1 || a.write_batch < 1 {
         return Err(fail(

@@ -338,6 +338,9 @@ async fn off_runtime<T>(size: usize, check: impl FnOnce() -> T) -> T {
 ///
 /// `ctx` is borrowed, not moved: an async fn keeps a by-value argument twice (captured and moved
 /// in), and this future lives as long as the operation's call is in flight.
+/// How soon an operation whose step could not be planned (the database away mid-plan) is due again.
+const PLAN_RETRY: Duration = Duration::from_secs(2);
+
 pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Driven {
     let mut out = Driven::default();
     for round in 0..6 {
@@ -364,6 +367,15 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
             }
             Err(Stop::Other(e)) => {
                 tracing::error!(operation = %op.id, error = %e, "could not plan a step");
+                // Nothing was written: the lease goes back (fenced, best effort), so the operation
+                // is tried again in a few seconds rather than when a lease stretched for a long
+                // call runs out.
+                let _ = Box::pin(answered_within(
+                    ctx.answer_within,
+                    ctx.store
+                        .release(&ctx.lease, PLAN_RETRY, "could not plan a step"),
+                ))
+                .await;
                 return out;
             }
         };
@@ -757,8 +769,19 @@ async fn sync_result(
     sha256: String,
     content_type: Option<String>,
 ) -> Result<Box<Plan>, Stop> {
-    let collected = match Box::pin(ResultStore::read_verified(ctx.store, &location, &sha256)).await
-    {
+    // Bounded as every round trip is: a connection gone silent mid-read (a failover) would
+    // otherwise hold this slot, and the room taken for the bytes, for as long as the worker runs.
+    let read = tokio::time::timeout(
+        ctx.answer_within,
+        Box::pin(ResultStore::read_verified(ctx.store, &location, &sha256)),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(ReadError::Database(
+            jobtrail_store::StoreError::Unavailable(crate::no_answer(ctx.answer_within)),
+        ))
+    });
+    let collected = match read {
         Ok(bytes) => {
             if let Some(held) = &mut ctx.holding {
                 keep_only(held, bytes.len() as u64);

@@ -130,10 +130,14 @@ impl WorkerConfig {
     }
 
     /// The longest silence of a live service loop's heartbeat: an idle wait, a step's whole
-    /// lease, and a minute of margin (claims retried while the database is away back off for at
-    /// most 5 s and still beat).
+    /// lease, a minute of margin (claims retried while the database is away back off for at
+    /// most 5 s and still beat), and the three round trips a pass may wait on while the database
+    /// says nothing (listen, then the throttles' seeding or the claim, then the next due time),
+    /// each given up after `db_answer_within`. Without them, a stalled database and a long
+    /// `--db-answer-within` made the probe fail a loop that was only waiting as told, and the
+    /// restart turned the creates in flight into ambiguous ones.
     pub fn silence_limit(&self) -> Duration {
-        self.idle + self.lease + Duration::from_secs(60)
+        self.idle + self.lease + Duration::from_secs(60) + self.db_answer_within * 3
     }
 }
 
@@ -739,5 +743,22 @@ impl Worker {
             write_transactions = write_tx, steps_written = steps, "worker stopped"
         );
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The liveness probe waits out what one pass of a live loop may wait on while the database
+    /// says nothing: three round trips, each given up after `db_answer_within`, and the idle wait.
+    #[test]
+    fn the_probe_waits_out_a_pass_against_a_silent_database() {
+        let mut c = WorkerConfig::named_default();
+        for within in [1, 60, 300] {
+            c.db_answer_within = Duration::from_secs(within);
+            let pass = c.db_answer_within * 3 + c.idle;
+            assert!(c.silence_limit() > pass, "{within} s");
+        }
     }
 }
