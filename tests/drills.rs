@@ -1060,6 +1060,71 @@ async fn drill_no_idempotency_crash_mid_create_is_never_resent_blindly() {
     );
 }
 
+/// A worker whose every slot is taken keeps reading its work channel. Notifications sent meanwhile
+/// (here 20 000 of 1 KiB, far past what a socket's buffers hold) are read as they come: left
+/// unread, the database's session behind the listener blocks on its write to the worker and stops
+/// reading the notification queue every session of the cluster shares, which then only grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_worker_keeps_reading_its_notifications() {
+    use sqlx::Connection;
+    let env = Env::with_contracts(|c| c.request_timeout = Duration::from_secs(30)).await;
+    let op = env
+        .submit("sim", serde_json::json!({"create_hold_ms": 20000}), |_| {})
+        .await;
+    let mut w = env.spawn_worker("busy", "40s", &[("JOBTRAIL_CONCURRENCY", "1")]);
+    let started = Instant::now();
+    while env.store.get(op.id).await.unwrap().lease_owner.is_none() {
+        assert!(started.elapsed() < T, "the create was never claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut c = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    async fn waits(c: &mut sqlx::PgConnection) -> Vec<Option<String>> {
+        sqlx::query_scalar(
+            "SELECT wait_event FROM pg_stat_activity \
+             WHERE datname = current_database() AND query LIKE 'LISTEN %'",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap()
+    }
+    assert_eq!(waits(&mut c).await.len(), 1, "one listening session");
+    let channel: String =
+        sqlx::query_scalar("SELECT value FROM jobtrail_settings WHERE key = 'work_channel'")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    // Each payload its own: equal ones in one transaction are sent once.
+    sqlx::query("SELECT pg_notify($1, repeat('x', 1000) || i) FROM generate_series(1, 20000) AS i")
+        .bind(&channel)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    // The create is held for 20 s from its start: all this while the one slot is taken. Past the
+    // time the session takes to fill the buffers (and, unread, to block on them), it reads again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let flooded = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let now = waits(&mut c).await;
+        if now == [Some("ClientRead".to_owned())] {
+            break;
+        }
+        seen.push(now);
+        assert!(
+            flooded.elapsed() < Duration::from_secs(5),
+            "the listening session never went back to reading: {:?}",
+            seen.last()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        env.store.get(op.id).await.unwrap().lease_owner.is_some(),
+        "still busy with the create"
+    );
+    w.signal(libc::SIGTERM);
+    let _ = w.wait_exit(Duration::from_secs(40));
+}
+
 /// A worker whose every slot waits on a slow call is alive, and says so: its loop still beats (a
 /// contract's call may last up to an hour, past what `/livez` allows a silent loop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

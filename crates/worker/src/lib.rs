@@ -32,7 +32,7 @@ use jobtrail_provider::Registry;
 use jobtrail_provider::contract::Limits;
 use jobtrail_store::{ClaimShare, Claimed, Lease, Store, StoreError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -138,6 +138,66 @@ impl WorkerConfig {
     /// restart turned the creates in flight into ambiguous ones.
     pub fn silence_limit(&self) -> Duration {
         self.idle + self.lease + Duration::from_secs(60) + self.db_answer_within * 3
+    }
+}
+
+/// The work channel, read all the time by a task of its own. Read only while the loop slept, a
+/// busy worker (every slot taken, a deep queue) left its notifications unread for as long as it
+/// was busy: once the socket's buffers filled, the server's session behind the listener blocked on
+/// its write and stopped reading PostgreSQL's notification queue, which every session of the
+/// cluster shares and which can then only grow (to its 8 GB, when every `NOTIFY`, a submit's too,
+/// fails). Notifications that arrive while the loop works are one wake, not one each.
+struct Listening {
+    woken: Arc<tokio::sync::Notify>,
+    state: Arc<ListenState>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ListenState {
+    lost: AtomicBool,
+    /// When the last notification was sent, by the database's clock, if its payload said.
+    sent: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+}
+
+impl Listening {
+    fn start(mut l: jobtrail_store::WorkListener) -> Self {
+        let woken = Arc::new(tokio::sync::Notify::new());
+        let state = Arc::new(ListenState::default());
+        let (w, st) = (woken.clone(), state.clone());
+        let reader = tokio::spawn(async move {
+            loop {
+                match l.wait().await {
+                    Some(sent) => *st.sent.lock().expect("lock") = sent,
+                    None => {
+                        st.lost.store(true, Ordering::SeqCst);
+                        w.notify_one();
+                        return;
+                    }
+                }
+                w.notify_one();
+            }
+        });
+        Self {
+            woken,
+            state,
+            reader,
+        }
+    }
+
+    /// The connection broke: listen again.
+    fn lost(&self) -> bool {
+        self.state.lost.load(Ordering::SeqCst)
+    }
+
+    fn sent(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        *self.state.sent.lock().expect("lock")
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.reader.abort();
     }
 }
 
@@ -503,7 +563,7 @@ impl Worker {
         let permits = Arc::new(tokio::sync::Semaphore::new(self.config.concurrency.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
         let abandon = CancellationToken::new();
-        let mut listener: Option<jobtrail_store::WorkListener> = None;
+        let mut listener: Option<Listening> = None;
         let mut backoff = Duration::from_millis(100);
         let mut seeded = false;
         // The last claim took all it asked for, or all a provider's share allowed and a step of it
@@ -525,10 +585,14 @@ impl Worker {
                     tracing::error!("a step panicked: {e}");
                 }
             }
+            if listener.as_ref().is_some_and(Listening::lost) {
+                listener = None;
+            }
             if listener.is_none() {
                 listener = answered_within(self.config.db_answer_within, self.store.listen())
                     .await
-                    .ok();
+                    .ok()
+                    .map(Listening::start);
             }
             if permits.available_permits() == 0 {
                 // Every slot is busy: the next claim waits for one to free up.
@@ -662,15 +726,12 @@ impl Worker {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep_until(until.into()) => break,
                     _ = self.step_done.notified() => continue,
-                    woke = async { match &mut listener { Some(l) => l.wait().await, None => std::future::pending().await } } => {
-                        match woke {
-                            None => listener = None,
-                            Some(sent) => {
-                                if let (Some(sent), Some((db, at))) = (sent, *self.db_clock.lock().expect("lock")) {
-                                    let now = db + chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
-                                    metrics::notified((now - sent).to_std().unwrap_or_default());
-                                }
-                            }
+                    () = async { match &listener { Some(l) => l.woken.notified().await, None => std::future::pending().await } } => {
+                        if let Some(l) = listener.as_ref().filter(|l| !l.lost())
+                            && let (Some(sent), Some((db, at))) = (l.sent(), *self.db_clock.lock().expect("lock"))
+                        {
+                            let now = db + chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
+                            metrics::notified((now - sent).to_std().unwrap_or_default());
                         }
                         break;
                     }
