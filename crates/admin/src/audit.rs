@@ -59,7 +59,7 @@ fn expected_digest(
     public_key: Option<&str>,
 ) -> Result<String, jobtrail_console::shell::Failure> {
     let v = value.trim();
-    if v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if hex_of(v, 64) {
         if public_key.is_some() {
             return Err(fail(
                 exit::BAD_INPUT,
@@ -86,8 +86,7 @@ fn expected_digest(
     })?;
     // What the file says is printed (the digest, in errors; the key it names): whoever rewrote the
     // file could make either a terminal's escape that hides a warning or forges a line.
-    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
-    if !hex(&file.anchor.digest, 64) {
+    if !hex_of(&file.anchor.digest, 64) {
         return Err(fail(
             exit::BAD_INPUT,
             format!("--expect-anchor: {v} is not an anchor file: its digest is not 64 hex digits"),
@@ -117,7 +116,7 @@ fn expected_digest(
     } else if let Some(sig) = &file.signature {
         // Checked against the key the file itself names, a signature proves nothing (whoever
         // rewrote the file could sign it): only a key the auditor holds does.
-        let named = if hex(&sig.public_key, 64) {
+        let named = if hex_of(&sig.public_key, 64) {
             sig.public_key.as_str()
         } else {
             "that is not 64 hex digits"
@@ -127,6 +126,11 @@ fn expected_digest(
         );
     }
     Ok(file.anchor.digest.to_ascii_lowercase())
+}
+
+/// Whether `s` is `len` hex digits (a digest, a key).
+fn hex_of(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 pub async fn verify(

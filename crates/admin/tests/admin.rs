@@ -1272,19 +1272,25 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         serde_json::from_str(&std::fs::read_to_string(&keep).unwrap()).unwrap();
     hostile["signature"]["public_key"] = serde_json::json!("\r\u{1b}[2Kaudit: intact");
     let rewritten = keep.with_extension("hostile.json");
-    std::fs::write(&rewritten, hostile.to_string()).unwrap();
-    let out = admin(
-        &db,
-        &[
-            "audit",
-            "verify",
-            "--all",
-            "--expect-anchor",
-            rewritten.to_str().unwrap(),
-        ],
-    );
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 0, "{said}");
+    let verify_with = |file: &serde_json::Value| {
+        std::fs::write(&rewritten, file.to_string()).unwrap();
+        let out = admin(
+            &db,
+            &[
+                "audit",
+                "verify",
+                "--all",
+                "--expect-anchor",
+                rewritten.to_str().unwrap(),
+            ],
+        );
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (exit, said) = verify_with(&hostile);
+    assert_eq!(exit, 0, "{said}");
     assert!(
         said.contains("signature was not checked")
             && !said.contains('\u{1b}')
@@ -1292,19 +1298,8 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         "{said:?}"
     );
     hostile["anchor"]["digest"] = serde_json::json!(format!("{}\u{1b}[2K", "a".repeat(64)));
-    std::fs::write(&rewritten, hostile.to_string()).unwrap();
-    let out = admin(
-        &db,
-        &[
-            "audit",
-            "verify",
-            "--all",
-            "--expect-anchor",
-            rewritten.to_str().unwrap(),
-        ],
-    );
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 2, "{said:?}");
+    let (exit, said) = verify_with(&hostile);
+    assert_eq!(exit, 2, "{said:?}");
     assert!(
         said.contains("not 64 hex digits") && !said.contains('\u{1b}'),
         "{said:?}"
