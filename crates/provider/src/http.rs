@@ -640,8 +640,15 @@ impl HttpProvider {
         if let Some(means) = self.ruled(call, ex) {
             return means;
         }
+        // A create sent with nothing that would make a second one the same job: a 503 (a gateway's,
+        // after it forwarded the create) or a 408 does not say the job was not made, so sending
+        // again could start paid work twice. 425 and 429 say the request was not processed. (A
+        // contract rule that names the code says otherwise, above.)
+        let unrepeatable =
+            call == CallName::Create && matches!(self.contract.create.token, TokenPlacement::None);
         match ex.status.unwrap_or(0) {
             200..=299 => Meaning::Success,
+            408 | 503 if unrepeatable => Meaning::Ambiguous,
             408 | 425 | 429 => Meaning::RetryLater,
             503 if wire::retry_after(&ex.headers).is_some() => Meaning::RetryLater,
             500..=599 => Meaning::Ambiguous,
@@ -944,9 +951,20 @@ impl HttpProvider {
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),
         );
-        if let TokenPlacement::Header(h) = &spec.token
-            && let Ok(v) = http::HeaderValue::from_str(op.token.as_str())
-        {
+        if let TokenPlacement::Header(h) = &spec.token {
+            // A key that cannot be a header value (a row edited since submit) is never dropped
+            // silently: sent without it, a resend could make a second paid job.
+            let Ok(v) = http::HeaderValue::from_str(op.token.as_str()) else {
+                return unsent_called(
+                    CallKind::Create,
+                    at,
+                    op,
+                    "the operation's idempotency key cannot be sent as a header value",
+                    CreateOutcome::NotSent {
+                        error_class: "token_unsendable".into(),
+                    },
+                );
+            };
             extra.insert(h.clone(), v);
         }
         let max = self.contract.create_read_limit();

@@ -336,6 +336,23 @@ async fn create_faults_become_the_right_outcomes() {
         other => panic!("{other:?}"),
     }
 
+    // Without an idempotency key, a 503 does not say the job was not made (a gateway may answer
+    // it after forwarding the create): ambiguous, never sent again blind. A 429 still is "not
+    // now".
+    let legacy = harness("sim-legacy").await;
+    let op = legacy.op(one(&["retry_after_date"])).await;
+    assert_eq!(
+        legacy.provider.create(&op, 1.into()).await.outcome,
+        CreateOutcome::Ambiguous {
+            error_class: "http_503".into()
+        }
+    );
+    let op = legacy.op(one(&["retry_after_seconds"])).await;
+    assert!(matches!(
+        legacy.provider.create(&op, 1.into()).await.outcome,
+        CreateOutcome::RetryLater { .. }
+    ));
+
     // A definitive rejection.
     let op = h.op(one(&["reject"])).await;
     assert!(matches!(
@@ -655,6 +672,39 @@ async fn urls_a_provider_names_under_a_path_prefix_are_resolved_not_nested() {
     );
 }
 
+/// An OGC server that answers 200 for an asynchronous job, its statusInfo as the body: a job to
+/// follow, not the finished result (kept as the result, the job would run on unwatched and
+/// uncancellable, and its statusInfo checked as the result).
+#[tokio::test]
+async fn an_ogc_job_answered_200_with_its_status_info_is_followed() {
+    let h = harness_with(jobtrail_sim::Config::default(), ogc_contract).await;
+    let op = h
+        .op(serde_json::json!({"protocol": "ogc", "duration_ms": 300, "create": ["status_info_as_200"]}))
+        .await;
+    let c = h.provider.create(&op, 1.into()).await;
+    let CreateOutcome::Accepted { job_id, .. } = &c.outcome else {
+        panic!("an accepted job read as {:?}", c.outcome)
+    };
+    assert!(job_id.ends_with(&format!("/jobs/{}", job_id.rsplit('/').next().unwrap())));
+    assert!(
+        h.sim
+            .ledger()
+            .jobs
+            .contains_key(job_id.rsplit('/').next().unwrap())
+    );
+
+    // A synchronous execution (200 with the results document) is still the finished job.
+    let op = h
+        .op(serde_json::json!({"protocol": "ogc", "create": ["sync"]}))
+        .await;
+    let c = h.provider.create(&op, 1.into()).await;
+    assert!(
+        matches!(c.outcome, CreateOutcome::Completed { .. }),
+        "{:?}",
+        c.outcome
+    );
+}
+
 /// An OGC API – Processes contract: the job is known by the `Location` its create answers.
 fn ogc_contract(base: &str) -> Contract {
     let text = format!(
@@ -896,6 +946,28 @@ async fn a_count_in_another_form_is_read_or_the_result_refused() {
             }
         }
     }
+}
+
+/// An idempotency key that cannot be a header value (a row edited since submit) is never dropped
+/// from the create: sent without it, a resend could make a second paid job. Nothing is sent.
+#[tokio::test]
+async fn a_create_whose_key_cannot_be_a_header_is_not_sent_without_it() {
+    let h = harness("sim").await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.token = IdempotencyToken::from_stored("idem_\r\nX-Injected: 1".into());
+    let before = h.sim.ledger().requests;
+    let called = h.provider.create(&op, 1.into()).await;
+    assert_eq!(
+        called.outcome,
+        CreateOutcome::NotSent {
+            error_class: "token_unsendable".into()
+        }
+    );
+    assert_eq!(
+        h.sim.ledger().requests,
+        before,
+        "the provider heard from us"
+    );
 }
 
 /// A request body edited on the row after it was submitted (by a login with the schema's rights:

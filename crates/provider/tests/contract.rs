@@ -631,7 +631,20 @@ path = "/things:run"
 idempotency = "none"
 "#;
     let c = parse(minimal).unwrap();
-    assert_eq!(c.status.state, ["/error/code", "/done"]);
+    assert_eq!(c.status.state, ["/error/code", "/error", "/done"]);
+    // A finished operation that failed without a code is not read as its `done`: never a success.
+    let failed = serde_json::json!({"done": true, "error": {"message": "quota exhausted"}});
+    let state = c.status.state_in(&failed).unwrap();
+    assert_ne!(
+        c.status.phase(&state),
+        Some(jobtrail_core::outcome::Phase::Succeeded),
+        "{state}"
+    );
+    let ok = serde_json::json!({"done": true, "response": {}});
+    assert_eq!(
+        c.status.phase(&c.status.state_in(&ok).unwrap()),
+        Some(jobtrail_core::outcome::Phase::Succeeded)
+    );
     assert_eq!(c.status.state_absent.as_deref(), Some("false"));
     assert_eq!(
         c.status.phase("1"),
@@ -656,7 +669,11 @@ idempotency = "none"
     );
     let c = parse(&over).unwrap();
     assert_eq!(c.status.url, "/operations/{job_id_path}");
-    assert_eq!(c.status.state, ["/error/code", "/done"], "the rest stays");
+    assert_eq!(
+        c.status.state,
+        ["/error/code", "/error", "/done"],
+        "the rest stays"
+    );
 
     // Azure's states in any case.
     let azure = r#"

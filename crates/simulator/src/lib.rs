@@ -783,7 +783,14 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             script.at(format_args!("/v1/monitors/{named}/0")),
         ),
         Protocol::Ogc => {
-            let mut r = (StatusCode::CREATED, "").into_response();
+            let mut r = if act == CreateAct::StatusInfoAs200 {
+                json_response(
+                    StatusCode::OK,
+                    serde_json::json!({"jobID": named, "type": "process", "status": "accepted"}),
+                )
+            } else {
+                (StatusCode::CREATED, "").into_response()
+            };
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),

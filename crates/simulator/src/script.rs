@@ -43,6 +43,11 @@ pub enum CreateAct {
     /// Create the job, but name it `..` in the answer (a hostile or broken provider: a URL built
     /// from that name addresses another resource).
     DotDotJobId,
+    /// With `protocol = "ogc"`: create the job and answer it 200 (not 201), its statusInfo
+    /// (`{"status": "accepted"}`) as the body and the job in `Location`: a server that says 200
+    /// for an asynchronous job, which is not the finished result its 200 otherwise is.
+    #[serde(rename = "status_info_as_200")]
+    StatusInfoAs200,
 }
 
 /// What a cancel request does.
