@@ -551,6 +551,49 @@ async fn a_result_inside_the_final_status_answer_is_read_to_the_results_limit() 
     env.stop_workers().await;
 }
 
+/// A status answer that may be the result is read to the result's limit (16 MiB here), so each
+/// read in flight first takes that much of the worker's room for results' bytes: with a 1 MiB room
+/// the polls go one at a time (a provider dripping 16 MiB into every poll in flight would hold
+/// that many times over and kill the worker, then every worker that claimed the operations after
+/// it); with room for two they overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_that_may_carry_the_result_stay_within_the_workers_room() {
+    let env = Env::with_contract_files(&[], &[("aip.toml", AIP)]).await;
+    let slow = script(
+        "aip",
+        serde_json::json!({"duration_ms": 1200, "status_delay_ms": 250}),
+    );
+    for (worker, check_mib, most) in [("narrow", "2", 1), ("roomy", "64", 2)] {
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            ids.push(env.submit("aip", slow.clone(), |_| {}).await.id);
+        }
+        let before = env.sim.ledger().requests;
+        let base = format!("{}/v1", env.sim.base_url());
+        let mut w = env.spawn_worker(
+            worker,
+            "5s",
+            &[
+                ("JOBTRAIL_CHECK_MIB", check_mib),
+                ("JOBTRAIL_PROVIDER_AIP_BASE_URL", &base),
+            ],
+        );
+        for id in &ids {
+            let done = env.wait_settled(*id, T).await;
+            assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+        }
+        let ledger = env.sim.ledger();
+        assert!(ledger.requests > before + 8, "polled");
+        // The most at once so far, over both runs: the narrow run's, then the roomy one's.
+        assert_eq!(
+            ledger.max_status_reads_in_flight, most,
+            "{worker}: status reads in flight at once"
+        );
+        w.signal(libc::SIGTERM);
+        assert!(w.wait_exit(Duration::from_secs(30)).is_some());
+    }
+}
+
 /// Azure `Location` polling: 202 is "running" (a new `Location` on a 202 is followed), 200 is
 /// done and the result is collected; 400 from the monitor is the job's failure, not a read to
 /// retry until a person is asked.

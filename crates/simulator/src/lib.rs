@@ -103,6 +103,8 @@ pub struct Ledger {
     pub webhooks: Vec<webhook::Sent>,
     /// The most result downloads in flight at once, across every job.
     pub max_results_in_flight: u32,
+    /// The most status reads being answered at once, across every job.
+    pub max_status_reads_in_flight: u32,
 }
 
 impl Ledger {
@@ -171,6 +173,8 @@ struct Inner {
     started: Instant,
     /// Result downloads being answered now.
     results_in_flight: u32,
+    /// Status reads being answered now.
+    status_reads_in_flight: u32,
 }
 
 /// The simulator's shared state.
@@ -223,6 +227,7 @@ impl Sim {
                 ledger: Ledger::default(),
                 started: Instant::now(),
                 results_in_flight: 0,
+                status_reads_in_flight: 0,
             })),
             config: Arc::new(config),
         }
@@ -1036,10 +1041,11 @@ struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Ok(mut g) = self.sim.inner.lock()
-            && let Some(j) = g.jobs.get_mut(&self.id)
-        {
-            j.in_flight = j.in_flight.saturating_sub(1);
+        if let Ok(mut g) = self.sim.inner.lock() {
+            g.status_reads_in_flight = g.status_reads_in_flight.saturating_sub(1);
+            if let Some(j) = g.jobs.get_mut(&self.id) {
+                j.in_flight = j.in_flight.saturating_sub(1);
+            }
         }
     }
 }
@@ -1084,11 +1090,14 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         }
         job.in_flight += 1;
         job.ledger.max_status_in_flight = job.ledger.max_status_in_flight.max(job.in_flight);
-        (
-            Duration::from_millis(job.script.status_delay_ms),
-            job.script.require_cookie,
-            job.cookie.clone(),
-        )
+        let delay = Duration::from_millis(job.script.status_delay_ms);
+        let (require_cookie, cookie) = (job.script.require_cookie, job.cookie.clone());
+        g.status_reads_in_flight += 1;
+        g.ledger.max_status_reads_in_flight = g
+            .ledger
+            .max_status_reads_in_flight
+            .max(g.status_reads_in_flight);
+        (delay, require_cookie, cookie)
     };
     let _guard = InFlight {
         sim: sim.clone(),

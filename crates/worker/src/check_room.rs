@@ -11,7 +11,10 @@
 //! A result's bytes are held too, from its fetch until its step is written (a worker's 64 slots
 //! each fetching a 16 MiB result would hold 1 GiB before any parse): each fetch first takes the
 //! most its contract lets it be (the whole of a second room at most: such a result is fetched
-//! alone) and gives back what it did not need once it has arrived.
+//! alone) and gives back what it did not need once it has arrived. An answer that may carry the
+//! result (a status answer where the final status is the result, a create answer that may be the
+//! finished job) is read to the result's limit, so its call takes that much of the same room while
+//! its answer is read.
 
 use jobtrail_core::json::footprint_within;
 use tokio::sync::{Semaphore, SemaphorePermit};

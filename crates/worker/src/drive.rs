@@ -76,7 +76,8 @@ pub(crate) struct Ctx<'a> {
     /// The worker's memory for results' bytes in flight.
     pub bytes_room: &'a CheckRoom,
     /// This operation's share of `bytes_room`, from before its result is fetched (or read back)
-    /// until the step carrying it is written.
+    /// until the step carrying it is written, or for as long as a call reads an answer that may
+    /// carry the result ([`Ctx::bytes_room_for`]).
     pub holding: Option<tokio::sync::SemaphorePermit<'a>>,
     pub lease: Lease,
     pub ttl: Duration,
@@ -229,17 +230,37 @@ impl Ctx<'_> {
         }
     }
 
-    /// Room for the bytes of `op`'s result before it is fetched or read back: the most its
-    /// contract lets it be. Waited for up to [`BYTES_ROOM_WAIT`], under a lease extended to cover
-    /// the wait (the call's own budget is made sure of after it); `false` when none came in time.
-    async fn take_bytes_room(&mut self, op: &OperationRecord) -> Result<bool, Stop> {
+    /// The most of the result room `call` may hold: a result's bytes fetched or read back (the
+    /// most its contract lets it be), or an answer that may carry the result (a status answer
+    /// where the result is the final status, a create answer that may be the finished job), read
+    /// to the result's limit. `None` for answers held to the contract's `max_response_bytes`,
+    /// which every call in flight may hold.
+    fn bytes_room_for(&self, call: &Call, op: &OperationRecord) -> Option<u64> {
+        let contract = self.provider.contract();
+        let beyond_answers = |limit: u64| Some(limit).filter(|&l| l > contract.max_response_bytes);
+        match call {
+            Call::FetchResult { .. } | Call::SyncResult { .. } => Some(
+                contract
+                    .result
+                    .as_ref()
+                    .map_or(0, |r| r.for_request(&op.request_body).max_bytes),
+            ),
+            Call::Status { .. } | Call::FinalGet { .. } => {
+                beyond_answers(contract.status_read_limit())
+            }
+            // A lookup may resend the create under the same lease.
+            Call::Create { .. } | Call::Resend { .. } | Call::Lookup { .. } => {
+                beyond_answers(contract.create_read_limit())
+            }
+            Call::Cancel { .. } | Call::NoResult => None,
+        }
+    }
+
+    /// Room for `most` bytes of the result room (see [`Ctx::bytes_room_for`]). Waited for up to
+    /// [`BYTES_ROOM_WAIT`], under a lease extended to cover the wait (the call's own budget is
+    /// made sure of after it); `false` when none came in time.
+    async fn take_bytes_room(&mut self, most: u64) -> Result<bool, Stop> {
         Box::pin(self.ensure_lease(BYTES_ROOM_WAIT)).await?;
-        let most = self
-            .provider
-            .contract()
-            .result
-            .as_ref()
-            .map_or(0, |r| r.for_request(&op.request_body).max_bytes);
         let left = self
             .expires
             .saturating_duration_since(Instant::now())
@@ -539,10 +560,14 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
         Call::SyncResult { .. } | Call::NoResult => 0,
         _ => 1,
     };
-    // A result's bytes are held from its fetch until its step is written (see check_room.rs).
-    // Their room is taken first: a fetch put off for want of it spends none of the call rate.
-    if matches!(call, Call::FetchResult { .. } | Call::SyncResult { .. })
-        && !Box::pin(ctx.take_bytes_room(op)).await?
+    // A result's bytes are held from its fetch until its step is written (see check_room.rs), and
+    // an answer that may be the result is held to the result's limit while it is read: a hostile
+    // provider dripping the most its contract allows into every poll in flight would otherwise
+    // hold that many times over, kill the worker, and then each worker that claimed the same
+    // operations. Their room is taken first: a call put off for want of it spends none of the
+    // call rate.
+    if let Some(most) = ctx.bytes_room_for(&call, op)
+        && !Box::pin(ctx.take_bytes_room(most)).await?
     {
         return Ok(Box::new(decide::deferred_for(
             &call,
@@ -564,9 +589,18 @@ async fn plan(ctx: &mut Ctx<'_>, op: &OperationRecord) -> Result<Box<Plan>, Stop
         Call::Create { attempt, mark } => Box::pin(create(ctx, op, attempt, mark)).await,
         Call::Lookup { attempt } => Ok(Box::pin(lookup(ctx, op, attempt)).await),
         Call::Resend { attempt } => Ok(Box::pin(resend(ctx, op, attempt)).await),
-        Call::Status { attempt } => Ok(Box::pin(status(ctx, op, attempt)).await),
+        // A status answer is read whole within its call: its room goes back when the call ends.
+        Call::Status { attempt } => {
+            let plan = Box::pin(status(ctx, op, attempt)).await;
+            ctx.holding = None;
+            Ok(plan)
+        }
         Call::Cancel { attempt } => Ok(Box::pin(cancel(ctx, op, attempt)).await),
-        Call::FinalGet { attempt } => Ok(Box::pin(final_get(ctx, op, attempt)).await),
+        Call::FinalGet { attempt } => {
+            let plan = Box::pin(final_get(ctx, op, attempt)).await;
+            ctx.holding = None;
+            Ok(plan)
+        }
         Call::FetchResult { attempt } => Ok(Box::pin(fetch_result(ctx, op, attempt)).await),
         Call::NoResult => Ok(Box::pin(no_result(ctx, op)).await),
         Call::SyncResult {
