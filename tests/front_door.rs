@@ -2544,6 +2544,55 @@ async fn a_page_of_large_operations_ends_early_and_its_cursor_walks_them_all() {
     assert!(pages >= 3, "{pages} pages");
 }
 
+/// A result counts whole against `--held-mib`, since it is read into the server's memory whole:
+/// one larger than the bound is never served (503 without Retry-After, naming the flag; served, it
+/// took the server's memory and every caller's waits with it), one larger than half is served on
+/// its own. Before, a result counted at most a quarter of the bound, however large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_larger_than_the_server_may_hold_is_refused_before_it_is_read() {
+    let mut env =
+        Env::with_edited_contracts(&[("sim.toml", "max_bytes = 1048576", "max_bytes = 4194304")])
+            .await;
+    // About 47 bytes an item: some 1.8 MiB, and some 0.7 MiB.
+    let large = env.submit("sim", json!({"items": 40000}), |_| {}).await;
+    let half = env.submit("sim", json!({"items": 15000}), |_| {}).await;
+    env.start_worker("w1", Duration::from_secs(10));
+    for id in [large.id, half.id] {
+        let done = env.wait_settled(id, Duration::from_secs(60)).await;
+        assert_eq!(done.state, jobtrail_core::State::Succeeded);
+    }
+    let large_size = env.store.get(large.id).await.unwrap().result_size.unwrap();
+    let half_size = env.store.get(half.id).await.unwrap().result_size.unwrap();
+    assert!(large_size > 1 << 20, "{large_size}");
+    assert!(half_size > 1 << 19 && half_size < 1 << 20, "{half_size}");
+    let server = env.serve_with("api", &[("JOBTRAIL_HELD_MIB", "1")]);
+    let ops = env.token("ops", &["read", "decide"]).await;
+    let c = support::http();
+    let get = async |id: jobtrail_core::OperationId| {
+        c.get(server.url(&format!("/v1/operations/{id}/result")))
+            .bearer_auth(&ops)
+            .send()
+            .await
+            .unwrap()
+    };
+    let r = get(large.id).await;
+    assert!(
+        r.headers().get("retry-after").is_none(),
+        "a result that never fits is not worth retrying"
+    );
+    let p = problem(r, StatusCode::SERVICE_UNAVAILABLE, "unavailable").await;
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("--held-mib"), "{detail}");
+    let r = get(half.id).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.bytes().await.unwrap().len() as i64,
+        half_size,
+        "more than half, served on its own"
+    );
+    env.stop_workers().await;
+}
+
 /// The bytes of request bodies (and results) a server holds at once are bounded across callers,
 /// each of them within its own turns: one caller holds at most half (so it cannot shut the others
 /// out), the process at most `--held-mib`; past either, another body is refused before it is read

@@ -811,26 +811,36 @@ async fn an_mcp_call_holds_its_body_turn_until_it_is_answered() {
     }
 }
 
-/// A result sent over MCP holds one of its caller's result turns, as over HTTP, and for 10 s after
-/// it is answered (the session's stream tells nothing of when it is sent): a read-only token could otherwise make
-/// the server hold result after result in memory, answered and kept, as fast as its rate allows.
+/// A result sent over MCP holds one of its caller's result turns, as over HTTP, and its answer's
+/// bytes as sent, until the last of the answer has gone: a client that leaves its answer unread
+/// holds its turn (until `--send-timeout` closes the connection), and one that read it has its turn
+/// back at once. Before, the turn was held for 10 s after the answer was built, whether it had been
+/// sent or not: a caller that never read could make the server hold an answer every 10 s per turn,
+/// each counted as the result alone although the answer carries it twice, escaped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn results_sent_over_mcp_hold_their_callers_result_turns() {
+async fn results_sent_over_mcp_hold_their_callers_result_turns_until_sent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut env = Env::new().await;
     env.start_worker("w1", Duration::from_secs(5));
     let server = env.serve_with("api", &[("JOBTRAIL_RESULTS_PER_CALLER", "1")]);
     let token = env.token("agent-alice", &["submit", "read"]).await;
     let client = over_http(&server, &token, false).await;
+    // A result the provider answered at once, echoing the request: 450 000 backslashes, some
+    // 0.9 MiB as JSON text, and an answer of some 5.5 MiB (each backslash escaped once in the
+    // structured value and twice in its text copy): more than the kernel takes from the server
+    // for a reader that reads nothing.
+    let mut request = request(json!({"create": ["sync_echo"], "duration_ms": 0}));
+    request["pad"] = "\\".repeat(450_000).into();
     let r = call(
         &client,
         "submit_operation",
         json!({"provider": "sim", "target": "reports", "approved_by": "alice",
-               "request": request(json!({"duration_ms": 200}))}),
+               "request": request}),
     )
     .await;
     let id = structured(&r)["operation"]["id"]
         .as_str()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{:?}", r.content))
         .to_owned();
     let w = structured(
         &call(
@@ -840,40 +850,117 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns() {
         )
         .await,
     );
-    assert_eq!(w["operation"]["state"], "succeeded", "{w}");
-    let first = call(&client, "get_result", json!({"operation_id": id})).await;
-    assert_eq!(first.is_error, Some(false), "{first:?}");
-    let sent = std::time::Instant::now();
-    // Answered, and its turn still held for its 10 s.
-    let second = call(&client, "get_result", json!({"operation_id": id})).await;
-    assert_eq!(second.is_error, Some(true), "{second:?}");
-    assert_eq!(structured(&second)["error"], "rate-limited", "{second:?}");
-    // Over HTTP too: one turn per caller, whichever door.
-    let over_http = support::http()
+    assert_eq!(
+        w["operation"]["state"], "succeeded",
+        "{}",
+        w["operation"]["state"]
+    );
+    // Read to its end, an answer gives its turn back at once.
+    for _ in 0..2 {
+        let got = call(&client, "get_result", json!({"operation_id": id})).await;
+        assert_eq!(
+            got.is_error,
+            Some(false),
+            "a result read was not given back"
+        );
+    }
+
+    // An answer left unread holds the turn.
+    let opened = mcp_post(&server, &token, None, support::mcp_initialize()).await;
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    drop(opened.text().await);
+    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert!(
+        mcp_post(&server, &token, Some(&session), ready)
+            .await
+            .status()
+            .is_success()
+    );
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                      "params": {"name": "get_result", "arguments": {"operation_id": id}}})
+    .to_string();
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut unread = socket.connect(addr.parse().unwrap()).await.unwrap();
+    unread
+        .write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+                 Mcp-Protocol-Version: 2025-06-18\r\nMcp-Session-Id: {session}\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut head = [0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(20), unread.read(&mut head))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    // The answer is built behind its stream: wait until the turn is taken.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let again = call(&client, "get_result", json!({"operation_id": id})).await;
+        if again.is_error == Some(true) {
+            assert_eq!(structured(&again)["error"], "rate-limited", "{again:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an unread answer held no turn"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Held well past the 10 s it was held before, and over HTTP too: one turn, whichever door.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let by_http = support::http()
         .get(server.url(&format!("/v1/operations/{id}/result")))
         .bearer_auth(&token)
         .send()
         .await
         .unwrap();
-    assert_eq!(over_http.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
-    // The turn comes back once its 10 s are over.
-    let deadline = sent + Duration::from_secs(20);
+    assert_eq!(by_http.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
+    // The connection gone, the turn comes back.
+    drop(unread);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let again = call(&client, "get_result", json!({"operation_id": id})).await;
         if again.is_error == Some(false) {
-            assert!(
-                sent.elapsed() >= Duration::from_secs(9),
-                "{:?}",
-                sent.elapsed()
-            );
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
             "the turn never came back"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // What is counted is the answer as sent: a server that may hold 4 MiB serves the 0.9 MiB
+    // result over HTTP, but not its 5.5 MiB answer over MCP.
+    let narrow = env.serve_with("api-narrow", &[("JOBTRAIL_HELD_MIB", "4")]);
+    let served = support::http()
+        .get(narrow.url(&format!("/v1/operations/{id}/result")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), reqwest::StatusCode::OK);
+    let client = over_http(&narrow, &token, false).await;
+    let refused = call(&client, "get_result", json!({"operation_id": id})).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert_eq!(structured(&refused)["error"], "unavailable", "{refused:?}");
+    assert!(
+        format!("{refused:?}").contains("--held-mib"),
+        "the refusal names the flag"
+    );
     env.stop_workers().await;
 }
 

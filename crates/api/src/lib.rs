@@ -132,17 +132,18 @@ pub async fn require_bearer(
         }
     };
     parts.extensions.insert(p);
+    // What the call's answer holds (a result's turn and bytes, put here by MCP's get_result) is
+    // held with its body, as the large body's turn is.
+    let until_sent = jobtrail_service::HeldUntilSent::default();
+    parts.extensions.insert(until_sent.clone());
     let answer = next.run(Request::from_parts(parts, body)).await;
-    match turn {
-        None => answer,
-        Some(turn) => answer.map(|b| {
-            use http_body_util::BodyExt;
-            axum::body::Body::new(b.map_frame(move |f| {
-                let _held = &turn;
-                f
-            }))
-        }),
-    }
+    answer.map(|b| {
+        use http_body_util::BodyExt;
+        axum::body::Body::new(b.map_frame(move |f| {
+            let _held = (&turn, &until_sent);
+            f
+        }))
+    })
 }
 
 #[derive(OpenApi)]

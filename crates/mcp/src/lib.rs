@@ -39,9 +39,8 @@ use serde::Deserialize;
 pub const MAX_INLINE_RESULT: usize = 1024 * 1024;
 
 /// How long a result sent over MCP holds one of its caller's result turns (`--results-per-caller`,
-/// as over HTTP) after it is answered, while the answer is handed to the connection: the
-/// session's stream gives no word of when the last byte has gone, so what a caller can make the
-/// server hold in results is bounded by this rate instead.
+/// as over HTTP) after it is answered where no HTTP door says when its answer's last byte has gone
+/// (over `/mcp`, `jobtrail_api::require_bearer` holds them with the answer's body instead).
 pub const ANSWER_KEPT: Duration = Duration::from_secs(10);
 /// How often a client should poll `tasks/get`, while working and while held for a person.
 const POLL_WORKING_MS: u64 = 1_000;
@@ -366,7 +365,7 @@ impl JobtrailMcp {
     }
 
     #[tool(
-        description = "The validated result of a succeeded operation, exactly as recorded (its sha256 is checked against the evidence chain). Text results come as `text`, others as `base64`; one over 1 MiB is refused here (fetch it over the HTTP API). Each call holds one of your result turns for 10 s.",
+        description = "The validated result of a succeeded operation, exactly as recorded (its sha256 is checked against the evidence chain). Text results come as `text`, others as `base64`; one over 1 MiB is refused here (fetch it over the HTTP API). Each call holds one of your result turns until its answer has been sent.",
         annotations(read_only_hint = true)
     )]
     async fn get_result(
@@ -388,12 +387,37 @@ impl JobtrailMcp {
             Door::Remote(_) => None,
         };
         let (answer, held) = Self::result_answer(&ops, &a.operation_id).await;
-        if let Some(turn) = turn {
-            // Its bytes stay counted against the server's --held-mib for as long, too.
-            tokio::spawn(async move {
-                tokio::time::sleep(ANSWER_KEPT).await;
-                drop((turn, held));
-            });
+        let Some(turn) = turn else {
+            return answer;
+        };
+        // What is held is the answer as it is sent, not the result: a tool result carries the
+        // value twice (structured, and as JSON text, escaped once more in the message), so text
+        // of quotes or control characters grows many times over.
+        let (answer, held) = match (&ops, held) {
+            (Door::Local(b), Some(held)) => {
+                let sent = serde_json::to_vec(&answer).map_or(0, |v| v.len());
+                drop(held);
+                match b.service.hold_result(b.principal.caller(), sent) {
+                    Ok(whole) => (answer, Some(whole)),
+                    Err(e) => return tool_error(e),
+                }
+            }
+            (_, held) => (answer, held),
+        };
+        // Held until the answer's last byte has gone (the HTTP door drops it with the answer's
+        // body); where no door says when, for ANSWER_KEPT.
+        match ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<jobtrail_service::HeldUntilSent>())
+        {
+            Some(until_sent) => until_sent.keep((turn, held)),
+            None => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(ANSWER_KEPT).await;
+                    drop((turn, held));
+                });
+            }
         }
         answer
     }

@@ -117,6 +117,22 @@ impl Drop for Held {
     }
 }
 
+/// What an answer holds until the last of it has been sent (a result's turn and bytes): put in a
+/// request's extensions by the HTTP door that streams the answer, filled by whoever builds the
+/// answer behind that stream (MCP's tools), and dropped with the answer's body, when its last
+/// byte has gone or the connection has been closed.
+#[derive(Clone, Default)]
+pub struct HeldUntilSent(Arc<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send>>>>);
+
+impl HeldUntilSent {
+    pub fn keep(&self, what: impl Send + 'static) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(what));
+    }
+}
+
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Held({} bytes for {})", self.counted, self.holder)
@@ -248,6 +264,28 @@ impl Service {
             holder: holder.to_owned(),
             counted,
         })
+    }
+
+    /// Hold a result (or an answer carrying one) of `bytes` for `holder`, counted whole
+    /// ([`per_caller::HeldBytes::take_whole`]).
+    pub fn hold_result(self: &Arc<Self>, holder: &str, bytes: usize) -> Result<Held, ServiceError> {
+        match self.held.take_whole(holder, bytes) {
+            Ok(()) => Ok(Held {
+                service: self.clone(),
+                holder: holder.to_owned(),
+                counted: bytes,
+            }),
+            Err(Some(held)) => Err(ServiceError::unavailable(format!(
+                "this server holds {} MiB of results and request bodies for its callers and this result ({} MiB) does not fit beside them (--held-mib; one caller at most half, or one result alone): try again in a moment",
+                held.div_ceil(1024 * 1024),
+                bytes.div_ceil(1024 * 1024)
+            ))
+            .with_detail(serde_json::json!({ "retry_after_secs": 1 }))),
+            Err(None) => Err(ServiceError::unavailable(format!(
+                "this result ({} MiB) is larger than this server may hold at once for its callers (--held-mib): it is not served here; an operator serves it by raising --held-mib (and the server's memory with it), or reads it with `jobtrail result`",
+                bytes.div_ceil(1024 * 1024)
+            ))),
+        }
     }
 
     /// Waits one caller may hold open at once from now on (at least 1).
@@ -914,11 +952,13 @@ impl Service {
             ));
         }
         let chained = self.store.chained_result(op.id).await?;
-        // Held before a byte is read, as long as the answer holds them.
-        let held = self.hold(
+        // Held whole before a byte is read, as long as the answer holds them: the result is read
+        // into memory whole, so a server that serves one larger than it may hold is a server
+        // killed for memory, every caller's waits and sessions with it.
+        let held = self.hold_result(
             p.caller(),
             op.result_size
-                .map_or(0, |n| usize::try_from(n).unwrap_or(0)),
+                .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         )?;
         let (loc, sha) = (&chained.location, &chained.sha256);
         let bytes = jobtrail_worker::ResultStore::read_verified(&self.store, loc, sha)

@@ -55,8 +55,10 @@ impl PerCaller {
 /// Bytes held at once across every caller (results being sent, request bodies being read): the
 /// turns above bound each caller's count, this bounds the process's bytes, so that a few callers
 /// each within their turns cannot together hold more memory than the process has. One caller
-/// holds at most half of it, so it cannot shut the others out; one item counts at most a quarter,
-/// so a result larger than that is still served when a quarter is free (its excess uncounted).
+/// holds at most half of it, so it cannot shut the others out. A request body counts at most a
+/// quarter ([`HeldBytes::counted`]: its bound is the body limit's, checked before it is read); a
+/// result counts whole ([`HeldBytes::take_whole`]): one larger than half the bound is served when
+/// it fits beside what others hold, one larger than the bound never.
 pub(crate) struct HeldBytes {
     most: AtomicUsize,
     held: Mutex<(usize, HashMap<String, usize>)>,
@@ -98,6 +100,27 @@ impl HeldBytes {
         Ok(())
     }
 
+    /// `n` bytes of one item held for `holder`, counted whole: within the bound with what the
+    /// process holds, and within the holder's half unless the item alone is more than half (then
+    /// the holder may hold nothing else). `Err(Some(held))` when it does not fit now,
+    /// `Err(None)` when it never can (more than the bound).
+    pub(crate) fn take_whole(&self, holder: &str, n: usize) -> Result<(), Option<usize>> {
+        let most = self.most.load(Ordering::Relaxed);
+        if n > most {
+            return Err(None);
+        }
+        let mut held = self.held();
+        let (total, per) = &mut *held;
+        let mine = per.get(holder).copied().unwrap_or(0);
+        let within_half = mine.saturating_add(n) <= most / 2 || (n > most / 2 && mine == 0);
+        if total.saturating_add(n) > most || !within_half {
+            return Err(Some(*total));
+        }
+        *total += n;
+        *per.entry(holder.to_owned()).or_default() += n;
+        Ok(())
+    }
+
     pub(crate) fn give_back(&self, holder: &str, counted: usize) {
         let mut held = self.held();
         let (total, per) = &mut *held;
@@ -132,7 +155,28 @@ mod tests {
         b.give_back("c", 20);
         assert_eq!(b.held().0, 0);
         assert!(b.held().1.is_empty());
-        assert_eq!(b.counted(500), 25, "a large item counts a quarter");
+        assert_eq!(b.counted(500), 25, "a large body counts a quarter");
         assert!(b.take("a", b.counted(500)).is_ok());
+    }
+
+    /// A result counts whole: more than half the bound is served only beside little enough, and
+    /// only while its holder holds nothing else; more than the bound never.
+    #[test]
+    fn a_result_counts_whole_and_one_beyond_the_bound_never_fits() {
+        let b = HeldBytes::new(100);
+        assert_eq!(b.take_whole("a", 101), Err(None), "never");
+        assert!(b.take_whole("a", 70).is_ok(), "more than half, alone");
+        assert_eq!(b.take_whole("b", 40), Err(Some(70)), "not beside it");
+        assert!(b.take_whole("b", 30).is_ok());
+        b.give_back("a", 70);
+        assert!(b.take_whole("a", 10).is_ok());
+        assert_eq!(
+            b.take_whole("a", 60),
+            Err(Some(40)),
+            "more than half only while its holder holds nothing else"
+        );
+        assert_eq!(b.take_whole("c", 75), Err(Some(40)), "within the bound");
+        assert!(b.take_whole("c", 60).is_ok());
+        assert_eq!(b.held().0, 100);
     }
 }
