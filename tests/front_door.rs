@@ -567,14 +567,9 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     let r = c.get(server.url("/v1/nothing")).send().await.unwrap();
     let p = problem(r, StatusCode::NOT_FOUND, "not-found").await;
     assert!(p["detail"].as_str().unwrap().contains("no such route"));
-    let served: Value = c
-        .get(server.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let served = c.get(server.url("/openapi.json")).send().await.unwrap();
+    assert_eq!(served.headers()["content-type"], "application/json");
+    let served: Value = served.json().await.unwrap();
     assert_eq!(served, doc);
 
     // Nothing secret in the server's log.

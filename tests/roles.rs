@@ -630,6 +630,24 @@ async fn the_api_runs_as_the_api_role_and_people_decide_through_an_operator_logi
                           "request": {"account": format!("acct_r{n}"), "sim": {"duration_ms": 300}}}))
             .send()
     };
+    // Another caller cannot, not even one whose token may decide: a decider retries another's
+    // operation through a decision that names the person; a submit superseding it would mark it
+    // retried under the decider's caller and shut its own caller's retry out.
+    let decider = env
+        .token("agent-oscar", &["submit", "read", "decide"])
+        .await;
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&decider)
+        .json(
+            &json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+                      "supersedes": id,
+                      "request": {"account": "acct_o", "sim": {"duration_ms": 300}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "{}", server.log_text());
     let r = retry(1).await.unwrap();
     assert_eq!(r.status(), 201, "{}", server.log_text());
     let retried: serde_json::Value = r.json().await.unwrap();

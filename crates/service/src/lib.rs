@@ -560,8 +560,13 @@ impl Service {
         // A predecessor of another caller's is "not found", whatever else the request says. (An id
         // of another caller's is found out only after the request is validated, in `submit`: a bad
         // request is refused alike whether or not its id exists.)
-        if let Some(old) = submission.supersedes {
-            self.own(p, &old.to_string()).await?;
+        // Only the caller's own: a submit names its own caller, so the decide scope (which may act
+        // on anyone's operation through a decision, `retry`) does not let a submit mark another
+        // caller's failed operation superseded and shut its own retry out.
+        if let Some(old) = submission.supersedes
+            && self.visible(p, &old.to_string()).await?.caller != p.caller()
+        {
+            return Err(StoreError::NotFound(old).into());
         }
         Ok(submission)
     }
