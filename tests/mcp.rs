@@ -866,19 +866,7 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns_until_sent() {
     }
 
     // An answer left unread holds the turn.
-    let opened = mcp_post(&server, &token, None, support::mcp_initialize()).await;
-    let session = opened.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    drop(opened.text().await);
-    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    assert!(
-        mcp_post(&server, &token, Some(&session), ready)
-            .await
-            .status()
-            .is_success()
-    );
+    let session = mcp_session(&server, &token).await;
     let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
                       "params": {"name": "get_result", "arguments": {"operation_id": id}}})
     .to_string();
@@ -964,6 +952,25 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns_until_sent() {
     env.stop_workers().await;
 }
 
+/// A session opened and initialised by hand (as a Streamable HTTP client does): its id.
+async fn mcp_session(server: &Server, token: &str) -> String {
+    let opened = mcp_post(server, token, None, support::mcp_initialize()).await;
+    assert_eq!(opened.status(), reqwest::StatusCode::OK);
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    drop(opened.text().await);
+    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert!(
+        mcp_post(server, token, Some(&session), ready)
+            .await
+            .status()
+            .is_success()
+    );
+    session
+}
+
 /// A POST to `/mcp` on `session` (none: an opening), as a Streamable HTTP client sends it.
 async fn mcp_post(
     server: &Server,
@@ -992,20 +999,7 @@ async fn a_session_keeps_no_answer_it_has_sent() {
     let env = Env::new().await;
     let server = env.serve("api");
     let token = env.token("agent-alice", &["read"]).await;
-    let opened = mcp_post(&server, &token, None, support::mcp_initialize()).await;
-    assert_eq!(opened.status(), reqwest::StatusCode::OK);
-    let session = opened.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    drop(opened.text().await);
-    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    assert!(
-        mcp_post(&server, &token, Some(&session), ready)
-            .await
-            .status()
-            .is_success()
-    );
+    let session = mcp_session(&server, &token).await;
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                       "params": {"name": "list_providers", "arguments": {}}});
     let answer = mcp_post(&server, &token, Some(&session), call)
