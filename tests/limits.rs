@@ -195,7 +195,80 @@ async fn a_429_with_retry_after_pauses_the_whole_fleet() {
         assert_eq!(op.state, State::Succeeded, "{}", op.id);
     }
     env.stop_workers().await;
+    assert_fleet_waited(&env.sim.ledger());
+}
+
+/// An ambiguous create is reconciled by looking the job up, and the provider answers that lookup
+/// `429` with `Retry-After: 1`: the whole fleet waits as for any call's 429, the lookup is made
+/// again after the wait (no failure counted), and the job it then finds is followed to success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_on_a_lookup_pauses_the_fleet_and_the_lookup_waits() {
+    let mut env = Env::with_contracts(|c| {
+        c.polling.backoff = jobtrail_core::schedule::Backoff {
+            initial: Duration::from_millis(100),
+            factor: 1.0,
+            cap: Duration::from_millis(100),
+            jitter: 0.0,
+        };
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(
+            env.submit(
+                "sim-legacy",
+                serde_json::json!({"duration_ms": 4000}),
+                |_| {},
+            )
+            .await
+            .id,
+        );
+    }
+    env.start_worker("lookup-pause-a", Duration::from_secs(10));
+    env.start_worker("lookup-pause-b", Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let lost = env
+        .submit(
+            "sim-legacy",
+            serde_json::json!({"duration_ms": 2000, "create": ["drop_after_accept"], "lookup_throttled": 1}),
+            |_| {},
+        )
+        .await
+        .id;
+    ids.push(lost);
+    for id in &ids {
+        let op = env.wait_settled(*id, Duration::from_secs(30)).await;
+        assert_eq!(op.state, State::Succeeded, "{}", op.id);
+    }
+    env.stop_workers().await;
     let ledger = env.sim.ledger();
+    let job = ledger
+        .jobs
+        .values()
+        .find(|j| j.calls.get("lookup").is_some_and(|&n| n > 0))
+        .expect("the lost create's job was looked up");
+    assert_eq!(job.calls["lookup"], 2, "one lookup told to wait, one after");
+    assert_eq!(ledger.throttled_ms.len(), 1);
+    assert_fleet_waited(&ledger);
+    let lookups: Vec<_> = env
+        .store
+        .calls(lost)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == "lookup")
+        .collect();
+    assert_eq!(lookups.len(), 2, "{lookups:?}");
+    let apart = lookups[1].started_at - lookups[0].started_at;
+    assert!(
+        apart >= chrono::Duration::milliseconds(950),
+        "the second lookup went {apart} after the one told to wait a second"
+    );
+}
+
+/// After the provider's first `429` (with `Retry-After: 1`), nothing reached it for most of that
+/// second, although other operations were being polled often just before.
+fn assert_fleet_waited(ledger: &jobtrail_sim::Ledger) {
     let at = *ledger.throttled_ms.first().expect("a 429 was answered");
     // Calls already under way when the 429 arrived may still land just after it.
     let during: Vec<u64> = ledger

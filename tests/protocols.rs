@@ -246,6 +246,7 @@ lookup_url = "/v2/runs:lookup"
 lookup_body = { request_id = "{idempotency_key}" }
 lookup_jobs = "/runs"
 lookup_job_id = "/id"
+lookup_reference = "/request_id"
 "#;
 
 /// A create that is a PUT to a URL the operation names: idempotent by HTTP's own semantics, so it

@@ -6,6 +6,7 @@
 //! generated from the handlers' annotations ([`openapi`]) and committed as `docs/openapi.json`.
 
 pub mod body;
+mod deadline;
 pub mod limit;
 pub mod problem;
 mod routes;

@@ -31,16 +31,18 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         // A webhook is unauthenticated until verified: its body is read by the handler, only for a
         // provider that takes webhooks, at most 256 KiB, a bounded number at once.
         .routes(routes!(crate::webhook::receive))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            REQUEST_TIMEOUT,
+        .layer(axum::middleware::from_fn(
+            |request: axum::extract::Request, next: axum::middleware::Next| {
+                crate::deadline::within(REQUEST_TIMEOUT, request, next)
+            },
         ));
     OpenApiRouter::new()
         .merge(bounded)
         .routes(routes!(wait))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            MAX_WAIT + REQUEST_TIMEOUT,
+        .layer(axum::middleware::from_fn(
+            |request: axum::extract::Request, next: axum::middleware::Next| {
+                crate::deadline::within(MAX_WAIT + REQUEST_TIMEOUT, request, next)
+            },
         ))
 }
 

@@ -628,6 +628,25 @@ fn inconclusive(op: &OperationRecord, policy: &Policy, class: String, now: DateT
     }
 }
 
+/// A lookup the provider answered "not now": inconclusive, no failure counted, and the next
+/// reconciliation call (a lookup or a resend) waits for the provider's `Retry-After` when that is
+/// longer than the reconcile interval.
+fn not_now(
+    op: &OperationRecord,
+    policy: &Policy,
+    delay: Option<Duration>,
+    reason: String,
+    now: DateTime<Utc>,
+) -> Step {
+    let retry_after = delay.map(|d| policy.retry_after.clamp(d));
+    let mut step = inconclusive(op, policy, format!("retry later: {reason}"), now);
+    if let Some(d) = retry_after.filter(|d| *d > policy.reconcile_interval) {
+        step = step.next_in(d.min(until(op.create_deadline, now)), "retry_after");
+    }
+    step.retry_after = retry_after;
+    step
+}
+
 /// The step for a lookup by client reference (state `reconciliation`).
 pub fn after_lookup(
     op: &OperationRecord,
@@ -658,12 +677,18 @@ pub fn after_lookup(
         return AfterLookup::Write(Plan::write(with_call(step, call, context)));
     }
     if policy.reconcile != ReconcileMethod::Lookup {
+        let looked_up = match outcome {
+            LookupOutcome::Found { job_ids } => Some(job_ids),
+            LookupOutcome::NotFound => Some(Vec::new()),
+            LookupOutcome::Failed { .. } => None,
+            // No cross-checked resend into a provider that said "not now".
+            LookupOutcome::RetryLater { delay, reason } => {
+                let step = not_now(op, policy, delay, reason, now);
+                return AfterLookup::Write(Plan::write(with_call(step, call, context)));
+            }
+        };
         return AfterLookup::Resend {
-            looked_up: match outcome {
-                LookupOutcome::Found { job_ids } => Some(job_ids),
-                LookupOutcome::NotFound => Some(Vec::new()),
-                LookupOutcome::Failed { .. } => None,
-            },
+            looked_up,
             lookup_call: call,
             context,
         };
@@ -691,6 +716,9 @@ pub fn after_lookup(
             "not found by client reference (yet)".into(),
             now,
         )),
+        LookupOutcome::RetryLater { delay, reason } => {
+            Plan::write(not_now(op, policy, delay, reason, now))
+        }
         LookupOutcome::Failed { error_class } => Plan::write(Step {
             counters: Counters {
                 failures: FailureCount::Increment,

@@ -210,9 +210,19 @@ pub enum ResultOutcome {
 /// The result of a lookup by client reference.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LookupOutcome {
-    Found { job_ids: Vec<String> },
+    Found {
+        job_ids: Vec<String>,
+    },
     NotFound,
-    Failed { error_class: String },
+    /// The provider said "not now" (a `429`, or what the contract calls retry-later): nothing was
+    /// looked up, and nothing may be resent until its `Retry-After` has passed.
+    RetryLater {
+        delay: Option<Duration>,
+        reason: String,
+    },
+    Failed {
+        error_class: String,
+    },
 }
 
 /// The verdict on a fetched result.

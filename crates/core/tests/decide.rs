@@ -584,6 +584,53 @@ fn a_create_retry_waits_for_retry_after_or_backs_off_within_the_deadline() {
     assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(2));
 }
 
+/// A lookup answered "not now" looked nothing up: no failure counted, no cross-checked resend
+/// into a provider that asked for a wait, and the next reconciliation call waits its
+/// `Retry-After` when that is longer than the reconcile interval (never past the create deadline).
+#[test]
+fn a_lookup_told_not_now_waits_and_resends_nothing() {
+    let now = t0();
+    let op = record(State::Reconciliation);
+    let not_now = |secs: Option<u64>| LookupOutcome::RetryLater {
+        delay: secs.map(Duration::from_secs),
+        reason: "429".into(),
+    };
+    for method in [ReconcileMethod::Lookup, ReconcileMethod::Resend] {
+        let p = Policy {
+            reconcile: method,
+            ..policy()
+        };
+        for (delay, waits) in [
+            (Some(7), Duration::from_secs(7)),
+            // Shorter than the reconcile interval, or no wait given: the interval.
+            (Some(1), p.reconcile_interval),
+            (None, p.reconcile_interval),
+            // Beyond the create deadline (60 s away): the deadline, where a person decides.
+            (Some(250), Duration::from_secs(60)),
+        ] {
+            let what = format!("{method:?} {delay:?}");
+            let plan = match after_lookup(&op, &p, called(CallKind::Lookup, not_now(delay)), now) {
+                AfterLookup::Write(plan) => plan,
+                AfterLookup::Resend { .. } => panic!("resent after a lookup told not now: {what}"),
+            };
+            assert_eq!(
+                kind(&plan),
+                Some(EventKind::ReconciliationInconclusive),
+                "{what}"
+            );
+            assert_eq!(plan.step.counters.failures, FailureCount::Keep, "{what}");
+            assert_eq!(plan.step.counters.reconcile_attempts, 1, "{what}");
+            assert_eq!(plan.step.next_in.unwrap().0, waits, "{what}");
+            assert_eq!(
+                plan.step.retry_after,
+                delay.map(|d| p.retry_after.clamp(Duration::from_secs(d))),
+                "{what}"
+            );
+            legal(&op, &plan);
+        }
+    }
+}
+
 #[test]
 fn lookups_and_resends_settle_or_stay_inconclusive() {
     let now = t0();
@@ -1470,6 +1517,10 @@ fn every_decision_is_allowed_by_the_table() {
                         },
                         LookupOutcome::Failed {
                             error_class: "x".into(),
+                        },
+                        LookupOutcome::RetryLater {
+                            delay: Some(Duration::from_secs(5)),
+                            reason: "429".into(),
                         },
                     ]
                     .into_iter()

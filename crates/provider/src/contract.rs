@@ -546,6 +546,8 @@ struct RawResult {
     #[serde(default)]
     csv_error_values: Vec<String>,
     #[serde(default)]
+    csv_succeeded_values: Vec<String>,
+    #[serde(default)]
     expected_count: Option<u64>,
     #[serde(default)]
     max_failed_items: Option<u64>,
@@ -828,8 +830,11 @@ pub struct ResultSpec {
     pub item_status: Option<String>,
     pub item_failed_values: Vec<String>,
     pub item_succeeded_values: Vec<String>,
+    /// Each CSV row's status column: the row fails when its value is one of `csv_error_values`,
+    /// or, when `csv_succeeded_values` is set, when it is not one of those.
     pub csv_status_column: Option<String>,
     pub csv_error_values: Vec<String>,
+    pub csv_succeeded_values: Vec<String>,
     pub expected_count: Option<u64>,
     pub max_failed_items: Option<u64>,
 }
@@ -2251,6 +2256,14 @@ impl Validator<'_> {
                     "a lookup naming {client_reference} or {idempotency_key} (what we sent with the create), in its URL or lookup_body",
                 ));
             }
+            // A list is filtered by the provider; one that ignored the filter lists others' jobs,
+            // and a job taken from it would be watched, collected and cancelled as ours.
+            if reconcile.lookup_jobs.is_some() && reconcile.lookup_reference.is_none() {
+                return Err(self.err(
+                    "reconcile.lookup_reference",
+                    "a JSON pointer (where each listed job repeats what we looked it up by) when the lookup answers a list (lookup_jobs)",
+                ));
+            }
         } else if rc.lookup_body.is_some() || rc.lookup_method.is_some() {
             return Err(self.err(
                 "reconcile.lookup_url",
@@ -2744,6 +2757,7 @@ impl Validator<'_> {
             item_succeeded_values: Vec::new(),
             csv_status_column: None,
             csv_error_values: Vec::new(),
+            csv_succeeded_values: Vec::new(),
             expected_count: None,
             max_failed_items: None,
         })
@@ -2972,10 +2986,21 @@ impl Validator<'_> {
                 format!("values not also in item_succeeded_values, got {v:?} in both"),
             ));
         }
-        if !r.csv_error_values.is_empty() && r.csv_status_column.is_none() {
+        let csv_values = !r.csv_error_values.is_empty() || !r.csv_succeeded_values.is_empty();
+        if csv_values && r.csv_status_column.is_none() {
             return Err(self.err(
                 "result.csv_status_column",
-                "a column name when csv_error_values is set",
+                "a column name when csv_error_values or csv_succeeded_values is set",
+            ));
+        }
+        if let Some(v) = r
+            .csv_error_values
+            .iter()
+            .find(|v| r.csv_succeeded_values.contains(v))
+        {
+            return Err(self.err(
+                "result.csv_error_values",
+                format!("values not also in csv_succeeded_values, got {v:?} in both"),
             ));
         }
         Ok(ResultSpec {
@@ -3003,6 +3028,7 @@ impl Validator<'_> {
             item_succeeded_values: r.item_succeeded_values,
             csv_status_column: r.csv_status_column,
             csv_error_values: r.csv_error_values,
+            csv_succeeded_values: r.csv_succeeded_values,
             expected_count: r.expected_count,
             max_failed_items: r.max_failed_items,
         })
@@ -3011,7 +3037,7 @@ impl Validator<'_> {
 
 /// The checks a result's keys ask for inside its bytes (items, CSV rows, counts), each with
 /// whether the contract sets it: refused by name where the format never makes them.
-fn inside_checks(r: &RawResult) -> [(&'static str, bool); 10] {
+fn inside_checks(r: &RawResult) -> [(&'static str, bool); 11] {
     [
         ("result.items", r.items.is_some()),
         ("result.item_error", r.item_error.is_some()),
@@ -3027,6 +3053,10 @@ fn inside_checks(r: &RawResult) -> [(&'static str, bool); 10] {
         ),
         ("result.csv_status_column", r.csv_status_column.is_some()),
         ("result.csv_error_values", !r.csv_error_values.is_empty()),
+        (
+            "result.csv_succeeded_values",
+            !r.csv_succeeded_values.is_empty(),
+        ),
         ("result.expected_count", r.expected_count.is_some()),
         ("result.max_failed_items", r.max_failed_items.is_some()),
     ]

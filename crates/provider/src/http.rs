@@ -1777,6 +1777,13 @@ impl HttpProvider {
             _ if ex.status == Some(404) && self.ruled(CallName::Lookup, &ex).is_none() => {
                 (LookupOutcome::NotFound, "not found".into())
             }
+            Verdict::RetryLater { delay, reason } => (
+                LookupOutcome::RetryLater {
+                    delay,
+                    reason: reason.clone(),
+                },
+                format!("retry later: {reason}"),
+            ),
             Verdict::Success => match serde_json::from_slice::<serde_json::Value>(&ex.body) {
                 Err(_) => failed("malformed_json".into()),
                 Ok(json) => {

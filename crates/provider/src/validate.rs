@@ -344,6 +344,14 @@ fn item_failure(spec: &ResultSpec, item: &serde_json::Value) -> Option<String> {
     Some(cut(why.join("; ")))
 }
 
+/// Whether a CSV row with this status value failed: a listed error value, or, when the contract
+/// lists the succeeded ones, any value it does not list (`Error` where it lists `OK` and `ERROR`).
+fn row_failed(spec: &ResultSpec, value: &str) -> bool {
+    spec.csv_error_values.iter().any(|e| e == value)
+        || (!spec.csv_succeeded_values.is_empty()
+            && !spec.csv_succeeded_values.iter().any(|s| s == value))
+}
+
 fn check_csv(
     spec: &ResultSpec,
     fetched: &FetchedResult,
@@ -385,9 +393,7 @@ fn check_csv(
         };
         total += 1;
         if let Some(col) = status_col
-            && let Some(value) = rec
-                .get(col)
-                .filter(|v| spec.csv_error_values.iter().any(|e| e == v))
+            && let Some(value) = rec.get(col).filter(|v| row_failed(spec, v))
         {
             // The line the row starts on in the provider's file (a quoted field may span lines,
             // so the row's index is not its line).
@@ -722,6 +728,50 @@ csv_error_values = ["ERROR"]"#,
         assert_eq!(s["items"]["total"], 3);
         assert_eq!(s["items"]["failed_refs"], serde_json::json!(["line 5"]));
         assert_eq!(s["items"]["failures"][0]["why"], "status = \"ERROR\"");
+    }
+
+    /// A deny-list passes what it does not name (`Error` where it lists `ERROR`); an allow-list
+    /// fails every row whose value it does not name, an empty one included.
+    #[test]
+    fn a_csv_row_fails_unless_its_status_is_one_the_contract_calls_succeeded() {
+        let body = "id,status\nr1,OK\nr2,Error\nr3,\nr4,ok \nr5,ERROR\n";
+        let denied = spec(
+            r#"format = "csv"
+csv_status_column = "status"
+csv_error_values = ["ERROR"]"#,
+        );
+        assert_eq!(
+            summary(&denied, body)["items"]["failed_refs"],
+            serde_json::json!(["line 6"])
+        );
+        let allowed = spec(
+            r#"format = "csv"
+csv_status_column = "status"
+csv_succeeded_values = ["OK"]"#,
+        );
+        let s = summary(&allowed, body);
+        assert_eq!(s["items"]["total"], 5);
+        assert_eq!(
+            s["items"]["failed_refs"],
+            serde_json::json!(["line 3", "line 4", "line 5", "line 6"])
+        );
+        for (result, key) in [
+            (
+                "format = \"csv\"\ncsv_succeeded_values = [\"OK\"]",
+                "result.csv_status_column",
+            ),
+            (
+                "format = \"csv\"\ncsv_status_column = \"s\"\ncsv_succeeded_values = [\"OK\"]\ncsv_error_values = [\"OK\"]",
+                "result.csv_error_values",
+            ),
+            (
+                "format = \"json\"\ncsv_status_column = \"s\"\ncsv_succeeded_values = [\"OK\"]",
+                "never checks it",
+            ),
+        ] {
+            let err = parsed(result).unwrap_err().to_string();
+            assert!(err.contains(key), "{result}: {err}");
+        }
     }
 
     #[test]

@@ -1321,6 +1321,39 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
     server.abort();
 }
 
+/// A lookup answered `429` with `Retry-After` (a provider that rate-limits its list endpoint) is
+/// "not now" with the provider's wait, never a failure or "none found". Over real HTTP.
+#[tokio::test]
+async fn a_lookup_told_not_now_says_how_long_to_wait() {
+    let app = axum::Router::new().route(
+        "/v1/jobs",
+        axum::routing::get(|| async {
+            (
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "3"), ("content-type", "application/json")],
+                r#"{"error": "slow down"}"#,
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        contract("sim", &format!("http://{addr}"))
+    })
+    .await;
+    let op = h.op(serde_json::json!({})).await;
+    let got = h.provider.lookup(&op, 1.into()).await;
+    assert_eq!(got.call.http_status, Some(429));
+    match got.outcome {
+        LookupOutcome::RetryLater { delay, .. } => {
+            assert_eq!(delay, Some(std::time::Duration::from_secs(3)))
+        }
+        other => panic!("{other:?}"),
+    }
+    server.abort();
+}
+
 /// A lookup by path answers "none" with a 404; but where the contract's rules say what its 404s
 /// mean (a gateway's page, a misrouted call), the rule decides, and an answer it calls ambiguous
 /// is no "none found". Over real HTTP, from a provider on 127.0.0.1 that knows no such path.

@@ -857,6 +857,13 @@ fn call_bodies_and_their_placeholders_are_checked_at_load() {
             "lookup_url = \"/v1/jobs\"",
             "reconcile.lookup_url",
         ),
+        // A list whose jobs are taken without their repeating our reference: a provider that
+        // ignored the filter would hand us another's job.
+        (
+            "lookup_reference = \"/client_reference\"\n",
+            "",
+            "reconcile.lookup_reference",
+        ),
         // Unknown placeholders and {status_url} inside a body.
         (
             "path = \"/v1/jobs/{job_id}/cancel\"",

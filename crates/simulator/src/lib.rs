@@ -1448,7 +1448,10 @@ async fn workflow_lookup(
                 .push(doc.clone());
         }
     }
-    let runs: Vec<serde_json::Value> = ids.iter().map(|id| serde_json::json!({"id": id})).collect();
+    let runs: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| serde_json::json!({"id": id, "request_id": key}))
+        .collect();
     json_response(StatusCode::OK, serde_json::json!({ "runs": runs }))
 }
 
@@ -1608,10 +1611,20 @@ async fn lookup(
         .iter()
         .filter_map(|j| j["job_id"].as_str().map(str::to_owned))
         .collect();
+    let mut throttled = false;
     for id in ids {
         if let Some(j) = g.jobs.get_mut(&id) {
             j.touch("lookup", &headers);
+            throttled |= j.ledger.calls["lookup"] <= j.script.lookup_throttled;
         }
+    }
+    if throttled {
+        let at = g.started.elapsed().as_millis() as u64;
+        g.ledger.throttled_ms.push(at);
+        let mut r = error(StatusCode::TOO_MANY_REQUESTS, "lookups are rate limited");
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+        return r;
     }
     json_response(StatusCode::OK, serde_json::json!({ "jobs": jobs }))
 }

@@ -218,6 +218,9 @@ pub struct Script {
     /// The first this many result calls are answered 429 with `Retry-After: 1` (a provider that
     /// rate-limits downloads).
     pub result_throttled: u32,
+    /// The first this many lookups by client reference that find this job are answered 429 with
+    /// `Retry-After: 1`, nothing listed (a provider that rate-limits its list endpoint).
+    pub lookup_throttled: u32,
     /// Hold every create request this long before deciding what it does (the request is in
     /// flight and the worker holds its lease meanwhile, whatever the answer will be).
     pub create_hold_ms: u64,
@@ -308,6 +311,7 @@ impl Default for Script {
             status_delay_ms: 0,
             result_delay_ms: 0,
             result_throttled: 0,
+            lookup_throttled: 0,
             create_retry_after: None,
             cancel_throttled: 0,
             create_hold_ms: 0,

@@ -660,6 +660,9 @@ async fn create_answered(
 
 async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> {
     let called = ctx.provider.lookup(op, ctx.at(attempt)).await;
+    if let LookupOutcome::RetryLater { delay, .. } = &called.outcome {
+        ctx.throttled(&called.call, *delay).await;
+    }
     // Boxed: it is kept (1.5 KB) across the resend's await below.
     let after = Box::new(decide::after_lookup(
         op,

@@ -343,13 +343,14 @@ async fn lookup(
     if fate == Fate::Refuse {
         return not_now();
     }
+    let reference = q.get("client_reference").map(String::as_str).unwrap_or("");
     let jobs: Vec<serde_json::Value> = {
         let m = s.model.lock().unwrap();
         m.by_reference
-            .get(q.get("client_reference").map(String::as_str).unwrap_or(""))
+            .get(reference)
             .into_iter()
             .flatten()
-            .map(|id| serde_json::json!({"job_id": id}))
+            .map(|id| serde_json::json!({"job_id": id, "client_reference": reference}))
             .collect()
     };
     if fate == Fate::Lose {
@@ -402,6 +403,7 @@ method = "resend"
 lookup_url = "/v1/jobs?client_reference={client_reference}"
 lookup_jobs = "/jobs"
 lookup_job_id = "/job_id"
+lookup_reference = "/client_reference"
 interval_ms = 10
 "#;
 

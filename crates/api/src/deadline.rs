@@ -1,0 +1,91 @@
+//! Every route's time bound, answered as the API's other refusals are: a problem document that says
+//! what ran out and when to come back (`Retry-After`), not the bare 503 a timeout layer writes.
+
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use jobtrail_service::ServiceError;
+
+use crate::Problem;
+
+/// How long a caller whose request ran out of time is asked to wait before it comes back.
+const RETRY_AFTER_SECS: u64 = 5;
+
+/// Run the route, or answer 503 `unavailable` once `limit` has passed. The route's future is
+/// dropped then: a change it had committed stands, one it had not is not made, so the answer says
+/// to look before repeating a change.
+pub(crate) async fn within(limit: Duration, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(answer) => answer,
+        Err(_) => Problem(
+            ServiceError::unavailable(format!(
+                "the request did not finish within {limit:?} and was stopped; a change it had made \
+                 before then stands, so read the operation before repeating a submit, cancel or \
+                 decision (verifying every chain of a large database is `jobtrail-admin audit verify --all`'s to do)",
+            ))
+            .with_detail(serde_json::json!({ "retry_after_secs": RETRY_AFTER_SECS })),
+        )
+        .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A route that outlives its bound is answered over real HTTP with a problem document that
+    /// says so and when to come back; one within it is answered as it answered.
+    #[tokio::test]
+    async fn a_route_past_its_bound_is_answered_with_a_problem_and_when_to_come_back() {
+        let app = axum::Router::new()
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    "too late"
+                }),
+            )
+            .route("/fast", axum::routing::get(|| async { "in time" }))
+            .layer(axum::middleware::from_fn(|request: Request, next: Next| {
+                within(Duration::from_millis(200), request, next)
+            }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let get = |path: &'static str| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(
+                format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut answer = String::new();
+            tokio::time::timeout(Duration::from_secs(10), c.read_to_string(&mut answer))
+                .await
+                .expect("answered within the bound")
+                .unwrap();
+            answer.to_ascii_lowercase()
+        };
+        let started = std::time::Instant::now();
+        let slow = get("/slow").await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(slow.starts_with("http/1.1 503"), "{slow}");
+        assert!(
+            slow.contains("content-type: application/problem+json"),
+            "{slow}"
+        );
+        assert!(slow.contains("retry-after: 5\r\n"), "{slow}");
+        assert!(slow.contains("\"kind\":\"unavailable\""), "{slow}");
+        assert!(slow.contains("did not finish within 200ms"), "{slow}");
+        assert!(slow.contains("\"retry_after_secs\":5"), "{slow}");
+        let fast = get("/fast").await;
+        assert!(
+            fast.starts_with("http/1.1 200") && fast.ends_with("in time"),
+            "{fast}"
+        );
+        server.abort();
+    }
+}
