@@ -2788,3 +2788,57 @@ async fn a_token_the_operator_made_is_taken_from_stdin_and_never_printed() {
     }
     assert_eq!(env.store.tokens().await.unwrap().len(), tokens.len());
 }
+
+/// A wait may last five minutes: one whose token is revoked meanwhile ends refused (401) within
+/// the 30 s the server takes to look at it again, while another caller's wait on the same
+/// operation runs on to its own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_whose_token_is_revoked_meanwhile_ends_refused() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let c = support::http();
+    let agent = env.token("agent-revoked", &["submit", "read"]).await;
+    let operator = env.token("operator-kept", &["read", "decide"]).await;
+    // No worker: the operation stays as submitted, and a wait on it waits.
+    let r = c
+        .post(server.url("/v1/operations"))
+        .bearer_auth(&agent)
+        .json(
+            &json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+            "request": body(json!({"duration_ms": 300}))}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let id = r.json::<Value>().await.unwrap()["operation"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let wait = |token: String| {
+        let (c, url) = (
+            c.clone(),
+            server.url(&format!("/v1/operations/{id}/wait?timeout=90s")),
+        );
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = c.get(url).bearer_auth(token).send().await.unwrap();
+            (r, started.elapsed())
+        })
+    };
+    let revoked = wait(agent.clone());
+    let kept = wait(operator);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = env.store.tokens().await.unwrap();
+    let t = t.iter().find(|t| t.caller == "agent-revoked").unwrap();
+    env.store.revoke_token(t.id, "alice").await.unwrap();
+    let (r, took) = tokio::time::timeout(Duration::from_secs(45), revoked)
+        .await
+        .expect("the revoked token's wait ended within the recheck")
+        .unwrap();
+    let p = problem(r, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    assert!(p["detail"].as_str().unwrap().contains("revoked"), "{p}");
+    assert!(took < Duration::from_secs(40), "{took:?}");
+    assert!(!kept.is_finished(), "the other caller's wait runs on");
+    kept.abort();
+}

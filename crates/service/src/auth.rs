@@ -59,6 +59,19 @@ impl std::str::FromStr for Scope {
 pub struct Principal {
     caller: String,
     scopes: Vec<Scope>,
+    /// The bearer token it was authenticated by (`None`: database credentials), so that a request
+    /// that runs long (a wait) can see the token revoked.
+    token: Option<TokenDigest>,
+}
+
+/// A token's digest, never printed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenDigest(pub [u8; 32]);
+
+impl std::fmt::Debug for TokenDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenDigest(…)")
+    }
 }
 
 impl Principal {
@@ -69,7 +82,18 @@ impl Principal {
         Self {
             caller: caller.into(),
             scopes,
+            token: None,
         }
+    }
+
+    /// The principal as authenticated by the token with this digest.
+    pub fn by_token(mut self, digest: [u8; 32]) -> Self {
+        self.token = Some(TokenDigest(digest));
+        self
+    }
+
+    pub fn token(&self) -> Option<TokenDigest> {
+        self.token
     }
 
     /// Whoever holds database credentials (the CLI and jobtrail-admin with `DATABASE_URL`): every

@@ -439,7 +439,21 @@ impl Service {
             .iter()
             .filter_map(|s| s.parse::<Scope>().ok())
             .collect::<Vec<_>>();
-        Ok(Principal::new(t.caller, scopes))
+        Ok(Principal::new(t.caller, scopes).by_token(digest))
+    }
+
+    /// Refused when the token `p` was authenticated by has been revoked (or has expired) since.
+    async fn still_authenticated(&self, p: &Principal) -> Result<(), ServiceError> {
+        let Some(token) = p.token() else {
+            return Ok(());
+        };
+        match self.store.live_token(&token.0).await? {
+            Some(t) if t.caller == p.caller() => Ok(()),
+            _ => Err(ServiceError::new(
+                Kind::Unauthenticated,
+                "this token was revoked (or expired) while the request ran",
+            )),
+        }
     }
 
     /// Read every live token's digest again, in the background, when the last read is old: those
@@ -822,8 +836,21 @@ impl Service {
             });
         }
         let deadline = tokio::time::Instant::now() + timeout.min(MAX_WAIT);
+        // A wait may last minutes: its token is looked at again as often as the live tokens are
+        // listed, and a wait whose token was revoked ends refused.
+        let mut recheck = tokio::time::interval_at(
+            tokio::time::Instant::now() + auth::LISTED_EVERY,
+            auth::LISTED_EVERY,
+        );
         loop {
-            match tokio::time::timeout_at(deadline, wake.changed()).await {
+            let woke = tokio::select! {
+                woke = tokio::time::timeout_at(deadline, wake.changed()) => woke,
+                _ = recheck.tick() => {
+                    self.still_authenticated(p).await?;
+                    continue;
+                }
+            };
+            match woke {
                 Err(_) => {
                     let op = self.store.get_shown(op.id).await?;
                     return Ok(WaitResponse {
