@@ -567,6 +567,29 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     let r = c.get(server.url("/v1/nothing")).send().await.unwrap();
     let p = problem(r, StatusCode::NOT_FOUND, "not-found").await;
     assert!(p["detail"].as_str().unwrap().contains("no such route"));
+    // A route asked with a method it does not take, and an id that is not UTF-8 once decoded:
+    // problem documents too, never a bare status or plain text.
+    for (path, bounded) in [("/v1/operations", true), ("/v1/operations/x/wait", false)] {
+        let r = c
+            .delete(server.url(path))
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .unwrap();
+        let allow = r.headers()[reqwest::header::ALLOW]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(allow.contains("GET"), "{path} (bounded {bounded}): {allow}");
+        problem(r, StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed").await;
+    }
+    let r = c
+        .get(server.url("/v1/operations/%FF%FE"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
     let served = c.get(server.url("/openapi.json")).send().await.unwrap();
     assert_eq!(served.headers()["content-type"], "application/json");
     let served: Value = served.json().await.unwrap();

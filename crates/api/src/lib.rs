@@ -291,6 +291,12 @@ pub fn router(service: Arc<Service>) -> axum::Router {
                 "no such route (see /openapi.json for the API)",
             )
         })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                Kind::MethodNotAllowed,
+                "this route does not take that method: the Allow header lists those it does (see /openapi.json)",
+            )
+        })
         .with_state(state);
     protected(routes)
 }

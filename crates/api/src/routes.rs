@@ -84,6 +84,15 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     Ok((t, (slot, held)))
 }
 
+/// An operation id from the path, with a problem document (not axum's plain text) when it cannot
+/// be read (percent-encoding that is not UTF-8).
+fn path(
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<String, Problem> {
+    id.map(|Path(id)| id)
+        .map_err(|e| Problem::new(Kind::BadInput, e.body_text()))
+}
+
 /// Query parameters, with a problem document (not axum's plain text) when they do not parse.
 fn query<T: serde::de::DeserializeOwned>(
     q: Result<Query<T>, axum::extract::rejection::QueryRejection>,
@@ -184,9 +193,10 @@ struct GetParams {
 async fn get_operation(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
     q: Result<Query<GetParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<OperationView>, Problem> {
+    let id = path(id)?;
     let q = query(q)?;
     let timeline = Timeline::of(q.timeline, q.timeline_before)?;
     Ok(Json(s.service.get(&p, &id, timeline).await?))
@@ -238,9 +248,10 @@ struct WaitParams {
 async fn wait(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
     q: Result<Query<WaitParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<WaitResponse>, Problem> {
+    let id = path(id)?;
     let q = query(q)?;
     let timeout = match q.timeout.as_deref() {
         None => Duration::from_secs(30),
@@ -279,10 +290,11 @@ async fn wait(
 async fn cancel(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<CancelResponse>), Problem> {
+    let id = path(id)?;
     p.require(Scope::Cancel)?;
     let (b, _turn): (CancelBody, _) =
         json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;
@@ -331,8 +343,9 @@ fn sent_holding(
 async fn result(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, Problem> {
+    let id = path(id)?;
     use base64::Engine;
     let slot = s.service.result_slot(&p)?;
     let r = s.service.result(&p, &id).await?;
@@ -446,10 +459,11 @@ async fn escalations(
 async fn decide(
     State(s): State<AppState>,
     Caller(p): Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<DecideResponse>, Problem> {
+    let id = path(id)?;
     p.require(Scope::Decide)?;
     let (req, _turn): (DecideRequest, _) =
         json_body(&s, &p, &headers, body, crate::body::SMALL_REQUEST_BYTES).await?;

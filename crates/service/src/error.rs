@@ -27,6 +27,8 @@ pub enum Kind {
     TooLarge,
     /// Too many requests from this address or token: slow down (`Retry-After` says how long).
     RateLimited,
+    /// The route does not take this HTTP method (`Allow` lists those it does).
+    MethodNotAllowed,
     /// The caller holds as many open operations as the server lets one caller hold: nothing was
     /// submitted. Wait for some to finish (no `Retry-After`: that depends on the providers).
     TooManyOpen,
@@ -37,7 +39,7 @@ impl Kind {
     pub fn exit_code(self) -> u8 {
         match self {
             Kind::NotSucceeded => 1,
-            Kind::BadInput | Kind::TooLarge => 2,
+            Kind::BadInput | Kind::TooLarge | Kind::MethodNotAllowed => 2,
             Kind::NotFound => 3,
             Kind::Conflict => 4,
             Kind::Unavailable
@@ -56,6 +58,7 @@ impl Kind {
             Kind::Unauthenticated => 401,
             Kind::Forbidden => 403,
             Kind::NotFound => 404,
+            Kind::MethodNotAllowed => 405,
             Kind::Conflict | Kind::NotSucceeded => 409,
             Kind::TooLarge => 413,
             Kind::RateLimited | Kind::TooManyOpen => 429,
@@ -78,6 +81,7 @@ impl Kind {
             Kind::TooLarge => "too-large",
             Kind::RateLimited => "rate-limited",
             Kind::TooManyOpen => "too-many-open",
+            Kind::MethodNotAllowed => "method-not-allowed",
         }
     }
 
@@ -99,11 +103,12 @@ impl Kind {
             Kind::TooLarge => "Request body too large",
             Kind::RateLimited => "Too many requests: slow down",
             Kind::TooManyOpen => "Too many open operations: nothing was submitted",
+            Kind::MethodNotAllowed => "Method not allowed on this route",
         }
     }
 }
 
-pub const ALL: [Kind; 11] = [
+pub const ALL: [Kind; 12] = [
     Kind::BadInput,
     Kind::Unauthenticated,
     Kind::Forbidden,
@@ -115,6 +120,7 @@ pub const ALL: [Kind; 11] = [
     Kind::TooLarge,
     Kind::RateLimited,
     Kind::TooManyOpen,
+    Kind::MethodNotAllowed,
 ];
 
 /// A refused or failed request, with a message for the person or agent who sent it.
