@@ -137,6 +137,42 @@ async fn drill_worker_killed_after_saving_the_job_id_resumes_without_a_second_cr
     );
 }
 
+/// A result whose check outlasts the lease (a large one checked on a busy worker, slowed here to
+/// 24 s: the lease, 2 s, was made to cover the fetch's 20 s wait for room, so it has some 22 s left
+/// when the check starts) keeps its lease while it is checked: the other worker never takes it
+/// over, no holder is counted lost, it is fetched once and collected, never held for a person as
+/// `result_stalled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_a_check_that_outlasts_the_lease_keeps_it() {
+    let env = Env::new().await;
+    // Past 256 KiB, so it is checked on a thread handed over from the runtime.
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 100, "items": 8000}),
+            |_| {},
+        )
+        .await;
+    let slow = [("JOBTRAIL_FAULT", "slow_at:result_checking:24000")];
+    let _a = env.spawn_worker("slow-a", "2s", &slow);
+    let _b = env.spawn_worker("slow-b", "2s", &slow);
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    let job = done.remote_job_id.clone().unwrap();
+    assert_eq!(
+        env.sim.ledger().jobs[&job].calls.get("result").copied(),
+        Some(1),
+        "fetched once: never taken over mid-check"
+    );
+    let history = env.store.history(op.id).await.unwrap();
+    let holders: std::collections::BTreeSet<_> = history
+        .iter()
+        .filter(|h| h.to_state == "result_collecting" || h.to_state == "succeeded")
+        .map(|h| h.actor.clone())
+        .collect();
+    assert_eq!(holders.len(), 1, "one holder collected it: {holders:?}");
+}
+
 /// A result whose collection kills the worker collecting it (one too large for its memory, say)
 /// is not taken up again for ever: a claim counts each holder lost before it, the claim after the
 /// third lost in a row holds the operation for a person without fetching again, and the person's

@@ -287,6 +287,39 @@ impl Ctx<'_> {
     /// Check fetched bytes against the contract and keep them (valid ones as the result, invalid
     /// ones for inspection).
     async fn collected(&self, op: &OperationRecord, fetched: FetchedResult) -> Collected {
+        self.keeping_lease(self.check_and_keep(op, fetched)).await
+    }
+
+    /// Run `work` with the lease kept alive beside it. Measuring and checking a large result takes
+    /// a thread for as long as it takes (and waits for one of the turns first), which can outlast
+    /// the lease: the next worker would take the operation over and count this one as a holder
+    /// lost, and a result whose checks outlast the lease each time would be held for a person as
+    /// `result_stalled` though nothing is wrong with it. The keeper runs on another runtime thread
+    /// and stops at the first extension refused (the lease is lost: the step's fenced write says so).
+    async fn keeping_lease<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        let (store, lease, ttl, within) = (
+            self.store.clone(),
+            self.lease.clone(),
+            self.ttl,
+            self.answer_within,
+        );
+        let every = (ttl / 3).max(Duration::from_millis(100));
+        let keeper = tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                if let Err(e) = answered_within(within, store.extend_lease(&lease, ttl)).await {
+                    tracing::debug!(operation = %lease.operation_id, error = %e, "could not keep the lease while checking a result");
+                    return;
+                }
+            }
+        });
+        let out = work.await;
+        keeper.abort();
+        out
+    }
+
+    async fn check_and_keep(&self, op: &OperationRecord, fetched: FetchedResult) -> Collected {
         // Where a worker dies of a result too large for its memory (the drills kill it here).
         fault::point("result_fetched");
         let size = fetched.bytes.len();
@@ -321,7 +354,12 @@ impl Ctx<'_> {
         } else {
             None
         };
-        let checked = off_runtime(size, || self.provider.check_result(op, &fetched)).await;
+        let checked = off_runtime(size, || {
+            // Where a check runs long (the drills slow it here).
+            fault::point("result_checking");
+            self.provider.check_result(op, &fetched)
+        })
+        .await;
         drop(room);
         let kept = self.keep(op, &fetched).await;
         Collected::from_fetched(&fetched, checked, kept)

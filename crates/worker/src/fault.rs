@@ -1,8 +1,9 @@
 //! Fault points for the drills. `JOBTRAIL_FAULT=kill_after:<point>` makes the worker process kill
 //! itself with SIGKILL at that point, so a test can crash a real worker exactly where the essay says
 //! ("after it saved the job id and before it scheduled the first poll"); `stop_at:<point>` stops it
-//! there with SIGSTOP (once per process), as a long pause would, until the test sends SIGCONT. Unset
-//! in production; reading one environment variable is all it costs.
+//! there with SIGSTOP (once per process), as a long pause would, until the test sends SIGCONT;
+//! `slow_at:<point>:<ms>` blocks the thread there that long each time, as long work on it (a large
+//! result's check) would. Unset in production; reading one environment variable is all it costs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -19,6 +20,15 @@ pub fn point(name: &str) {
         unsafe {
             libc::raise(libc::SIGKILL);
         }
+    }
+    if let Some(ms) = spec
+        .strip_prefix("slow_at:")
+        .and_then(|rest| rest.strip_prefix(name))
+        .and_then(|rest| rest.strip_prefix(':'))
+        .and_then(|ms| ms.parse::<u64>().ok())
+    {
+        tracing::warn!(point = name, ms, "fault injection: blocking the thread");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     if spec.strip_prefix("stop_at:") == Some(name) && !STOPPED.swap(true, Ordering::SeqCst) {
         tracing::warn!(point = name, "fault injection: SIGSTOP");
