@@ -160,23 +160,7 @@ async fn three_workers_keep_a_provider_within_its_call_rate() {
 /// the provider for any operation (the claim skips a paused provider), then polling resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_with_retry_after_pauses_the_whole_fleet() {
-    let mut env = Env::with_contracts(|c| {
-        c.polling.backoff = jobtrail_core::schedule::Backoff {
-            initial: Duration::from_millis(100),
-            factor: 1.0,
-            cap: Duration::from_millis(100),
-            jitter: 0.0,
-        };
-    })
-    .await;
-    let mut ids = Vec::new();
-    for _ in 0..6 {
-        ids.push(
-            env.submit("sim", serde_json::json!({"duration_ms": 4000}), |_| {})
-                .await
-                .id,
-        );
-    }
+    let (mut env, mut ids) = polled_every_100ms("sim").await;
     env.start_worker("pause-a", Duration::from_secs(10));
     env.start_worker("pause-b", Duration::from_secs(10));
     // Let polling settle into its rhythm, then one job says "slow down".
@@ -203,27 +187,7 @@ async fn a_429_with_retry_after_pauses_the_whole_fleet() {
 /// again after the wait (no failure counted), and the job it then finds is followed to success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_on_a_lookup_pauses_the_fleet_and_the_lookup_waits() {
-    let mut env = Env::with_contracts(|c| {
-        c.polling.backoff = jobtrail_core::schedule::Backoff {
-            initial: Duration::from_millis(100),
-            factor: 1.0,
-            cap: Duration::from_millis(100),
-            jitter: 0.0,
-        };
-    })
-    .await;
-    let mut ids = Vec::new();
-    for _ in 0..6 {
-        ids.push(
-            env.submit(
-                "sim-legacy",
-                serde_json::json!({"duration_ms": 4000}),
-                |_| {},
-            )
-            .await
-            .id,
-        );
-    }
+    let (mut env, mut ids) = polled_every_100ms("sim-legacy").await;
     env.start_worker("lookup-pause-a", Duration::from_secs(10));
     env.start_worker("lookup-pause-b", Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -264,6 +228,28 @@ async fn a_429_on_a_lookup_pauses_the_fleet_and_the_lookup_waits() {
         apart >= chrono::Duration::milliseconds(950),
         "the second lookup went {apart} after the one told to wait a second"
     );
+}
+
+/// Six operations of `provider`, each job running 4 s, polled every 100 ms once workers start.
+async fn polled_every_100ms(provider: &str) -> (Env, Vec<jobtrail_core::OperationId>) {
+    let env = Env::with_contracts(|c| {
+        c.polling.backoff = jobtrail_core::schedule::Backoff {
+            initial: Duration::from_millis(100),
+            factor: 1.0,
+            cap: Duration::from_millis(100),
+            jitter: 0.0,
+        };
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(
+            env.submit(provider, serde_json::json!({"duration_ms": 4000}), |_| {})
+                .await
+                .id,
+        );
+    }
+    (env, ids)
 }
 
 /// After the provider's first `429` (with `Retry-After: 1`), nothing reached it for most of that
