@@ -590,6 +590,14 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         .await
         .unwrap();
     problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+    let r = c
+        .post(server.url("/v1/webhooks/%FF%FE"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
     let served = c.get(server.url("/openapi.json")).send().await.unwrap();
     assert_eq!(served.headers()["content-type"], "application/json");
     let served: Value = served.json().await.unwrap();

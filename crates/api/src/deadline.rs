@@ -17,18 +17,30 @@ const RETRY_AFTER_SECS: u64 = 5;
 /// dropped then: a change it had committed stands, one it had not is not made, so the answer says
 /// to look before repeating a change.
 pub(crate) async fn within(limit: Duration, request: Request, next: Next) -> Response {
+    // Named in the log (the path, not the query): a route that runs past its bound is a stuck
+    // query or a database under strain, each worth a line, not a refusal for load.
+    let route = format!("{} {}", request.method(), request.uri().path());
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(answer) => answer,
-        Err(_) => Problem(
-            ServiceError::unavailable(format!(
-                "the request did not finish within {limit:?} and was stopped; a change it had made \
-                 before then stands, so read the operation before repeating a submit, cancel or \
-                 decision (verifying every chain of a large database is `jobtrail-admin audit verify --all`'s to do)",
-            ))
-            .with_detail(serde_json::json!({ "retry_after_secs": RETRY_AFTER_SECS })),
-        )
-        .into_response(),
+        Err(_) => {
+            tracing::warn!(%route, ?limit, "a request ran past its time bound and was stopped");
+            stopped(limit)
+        }
     }
+}
+
+/// The answer to a request stopped at its bound.
+fn stopped(limit: Duration) -> Response {
+    Problem(
+        ServiceError::unavailable(format!(
+            "the request did not finish within {limit:?} and was stopped; a change it had made \
+             before then stands: a submit with the same id is safe to repeat, and read the \
+             operation before repeating a cancel or decision (verifying every chain of a large \
+             database is `jobtrail-admin audit verify --all`'s to do)",
+        ))
+        .with_detail(serde_json::json!({ "retry_after_secs": RETRY_AFTER_SECS })),
+    )
+    .into_response()
 }
 
 #[cfg(test)]

@@ -231,7 +231,7 @@ fn every_route_may_answer(doc: &mut utoipa::openapi::OpenApi) {
         .build();
     let unavailable = ResponseBuilder::new()
         .description(
-            "Unavailable: the database could not be reached, or an internal error. Try again later (a submit with the same `id` is safe to repeat)",
+            "Unavailable: the database could not be reached, an internal error, or the request ran past its time bound (30 s; a wait 5 min 30 s), when `Retry-After` says when to come back and a change it had made stands. Try again later (a submit with the same `id` is safe to repeat)",
         )
         .content(PROBLEM_JSON, problem())
         .build();

@@ -20,8 +20,9 @@ pub struct ProblemDoc {
     pub status: u16,
     /// What happened, for a person or an agent to act on.
     pub detail: String,
-    /// The kind (bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded,
-    /// tampered, unavailable, too-large, rate-limited); the CLI exits with the matching code.
+    /// The kind (bad-input, unauthenticated, forbidden, not-found, method-not-allowed, conflict,
+    /// not-succeeded, tampered, unavailable, too-large, rate-limited, too-many-open); the CLI exits
+    /// with the matching code.
     pub kind: String,
     /// The CLI's exit code for this kind.
     pub exit_code: u8,

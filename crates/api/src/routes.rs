@@ -84,9 +84,9 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     Ok((t, (slot, held)))
 }
 
-/// An operation id from the path, with a problem document (not axum's plain text) when it cannot
-/// be read (percent-encoding that is not UTF-8).
-fn path(
+/// An operation id (or a name) from the path, with a problem document (not axum's plain text)
+/// when it cannot be read (percent-encoding that is not UTF-8).
+pub(crate) fn path(
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<String, Problem> {
     id.map(|Path(id)| id)

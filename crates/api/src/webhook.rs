@@ -262,11 +262,12 @@ fn check_id(s: &str, what: &str) -> Result<(), Problem> {
 )]
 pub(crate) async fn receive(
     State(s): State<AppState>,
-    Path(provider): Path<String>,
+    provider: Result<Path<String>, axum::extract::rejection::PathRejection>,
     sender: Option<Extension<Sender>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<WebhookAck>), Problem> {
+    let provider = crate::routes::path(provider)?;
     let spec = s
         .webhooks
         .service

@@ -295,28 +295,35 @@ impl Ctx<'_> {
     /// the lease: the next worker would take the operation over and count this one as a holder
     /// lost, and a result whose checks outlast the lease each time would be held for a person as
     /// `result_stalled` though nothing is wrong with it. The keeper runs on another runtime thread
-    /// and stops at the first extension refused (the lease is lost: the step's fenced write says so).
+    /// from shortly before the lease would run short (a check done by then costs nothing), and
+    /// each extension reaches past the lease this worker counts on (`expires`), so the database's
+    /// expiry is never earlier than it. It stops when the lease is lost (the step's fenced write
+    /// then says so) and with `work`, however that ends (a panic included).
     async fn keeping_lease<T>(&self, work: impl std::future::Future<Output = T>) -> T {
-        let (store, lease, ttl, within) = (
-            self.store.clone(),
-            self.lease.clone(),
-            self.ttl,
-            self.answer_within,
-        );
+        let (store, lease, within) = (self.store.clone(), self.lease.clone(), self.answer_within);
+        let ttl = self.ttl + LEASE_MARGIN;
         let every = (ttl / 3).max(Duration::from_millis(100));
-        let keeper = tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let first = tokio::time::Instant::from_std(
+            self.expires
+                .checked_sub(LEASE_MARGIN)
+                .unwrap_or(self.expires),
+        );
+        let _keeper = AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(first, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if let Err(e) = answered_within(within, store.extend_lease(&lease, ttl)).await {
-                    tracing::debug!(operation = %lease.operation_id, error = %e, "could not keep the lease while checking a result");
-                    return;
+                match answered_within(within, store.extend_lease(&lease, ttl)).await {
+                    Ok(_) => {}
+                    Err(StoreError::LeaseLost { .. }) => return,
+                    // The database is away for now: try again at the next tick.
+                    Err(e) => {
+                        tracing::warn!(operation = %lease.operation_id, error = %e, "could not extend the lease while checking a result; trying again");
+                    }
                 }
             }
-        });
-        let out = work.await;
-        keeper.abort();
-        out
+        }));
+        work.await
     }
 
     async fn check_and_keep(&self, op: &OperationRecord, fetched: FetchedResult) -> Collected {
@@ -363,6 +370,15 @@ impl Ctx<'_> {
         drop(room);
         let kept = self.keep(op, &fetched).await;
         Collected::from_fetched(&fetched, checked, kept)
+    }
+}
+
+/// A task stopped when its handle is dropped (tokio's own handle lets it run on).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

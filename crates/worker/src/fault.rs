@@ -3,7 +3,7 @@
 //! ("after it saved the job id and before it scheduled the first poll"); `stop_at:<point>` stops it
 //! there with SIGSTOP (once per process), as a long pause would, until the test sends SIGCONT;
 //! `slow_at:<point>:<ms>` blocks the thread there that long each time, as long work on it (a large
-//! result's check) would. Unset in production; reading one environment variable is all it costs.
+//! result's check, which runs on a thread handed over from the runtime from 256 KiB on) would. Unset in production; reading one environment variable is all it costs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
