@@ -1429,6 +1429,22 @@ struct Validator<'a> {
 }
 
 impl Validator<'_> {
+    /// Refused when a value is in both of a result's lists (failed and succeeded): it cannot mean
+    /// both.
+    fn apart(
+        &self,
+        (failed, failed_values): (&str, &[String]),
+        (succeeded, succeeded_values): (&str, &[String]),
+    ) -> Result<(), ContractError> {
+        match failed_values.iter().find(|v| succeeded_values.contains(v)) {
+            Some(v) => Err(self.err(
+                &format!("result.{failed}"),
+                format!("values not also in {succeeded}, got {v:?} in both"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn err(&self, key: &str, expected: impl Into<String>) -> ContractError {
         ContractError::Invalid {
             file: self.file.to_owned(),
@@ -2976,16 +2992,10 @@ impl Validator<'_> {
                 "a JSON pointer to each item's status together with item_failed_values or item_succeeded_values (neither without the other)",
             ));
         }
-        if let Some(v) = r
-            .item_failed_values
-            .iter()
-            .find(|v| r.item_succeeded_values.contains(v))
-        {
-            return Err(self.err(
-                "result.item_failed_values",
-                format!("values not also in item_succeeded_values, got {v:?} in both"),
-            ));
-        }
+        self.apart(
+            ("item_failed_values", &r.item_failed_values),
+            ("item_succeeded_values", &r.item_succeeded_values),
+        )?;
         let csv_values = !r.csv_error_values.is_empty() || !r.csv_succeeded_values.is_empty();
         if csv_values && r.csv_status_column.is_none() {
             return Err(self.err(
@@ -2993,16 +3003,10 @@ impl Validator<'_> {
                 "a column name when csv_error_values or csv_succeeded_values is set",
             ));
         }
-        if let Some(v) = r
-            .csv_error_values
-            .iter()
-            .find(|v| r.csv_succeeded_values.contains(v))
-        {
-            return Err(self.err(
-                "result.csv_error_values",
-                format!("values not also in csv_succeeded_values, got {v:?} in both"),
-            ));
-        }
+        self.apart(
+            ("csv_error_values", &r.csv_error_values),
+            ("csv_succeeded_values", &r.csv_succeeded_values),
+        )?;
         Ok(ResultSpec {
             format_from: None,
             formats: BTreeMap::new(),
