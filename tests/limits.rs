@@ -16,24 +16,40 @@ use support::Env;
 /// hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_provider_does_not_hold_up_a_fast_one() {
+    // Three providers on 16 slots: a reserve of one slot each for the two others.
+    hanging_beside_a_fast_one(&["sim"], 14).await;
+}
+
+/// Two providers hang at once: between them they borrow every slot but the fast one's reserve
+/// (before, each was held back from it on its own, and together they took it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hanging_providers_together_leave_a_fast_one_its_reserve() {
+    hanging_beside_a_fast_one(&["sim", "sim-csv"], 15).await;
+}
+
+/// Thirty operations of each of `slow` whose creates hang, a worker of 16 slots that borrows
+/// `borrowed` slots for them, then twelve operations of `sim-legacy` that must settle meanwhile.
+async fn hanging_beside_a_fast_one(slow: &[&str], borrowed: u32) {
     let env = Env::with_contracts(|c| {
-        if c.name == "sim" {
+        if slow.contains(&c.name.as_str()) {
             c.request_timeout = Duration::from_secs(20);
             c.create_window = Duration::from_secs(120);
         }
     })
     .await;
     let mut hanging = Vec::new();
-    for _ in 0..30 {
-        hanging.push(
-            env.submit(
-                "sim",
-                serde_json::json!({"create": ["slow_accept"], "create_delay_ms": 60000}),
-                |_| {},
-            )
-            .await
-            .id,
-        );
+    for provider in slow {
+        for _ in 0..30 {
+            hanging.push(
+                env.submit(
+                    provider,
+                    serde_json::json!({"create": ["slow_accept"], "create_delay_ms": 60000}),
+                    |_| {},
+                )
+                .await
+                .id,
+            );
+        }
     }
     let mut config = jobtrail_worker::WorkerConfig::named_default();
     config.id = "fair-worker".into();
@@ -52,21 +68,21 @@ async fn a_hanging_provider_does_not_hold_up_a_fast_one() {
         let (w, s) = (worker.clone(), stop.clone());
         tokio::spawn(async move { w.run(s).await })
     };
-    // The hanging provider borrows every slot it may while nothing else is due: 16 less a reserve.
+    // The hanging providers borrow every slot they may while nothing else is due.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let borrowed = loop {
+    let took = loop {
         let n: u32 = env.sim.ledger().create_requests.values().sum();
-        if n >= 14 || Instant::now() > deadline {
+        if n >= borrowed || Instant::now() > deadline {
             break n;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let borrowed_later: u32 = env.sim.ledger().create_requests.values().sum();
+    let took_later: u32 = env.sim.ledger().create_requests.values().sum();
     assert_eq!(
-        (borrowed, borrowed_later),
-        (14, 14),
-        "the hanging provider takes 16 slots less the other providers' reserve"
+        (took, took_later),
+        (borrowed, borrowed),
+        "the hanging providers take 16 slots less the other providers' reserve"
     );
 
     let started = Instant::now();

@@ -294,6 +294,7 @@ async fn claim_latency(store: &Store, rounds: usize) -> Result<(f64, f64), crate
         fair: 32,
         cap: 32,
         fleet_cap: None,
+        reserve: 0,
     };
     let mut ms = Vec::new();
     for _ in 0..rounds {
@@ -301,7 +302,7 @@ async fn claim_latency(store: &Store, rounds: usize) -> Result<(f64, f64), crate
         let claimed = store
             .claim_shares(
                 "bench-claimer",
-                32,
+                (32, 32),
                 Duration::from_secs(60),
                 std::slice::from_ref(&share),
             )

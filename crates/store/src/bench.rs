@@ -46,11 +46,12 @@ impl Store {
             fair: batch as i32,
             cap: batch as i32,
             fleet_cap: None,
+            reserve: 0,
         };
         let claimed = crate::claim_shares_with(
             &mut *tx,
             owner,
-            batch,
+            (batch, batch),
             std::time::Duration::from_secs(60),
             std::slice::from_ref(&share),
         )

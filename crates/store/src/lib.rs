@@ -119,6 +119,9 @@ pub struct ClaimShare {
     /// The most steps of this provider in flight across the fleet (contract
     /// `limits.fleet_max_in_flight`), counted against leases held right now.
     pub fleet_cap: Option<i32>,
+    /// Free slots kept for this provider's next due work (its reserve, less what it drives now):
+    /// no provider's extra rows take them, however many providers borrow at once.
+    pub reserve: i32,
 }
 
 /// How a database's schema compares with the one this binary was built for.
@@ -1173,13 +1176,14 @@ impl Store {
 
     /// The worker's claim: up to `limit` due operations of the providers in `shares` only (a worker
     /// never holds work it cannot do), each provider within its caps, its fair rows first, none of a
-    /// provider the fleet was told to wait for. One short transaction; with a fleet-wide cap, the
+    /// provider the fleet was told to wait for, and the extra rows within the worker's `free` slots
+    /// less every provider's reserve. One short transaction; with a fleet-wide cap, the
     /// capped providers' claims are serialised across the fleet by an advisory lock held only for
     /// that transaction (two claimers counting the same leases would both take the last slots).
     pub async fn claim_shares(
         &self,
         owner: &str,
-        limit: i64,
+        (limit, free): (i64, i64),
         ttl: Duration,
         shares: &[ClaimShare],
     ) -> Result<Vec<Claimed>, StoreError> {
@@ -1199,7 +1203,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        let claimed = claim_shares_with(&mut *tx, owner, limit, ttl, shares).await?;
+        let claimed = claim_shares_with(&mut *tx, owner, (limit, free), ttl, shares).await?;
         tx.commit().await?;
         Ok(claimed)
     }
@@ -2091,7 +2095,7 @@ pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
 pub(crate) async fn claim_shares_with<'c, E: sqlx::PgExecutor<'c>>(
     db: E,
     owner: &str,
-    limit: i64,
+    (limit, free): (i64, i64),
     ttl: Duration,
     shares: &[ClaimShare],
 ) -> Result<Vec<Claimed>, StoreError> {
@@ -2099,6 +2103,7 @@ pub(crate) async fn claim_shares_with<'c, E: sqlx::PgExecutor<'c>>(
     let fair: Vec<i32> = shares.iter().map(|s| s.fair).collect();
     let cap: Vec<i32> = shares.iter().map(|s| s.cap).collect();
     let fleet: Vec<Option<i32>> = shares.iter().map(|s| s.fleet_cap).collect();
+    let reserve: Vec<i32> = shares.iter().map(|s| s.reserve).collect();
     let rows: Vec<ClaimedRow> = sqlx::query_as(include_str!("sql/operation_claim_shares.sql"))
         .bind(owner)
         .bind(limit)
@@ -2107,6 +2112,8 @@ pub(crate) async fn claim_shares_with<'c, E: sqlx::PgExecutor<'c>>(
         .bind(&fair)
         .bind(&cap)
         .bind(&fleet)
+        .bind(&reserve)
+        .bind(free)
         .fetch_all(db)
         .await?;
     rows.into_iter().map(|r| r.claimed(owner)).collect()

@@ -1931,12 +1931,13 @@ async fn claims_read_the_due_index_in_order_whatever_the_statistics() {
         fair: 10,
         cap: 10,
         fleet_cap: None,
+        reserve: 0,
     };
     for _ in 0..10 {
         let claimed = worker
             .claim_shares(
                 "w",
-                10,
+                (10, 10),
                 Duration::from_secs(60),
                 std::slice::from_ref(&share),
             )
@@ -1951,6 +1952,73 @@ async fn claims_read_the_due_index_in_order_whatever_the_statistics() {
         read < 2_000,
         "ten claims of ten read {read} rows of operations and operation_schedule"
     );
+}
+
+/// Two providers borrowing at once leave a third its reserve: their extra rows together stay within
+/// the worker's free slots less what every provider is still owed, and a provider's own fair rows
+/// in the claim count towards its reserve. Before, each borrower was capped on its own, and two of
+/// them took every free slot between them.
+#[tokio::test]
+async fn borrowers_together_leave_every_other_provider_its_reserve() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    for provider in ["sim", "legacy"] {
+        for i in 0..6 {
+            let mut s = submission(&format!("{{\"n\": {i}}}"));
+            s.provider = provider.into();
+            store
+                .submit_new(&s, &providers(), SubmitLimits::default())
+                .await
+                .unwrap();
+        }
+    }
+    let share = |provider: &str, fair: i32, reserve: i32| ClaimShare {
+        provider: provider.into(),
+        fair,
+        cap: 10,
+        fleet_cap: None,
+        reserve,
+    };
+    // (shares, free slots) → rows claimed.
+    let cases = [
+        // Both borrow (no fair rows left), a third with nothing due is owed 2 of the 4 free slots.
+        (
+            vec![
+                share("sim", 0, 0),
+                share("legacy", 0, 0),
+                share("idle", 0, 2),
+            ],
+            4,
+            2,
+        ),
+        // One fair row each, then one extra: 4 free less 2 fair less 1 owed.
+        (
+            vec![
+                share("sim", 1, 0),
+                share("legacy", 1, 0),
+                share("idle", 0, 1),
+            ],
+            4,
+            3,
+        ),
+        // A provider's own fair rows pay its reserve: legacy takes its 2, sim borrows the rest.
+        (vec![share("sim", 0, 0), share("legacy", 2, 2)], 4, 4),
+        // Nothing owed: every free slot may be borrowed.
+        (vec![share("sim", 0, 0), share("legacy", 0, 0)], 4, 4),
+    ];
+    for (i, (shares, free, want)) in cases.into_iter().enumerate() {
+        let claimed = store
+            .claim_shares("w", (free, free), Duration::from_secs(60), &shares)
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), want, "case {i}");
+        for c in claimed {
+            store
+                .release(&c.lease, Duration::ZERO, "test")
+                .await
+                .unwrap();
+        }
+    }
 }
 
 /// A listing reads a bounded number of rows whatever the table holds. Before, a caller with one

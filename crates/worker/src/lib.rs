@@ -438,14 +438,14 @@ impl Worker {
     /// within its share of `free` slots.
     async fn claim(
         &self,
-        limit: i64,
+        (limit, free): (i64, i64),
         shares: &[ClaimShare],
     ) -> Result<(Vec<Claimed>, (Instant, Instant)), StoreError> {
         let sent = Instant::now();
         let claimed = answered_within(
             self.config.db_answer_within,
             self.store
-                .claim_shares(&self.config.id, limit, self.config.lease, shares),
+                .claim_shares(&self.config.id, (limit, free), self.config.lease, shares),
         )
         .await?;
         let answered = Instant::now();
@@ -482,7 +482,8 @@ impl Worker {
         let before = self.stats.snapshot();
         self.seed_throttles().await?;
         let shares = self.shares(self.config.batch as usize);
-        let (claimed, times) = self.claim(self.config.batch, &shares).await?;
+        let batch = self.config.batch;
+        let (claimed, times) = self.claim((batch, batch), &shares).await?;
         self.stats
             .claimed
             .fetch_add(claimed.len() as u64, Ordering::Relaxed);
@@ -640,7 +641,7 @@ impl Worker {
                 // Shares of this claim, not of every free slot: a provider's cap is also how many
                 // rows its scan locks (unchosen ones are released only at commit, each lock a write).
                 let shares = self.shares(want as usize);
-                self.claim(want, &shares)
+                self.claim((want, free as i64), &shares)
                     .await
                     .map(|(c, times)| (c, times, want, shares))
             }

@@ -8,7 +8,9 @@
 //!   work no provider gets more than its share of what is free;
 //! * **borrowing**: a provider may take slots beyond its share while others have nothing due, but
 //!   never the last eighth of a share (at least one slot) of each other provider (a reserve: the next
-//!   due work of a fast provider finds a slot even when a hanging one borrowed everything else);
+//!   due work of a fast provider finds a slot even when a hanging one borrowed everything else). The
+//!   claim query counts the reserves against all providers' extra rows together, so two hanging
+//!   providers borrowing at once cannot take a third's reserve between them;
 //! * **`limits.max_in_flight`**: the contract's own cap per worker, below the above (a cap, never a
 //!   grant: a provider's published "100 at once" on a worker of 64 slots leaves the others their
 //!   reserve);
@@ -49,6 +51,7 @@ pub(crate) fn shares(
                 fair: fair as i32,
                 cap: cap as i32,
                 fleet_cap: limits.fleet_max_in_flight.map(|f| f as i32),
+                reserve: reserve.saturating_sub(now) as i32,
             }
         })
         .collect()
@@ -173,6 +176,23 @@ mod tests {
                 "case {i}"
             );
         }
+    }
+
+    #[test]
+    fn a_reserve_is_what_a_provider_still_lacks_of_it() {
+        let providers: Vec<(String, Limits)> = ["a", "b", "c"]
+            .iter()
+            .map(|p| (p.to_string(), limits(None)))
+            .collect();
+        let in_flight = [("a".to_string(), 30), ("c".to_string(), 1)].into();
+        // 64 slots, three providers: a share of 22, a reserve of 2 each.
+        let reserves: Vec<i32> = shares(64, 33, &in_flight, &providers)
+            .iter()
+            .map(|s| s.reserve)
+            .collect();
+        assert_eq!(reserves, vec![0, 2, 1]);
+        let alone = shares(64, 64, &HashMap::new(), &providers[..1]);
+        assert_eq!(alone[0].reserve, 0, "one provider keeps nothing back");
     }
 
     #[test]
