@@ -810,7 +810,12 @@ impl Store {
         let (now,): (DateTime<Utc>,) = sqlx::query_as(include_str!("sql/db_now.sql"))
             .fetch_one(&mut *tx)
             .await?;
-        let intent = submission.validate(terms, limits, now, draw_entropy()?)?;
+        let intent = match submission.validate(terms, limits, now, draw_entropy()?) {
+            Ok(intent) => intent,
+            Err(refused) => {
+                as_first_submitted(&mut *tx, submission, terms, limits, refused).await?
+            }
+        };
         self.submit_in(tx, &intent, limits.max_open_per_caller)
             .await
     }
@@ -845,11 +850,14 @@ impl Store {
                 }
                 .into())
             })?;
-            intents.push(
-                submission
-                    .validate(terms, limits, now, draw_entropy().map_err(at)?)
-                    .map_err(|e| at(e.into()))?,
-            );
+            let intent = match submission.validate(terms, limits, now, draw_entropy().map_err(at)?)
+            {
+                Ok(intent) => intent,
+                Err(refused) => as_first_submitted(&mut *tx, submission, terms, limits, refused)
+                    .await
+                    .map_err(at)?,
+            };
+            intents.push(intent);
         }
         let mut written = Vec::with_capacity(submissions.len());
         for (i, (submission, intent)) in submissions.iter().zip(&intents).enumerate() {
@@ -2089,6 +2097,37 @@ pub(crate) async fn claim_due_with<'c, E: sqlx::PgExecutor<'c>>(
         .fetch_all(db)
         .await?;
     rows.into_iter().map(|r| r.claimed(owner)).collect()
+}
+
+/// A submission refused only because a deadline it names has passed since it was first sent is a
+/// retry when its id is already the caller's: it is validated again as of the moment that id was
+/// first submitted, so the same request is answered with the operation it started (and a changed
+/// one is refused as changed). Told "nothing was written", an agent would submit again under a new
+/// id and start the paid job twice. Another caller's id, or no id, keeps the refusal as it was:
+/// whether an id exists is never told.
+async fn as_first_submitted<'c, E: sqlx::PgExecutor<'c>>(
+    db: E,
+    submission: &Submission,
+    terms: &ProviderTerms,
+    limits: SubmitLimits,
+    refused: SubmitError,
+) -> Result<Intent, StoreError> {
+    let (SubmitError::DeadlineInPast { .. }, Some(id)) = (&refused, submission.operation_id) else {
+        return Err(refused.into());
+    };
+    let row: Option<OperationRow> = sqlx::query_as(include_str!("sql/operation_get_shown.sql"))
+        .bind(id.as_uuid())
+        .fetch_optional(db)
+        .await?;
+    let Some(first) = row.map(OperationRecord::try_from).transpose()? else {
+        return Err(refused.into());
+    };
+    if first.caller != submission.caller {
+        return Err(refused.into());
+    }
+    submission
+        .validate(terms, limits, first.created_at, draw_entropy()?)
+        .map_err(|_| refused.into())
 }
 
 /// The worker's claim query (see [`Store::claim_shares`]), in `db`'s transaction or its own.

@@ -113,6 +113,79 @@ async fn submitting_the_same_id_and_body_twice_returns_one_record() {
     assert_eq!(count(&db, "operation_history").await, 1);
 }
 
+/// An agent that lost the answer to its submit sends it again, after the deadline it named has
+/// passed: the same request under its own id is answered with the operation it started, not "that
+/// deadline is past, nothing was written" (an agent told that would submit under a new id and start
+/// the paid job twice). A changed request is still refused as changed, and another caller's id or
+/// an unknown one gets the plain refusal: whether an id exists is never told.
+#[tokio::test]
+async fn a_retry_after_its_own_deadline_passed_is_answered_with_the_operation_it_started() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let id: OperationId = "op_01JDDDDDDDDDDDDDDDDDDDDDDD".parse().unwrap();
+    let mut s = submission(r#"{"account":"acct_218"}"#);
+    s.operation_id = Some(id);
+    s.create_deadline = Some(chrono::Utc::now() + chrono::Duration::milliseconds(1500));
+    let first = store
+        .submit_new(&s, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+
+    let again = store
+        .submit_new(&s, &providers(), SubmitLimits::default())
+        .await
+        .unwrap();
+    assert!(first.created && !again.created);
+    assert_eq!(again.operation, first.operation);
+    let batch = store
+        .submit_new_batch(
+            std::slice::from_ref(&s),
+            &providers(),
+            SubmitLimits::default(),
+        )
+        .await
+        .unwrap();
+    assert!(!batch[0].created);
+    assert_eq!(batch[0].operation.id, id);
+
+    let past = |e: StoreError| matches!(e, StoreError::Submit(SubmitError::DeadlineInPast { .. }));
+    let mut changed = s.clone();
+    changed.body = br#"{"account":"acct_219"}"#.to_vec();
+    let e = store
+        .submit_new(&changed, &providers(), SubmitLimits::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::Submit(SubmitError::FingerprintConflict { .. })
+        ),
+        "{e}"
+    );
+    let mut other = s.clone();
+    other.caller = "agent-8".into();
+    let e = store
+        .submit_new(&other, &providers(), SubmitLimits::default())
+        .await
+        .unwrap_err();
+    assert!(past(e));
+    let (_, e) = store
+        .submit_new_batch(&[other], &providers(), SubmitLimits::default())
+        .await
+        .unwrap_err();
+    assert!(past(e));
+    let mut unknown = s.clone();
+    unknown.operation_id = Some("op_01JEEEEEEEEEEEEEEEEEEEEEEE".parse().unwrap());
+    let e = store
+        .submit_new(&unknown, &providers(), SubmitLimits::default())
+        .await
+        .unwrap_err();
+    assert!(past(e));
+    assert_eq!(count(&db, "operations").await, 1);
+    assert_eq!(count(&db, "operation_history").await, 1);
+}
+
 #[tokio::test]
 async fn the_same_id_with_a_changed_body_is_refused_and_nothing_is_written() {
     let db = TestDb::new().await;
