@@ -945,6 +945,10 @@ impl Service {
         let note = match rec.state {
             // Asked again while the first request waits: nothing was written, and saying "noted"
             // would pass this one's reason off as recorded.
+            State::CancelRequested | State::Cancelling if applied.transition.is_none() => format!(
+                "a cancel was already requested by {}: nothing new was recorded (the first request stands); it is under way, and the operation is cancelled only when the provider confirms",
+                rec.cancel_requested_by.as_deref().unwrap_or("someone")
+            ),
             _ if applied.transition.is_none() => format!(
                 "a cancel was already requested by {}: nothing new was recorded (the first request stands); it is acted on as soon as the remote job id is known",
                 rec.cancel_requested_by.as_deref().unwrap_or("someone")

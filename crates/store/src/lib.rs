@@ -1580,7 +1580,9 @@ impl Store {
         let noted_only =
             jobtrail_core::machine::rule_for(state, jobtrail_core::EventKind::CancelRequested)
                 .is_some_and(|r| r.to == jobtrail_core::machine::To::Same);
-        if noted_only && locked.row_cancel_requested() {
+        // A cancel already under way (asked, or sent and awaiting the provider's word): the same.
+        let under_way = matches!(state, State::CancelRequested | State::Cancelling);
+        if under_way || (noted_only && locked.row_cancel_requested()) {
             let at = locked.db_now;
             let record: OperationRecord = locked.row.try_into()?;
             tx.rollback().await?;

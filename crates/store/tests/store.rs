@@ -1413,9 +1413,32 @@ async fn cancel_before_create_withdraws_and_a_cancel_during_create_is_noted() {
     assert!(applied.record.has_pending_cancel());
 
     // Accepted: the request moves it to cancel_requested with a cancel deadline.
-    let moved = store.request_cancel(b.id, req).await.unwrap();
+    let moved = store.request_cancel(b.id, req.clone()).await.unwrap();
     assert_eq!(moved.record.state, State::CancelRequested);
     assert!(moved.record.cancel_deadline.is_some());
+
+    // Asked again while the cancel is under way (asked, then sent): answered, nothing written, the
+    // first request standing. Before, a retried cancel was refused "cannot cancel: it is
+    // cancel_requested".
+    let again = CancelRequest::new("bob", "again").unwrap();
+    let repeat = store.request_cancel(b.id, again.clone()).await.unwrap();
+    assert!(repeat.transition.is_none());
+    assert_eq!(repeat.record.history_seq, moved.record.history_seq);
+    let c = claim_one(&store, "w", Duration::from_secs(30)).await;
+    let sent = store
+        .apply(
+            &c.lease,
+            Step::event(Event::CancelSent {
+                http_status: Some(202),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent.record.state, State::Cancelling);
+    let repeat = store.request_cancel(b.id, again).await.unwrap();
+    assert!(repeat.transition.is_none());
+    assert_eq!(repeat.record.history_seq, sent.record.history_seq);
+    assert_eq!(repeat.record.cancel_requested_by.as_deref(), Some("alice"));
     assert!(store.verify_all().await.unwrap().is_clean());
 }
 
