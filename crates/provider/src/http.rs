@@ -647,6 +647,12 @@ impl HttpProvider {
         let unrepeatable =
             call == CallName::Create && matches!(self.contract.create.token, TokenPlacement::None);
         match ex.status.unwrap_or(0) {
+            // A result is a whole representation: 202 says it is not ready yet, and a 204, a 206
+            // nobody asked for or any other 2xx is not the result (kept, it would pass as valid
+            // with no checksum to say otherwise).
+            200 | 203 if call == CallName::Result => Meaning::Success,
+            202 if call == CallName::Result => Meaning::RetryLater,
+            200..=299 if call == CallName::Result => Meaning::Ambiguous,
             200..=299 => Meaning::Success,
             408 | 503 if unrepeatable => Meaning::Ambiguous,
             408 | 425 | 429 => Meaning::RetryLater,
@@ -1685,6 +1691,21 @@ impl HttpProvider {
                         "failed: the status read for the result says {:?}, not a success",
                         text::truncate(state, MAX_STATE_BYTES)
                     ),
+                )
+            }
+            // We ask for no encoding: bytes sent encoded anyway are not the result the provider
+            // made (its checksum, its CSV rows, its JSON are of the decoded form).
+            Verdict::Success | Verdict::AlreadyExists
+                if ex
+                    .headers
+                    .get(http::header::CONTENT_ENCODING)
+                    .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity")) =>
+            {
+                (
+                    ResultOutcome::Failed {
+                        error_class: "result_encoded".into(),
+                    },
+                    "failed: the result came with a content encoding nobody asked for".into(),
                 )
             }
             Verdict::Success | Verdict::AlreadyExists => {

@@ -364,6 +364,10 @@ fn check_csv(
         .has_headers(true)
         .from_reader(fetched.bytes.as_ref());
     let headers = match reader.headers() {
+        Ok(h) if h.is_empty() => {
+            violations.push("result is not a CSV table: it has no header row".into());
+            return;
+        }
         Ok(h) => h.clone(),
         Err(e) => {
             violations.push(format!("result is not valid CSV: {e}"));
@@ -713,6 +717,27 @@ item_failed_values = ["bad"]"#,
         assert!(r.len() <= REF_BYTES + 3, "{}", r.len());
         assert!(s.to_string().len() < 4096);
         assert!(s["items"].get("failed_refs_omitted").is_none());
+    }
+
+    /// An empty body is no CSV table (no header row), whatever else the contract asks of one; a
+    /// header row with no data rows is a table of none.
+    #[test]
+    fn an_empty_csv_result_is_no_table() {
+        let spec = spec(r#"format = "csv""#);
+        let fetched = |body: &'static [u8]| FetchedResult {
+            bytes: bytes::Bytes::from_static(body),
+            content_type: None,
+            checksum: None,
+        };
+        for body in [&b""[..], b"\n"] {
+            let Checked::Invalid { violations } =
+                check(&spec, &fetched(body), &ResultHints::default())
+            else {
+                panic!("{body:?} passed");
+            };
+            assert!(violations[0].contains("no header row"), "{violations:?}");
+        }
+        assert_eq!(summary(&spec, "id,status\n")["items"]["total"], 0);
     }
 
     #[test]

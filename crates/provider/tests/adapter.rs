@@ -1522,6 +1522,90 @@ async fn a_result_answer_a_rule_turns_away_is_never_quoted_with_a_credential_in_
     server.abort();
 }
 
+/// A result is a whole representation, sent as it was made. A result URL that answers 202 (not
+/// ready yet) is asked again after its `Retry-After`; a 204, a 206 nobody asked for or another 2xx
+/// is no result; bytes sent with a content encoding nobody asked for are not the result either.
+/// Kept, each would pass as valid wherever no checksum says otherwise. Over real HTTP from a
+/// provider on 127.0.0.1.
+#[tokio::test]
+async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
+    use jobtrail_provider::contract::ResultFrom;
+    type Answer = (u16, Vec<(&'static str, &'static str)>, &'static str);
+    let answer: std::sync::Arc<std::sync::Mutex<Answer>> =
+        std::sync::Arc::new(std::sync::Mutex::new((200, vec![], "")));
+    let app = axum::Router::new().route(
+        "/v1/jobs/{id}",
+        axum::routing::get({
+            let answer = answer.clone();
+            move || {
+                let (status, headers, body) = answer.lock().unwrap().clone();
+                async move {
+                    let mut r = axum::response::Response::new(axum::body::Body::from(body));
+                    *r.status_mut() = axum::http::StatusCode::from_u16(status).unwrap();
+                    for (k, v) in headers {
+                        r.headers_mut().insert(k, v.parse().unwrap());
+                    }
+                    r
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.result.as_mut().unwrap().from = ResultFrom::Resource;
+        c
+    })
+    .await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.remote_job_id = Some("job_1".into());
+    op.state = jobtrail_core::State::ResultCollecting;
+    let whole = r#"{"state": "succeeded", "items": []}"#;
+    let json = ("content-type", "application/json");
+    for (status, headers, body, want) in [
+        (200, vec![json], whole, "fetched"),
+        (203, vec![json], whole, "fetched"),
+        (
+            200,
+            vec![json, ("content-encoding", "identity")],
+            whole,
+            "fetched",
+        ),
+        (202, vec![json, ("retry-after", "7")], "", "retry after 7 s"),
+        (204, vec![], "", "failed: http_204"),
+        (
+            206,
+            vec![json, ("content-range", "bytes 0-9/36")],
+            &whole[..10],
+            "failed: http_206",
+        ),
+        (
+            200,
+            vec![json, ("content-encoding", "gzip")],
+            whole,
+            "failed: result_encoded",
+        ),
+    ] {
+        *answer.lock().unwrap() = (status, headers, body);
+        let r = h.provider.fetch_result(&op, 1.into()).await;
+        let got = match &r.outcome {
+            ResultOutcome::Fetched(f) => {
+                assert_eq!(f.bytes, whole.as_bytes(), "{status}");
+                "fetched".to_owned()
+            }
+            ResultOutcome::RetryLater { delay, .. } => {
+                format!("retry after {} s", delay.unwrap_or_default().as_secs())
+            }
+            ResultOutcome::Failed { error_class } => format!("failed: {error_class}"),
+            other => format!("{other:?}"),
+        };
+        assert_eq!(got, want, "{status}");
+    }
+    server.abort();
+}
+
 /// A result read from the status document (or the resource) is that document read again: if it
 /// no longer says the job succeeded (a provider gone back to "running", or a stale replica that
 /// says "failed"), it is no result, and is read again within the failure budget; never kept as
