@@ -988,6 +988,7 @@ impl HttpProvider {
                 extra,
             )
             .await;
+        let json = self.create_answer(&ex);
         // Where the result will be, when the create's answer says (Azure's final-state-via:
         // location): kept with the operation until the job has succeeded.
         let hints = self
@@ -996,10 +997,7 @@ impl HttpProvider {
             .result_url
             .as_ref()
             .filter(|_| ex.error.is_none() && ex.status.is_some_and(|s| (200..300).contains(&s)))
-            .and_then(|l| {
-                let json = serde_json::from_slice::<serde_json::Value>(&ex.body).ok();
-                self.locate(l, &ex, json.as_ref())
-            })
+            .and_then(|l| self.locate(l, &ex, json.as_ref()))
             .filter(|u| followable(u) && text::usable(u, MAX_LOCATOR_BYTES))
             .map(|u| ResultHints {
                 result_url: Some(resolved(&ex, u)),
@@ -1040,23 +1038,48 @@ impl HttpProvider {
                 format!("ambiguous: {class}"),
             ),
             v @ (Verdict::Success | Verdict::AlreadyExists) => {
-                self.accepted(&ex, v == Verdict::AlreadyExists)
+                self.accepted(&ex, json.as_ref(), v == Verdict::AlreadyExists)
             }
         };
+        drop(json);
         Self::finish(ex, outcome, d, ctx)
     }
 
+    /// A create's answer as JSON, for what the contract reads in it. One larger than the answers'
+    /// own limit (a synchronous result, read to the result's limit) is read for those values only:
+    /// parsed whole, a few megabytes of small values would take some thirty times their size, on
+    /// every create in flight, outside any bound on results (whose own parse is bounded later).
+    fn create_answer(&self, ex: &Exchange) -> Option<serde_json::Value> {
+        if ex.body.len() as u64 <= self.contract.max_response_bytes {
+            return serde_json::from_slice(&ex.body).ok();
+        }
+        let create = &self.contract.create;
+        let pointers = [&create.job_id, &create.initial_state, &create.result_url]
+            .into_iter()
+            .flatten()
+            .chain(&self.contract.status.follow)
+            .filter_map(|l| match l {
+                Locator::Body(p) => Some(p.as_str()),
+                Locator::Header(_) => None,
+            });
+        wire::sparse(&ex.body, pointers)
+    }
+
     /// A successful create: the job it names, or the result it carries synchronously.
-    fn accepted(&self, ex: &Exchange, duplicate: bool) -> (CreateOutcome, String) {
+    fn accepted(
+        &self,
+        ex: &Exchange,
+        json: Option<&serde_json::Value>,
+        duplicate: bool,
+    ) -> (CreateOutcome, String) {
         let spec = &self.contract.create;
-        let json: Option<serde_json::Value> = serde_json::from_slice(&ex.body).ok();
         // Without a job id in the contract, the job is known by the status URL the answer names.
         let job_id = match &spec.job_id {
             // A job named by a URL (OGC's `Location`) is recorded as a status URL is: a
             // capability's token in its query (`?access_token=…`) or credentials in it are
             // blanked. The id addresses nothing (a `{job_id}` is filled percent-encoded): the
             // status URL, kept apart, does.
-            Some(l) => self.locate(l, ex, json.as_ref()).map(|id| {
+            Some(l) => self.locate(l, ex, json).map(|id| {
                 if names_a_url(&id) {
                     job_id_of_url(&id)
                 } else {
@@ -1066,14 +1089,12 @@ impl HttpProvider {
             // Sanitised: a query may carry a key (`?code=…`), and the id is on the record for
             // auditors; the full URL is kept only as the status URL. Other query values stay (a
             // provider may name the job there: `?id=A` and `?id=B` are two jobs).
-            None => self
-                .status_url_given(ex, json.as_ref())
-                .map(|u| job_id_of_url(&u)),
+            None => self.status_url_given(ex, json).map(|u| job_id_of_url(&u)),
         };
         let remote_state = spec
             .initial_state
             .as_ref()
-            .and_then(|l| self.locate(l, ex, json.as_ref()))
+            .and_then(|l| self.locate(l, ex, json))
             .map(|s| text::truncate(text::storable(s), MAX_STATE_BYTES));
         if let Some(Err(why)) = job_id
             .as_deref()
@@ -1113,7 +1134,7 @@ impl HttpProvider {
         }
         match job_id {
             Some(job_id) => {
-                let status_url = self.status_url_in(ex, json.as_ref());
+                let status_url = self.status_url_in(ex, json);
                 let d = format!(
                     "{} {job_id}",
                     if duplicate {

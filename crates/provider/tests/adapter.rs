@@ -1782,6 +1782,48 @@ async fn a_flood_of_small_values_or_a_key_from_a_store_costs_and_leaks_nothing()
     store_server.abort();
 }
 
+/// A create answered with up to the result's limit (the contract takes synchronous results) that is
+/// a job still to follow, padded with a flood of small values, is read for what a create's answer
+/// says only (the job id, its state): parsed whole, it took some thirty times its size, on every
+/// create in flight and outside any bound on results (the wire lets an answer that may be a result
+/// take up to sixteen times the result's limit parsed). Over real HTTP from a provider on 127.0.0.1.
+#[tokio::test]
+async fn a_large_create_answer_is_read_for_what_it_says_only() {
+    let pad = format!("[{}0]", "0,".repeat(150_000));
+    let body = format!(r#"{{"job_id": "job_big", "state": "queued", "pad": {pad}}}"#);
+    assert!(
+        body.len() > 256 << 10 && body.len() < 1 << 20,
+        "{}",
+        body.len()
+    );
+    let app = axum::Router::new().route(
+        "/v1/jobs",
+        axum::routing::post(move || async move { ([("content-type", "application/json")], body) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        contract("sim", &format!("http://{addr}"))
+    })
+    .await;
+    let op = h.op(serde_json::json!({})).await;
+    let (c, peak) = heap::peak_of(h.provider.create(&op, 1.into())).await;
+    match c.outcome {
+        CreateOutcome::Accepted {
+            job_id,
+            remote_state,
+            ..
+        } => {
+            assert_eq!(job_id, "job_big");
+            assert_eq!(remote_state.as_deref(), Some("queued"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(peak < 3 << 20, "the create took {} KiB", peak >> 10);
+    server.abort();
+}
+
 /// A large result costs about its own size in memory, not three or four times it. A result of
 /// 32 MiB that is not UTF-8 (any binary result; here every byte 0xFF) was copied whole as text to
 /// check the contract's rules against it and to quote its first 200 characters (three bytes for
