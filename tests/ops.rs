@@ -434,7 +434,14 @@ async fn postgres_over_tls_require_and_verify_full_work_and_a_wrong_authority_is
         String::from_utf8_lossy(&out.stderr)
     );
     let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(said, serde_json::json!({"migrated": true}));
+    assert_eq!(said["migrated"], true);
+    assert!(
+        said["database"]
+            .as_str()
+            .unwrap()
+            .starts_with("database \""),
+        "{said}"
+    );
     let out = run(verified.clone(), &["list", "--json"]);
     assert!(
         out.status.success(),

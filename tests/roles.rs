@@ -548,6 +548,52 @@ async fn commands_refuse_a_schema_behind_or_ahead_and_never_migrate() {
     admin_sql(&env, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
 }
 
+/// `migrate` pointed at another application's database (DATABASE_URL naming the wrong one, after
+/// every other command said "run jobtrail migrate") refuses, exit 2, with nothing created: from
+/// either binary. Told so, it migrates beside those tables, and says where it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_database_that_holds_another_applications_tables() {
+    use sqlx::Connection;
+    let env = Env::new().await;
+    let (other, name) = empty_database(&env).await;
+    let mut c = sqlx::PgConnection::connect(&other).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE customers (id int PRIMARY KEY)")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let ours = async |c: &mut sqlx::PgConnection| -> bool {
+        sqlx::query_scalar("SELECT to_regclass('public.operations') IS NOT NULL")
+            .fetch_one(c)
+            .await
+            .unwrap()
+    };
+    for out in [
+        jobtrail(&other, &["migrate"], None),
+        admin(&other, &["migrate"]),
+    ] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("another application's tables")
+                && err.contains(&name)
+                && err.contains("--beside-other-tables"),
+            "{err}"
+        );
+        assert!(!ours(&mut c).await, "nothing was migrated");
+    }
+    let out = jobtrail(&other, &["migrate", "--beside-other-tables"], None);
+    allowed(&out, "migrate beside other tables");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&name),
+        "it says where"
+    );
+    assert!(ours(&mut c).await);
+    // Once jobtrail's schema is there, migrating again needs no flag.
+    allowed(&admin(&other, &["migrate"]), "migrate again");
+    drop(c);
+    admin_sql(&env, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
+}
+
 /// `jobtrail serve` runs as the `jobtrail_api` role, with an operator login only for decisions and
 /// audit: an agent submits, waits and fetches its result over HTTP, a verified webhook is recorded
 /// and schedules a read, a person decides; and neither role can mint or widen a token with SQL.

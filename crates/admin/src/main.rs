@@ -199,8 +199,9 @@ enum Command {
     )]
     Stats,
     /// Apply database migrations and exit (as the owner role; every other command only checks the
-    /// schema version).
-    Migrate,
+    /// schema version). Refuses a database that holds another application's tables and no jobtrail
+    /// schema (exit 2) unless --beside-other-tables.
+    Migrate(shell::MigrateArgs),
 }
 
 #[derive(Subcommand)]
@@ -354,13 +355,9 @@ fn preflight(command: &Command) -> Result<(), shell::Failure> {
 
 async fn run(cli: Cli) -> CmdResult {
     let json = cli.common.json;
-    if let Command::Migrate = cli.command {
-        shell::store_migrated(&cli.common).await?;
-        if json {
-            println!("{}", serde_json::json!({ "migrated": true }));
-        } else {
-            println!("migrations applied");
-        }
+    if let Command::Migrate(args) = &cli.command {
+        let store = shell::store_migrated(&cli.common, args.beside_other_tables).await?;
+        shell::print_migrated(&store, json);
         return Ok(ExitCode::SUCCESS);
     }
     preflight(&cli.command)?;
@@ -371,7 +368,7 @@ async fn run(cli: Cli) -> CmdResult {
     };
     let store = shell::store(&cli.common).await?;
     match cli.command {
-        Command::Migrate => unreachable!("handled above"),
+        Command::Migrate(_) => unreachable!("handled above"),
         Command::Escalations {
             state,
             provider,

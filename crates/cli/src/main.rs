@@ -174,8 +174,9 @@ enum Command {
     /// Apply database migrations and exit: the command meant for a shared database (dev-db, demo
     /// and bench migrate the database they run on). Run it as the owner role, once per release (a
     /// Kubernetes Job); every other command checks the schema version at start and refuses (exit 5)
-    /// when it is behind or ahead.
-    Migrate,
+    /// when it is behind or ahead. Refuses a database that holds another application's tables and
+    /// no jobtrail schema (exit 2) unless --beside-other-tables.
+    Migrate(jobtrail_console::shell::MigrateArgs),
 }
 
 // Workers allocate and free many small buffers per step (requests, rows, JSON); glibc's allocator
@@ -272,13 +273,9 @@ async fn run(cli: Cli) -> CmdResult {
     match cli.command {
         Command::Demo(args) => demo::run(args, json, cli.common.database_url.as_deref()).await,
         Command::Bench(args) => bench::run(args, cli.common.database_url.as_deref()).await,
-        Command::Migrate => {
-            common::store_migrated(&cli.common).await?;
-            if json {
-                println!("{}", serde_json::json!({ "migrated": true }));
-            } else {
-                println!("migrations applied");
-            }
+        Command::Migrate(args) => {
+            let store = common::store_migrated(&cli.common, args.beside_other_tables).await?;
+            jobtrail_console::shell::print_migrated(&store, json);
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit(args) => {
@@ -351,7 +348,8 @@ async fn run(cli: Cli) -> CmdResult {
                 .map_err(|e| common::fail(exit::UNAVAILABLE, e))?;
             let mut local = cli.common.clone();
             local.database_url = Some(url.clone());
-            common::store_migrated(&local).await?;
+            // The private cluster is jobtrail's own: nothing of another application's to guard.
+            common::store_migrated(&local, true).await?;
             if json {
                 println!("{}", serde_json::json!({ "database_url": url }));
             } else {

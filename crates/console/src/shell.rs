@@ -206,9 +206,49 @@ pub async fn store_at(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
     Ok(store)
 }
 
-/// Connect and apply every pending migration (`jobtrail migrate`, as the owner role).
-pub async fn store_migrated(common: &Common) -> Result<Store, Failure> {
+/// `migrate`'s flags (the same in both binaries).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct MigrateArgs {
+    /// Migrate a database that holds another application's tables and no jobtrail schema yet
+    /// (refused without it: the usual cause is DATABASE_URL naming the wrong database).
+    #[arg(long)]
+    pub beside_other_tables: bool,
+}
+
+/// Say what `migrate` did, and where (never the password).
+pub fn print_migrated(store: &Store, json: bool) {
+    let database = store.database_shown();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "migrated": true, "database": database })
+        );
+    } else {
+        println!("migrations applied: jobtrail's schema is current in {database}");
+    }
+}
+
+/// Connect and apply every pending migration (`jobtrail migrate`, as the owner role). A database
+/// with another application's tables and no jobtrail schema is refused unless `beside_other_tables`:
+/// pointed at the wrong database, a tired operator would add jobtrail's schema and its roles beside
+/// another application's tables (its other commands all say "run migrate" to a database with no
+/// jobtrail schema, and migrations are never undone).
+pub async fn store_migrated(common: &Common, beside_other_tables: bool) -> Result<Store, Failure> {
     let store = connect(common.database_url.as_deref(), common.db_pool).await?;
+    let other = store.holds_other_tables().await.map_err(|e| Failure {
+        code: exit::UNAVAILABLE,
+        error: anyhow::Error::new(e.met_after_connecting())
+            .context("looking at the database before migrating"),
+    })?;
+    if other && !beside_other_tables {
+        return Err(fail(
+            exit::BAD_INPUT,
+            format!(
+                "{} holds another application's tables and no jobtrail schema: nothing was migrated. Check DATABASE_URL names the database meant for jobtrail (an empty one: createdb); to add jobtrail's schema beside those tables all the same, run migrate again with --beside-other-tables",
+                store.database_shown()
+            ),
+        ));
+    }
     store
         .migrate()
         .await
