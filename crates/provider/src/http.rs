@@ -1907,6 +1907,14 @@ fn listed_jobs(
         if let Some(p) = &rc.lookup_reference {
             let theirs = item.pointer(p).and_then(id_text);
             if !theirs.is_some_and(|t| ours.contains(&t)) {
+                // One job answered (no list) is the job found: one that is not ours, or says
+                // nothing (`{}` from a broken gateway), is no answer. Only a readable list, or a
+                // 404, says none was found.
+                if rc.lookup_jobs.is_none() {
+                    return Err(format!(
+                        "malformed_lookup: the job answered does not carry our reference at {p}"
+                    ));
+                }
                 continue;
             }
         }

@@ -1319,6 +1319,43 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
         }
     }
     server.abort();
+
+    // A lookup that answers one job (no list): that job, when it is ours; anything else (another's,
+    // an empty object from a broken gateway, `null`) is no answer, never "none found".
+    let (addr, answer, server) = stub_provider("/v1/jobs").await;
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        c.reconcile.lookup_jobs = None;
+        c.reconcile.lookup_reference = Some("/client_reference".into());
+        c
+    })
+    .await;
+    let op = h.op(serde_json::json!({})).await;
+    let ours = op.id.to_string();
+    for (body, expected) in [
+        (
+            serde_json::json!({"job_id": "j-1", "client_reference": ours}),
+            Some(found(&["j-1"])),
+        ),
+        (
+            serde_json::json!({"job_id": "j-theirs", "client_reference": "op_someone_else"}),
+            None,
+        ),
+        (serde_json::json!({}), None),
+        (serde_json::json!(null), None),
+        (serde_json::json!([]), None),
+    ] {
+        *answer.lock().unwrap() = body.to_string();
+        let got = h.provider.lookup(&op, 1.into()).await.outcome;
+        match expected {
+            Some(e) => assert_eq!(got, e, "{body}"),
+            None => assert!(
+                matches!(&got, LookupOutcome::Failed { error_class } if error_class.starts_with("malformed_lookup")),
+                "{body}: {got:?}"
+            ),
+        }
+    }
+    server.abort();
 }
 
 /// A lookup answered `429` with `Retry-After` (a provider that rate-limits its list endpoint) is
