@@ -371,8 +371,10 @@ impl Partial {
                 uuid::Uuid::now_v7().simple()
             ))
         } else {
+            // Beside the file named (its name is taken by a hard link, on the same file system),
+            // unique per run for the same reason.
             let mut tmp = out.as_os_str().to_owned();
-            tmp.push(".partial");
+            tmp.push(format!(".{}.partial", uuid::Uuid::now_v7().simple()));
             PathBuf::from(tmp)
         };
         let file = std::fs::OpenOptions::new()

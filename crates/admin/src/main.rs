@@ -137,9 +137,11 @@ enum Command {
         #[command(flatten)]
         decided: Decided,
     },
-    /// Stop tracking the operation (everything recorded is kept).
+    /// Stop tracking the operation (everything recorded is kept). No cancel is sent: the remote
+    /// job, if any, is not assumed stopped and may go on running and billing; to stop it, use
+    /// `cancel --seen` instead.
     #[command(
-        after_help = "Example:\n  jobtrail-admin abandon op_01KB… --seen result_timed_out@12 --actor alice --reason \"customer withdrew the request\""
+        after_help = "Example:\n  jobtrail-admin abandon op_01KB… --seen result_timed_out@12 --actor alice --reason \"the provider lost the job: support ticket 4411 says it never ran\""
     )]
     Abandon {
         operation: String,

@@ -13,7 +13,7 @@ pub enum TokensCmd {
     /// Or make the token yourself and hand it over on stdin (--token-stdin): then nothing secret is
     /// printed, for a one-off pod whose output the cluster's log pipeline keeps.
     #[command(
-        after_help = "Examples:\n  jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel --created-by alice\n  jobtrail-admin tokens create --caller alice --scopes read,decide --expires +30d --created-by alice\n  echo \"jtk_$(openssl rand -hex 32)\" | tee agent-7.token | jobtrail-admin tokens create --token-stdin --caller agent-7 --scopes submit,read --created-by alice\n\nScopes: submit, read, cancel (own operations); decide (operator: every operation, decisions,\napproval); audit (every operation, verify)."
+        after_help = "Examples:\n  jobtrail-admin tokens create --caller agent-7 --scopes submit,read,cancel --created-by alice\n  jobtrail-admin tokens create --caller alice --scopes read,decide --expires +30d --created-by alice\n  echo \"jtk_$(openssl rand -hex 32)\" | tee agent-7.token | jobtrail-admin tokens create --token-stdin --caller agent-7 --scopes submit,read --created-by alice\n\nScopes: submit, read, cancel (own operations); decide (operator: the escalation queue,\ndecisions, approval; with read, see every operation); audit (auditor: verify the evidence; with\nread, see every operation, not another caller's result bytes)."
     )]
     Create {
         /// The caller recorded for everything done with this token.

@@ -2316,8 +2316,13 @@ async fn an_anchor_that_cannot_be_kept_or_named_is_not_recorded() {
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "keep me");
     assert_eq!(anchors().await, 0);
     std::fs::remove_file(&kept).unwrap();
+    // A run killed mid-way (Ctrl-C) left its partial file behind: it does not block the next.
+    let mut stale = kept.as_os_str().to_owned();
+    stale.push(".partial");
+    std::fs::write(&stale, "half").unwrap();
     let out = admin(&db, &["audit", "anchor", "--out", kept.to_str().unwrap()]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(&stale).unwrap();
     assert!(
         std::fs::read_to_string(&kept)
             .unwrap()
