@@ -84,6 +84,23 @@ async fn hanging_beside_a_fast_one(slow: &[&str], borrowed: u32) {
         (borrowed, borrowed),
         "the hanging providers take 16 slots less the other providers' reserve"
     );
+    // Held back by the reserve, the worker waits for a slot to free up (or for new work): it does
+    // not claim again and again what it may not take. (Counted by the test database's commits;
+    // the statistics reach them within a second or so, hence the long window.)
+    let commits = async || -> i64 {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&env.url).await.unwrap();
+        sqlx::query_scalar(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+    };
+    let before = commits().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = commits().await - before;
+    assert!(idle < 20, "{idle} commits in 3 s with nothing it may take");
 
     let started = Instant::now();
     let mut fast = Vec::new();

@@ -557,6 +557,25 @@ async fn migrate_refuses_a_database_that_holds_another_applications_tables() {
     let env = Env::new().await;
     let (other, name) = empty_database(&env).await;
     let mut c = sqlx::PgConnection::connect(&other).await.unwrap();
+    // What a first migrate killed before its first migration committed leaves is jobtrail's, not
+    // another application's: a retried Job is not refused for it.
+    let (bare, bare_name) = empty_database(&env).await;
+    let mut b = sqlx::PgConnection::connect(&bare).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE jobtrail_migration_lock (note text); \
+         CREATE TABLE _sqlx_migrations (version bigint PRIMARY KEY, description text NOT NULL, \
+         installed_on timestamptz NOT NULL DEFAULT now(), success boolean NOT NULL, \
+         checksum bytea NOT NULL, execution_time bigint NOT NULL)",
+    )
+    .execute(&mut b)
+    .await
+    .unwrap();
+    drop(b);
+    allowed(
+        &jobtrail(&bare, &["migrate"], None),
+        "a retried first migrate",
+    );
+    admin_sql(&env, &format!("DROP DATABASE {bare_name} WITH (FORCE)")).await;
     sqlx::raw_sql("CREATE TABLE customers (id int PRIMARY KEY)")
         .execute(&mut c)
         .await

@@ -283,7 +283,7 @@ pub async fn anchor(
         }
         None => None,
     };
-    // The file is started (beside where it goes, as `<out>.partial`) before the anchor is recorded:
+    // The file is started (beside where it goes, as `<out>.<run>.partial`) before the anchor is recorded:
     // a directory that is not there, or not writable, records nothing. It takes its name only
     // once it is whole, and never over an existing file.
     let partial = match &out {
@@ -340,7 +340,7 @@ pub async fn anchor(
     Ok(ExitCode::SUCCESS)
 }
 
-/// An anchor file being written: `<out>.partial` (or, for a directory, a partial file in it),
+/// An anchor file being written: `<out>.<run>.partial` (or, for a directory, a partial file in it),
 /// removed unless it takes its name.
 struct Partial {
     /// The file named, or the directory the anchor's own file name goes into.

@@ -211,7 +211,7 @@ pub async fn store_at(url: Option<&str>, pool: u32) -> Result<Store, Failure> {
 pub struct MigrateArgs {
     /// Migrate a database that holds another application's tables and no jobtrail schema yet
     /// (refused without it: the usual cause is DATABASE_URL naming the wrong database).
-    #[arg(long)]
+    #[arg(long, env = "JOBTRAIL_MIGRATE_BESIDE_OTHER_TABLES")]
     pub beside_other_tables: bool,
 }
 

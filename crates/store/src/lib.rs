@@ -1095,8 +1095,6 @@ impl Store {
         Ok(any)
     }
 
-    /// Whether the database, without jobtrail's schema, holds another application's tables: a
-    /// tool that migrates into it and writes throwaway operations must not land beside them.
     /// Which database this store writes to, as an operator names it (never the password):
     /// `database on host:port`.
     pub fn database_shown(&self) -> String {
@@ -1108,6 +1106,8 @@ impl Store {
         )
     }
 
+    /// Whether the database, without jobtrail's schema, holds another application's tables: a
+    /// tool that migrates into it and writes throwaway operations must not land beside them.
     pub async fn holds_other_tables(&self) -> Result<bool, StoreError> {
         let (exists,): (bool,) = sqlx::query_as(include_str!("sql/operation_table_exists.sql"))
             .fetch_one(&self.pool)

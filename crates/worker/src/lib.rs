@@ -643,10 +643,10 @@ impl Worker {
                 let shares = self.shares(want as usize);
                 self.claim((want, free as i64), &shares)
                     .await
-                    .map(|(c, times)| (c, times, want, shares))
+                    .map(|(c, times)| (c, times, (want, free as i64), shares))
             }
             .await;
-            let (claimed, times, want, shares) = match claimed {
+            let (claimed, times, (want, free), shares) = match claimed {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; the database may be away");
@@ -683,12 +683,22 @@ impl Worker {
             // Nothing more this worker may take is due now. Sleep until the earliest moment something
             // it could claim comes due (or a paused provider may go again), a notification, a freed
             // slot of a provider held at its cap, or the backstop.
-            let at_cap = shares
+            let took_of = |s: &ClaimShare| took.get(&s.provider).copied().unwrap_or(0);
+            // The free slots the reserves still keep from borrowers (see the claim's SQL): with
+            // none left to borrow, a provider past its fair share is held as at a cap, until a
+            // slot frees up. (Its due rows would otherwise bring the next claim round at once.)
+            let owed: i64 = shares
                 .iter()
-                .any(|s| s.cap == 0 || took.get(&s.provider) == Some(&s.cap));
+                .map(|s| i64::from((s.reserve - took_of(s)).max(0)))
+                .sum();
+            let none_to_borrow = free - got - owed <= 0;
+            let held = |s: &ClaimShare| {
+                s.cap == 0 || took_of(s) == s.cap || (none_to_borrow && took_of(s) >= s.fair)
+            };
+            let at_cap = shares.iter().any(held);
             let open: Vec<String> = shares
                 .iter()
-                .filter(|s| s.cap > 0)
+                .filter(|s| !held(s))
                 .map(|s| s.provider.clone())
                 .collect();
             let backstop = if listener.is_some() {
