@@ -1258,93 +1258,94 @@ async fn stub_provider(
 /// an id, each over real HTTP from a provider on 127.0.0.1.
 #[tokio::test]
 async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
-    let (addr, answer, server) = stub_provider("/v1/jobs").await;
-    let h = harness_with(jobtrail_sim::Config::default(), |_| {
-        let mut c = contract("sim", &format!("http://{addr}"));
-        c.reconcile.lookup_reference = Some("/client_reference".into());
-        c
+    lookup_answers(true, |ours| {
+        vec![
+            // A list without any of ours: none found.
+            (
+                serde_json::json!({"jobs": []}),
+                Some(LookupOutcome::NotFound),
+            ),
+            (
+                serde_json::json!({"jobs": [{"job_id": "j-theirs", "client_reference": "op_someone_else"}]}),
+                Some(LookupOutcome::NotFound),
+            ),
+            (
+                serde_json::json!({"jobs": [{"job_id": "j-1"}]}),
+                Some(LookupOutcome::NotFound),
+            ),
+            // Ours, once, whatever else is listed.
+            (
+                serde_json::json!({"jobs": [
+                    {"job_id": "j-theirs", "client_reference": "op_someone_else"},
+                    {"job_id": "j-1", "client_reference": ours},
+                    {"job_id": "j-1", "client_reference": ours}]}),
+                Some(found(&["j-1"])),
+            ),
+            (
+                serde_json::json!({"jobs": [{"job_id": 123, "client_reference": ours}]}),
+                Some(found(&["123"])),
+            ),
+            // No answer: no list, a list that is none, a job of ours without an id.
+            (serde_json::json!({"items": []}), None),
+            (serde_json::json!({"jobs": {"job_id": "j-1"}}), None),
+            (
+                serde_json::json!({"jobs": [{"client_reference": ours}]}),
+                None,
+            ),
+            (
+                serde_json::json!({"jobs": [{"job_id": {"id": "j-1"}, "client_reference": ours}]}),
+                None,
+            ),
+        ]
     })
     .await;
-    let op = h.op(serde_json::json!({})).await;
-    let ours = op.id.to_string();
-    let found = |ids: &[&str]| LookupOutcome::Found {
-        job_ids: ids.iter().map(|s| s.to_string()).collect(),
-    };
-    for (body, expected) in [
-        // A list without any of ours: none found.
-        (
-            serde_json::json!({"jobs": []}),
-            Some(LookupOutcome::NotFound),
-        ),
-        (
-            serde_json::json!({"jobs": [{"job_id": "j-theirs", "client_reference": "op_someone_else"}]}),
-            Some(LookupOutcome::NotFound),
-        ),
-        (
-            serde_json::json!({"jobs": [{"job_id": "j-1"}]}),
-            Some(LookupOutcome::NotFound),
-        ),
-        // Ours, once, whatever else is listed.
-        (
-            serde_json::json!({"jobs": [
-                {"job_id": "j-theirs", "client_reference": "op_someone_else"},
-                {"job_id": "j-1", "client_reference": ours},
-                {"job_id": "j-1", "client_reference": ours}]}),
-            Some(found(&["j-1"])),
-        ),
-        (
-            serde_json::json!({"jobs": [{"job_id": 123, "client_reference": ours}]}),
-            Some(found(&["123"])),
-        ),
-        // No answer: no list, a list that is none, a job of ours without an id.
-        (serde_json::json!({"items": []}), None),
-        (serde_json::json!({"jobs": {"job_id": "j-1"}}), None),
-        (
-            serde_json::json!({"jobs": [{"client_reference": ours}]}),
-            None,
-        ),
-        (
-            serde_json::json!({"jobs": [{"job_id": {"id": "j-1"}, "client_reference": ours}]}),
-            None,
-        ),
-    ] {
-        *answer.lock().unwrap() = body.to_string();
-        let got = h.provider.lookup(&op, 1.into()).await.outcome;
-        match expected {
-            Some(e) => assert_eq!(got, e, "{body}"),
-            None => assert!(
-                matches!(&got, LookupOutcome::Failed { error_class } if error_class.starts_with("malformed_lookup")),
-                "{body}: {got:?}"
-            ),
-        }
-    }
-    server.abort();
 
     // A lookup that answers one job (no list): that job, when it is ours; anything else (another's,
     // an empty object from a broken gateway, `null`) is no answer, never "none found".
+    lookup_answers(false, |ours| {
+        vec![
+            (
+                serde_json::json!({"job_id": "j-1", "client_reference": ours}),
+                Some(found(&["j-1"])),
+            ),
+            (
+                serde_json::json!({"job_id": "j-theirs", "client_reference": "op_someone_else"}),
+                None,
+            ),
+            (serde_json::json!({}), None),
+            (serde_json::json!(null), None),
+            (serde_json::json!([]), None),
+        ]
+    })
+    .await;
+}
+
+/// A lookup found these jobs.
+fn found(ids: &[&str]) -> LookupOutcome {
+    LookupOutcome::Found {
+        job_ids: ids.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Each answer `cases` gives (made for our reference) to a lookup by client reference, of a list
+/// (`lookup_jobs`) or of one job, over real HTTP from a provider on 127.0.0.1, and what the lookup
+/// must make of it: `Some` outcome, or `None` for no answer (`malformed_lookup`).
+async fn lookup_answers(
+    list: bool,
+    cases: impl FnOnce(&str) -> Vec<(serde_json::Value, Option<LookupOutcome>)>,
+) {
     let (addr, answer, server) = stub_provider("/v1/jobs").await;
     let h = harness_with(jobtrail_sim::Config::default(), |_| {
         let mut c = contract("sim", &format!("http://{addr}"));
-        c.reconcile.lookup_jobs = None;
+        if !list {
+            c.reconcile.lookup_jobs = None;
+        }
         c.reconcile.lookup_reference = Some("/client_reference".into());
         c
     })
     .await;
     let op = h.op(serde_json::json!({})).await;
-    let ours = op.id.to_string();
-    for (body, expected) in [
-        (
-            serde_json::json!({"job_id": "j-1", "client_reference": ours}),
-            Some(found(&["j-1"])),
-        ),
-        (
-            serde_json::json!({"job_id": "j-theirs", "client_reference": "op_someone_else"}),
-            None,
-        ),
-        (serde_json::json!({}), None),
-        (serde_json::json!(null), None),
-        (serde_json::json!([]), None),
-    ] {
+    for (body, expected) in cases(&op.id.to_string()) {
         *answer.lock().unwrap() = body.to_string();
         let got = h.provider.lookup(&op, 1.into()).await.outcome;
         match expected {
