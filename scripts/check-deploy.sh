@@ -107,6 +107,13 @@ for kind in ScaledObject ServiceMonitor HorizontalPodAutoscaler; do
   grep -q "^kind: $kind" "$out/full.yaml" "$out/hpa.yaml" || { echo "no $kind rendered" >&2; exit 1; }
 done
 grep -q 'helm.sh/hook: pre-install,pre-upgrade' "$out/default.yaml"
+# migrate refuses a database holding another application's tables unless the value says otherwise.
+if grep -q JOBTRAIL_MIGRATE_BESIDE_OTHER_TABLES "$out/default.yaml"; then
+  echo "migrate installs beside another application's tables by default" >&2
+  exit 1
+fi
+"$helm" template jt helm/jobtrail --set migrate.besideOtherTables=true \
+  | grep -A1 'name: JOBTRAIL_MIGRATE_BESIDE_OTHER_TABLES' | grep -q '"true"'
 # Provider credentials reach the workers only; a webhook signing secret, the API only.
 "$py" - "$out/full.yaml" <<'PY'
 import sys, yaml
