@@ -354,6 +354,57 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
     }
 }
 
+/// Scrape `base`'s metrics until `series` reaches `at_least` (bounded): the last scrape.
+async fn scrape_until(base: &str, series: &str, at_least: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, metrics) = get(&format!("{base}/metrics")).await;
+        if sample(&metrics, series, &[]).unwrap_or(0.0) >= at_least || Instant::now() > deadline {
+            return metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A step that panics (a bug) is counted and logged, and leaves the in-flight gauge and its slot:
+/// the worker goes on claiming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_panics_is_counted_and_no_longer_counted_in_flight() {
+    let env = Env::new().await;
+    let worker = env.spawn_worker(
+        "panics-1",
+        "30s",
+        &[
+            ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
+            ("JOBTRAIL_CONCURRENCY", "1"),
+            ("JOBTRAIL_FAULT", "panic_at:after_create_marked"),
+        ],
+    );
+    let base = ops_address(&worker.log);
+    let series = "jobtrail_step_panics_total";
+    for n in 1..=2 {
+        // With one slot, the second operation is claimed only if the first's panic gave it back.
+        env.submit("sim", serde_json::json!({"duration_ms": 50}), |_| {})
+            .await;
+        let metrics = scrape_until(&base, series, f64::from(n)).await;
+        assert_eq!(
+            sample(&metrics, series, &[]),
+            Some(f64::from(n)),
+            "{metrics}\n{}",
+            env.logs()
+        );
+        assert_eq!(
+            sample(&metrics, "jobtrail_steps_in_flight", &[]),
+            Some(0.0),
+            "{metrics}"
+        );
+    }
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert!(log.contains("a step panicked"), "{log}");
+    let (status, _) = get(&format!("{base}/livez")).await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ops_listener_on_a_taken_port_is_refused_at_start() {
     let env = Env::new().await;

@@ -3,7 +3,9 @@
 //! ("after it saved the job id and before it scheduled the first poll"); `stop_at:<point>` stops it
 //! there with SIGSTOP (once per process), as a long pause would, until the test sends SIGCONT;
 //! `slow_at:<point>:<ms>` blocks the thread there that long each time, as long work on it (a large
-//! result's check, which runs on a thread handed over from the runtime from 256 KiB on) would. Unset in production; reading one environment variable is all it costs.
+//! result's check, which runs on a thread handed over from the runtime from 256 KiB on) would;
+//! `panic_at:<point>` panics there each time, as a bug in a step would. Unset in production;
+//! reading one environment variable is all it costs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -29,6 +31,10 @@ pub fn point(name: &str) {
     {
         tracing::warn!(point = name, ms, "fault injection: blocking the thread");
         std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    if spec.strip_prefix("panic_at:") == Some(name) {
+        tracing::warn!(point = name, "fault injection: panic");
+        panic!("fault injection: panic at {name}");
     }
     if spec.strip_prefix("stop_at:") == Some(name) && !STOPPED.swap(true, Ordering::SeqCst) {
         tracing::warn!(point = name, "fault injection: SIGSTOP");

@@ -265,13 +265,41 @@ pub struct Worker {
     heartbeat: Arc<Heartbeat>,
 }
 
-/// One step's hold on a worker slot and its provider's count: given back when dropped, also when
-/// the step panics or is aborted. (Its lease leaves `active` only when the step ends normally: an
-/// aborted step's lease is given back by the shutdown.)
+/// A step's task has ended: a panic (a bug) is logged and counted; the step's slot and its place
+/// in `active` went back as it unwound (see `Slot`).
+fn step_ended(done: Option<Result<(), tokio::task::JoinError>>) {
+    if let Some(Err(e)) = done
+        && e.is_panic()
+    {
+        tracing::error!("a step panicked: {e}");
+        metrics::step_panicked();
+    }
+}
+
+/// One step's hold on a worker slot, its provider's count and its place in `active`: given back
+/// when dropped, also when the step panics or is aborted. (The shutdown takes the leases of the
+/// steps it aborts from `active` first, to give them back. A panicked step's lease is not given
+/// back: it runs out, and the operation's next step waits that long, as after a crash, instead of
+/// panicking again at once.)
 struct Slot {
     worker: Worker,
+    /// In `active` under this id until [`Slot::leave_active`].
+    operation: Option<jobtrail_core::OperationId>,
     provider: String,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Slot {
+    /// The operation is no longer driven here: out of `active` and the in-flight gauge (once: by
+    /// then a later step of the same operation may have its own entry there).
+    fn leave_active(&mut self) {
+        let Some(id) = self.operation.take() else {
+            return;
+        };
+        let mut active = self.worker.active.lock().unwrap_or_else(|p| p.into_inner());
+        active.remove(&id);
+        metrics::in_flight(active.len());
+    }
 }
 
 impl Slot {
@@ -296,6 +324,9 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // A step that panicked ends here: nothing else takes it out of `active` (the gauge would
+        // count it in flight until the worker stopped).
+        self.leave_active();
         self.release();
     }
 }
@@ -536,19 +567,15 @@ impl Worker {
         // slot's worker is the task's only one (a `Worker` is 200 bytes, held by every task).
         let mut slot = Slot {
             worker: self.clone(),
+            operation: Some(c.lease.operation_id),
             provider,
             permit: Some(permit),
         };
         let c = Box::new(c);
         tasks.spawn(async move {
-            let id = c.lease.operation_id;
             let d = slot.worker.drive_one(c, times, stop).await;
             slot.worker.stats.add(d);
-            {
-                let mut active = slot.worker.active.lock().expect("lock");
-                active.remove(&id);
-                metrics::in_flight(active.len());
-            }
+            slot.leave_active();
             slot.release();
             if let Some(due) = d.due_in {
                 let at = Instant::now() + due;
@@ -580,11 +607,7 @@ impl Worker {
             }
             while let Some(done) = tasks.try_join_next() {
                 freed += 1;
-                if let Err(e) = done
-                    && e.is_panic()
-                {
-                    tracing::error!("a step panicked: {e}");
-                }
+                step_ended(Some(done));
             }
             if listener.as_ref().is_some_and(Listening::lost) {
                 listener = None;
@@ -599,7 +622,10 @@ impl Worker {
                 // Every slot is busy: the next claim waits for one to free up.
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = tasks.join_next() => freed += 1,
+                    done = tasks.join_next() => {
+                        freed += 1;
+                        step_ended(done);
+                    }
                     _ = tokio::time::sleep(BUSY_BEAT) => {}
                 }
                 continue;
@@ -619,11 +645,7 @@ impl Worker {
                         _ = shutdown.cancelled() => break,
                         done = tasks.join_next() => {
                             freed += 1;
-                            if let Some(Err(e)) = done
-                                && e.is_panic()
-                            {
-                                tracing::error!("a step panicked: {e}");
-                            }
+                            step_ended(done);
                         }
                         _ = tokio::time::sleep_until(until) => break,
                     }
@@ -748,8 +770,9 @@ impl Worker {
                     }
                     // A provider held at its share or cap got a slot back: claim again, and since
                     // its queue may be deep, gather first.
-                    _ = tasks.join_next(), if at_cap && !tasks.is_empty() => {
+                    done = tasks.join_next(), if at_cap && !tasks.is_empty() => {
                         freed += 1;
+                        step_ended(done);
                         deep = true;
                         break;
                     }
@@ -758,6 +781,7 @@ impl Worker {
         }
         tracing::info!(worker = %self.config.id, in_flight = tasks.len(), "stopping: no new claims; finishing steps in flight");
         let gave_back = !tasks.is_empty();
+        let mut aborted: Vec<Lease> = Vec::new();
         let grace = tokio::time::sleep(self.config.shutdown_grace);
         tokio::pin!(grace);
         while !tasks.is_empty() {
@@ -774,11 +798,13 @@ impl Worker {
                         continue;
                     }
                     tracing::warn!(abandoned = tasks.len(), "steps still unwritten; dropping them (nothing half-written)");
+                    // Their slots leave `active` as they drop: their leases are given back below.
+                    aborted.extend(self.active.lock().expect("lock").values().cloned());
                     tasks.abort_all();
                     while tasks.join_next().await.is_some() {}
                     break;
                 }
-                _ = tasks.join_next() => {}
+                done = tasks.join_next() => step_ended(done),
             }
         }
         let leftover: Vec<Lease> = self
@@ -787,6 +813,7 @@ impl Worker {
             .expect("lock")
             .drain()
             .map(|(_, l)| l)
+            .chain(aborted)
             .collect();
         let gave_back = gave_back || !leftover.is_empty();
         for lease in leftover {

@@ -54,11 +54,19 @@ pub(crate) fn describe() {
             "jobtrail_provider_throttled_total",
             "Calls held back by a provider's fleet-wide limits: by the call rate ('rate') or a 429 with Retry-After that paused the fleet ('429')"
         );
+        describe_counter!(
+            "jobtrail_step_panics_total",
+            "Steps that panicked (a bug: the operation's lease runs out and its next step retries it)"
+        );
         describe_gauge!(
             "jobtrail_steps_in_flight",
             "Operations this worker is driving now"
         );
     });
+}
+
+pub(crate) fn step_panicked() {
+    counter!("jobtrail_step_panics_total").increment(1);
 }
 
 pub(crate) fn claimed(took: Duration, claimed: &[Claimed]) {
