@@ -987,9 +987,11 @@ pub const SPARSE_LEAF_MOST: usize = 64 * 1024;
 /// The values at `pointers` in the JSON document `body`, parsed, in a document of their own in
 /// which the same pointers lead to them: what a reader of a large answer needs, without the rest
 /// built (a status answer that carries the job's whole result). Nothing but the values at the
-/// pointers is held (each object on a pointer's way is read key by key, not into a map), and none
-/// of those larger than [`SPARSE_LEAF_MOST`]. `None` when `body` is no JSON object, or a pointer is
-/// the whole document or crosses an array.
+/// pointers is held (each object on a pointer's way is read key by key, each array element by
+/// element, not into a map or a list), and none of those larger than [`SPARSE_LEAF_MOST`]. An
+/// array on a pointer's way becomes an object keyed by the index in the document built
+/// (`/jobs/0/id` leads to the same value; the array's other elements are not built). `None` when
+/// `body` is no JSON object, or a pointer is the whole document.
 pub fn sparse<'p>(
     body: &[u8],
     pointers: impl IntoIterator<Item = &'p str>,
@@ -1024,7 +1026,10 @@ pub fn sparse<'p>(
                     Some(v) => v,
                     None => continue 'pointers,
                 },
-                b'[' => return None,
+                b'[' => match element(here, token)? {
+                    Some(v) => v,
+                    None => continue 'pointers,
+                },
                 _ => continue 'pointers,
             };
         }
@@ -1049,10 +1054,14 @@ pub fn sparse<'p>(
         let (last, parents) = tokens.split_last()?;
         let mut at = &mut out;
         for token in parents {
-            at = at
+            match at
                 .entry(token.clone())
                 .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()))
-                .as_object_mut()?;
+            {
+                serde_json::Value::Object(inner) => at = inner,
+                // An outer pointer's value, there whole (an array): this one's is in it.
+                _ => continue 'pointers,
+            }
         }
         // (A pointer and one inside it: either way round, the outer value is there whole.)
         at.insert(last.clone(), leaf);
@@ -1111,6 +1120,40 @@ fn field<'a>(
     key: &str,
 ) -> Option<Option<&'a serde_json::value::RawValue>> {
     Some(fields(object, &std::collections::HashSet::from([key]))?.remove(key))
+}
+
+/// The element at the index `token` names (RFC 6901: `0` or digits without a leading zero) in the
+/// JSON array `array`, the ones before it skipped unbuilt. `None`: no array; `Some(None)`: no such
+/// element.
+fn element<'a>(
+    array: &'a serde_json::value::RawValue,
+    token: &str,
+) -> Option<Option<&'a serde_json::value::RawValue>> {
+    use serde::de::{SeqAccess, Visitor};
+    struct At(Option<usize>);
+    impl<'de> Visitor<'de> for At {
+        type Value = Option<&'de serde_json::value::RawValue>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            let mut i = 0usize;
+            // Read to the end: an array cut short is no array.
+            while let Some(v) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+                if Some(i) == self.0 {
+                    found = Some(v);
+                }
+                i += 1;
+            }
+            Ok(found)
+        }
+    }
+    let canonical =
+        token.bytes().all(|b| b.is_ascii_digit()) && (token == "0" || !token.starts_with('0'));
+    let index = canonical.then(|| token.parse::<usize>().ok()).flatten();
+    let mut de = serde_json::Deserializer::from_str(array.get());
+    serde::Deserializer::deserialize_seq(&mut de, At(index)).ok()
 }
 
 /// Decodes the percent-escape (or the byte) at the start of `text` into `out`, returning the bytes
@@ -1318,17 +1361,45 @@ mod tests {
             "/meta/missing/x",
             "/error",
             "/error/code",
+            "/response/items/0",
+            "/response/items/2",
+            "/response/items/3",
+            "/response/items/01",
+            "/response/items/-",
+            "/response/items/x",
+            "/error/details/0/k",
+            "/s/0",
         ];
         let sparse = sparse(body, pointers).unwrap();
         for p in pointers {
             assert_eq!(sparse.pointer(p), whole.pointer(p), "{p}");
         }
-        assert!(sparse.get("response").is_none(), "{sparse}");
+        // Of an array on the way, only the elements a pointer names are built.
+        assert_eq!(
+            sparse["response"],
+            serde_json::json!({"items": {"0": 1, "2": 3}})
+        );
+        // An array and a pointer into it, either way round: the array whole, the pointer leads in.
+        for order in [
+            ["/error/details", "/error/details/0/k"],
+            ["/error/details/0/k", "/error/details"],
+        ] {
+            let read = super::sparse(body, order).unwrap();
+            assert_eq!(
+                read["error"]["details"], whole["error"]["details"],
+                "{order:?}"
+            );
+            assert_eq!(
+                read.pointer("/error/details/0/k"),
+                Some(&serde_json::json!(1))
+            );
+        }
+        // An array cut short is no document.
+        assert!(super::sparse(br#"{"a": [1, 2"#, ["/a/0"]).is_none());
         // The outer value whole whichever pointer came first.
         let inner_first = super::sparse(body, ["/meta/when", "/meta"]).unwrap();
         assert_eq!(inner_first["meta"], whole["meta"]);
-        // Across an array, the whole document, or not an object: read it whole instead.
-        assert!(super::sparse(body, ["/response/items/0"]).is_none());
+        // The whole document, or not an object: read it whole instead.
         assert!(super::sparse(body, [""]).is_none());
         assert!(super::sparse(b"[1]", ["/0"]).is_none());
         assert!(super::sparse(b"{\"a\": ", ["/a"]).is_none());
