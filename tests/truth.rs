@@ -339,6 +339,87 @@ async fn a_worker_paused_past_its_lease_does_not_send_when_it_resumes() {
     );
 }
 
+/// A lookup and its cross-checked resend are two calls under one lease, written as two steps. A
+/// worker stopped (SIGSTOP) after the resend was answered, past its lease, has both refused when
+/// it resumes; the resend (which started the job) is in the call log all the same, beside the
+/// lookup: every create that reached the provider is on the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_answered_after_the_lease_ran_out_is_still_in_the_call_log() {
+    let env = Env::new().await;
+    // The first create's connection dropped, nothing created: the worker reconciles (a lookup that
+    // finds nothing, then a resend that creates the job).
+    let script = serde_json::json!({"create": ["drop_before_accept", "ok"], "duration_ms": 200});
+    let op = env.submit("sim", script, |_| {}).await;
+    let paused = env.spawn_worker(
+        "paused",
+        "2s",
+        &[("JOBTRAIL_FAULT", "stop_at:after_resend")],
+    );
+    until("the worker to stop after its resend", T, || {
+        stopped(paused.pid())
+    })
+    .await;
+    // The next owner settles it.
+    let _fresh = env.spawn_worker("fresh", "2s", &[]);
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    paused.signal(libc::SIGCONT);
+    // The paused worker's calls, in the order it made them: the dropped create (written before
+    // it stopped), then the lookup and the resend (logged after it resumed).
+    let by_paused = || {
+        let env = &env;
+        async move {
+            let mut calls: Vec<_> = env
+                .store
+                .calls(op.id)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|c| c.actor == "paused")
+                .collect();
+            calls.sort_by_key(|c| c.started_at);
+            calls
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while by_paused().await.len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = env.store.calls(op.id).await.unwrap();
+    let summary: Vec<_> = calls
+        .iter()
+        .map(|c| (c.actor.as_str(), c.kind.as_str(), c.http_status))
+        .collect();
+    let paused_calls: Vec<_> = by_paused()
+        .await
+        .into_iter()
+        .map(|c| {
+            (
+                c.kind,
+                c.http_status.is_some_and(|s| (200..300).contains(&s)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        paused_calls,
+        [
+            ("create".to_owned(), false),
+            ("lookup".to_owned(), true),
+            ("create".to_owned(), true)
+        ],
+        "{summary:?}"
+    );
+    // Every create the provider received is in the call log (the dropped one too).
+    let creates = calls.iter().filter(|c| c.kind == "create").count();
+    assert_eq!(
+        creates,
+        env.sim.ledger().create_requests[op.token.as_str()] as usize,
+        "{summary:?}"
+    );
+    // The late links keep the call chain whole.
+    assert!(env.store.verify_operation(op.id).await.unwrap().is_clean());
+}
+
 /// Item 6: the worker that died mid-create had extended its lease past the create deadline. The
 /// next owner still tries the reconciliation the contract offers once before asking a person.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1346,8 +1346,9 @@ impl Store {
     /// transaction of its own: the call happened, whoever owns the operation now. The provider's
     /// `Retry-After` in its answer is kept too (it only delays status reads, so it needs no lease):
     /// a worker that lost its lease while the call was out must not leave the next owner free to
-    /// read again at once.
-    async fn log_refused_call(
+    /// read again at once. (Also for the calls of a plan's later steps, once an earlier one was
+    /// refused: they happened too.)
+    pub async fn log_refused_call(
         &self,
         lease: &Lease,
         call: &CallRecord,

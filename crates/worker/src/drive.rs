@@ -461,7 +461,19 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
         }
         // By reference: a step is 776 bytes, and one held here across its write would size the
         // task of every operation in flight for it.
-        for step in plan.first.iter().chain(std::iter::once(&plan.step)) {
+        for (i, step) in plan
+            .first
+            .iter()
+            .chain(std::iter::once(&plan.step))
+            .enumerate()
+        {
+            // The calls of the steps after this one, if the store refuses it.
+            let rest = || {
+                plan.first
+                    .iter()
+                    .chain(std::iter::once(&plan.step))
+                    .skip(i + 1)
+            };
             if let Some(call) = &step.call {
                 out.calls += 1;
                 metrics::call(&op.provider, call);
@@ -514,11 +526,13 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 Err(Stop::LeaseLost) => {
                     tracing::info!(operation = %op.id, "lease lost; the write was refused and this worker stops acting on it");
                     metrics::lease_lost();
+                    Box::pin(log_unwritten_calls(ctx, rest())).await;
                     out.lease_lost = true;
                     return out;
                 }
                 Err(Stop::Other(e @ (StoreError::Illegal { .. } | StoreError::Moved { .. }))) => {
                     tracing::info!(operation = %op.id, error = %e, "a decision landed meanwhile; the step was dropped (its call is logged)");
+                    Box::pin(log_unwritten_calls(ctx, rest())).await;
                     // Give the lease back, due at once, if the state moved under us (a cancel
                     // request keeps the lease): the operation must not wait out a lease extended
                     // for a long call. (A person's decision already took it.) A step refused in
@@ -567,6 +581,24 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
     .await;
     out.due_in = Some(Duration::ZERO);
     out
+}
+
+/// The calls of a plan's steps after one the store refused (the lease gone, the state moved): they
+/// were made (a lookup's resend may have started a job), so they go into the call log as the
+/// refused step's own call did. Best effort, each bounded: the database may be away too.
+async fn log_unwritten_calls<'s>(ctx: &Ctx<'_>, rest: impl Iterator<Item = &'s Step>) {
+    for step in rest {
+        let Some(call) = &step.call else { continue };
+        if let Err(e) = answered_within(
+            ctx.answer_within,
+            ctx.store
+                .log_refused_call(&ctx.lease, call, step.retry_after),
+        )
+        .await
+        {
+            tracing::error!(operation = %ctx.lease.operation_id, call = %call.id, error = %e, "a call that was made could not be logged");
+        }
+    }
 }
 
 /// A span for one step of `op`, child of the operation's root span.
@@ -735,6 +767,7 @@ async fn lookup(ctx: &Ctx<'_>, op: &OperationRecord, attempt: i32) -> Box<Plan> 
                 .provider
                 .create(op, ctx.at(op.create_attempts + 1))
                 .await;
+            fault::point("after_resend");
             let kept = create_answered(ctx, op, &resent).await;
             Box::new(decide::after_resend(
                 op,
