@@ -19,8 +19,9 @@ const EXIT_CODES: &str = "Exit codes:
   2  bad input or usage: nothing was written
   3  operation not found
   4  refused: the operation changed since you looked, the state machine does not allow this
-     decision, or it conflicts with another record; adopt and declare-not-created also while a
-     worker holds the operation (it may be creating or looking up the job that moment)
+     decision, or it conflicts with another record; adopt, declare-not-created and abandon of a
+     create still open also while a worker holds the operation (it may be creating or looking
+     up the job that moment)
   5  database or provider configuration unavailable
   8  audit verify: the anchor you named is not in the database, or its signature does not verify";
 

@@ -1712,11 +1712,17 @@ impl Store {
         // What a person found at the provider settles the create only if no worker is creating
         // or looking up the job this moment: its answer (a job it just created) would land after
         // the decision, be refused, and a retry of a "not created" operation start a second job.
-        if matches!(
-            step.event,
-            Some(Event::AdoptRemoteJob { .. } | Event::DeclareNotCreated { .. })
-        ) && let Some((owner, until)) = locked.live_lease()
-        {
+        // Abandoning a create still open is the same: the job a worker starts this moment would
+        // be on no operation, and a retry would start another.
+        let settles_the_create = match step.event {
+            Some(Event::AdoptRemoteJob { .. } | Event::DeclareNotCreated { .. }) => true,
+            Some(Event::Abandon { .. }) => matches!(
+                locked.row_state().parse::<State>(),
+                Ok(State::CreatePending | State::CreateUnknown | State::Reconciliation)
+            ),
+            _ => false,
+        };
+        if settles_the_create && let Some((owner, until)) = locked.live_lease() {
             return Err(StoreError::Conflict(format!(
                 "worker {owner} holds {id} until {until}: it may be creating or looking up the job at this moment, so what you found may already be out of date; wait until it settles the create (create_unresolved comes to a person) or its lease ends, then decide again"
             )));

@@ -2753,9 +2753,10 @@ async fn an_unknown_database_url_parameter_is_refused_without_its_value() {
     store.totals().await.unwrap();
 }
 
-/// A person may settle an unsettled create (adopt a job, declare none created) only while no worker
-/// holds the operation: a worker resending the create or looking the job up may land a job after
-/// the decision, whose answer would be refused, and a retry of "not created" start a second one.
+/// A person may settle an unsettled create (adopt a job, declare none created, abandon it) only
+/// while no worker holds the operation: a worker resending the create or looking the job up may
+/// land a job after the decision, whose answer would be refused, and a retry of "not created" or
+/// of the abandoned operation start a second one.
 #[tokio::test]
 async fn a_create_is_not_settled_by_a_person_while_a_worker_holds_it() {
     let db = TestDb::new().await;
@@ -2778,6 +2779,7 @@ async fn a_create_is_not_settled_by_a_person_while_a_worker_holds_it() {
                 decision: d(),
                 remote_job_id: "job_seen".into(),
             }),
+            Step::event(Event::Abandon { decision: d() }),
         ]
     };
     for step in decisions() {
@@ -2801,7 +2803,7 @@ async fn a_create_is_not_settled_by_a_person_while_a_worker_holds_it() {
         .release(&c.lease, Duration::ZERO, "test")
         .await
         .unwrap();
-    let [declare, _] = decisions();
+    let [declare, ..] = decisions();
     let applied = store
         .decide(id, State::CreateUnknown, None, declare)
         .await
