@@ -319,10 +319,13 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
         rows(&env).await.is_empty(),
         "nothing recorded for a refused delivery"
     );
-    // Signed but not a payload the contract describes: no event id, a huge id, not JSON.
+    // Signed but not a payload the contract describes: no event id, a huge id, a job id longer
+    // than any jobtrail keeps or one that prints as another, not JSON.
     for b in [
         json!({"job_id": "j"}).to_string(),
         json!({"event_id": "e".repeat(500), "job_id": "j"}).to_string(),
+        json!({"event_id": "e", "job_id": "j".repeat(8193)}).to_string(),
+        json!({"event_id": "e", "job_id": "job\u{202e}1"}).to_string(),
         "not json".to_owned(),
         r#"{"event_id":"a","event_id":"b","job_id":"j"}"#.to_owned(),
     ] {
@@ -332,6 +335,20 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
         assert_eq!(r.status(), 400, "{b}");
     }
     assert!(rows(&env).await.is_empty());
+    // A job id as long as an Azure resource path (or a job known by its URL) is one.
+    let long = json!({
+        "event_id": "evt_long",
+        "job_id": format!("/subscriptions/{}/resourceGroups/rg/providers/Example.Jobs/jobs/1", "0".repeat(300)),
+    })
+    .to_string();
+    let r = post("/v1/webhooks/sim", long.clone(), Some(sign(&long)))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    sqlx::query("DELETE FROM webhook_deliveries")
+        .execute(&sqlx::PgPool::connect(&env.url).await.unwrap())
+        .await
+        .unwrap();
     // Signed and about no operation of ours: acknowledged, recorded once, nothing scheduled.
     let r = post("/v1/webhooks/sim", body.clone(), Some(sign(&body)))
         .await

@@ -30,7 +30,8 @@ pub const MAX_PAYLOAD: usize = 256 * 1024;
 /// How long a payload may take to arrive: a provider sends a few kilobytes at once, so one that
 /// trickles is someone holding a turn.
 pub const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest event or job id accepted.
+/// The longest event id accepted. (A job id may be as long as any job id jobtrail keeps: a job
+/// known by its URL, an Azure resource path.)
 const MAX_ID: usize = 200;
 
 /// The receiver's shared part.
@@ -221,7 +222,7 @@ fn unusable(why: impl Into<String>) -> Problem {
     Problem(e)
 }
 
-/// A string (or integer) at `pointer`, bounded.
+/// A string (or integer) at `pointer`, unchecked.
 fn id_at(v: &serde_json::Value, pointer: &str, what: &str) -> Result<String, Problem> {
     let s = match v.pointer(pointer) {
         Some(serde_json::Value::String(s)) => s.clone(),
@@ -233,7 +234,6 @@ fn id_at(v: &serde_json::Value, pointer: &str, what: &str) -> Result<String, Pro
             ));
         }
     };
-    check_id(&s, what)?;
     Ok(s)
 }
 
@@ -338,14 +338,23 @@ async fn deliver(
             check_id(&id, "event id")?;
             id
         }
-        (None, Some(p)) => id_at(&v, p, "event id")?,
+        (None, Some(p)) => {
+            let id = id_at(&v, p, "event id")?;
+            check_id(&id, "event id")?;
+            id
+        }
         (None, None) => {
             return Err(unusable("the contract names no event id"));
         }
     };
     let job = match v.pointer(&spec.job_id) {
         None | Some(serde_json::Value::Null) => None,
-        Some(_) => Some(id_at(&v, &spec.job_id, "job id")?),
+        Some(_) => {
+            let job = id_at(&v, &spec.job_id, "job id")?;
+            jobtrail_core::ids::check_remote_job_id(&job)
+                .map_err(|why| Problem::new(Kind::BadInput, format!("the payload names {why}")))?;
+            Some(job)
+        }
     };
     let outcome = match service
         .store()
