@@ -365,6 +365,20 @@ async fn hostile_deliveries_are_refused_before_anything_is_recorded() {
         rows(&env).await,
         vec![("evt_1".to_owned(), "no_operation".to_owned())]
     );
+    // A delivery recorded is acknowledged, even when pruning old ones fails after it.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no'; END $$; \
+         CREATE TRIGGER no_prune BEFORE DELETE ON webhook_deliveries EXECUTE FUNCTION refuse()",
+    )
+    .execute(&sqlx::PgPool::connect(&env.url).await.unwrap())
+    .await
+    .unwrap();
+    let second = json!({"event_id": "evt_2", "job_id": "job_unknown"}).to_string();
+    let r = post("/v1/webhooks/sim", second.clone(), Some(sign(&second)))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(rows(&env).await.len(), 2);
     // The secret never reaches the log.
     assert!(!server.log_text().contains(support::WEBHOOK_SECRET));
 }

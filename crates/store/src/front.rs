@@ -322,7 +322,11 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
-        self.prune_deliveries(retention).await?;
+        // The delivery is recorded: a prune that fails (the next one catches up) must not answer
+        // it as if nothing was, or the provider's redelivery would be taken for a duplicate.
+        if let Err(e) = self.prune_deliveries(retention).await {
+            tracing::warn!(error = %e, "old webhook deliveries were not pruned; the next delivery tries again");
+        }
         Ok(Delivery::New {
             outcome,
             operation_id: op.map(OperationId::from_uuid),
