@@ -30,7 +30,15 @@ pub fn decisions_for(state: State) -> Vec<&'static str> {
             EventKind::Resume => "resume",
             EventKind::Abandon => "abandon",
             EventKind::Superseded => "retry",
-            EventKind::CancelRequested if state == State::ResultTimedOut => "cancel",
+            // A cancel is a person's decision where it moves an operation a person holds (a job
+            // that timed out, or one at an origin refused: it may still be running and billing).
+            EventKind::CancelRequested
+                if !state.is_automated()
+                    && jobtrail_core::machine::rule_for(state, k)
+                        .is_some_and(|r| r.to != jobtrail_core::machine::To::Same) =>
+            {
+                "cancel"
+            }
             _ => continue,
         };
         out.push(d);
@@ -445,5 +453,22 @@ impl Service {
                 store.verify_everything(expect.as_deref()).await?
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cancel is offered to a person wherever the table lets one stop a job a person holds, and
+    /// nowhere else.
+    #[test]
+    fn a_cancel_is_offered_where_it_stops_a_job_a_person_holds() {
+        let offered: Vec<State> = State::ALL
+            .iter()
+            .copied()
+            .filter(|s| decisions_for(*s).contains(&"cancel"))
+            .collect();
+        assert_eq!(offered, [State::ResultTimedOut, State::UrlRefused]);
     }
 }
