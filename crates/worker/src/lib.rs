@@ -283,21 +283,24 @@ fn step_ended(done: Option<Result<(), tokio::task::JoinError>>) {
 /// panicking again at once.)
 struct Slot {
     worker: Worker,
-    /// In `active` under this id until [`Slot::leave_active`].
-    operation: Option<jobtrail_core::OperationId>,
+    /// In `active` under this id, for this lease epoch, until [`Slot::leave_active`].
+    operation: Option<(jobtrail_core::OperationId, i64)>,
     provider: String,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Slot {
-    /// The operation is no longer driven here: out of `active` and the in-flight gauge (once: by
-    /// then a later step of the same operation may have its own entry there).
+    /// The operation is no longer driven here: out of `active` and the in-flight gauge. Only its
+    /// own entry: a step that outlived its lease (a write waiting on a stalled database) may end
+    /// after this worker claimed the operation again, and that later step's entry stays.
     fn leave_active(&mut self) {
-        let Some(id) = self.operation.take() else {
+        let Some((id, epoch)) = self.operation.take() else {
             return;
         };
         let mut active = self.worker.active.lock().unwrap_or_else(|p| p.into_inner());
-        active.remove(&id);
+        if active.get(&id).is_some_and(|l| l.epoch == epoch) {
+            active.remove(&id);
+        }
         metrics::in_flight(active.len());
     }
 }
@@ -567,7 +570,7 @@ impl Worker {
         // slot's worker is the task's only one (a `Worker` is 200 bytes, held by every task).
         let mut slot = Slot {
             worker: self.clone(),
-            operation: Some(c.lease.operation_id),
+            operation: Some((c.lease.operation_id, c.lease.epoch)),
             provider,
             permit: Some(permit),
         };
