@@ -576,6 +576,28 @@ async fn migrate_refuses_a_database_that_holds_another_applications_tables() {
         "a retried first migrate",
     );
     admin_sql(&env, &format!("DROP DATABASE {bare_name} WITH (FORCE)")).await;
+    // Another application's own `operations` table is no jobtrail schema: refused as the others,
+    // with nothing created (migrating beside it would fail half-way, its bookkeeping left behind).
+    let (clash, clash_name) = empty_database(&env).await;
+    let mut k = sqlx::PgConnection::connect(&clash).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE operations (id int PRIMARY KEY)")
+        .execute(&mut k)
+        .await
+        .unwrap();
+    let out = jobtrail(&clash, &["migrate"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("another application's tables"), "{err}");
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname <> 'operations'",
+    )
+    .fetch_one(&mut k)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "nothing was created");
+    drop(k);
+    admin_sql(&env, &format!("DROP DATABASE {clash_name} WITH (FORCE)")).await;
     sqlx::raw_sql("CREATE TABLE customers (id int PRIMARY KEY)")
         .execute(&mut c)
         .await

@@ -1108,17 +1108,34 @@ impl Store {
 
     /// Whether the database, without jobtrail's schema, holds another application's tables: a
     /// tool that migrates into it and writes throwaway operations must not land beside them.
+    /// jobtrail's schema is there when its first migration is recorded applied: a table named
+    /// `operations` alone may be another application's (migrating beside it would fail half-way).
     pub async fn holds_other_tables(&self) -> Result<bool, StoreError> {
-        let (exists,): (bool,) = sqlx::query_as(include_str!("sql/operation_table_exists.sql"))
-            .fetch_one(&self.pool)
-            .await?;
-        if exists {
+        if self.has_jobtrail_schema().await? {
             return Ok(false);
         }
         let (other,): (bool,) = sqlx::query_as(include_str!("sql/database_holds_other_tables.sql"))
             .fetch_one(&self.pool)
             .await?;
         Ok(other)
+    }
+
+    /// Whether jobtrail's first migration is recorded applied in this database.
+    async fn has_jobtrail_schema(&self) -> Result<bool, StoreError> {
+        let (bookkept,): (bool,) = sqlx::query_as(include_str!("sql/migrations_table_exists.sql"))
+            .fetch_one(&self.pool)
+            .await?;
+        let Some(first) = MIGRATOR.iter().next() else {
+            return Ok(bookkept);
+        };
+        if !bookkept {
+            return Ok(false);
+        }
+        let (applied,): (bool,) = sqlx::query_as(include_str!("sql/migration_applied.sql"))
+            .bind(first.version)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(applied)
     }
 
     /// Whether any operation is left for workers (cheap: reads at most one index entry).
