@@ -1298,3 +1298,50 @@ async fn an_agents_trace_reaches_its_operations_over_mcp() {
     }
     let _ = stdio.cancel().await;
 }
+
+/// A wait over /mcp rests on one authentication. A token revoked while the operation moves on
+/// every few seconds (each change ends one step of the wait) still ends the wait, refused, within
+/// the time a single wait's token is looked at again (30 s), not when the operation settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_revoked_during_an_mcp_wait_through_many_state_changes_ends_it() {
+    let mut env =
+        Env::with_edited_contracts(&[("sim.toml", "request_ms = 2000", "request_ms = 20000")])
+            .await;
+    let server = env.serve("api");
+    env.start_worker("w1", Duration::from_secs(30));
+    let token = env.token("agent", &["submit", "read"]).await;
+    let client = over_http(&server, &token, false).await;
+    let id = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    // Created after 12 s, observed for 15 s, its result read for 12 s: no state lasts 30 s.
+    let script = json!({"create_hold_ms": 12000, "duration_ms": 15000, "result_delay_ms": 12000});
+    let r = call(
+        &client,
+        "submit_operation",
+        json!({"id": id, "provider": "sim", "target": "reports", "approved_by": "alice",
+               "request": request(script)}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    let started = std::time::Instant::now();
+    let wait = tokio::spawn(async move {
+        call(
+            &client,
+            "wait_operation",
+            json!({"operation_id": id, "timeout_secs": 120}),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let digest = jobtrail_service::auth::token_digest(&token);
+    env.store
+        .revoke_token_by_digest(&digest, "alice")
+        .await
+        .unwrap()
+        .expect("the token was there");
+    let r = wait.await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    assert_eq!(structured(&r)["error"], "unauthenticated", "{r:?}");
+    assert!(took < Duration::from_secs(36), "ended after {took:?}");
+    env.stop_workers().await;
+}

@@ -444,7 +444,7 @@ impl Service {
 
     /// Refused when the token `p` was authenticated by has been revoked (or has expired) since (a
     /// database that does not answer refuses nothing).
-    async fn still_authenticated(&self, p: &Principal) -> Result<(), ServiceError> {
+    pub(crate) async fn still_authenticated(&self, p: &Principal) -> Result<(), ServiceError> {
         let Some(token) = p.token() else {
             return Ok(());
         };
@@ -1187,6 +1187,9 @@ pub trait Operations: Send + Sync {
     ) -> impl Future<Output = Result<CancelResponse, ServiceError>> + Send;
     fn result(&self, id: &str) -> impl Future<Output = Result<ResultBytes, ServiceError>> + Send;
     fn providers(&self) -> impl Future<Output = Result<ProviderList, ServiceError>> + Send;
+    /// Refused if the token this door acts by was revoked (or expired) since it was authenticated:
+    /// for work that spans many requests' worth of time on one authentication ([`wait_settled`]).
+    fn still_authenticated(&self) -> impl Future<Output = Result<(), ServiceError>> + Send;
 }
 
 impl Operations for Bound {
@@ -1233,6 +1236,9 @@ impl Operations for Bound {
     }
     async fn providers(&self) -> Result<ProviderList, ServiceError> {
         Ok(self.service.providers(&self.principal))
+    }
+    async fn still_authenticated(&self) -> Result<(), ServiceError> {
+        self.service.still_authenticated(&self.principal).await
     }
 }
 
@@ -1311,20 +1317,37 @@ impl Operations for Door {
             Door::Remote(c) => c.providers().await,
         }
     }
+    async fn still_authenticated(&self) -> Result<(), ServiceError> {
+        match self {
+            Door::Local(b) => b.still_authenticated().await,
+            Door::Remote(c) => c.still_authenticated().await,
+        }
+    }
 }
 
 /// Wait until the operation is settled (finished or held for a person) or `timeout` passes,
 /// re-arming on each intermediate state change. Each step is one bounded, notification-woken wait.
+/// The whole wait rests on one authentication: its token is looked at again as often as a single
+/// wait's is (each step lasts at most that long), so a token revoked while the state moves on
+/// every few seconds still ends the wait, refused, within that time.
 pub async fn wait_settled(
     ops: &impl Operations,
     id: &str,
     timeout: Duration,
 ) -> Result<WaitResponse, ServiceError> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut checked = tokio::time::Instant::now();
     let mut seen: Option<String> = None;
     loop {
+        if checked.elapsed() >= auth::LISTED_EVERY {
+            ops.still_authenticated().await?;
+            checked = tokio::time::Instant::now();
+        }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let w = ops.wait(id, seen.as_deref(), left.min(MAX_WAIT)).await?;
+        let until_check = auth::LISTED_EVERY.saturating_sub(checked.elapsed());
+        let w = ops
+            .wait(id, seen.as_deref(), left.min(MAX_WAIT).min(until_check))
+            .await?;
         if w.operation.settled || left.is_zero() {
             return Ok(WaitResponse {
                 timed_out: !w.operation.settled,
