@@ -222,9 +222,15 @@ async fn no_secret_reaches_the_database_or_the_logs() {
 /// SIGTERM while creates hang past the grace: the calls are abandoned, not forgotten. Each is in
 /// the call log as `abandoned_worker_stopping` (it reached the provider), its create is ambiguous
 /// (reconciled by the next worker, never resent blind), the lease is given back, and the worker
-/// exits 0 well before the calls' own timeout.
+/// exits 0 well before the calls' own timeout. A second SIGTERM ends a long grace the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_past_the_grace_records_the_calls_in_flight() {
+    for (grace, signals) in [("200ms", 1), ("60s", 2)] {
+        past_the_grace(grace, signals).await;
+    }
+}
+
+async fn past_the_grace(grace: &str, signals: usize) {
     let env =
         Env::with_edited_contracts(&[("sim.toml", "request_ms = 2000", "request_ms = 20000")])
             .await;
@@ -240,7 +246,7 @@ async fn sigterm_past_the_grace_records_the_calls_in_flight() {
             .id,
         );
     }
-    let mut w = env.spawn_worker("abandoner", "60s", &[("JOBTRAIL_SHUTDOWN_GRACE", "200ms")]);
+    let mut w = env.spawn_worker("abandoner", "60s", &[("JOBTRAIL_SHUTDOWN_GRACE", grace)]);
     let deadline = Instant::now() + Duration::from_secs(20);
     while env.sim.ledger().create_requests.values().sum::<u32>() < 3 {
         assert!(
@@ -251,14 +257,17 @@ async fn sigterm_past_the_grace_records_the_calls_in_flight() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let signalled = Instant::now();
-    w.signal(libc::SIGTERM);
+    for _ in 0..signals {
+        w.signal(libc::SIGTERM);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     let status = w
         .wait_exit(Duration::from_secs(15))
         .expect("exits after SIGTERM");
     assert_eq!(status.code(), Some(0));
     assert!(
         signalled.elapsed() < Duration::from_secs(10),
-        "waited {:?} for calls that time out after 20 s",
+        "grace {grace}, {signals} signals: waited {:?} for calls that time out after 20 s",
         signalled.elapsed()
     );
     for id in &ids {

@@ -36,7 +36,8 @@ pub struct WorkerArgs {
     write_batch: usize,
     /// How long steps in flight may finish after SIGTERM; calls still in flight then are
     /// abandoned and logged as such (they may have reached the provider), their steps written
-    /// within 5 s more. Keep the pod's terminationGracePeriodSeconds above both. 0s to 1h.
+    /// within 5 s more. A second SIGTERM or Ctrl-C ends the grace at once. Keep the pod's
+    /// terminationGracePeriodSeconds above both. 0s to 1h.
     #[arg(long, env = "JOBTRAIL_SHUTDOWN_GRACE", default_value = "20s")]
     shutdown_grace: String,
     /// Give up a database round trip (a claim, a batch of steps, a lease extension) unanswered
@@ -163,7 +164,9 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     }
     let shutdown = tokio_util::sync::CancellationToken::new();
     let loop_stop = tokio_util::sync::CancellationToken::new();
-    crate::start::on_signal(loop_stop.clone(), loop_stop.clone());
+    // A second signal ends the shutdown grace at once.
+    let hurry = tokio_util::sync::CancellationToken::new();
+    crate::start::on_signal(loop_stop.clone(), hurry.clone());
     // The probes answer before the database does: alive while this process waits for it at start
     // (a restart would not bring it sooner), not ready until it works.
     let heartbeat = Arc::new(std::sync::OnceLock::<Arc<jobtrail_worker::Heartbeat>>::new());
@@ -211,7 +214,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     let _ = heartbeat.set(worker.heartbeat());
     at_work.store(true, std::sync::atomic::Ordering::Relaxed);
     let stop = shutdown.clone();
-    worker.run(loop_stop).await;
+    worker.run_until(loop_stop, hurry).await;
     // The probes answer until the worker has given its leases back.
     stop.cancel();
     Ok(ExitCode::SUCCESS)

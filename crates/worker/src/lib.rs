@@ -591,6 +591,16 @@ impl Worker {
 
     /// The service loop, until `shutdown` is cancelled. Survives the database going away.
     pub async fn run(&self, shutdown: CancellationToken) -> StatsSnapshot {
+        self.run_until(shutdown, CancellationToken::new()).await
+    }
+
+    /// [`Worker::run`], and `hurry` (a second signal: a person who asks twice) ends the shutdown
+    /// grace at once: the calls still in flight are abandoned and recorded, as when it runs out.
+    pub async fn run_until(
+        &self,
+        shutdown: CancellationToken,
+        hurry: CancellationToken,
+    ) -> StatsSnapshot {
         let permits = Arc::new(tokio::sync::Semaphore::new(self.config.concurrency.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
         let abandon = CancellationToken::new();
@@ -787,8 +797,14 @@ impl Worker {
         let mut aborted: Vec<Lease> = Vec::new();
         let grace = tokio::time::sleep(self.config.shutdown_grace);
         tokio::pin!(grace);
+        let mut hurried = false;
         while !tasks.is_empty() {
             tokio::select! {
+                _ = hurry.cancelled(), if !hurried && !abandon.is_cancelled() => {
+                    hurried = true;
+                    tracing::warn!(in_flight = tasks.len(), "asked again: the grace period ends now");
+                    grace.as_mut().reset(tokio::time::Instant::now());
+                }
                 _ = &mut grace => {
                     if !abandon.is_cancelled() {
                         // The calls still in flight end now as abandoned, and their steps are
@@ -819,14 +835,15 @@ impl Worker {
             .chain(aborted)
             .collect();
         let gave_back = gave_back || !leftover.is_empty();
-        for lease in leftover {
-            let _ = answered_within(
+        // At once, each bounded: one after another, a stalled database would hold the exit for
+        // as many answer limits as there are leases.
+        futures::future::join_all(leftover.iter().map(|lease| {
+            answered_within(
                 self.config.db_answer_within,
-                self.store
-                    .release(&lease, Duration::ZERO, "worker shutdown"),
+                self.store.release(lease, Duration::ZERO, "worker shutdown"),
             )
-            .await;
-        }
+        }))
+        .await;
         // What this worker gave back is due at once: the others take it now, not at their next
         // look (up to --idle away). Best effort: their backstop finds it either way.
         if gave_back
