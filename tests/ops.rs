@@ -383,7 +383,8 @@ async fn a_step_that_panics_is_counted_and_no_longer_counted_in_flight() {
     let base = ops_address(&worker.log);
     let series = "jobtrail_step_panics_total";
     for n in 1..=2 {
-        // With one slot, the second operation is claimed only if the first's panic gave it back.
+        // One slot: the second operation is claimed once the first's panic gave it back; each
+        // panic leaves the in-flight gauge.
         env.submit("sim", serde_json::json!({"duration_ms": 50}), |_| {})
             .await;
         let metrics = scrape_until(&base, series, f64::from(n)).await;

@@ -93,6 +93,11 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Its steps in the order they are written: `first`, if any, then `step`.
+    pub fn steps(&self) -> impl Iterator<Item = &Step> {
+        self.first.iter().chain(std::iter::once(&self.step))
+    }
+
     fn write(step: Step) -> Self {
         Self {
             step,

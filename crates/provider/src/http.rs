@@ -1377,7 +1377,7 @@ impl HttpProvider {
         let spec = &self.contract.status;
         // An answer larger than the answers' own limit may carry the result (read to its limit):
         // only what a status says is built from it, not the result, on every poll in flight; one
-        // that cannot be read so (no object, a pointer across a list) is not built whole either
+        // that cannot be read so (no object) is not built whole either
         // (a list of small numbers parsed takes some thirty times its text, on every poll).
         let large = ex.body.len() as u64 > self.contract.max_response_bytes;
         let parsed = if large {

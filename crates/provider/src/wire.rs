@@ -990,8 +990,9 @@ pub const SPARSE_LEAF_MOST: usize = 64 * 1024;
 /// pointers is held (each object on a pointer's way is read key by key, each array element by
 /// element, not into a map or a list), and none of those larger than [`SPARSE_LEAF_MOST`]. An
 /// array on a pointer's way becomes an object keyed by the index in the document built
-/// (`/jobs/0/id` leads to the same value; the array's other elements are not built). `None` when
-/// `body` is no JSON object, or a pointer is the whole document.
+/// (`/jobs/0/id` leads to the same value; the array's other elements are not built), also where an
+/// outer pointer names that array and it is too large to keep whole. `None` when `body` is no JSON
+/// object, or a pointer is the whole document.
 pub fn sparse<'p>(
     body: &[u8],
     pointers: impl IntoIterator<Item = &'p str>,

@@ -406,6 +406,9 @@ impl Operations for ApiClient {
     async fn still_authenticated(&self) -> Result<(), ServiceError> {
         Ok(())
     }
+    fn rests_on_one_authentication(&self) -> bool {
+        false
+    }
 
     async fn providers(&self) -> Result<ProviderList, ServiceError> {
         self.json(

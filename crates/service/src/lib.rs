@@ -1190,6 +1190,11 @@ pub trait Operations: Send + Sync {
     /// Refused if the token this door acts by was revoked (or expired) since it was authenticated:
     /// for work that spans many requests' worth of time on one authentication ([`wait_settled`]).
     fn still_authenticated(&self) -> impl Future<Output = Result<(), ServiceError>> + Send;
+    /// Whether work on one authentication must call [`Operations::still_authenticated`] (a door
+    /// whose every request is authenticated as it arrives need not).
+    fn rests_on_one_authentication(&self) -> bool {
+        true
+    }
 }
 
 impl Operations for Bound {
@@ -1323,6 +1328,12 @@ impl Operations for Door {
             Door::Remote(c) => c.still_authenticated().await,
         }
     }
+    fn rests_on_one_authentication(&self) -> bool {
+        match self {
+            Door::Local(b) => b.rests_on_one_authentication(),
+            Door::Remote(c) => c.rests_on_one_authentication(),
+        }
+    }
 }
 
 /// Wait until the operation is settled (finished or held for a person) or `timeout` passes,
@@ -1339,12 +1350,17 @@ pub async fn wait_settled(
     let mut checked = tokio::time::Instant::now();
     let mut seen: Option<String> = None;
     loop {
-        if checked.elapsed() >= auth::LISTED_EVERY {
+        let one_authentication = ops.rests_on_one_authentication();
+        if one_authentication && checked.elapsed() >= auth::LISTED_EVERY {
             ops.still_authenticated().await?;
             checked = tokio::time::Instant::now();
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let until_check = auth::LISTED_EVERY.saturating_sub(checked.elapsed());
+        let until_check = if one_authentication {
+            auth::LISTED_EVERY.saturating_sub(checked.elapsed())
+        } else {
+            MAX_WAIT
+        };
         let w = ops
             .wait(id, seen.as_deref(), left.min(MAX_WAIT).min(until_check))
             .await?;

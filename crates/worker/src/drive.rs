@@ -461,19 +461,9 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
         }
         // By reference: a step is 776 bytes, and one held here across its write would size the
         // task of every operation in flight for it.
-        for (i, step) in plan
-            .first
-            .iter()
-            .chain(std::iter::once(&plan.step))
-            .enumerate()
-        {
-            // The calls of the steps after this one, if the store refuses it.
-            let rest = || {
-                plan.first
-                    .iter()
-                    .chain(std::iter::once(&plan.step))
-                    .skip(i + 1)
-            };
+        for (i, step) in plan.steps().enumerate() {
+            // The steps after this one, whose calls are logged if it is not written.
+            let rest = || plan.steps().skip(i + 1);
             if let Some(call) = &step.call {
                 out.calls += 1;
                 metrics::call(&op.provider, call);
@@ -556,6 +546,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 }
                 Err(Stop::Other(e)) => {
                     tracing::error!(operation = %op.id, error = %e, "could not write a step");
+                    Box::pin(log_unwritten_calls(ctx, rest())).await;
                     return out;
                 }
             }
@@ -583,9 +574,10 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
     out
 }
 
-/// The calls of a plan's steps after one the store refused (the lease gone, the state moved): they
-/// were made (a lookup's resend may have started a job), so they go into the call log as the
-/// refused step's own call did. Best effort, each bounded: the database may be away too.
+/// The calls of a plan's steps after one that was not written (refused: the lease gone, the state
+/// moved; or failed: the database away past the lease): they were made (a lookup's resend may have
+/// started a job), so they go into the call log as a refused step's own call does. Best effort,
+/// each bounded: the database may be away still.
 async fn log_unwritten_calls<'s>(ctx: &Ctx<'_>, rest: impl Iterator<Item = &'s Step>) {
     for step in rest {
         let Some(call) = &step.call else { continue };

@@ -1,5 +1,6 @@
 -- Does this database hold tables outside the system schemas (another application's)? Asked of one
--- without jobtrail's operations table, before `migrate` or a throwaway fleet would migrate into it.
+-- where jobtrail's first migration is not recorded applied, before `migrate` or a throwaway fleet
+-- would migrate into it.
 -- Not counted: what an earlier migrate left before its first migration committed (its lock table,
 -- sqlx's bookkeeping: a retried Job must not be refused), and tables an extension owns (PostGIS's
 -- spatial_ref_sys in a database made from a template that has it).
