@@ -1610,10 +1610,20 @@ async fn group_committed_writes_fence_each_operation_on_its_own() {
     let db = TestDb::new().await;
     let store = db.store().await;
     let mut claimed = submit_and_claim(&store, 5, "g").await;
-    // One lease goes stale (expired and taken over), one operation is abandoned by a person meanwhile.
+    // One lease goes stale (expired and taken over), one operation is abandoned by a person once
+    // its lease ran out (a create still open is not abandoned under a live lease).
     let stale = claimed.remove(0);
     let gone = claimed.remove(0);
     take_over(&db, &stale.lease).await;
+    exec(
+        &db,
+        &format!(
+            "UPDATE operations SET lease_expires_at = now() - interval '1 second' WHERE id = '{}'",
+            gone.lease.operation_id.as_uuid()
+        ),
+    )
+    .await
+    .unwrap();
     store
         .decide(
             gone.lease.operation_id,
