@@ -1226,6 +1226,21 @@ async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
     assert_eq!(h.sim.ledger().requests, before, "nothing sent");
 }
 
+/// Serve `app` on a port of its own on 127.0.0.1: its address, and the server's task.
+async fn serve_router(
+    app: axum::Router,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (
+        addr,
+        tokio::spawn(async move { axum::serve(listener, app).await }),
+    )
+}
+
 /// A provider on 127.0.0.1 that answers GETs of `route` with whatever JSON the test puts in the
 /// returned cell (its address, the cell, the server's task).
 async fn stub_provider(
@@ -1246,9 +1261,7 @@ async fn stub_provider(
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, server) = serve_router(app).await;
     (addr, answer, server)
 }
 
@@ -1373,9 +1386,7 @@ async fn a_lookup_told_not_now_says_how_long_to_wait() {
             )
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, server) = serve_router(app).await;
     let h = harness_with(jobtrail_sim::Config::default(), |_| {
         contract("sim", &format!("http://{addr}"))
     })
@@ -1598,9 +1609,7 @@ async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, server) = serve_router(app).await;
     let h = harness_with(jobtrail_sim::Config::default(), |_| {
         let mut c = contract("sim", &format!("http://{addr}"));
         c.result.as_mut().unwrap().from = ResultFrom::Resource;
@@ -1773,9 +1782,8 @@ async fn a_flood_of_small_values_or_a_key_from_a_store_costs_and_leaks_nothing()
                 )
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let store_at = format!("http://{}", listener.local_addr().unwrap());
-    let store_server = tokio::spawn(async move { axum::serve(listener, store).await });
+    let (store_addr, store_server) = serve_router(store).await;
+    let store_at = format!("http://{store_addr}");
     let (addr, answer, server) = stub_provider("/v1/jobs/{id}").await;
 
     let h = harness_with(jobtrail_sim::Config::default(), |_| {
@@ -1848,9 +1856,7 @@ async fn a_large_create_answer_is_read_for_what_it_says_only() {
         "/v1/jobs",
         axum::routing::post(move || async move { ([("content-type", "application/json")], body) }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, server) = serve_router(app).await;
     let h = harness_with(jobtrail_sim::Config::default(), |_| {
         contract("sim", &format!("http://{addr}"))
     })
@@ -1888,9 +1894,8 @@ async fn a_large_result_costs_about_its_own_size() {
             ([("content-type", "application/octet-stream")], blob)
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let store_at = format!("http://{}", listener.local_addr().unwrap());
-    let store_server = tokio::spawn(async move { axum::serve(listener, store).await });
+    let (store_addr, store_server) = serve_router(store).await;
+    let store_at = format!("http://{store_addr}");
     let h = harness_with(jobtrail_sim::Config::default(), |base| {
         let mut c = contract("sim", base);
         c.unauthenticated_origins = vec![url::Url::parse(&store_at).unwrap().origin()];
