@@ -2616,6 +2616,22 @@ async fn a_result_larger_than_the_server_may_hold_is_refused_before_it_is_read()
         half_size,
         "more than half, served on its own"
     );
+    // The size held is the chain's: a writer's login that makes the row say a small size for the
+    // large result gets it refused as altered, never read into the server under a small hold.
+    let db = sqlx::PgPool::connect(&env.url).await.unwrap();
+    sqlx::query("UPDATE operations SET result_size = 1 WHERE id = $1")
+        .bind(large.id.as_uuid())
+        .execute(&db)
+        .await
+        .unwrap();
+    db.close().await;
+    let p = problem(
+        get(large.id).await,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "tampered",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("altered"), "{p}");
     env.stop_workers().await;
 }
 

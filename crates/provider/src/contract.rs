@@ -306,6 +306,8 @@ struct RawStatus {
     #[serde(default)]
     state_absent: Option<String>,
     #[serde(default)]
+    done: Option<String>,
+    #[serde(default)]
     ignore_case: bool,
     #[serde(default)]
     updated_at: Option<String>,
@@ -719,6 +721,10 @@ pub struct StatusSpec {
     pub state: Vec<String>,
     /// The state when none of the pointers is present (Google's `done` is left out while false).
     pub state_absent: Option<String>,
+    /// A pointer to a flag that must be JSON `true` before the document says anything but
+    /// `state_absent` (AIP-151: `error` and `response` mean nothing until `done`; a provider that
+    /// sends an error code beside `done: false` has not ended the job, nor cancelled it).
+    pub done: Option<String>,
     /// State names compare without regard to case (Azure: `Succeeded`, `succeeded`).
     pub ignore_case: bool,
     /// Status codes of the status response that are the state by themselves (Azure's `Location`
@@ -740,6 +746,11 @@ impl StatusSpec {
     /// The state a body states: the first of the `state` pointers present and not null, a
     /// non-string (`true`, `3`) read as its JSON text.
     pub fn state_in(&self, body: &serde_json::Value) -> Option<String> {
+        if let Some(done) = &self.done
+            && body.pointer(done) != Some(&serde_json::Value::Bool(true))
+        {
+            return self.state_absent.clone();
+        }
         self.state
             .iter()
             .find_map(|p| body.pointer(p).filter(|v| !v.is_null()))
@@ -2009,6 +2020,13 @@ impl Validator<'_> {
         if s.state_absent.is_some() && state.is_empty() {
             return Err(self.err("status.state_absent", "status.state beside it"));
         }
+        let done = self.pointer("status.done", &s.done)?;
+        if done.is_some() && s.state_absent.is_none() {
+            return Err(self.err(
+                "status.done",
+                "status.state_absent beside it: the state while the job is not done",
+            ));
+        }
         let follow = match &s.follow {
             Some(list) => list
                 .iter()
@@ -2031,6 +2049,7 @@ impl Validator<'_> {
             follow,
             state,
             state_absent: s.state_absent.clone(),
+            done,
             ignore_case: s.ignore_case,
             codes,
             updated_at: self.pointer("status.updated_at", &s.updated_at)?,

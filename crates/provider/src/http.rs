@@ -1109,13 +1109,15 @@ impl HttpProvider {
             );
         }
         // A status code that says the job ran synchronously: the answer is the finished job,
-        // unless it states a state that is not a success (then it is a job to follow).
-        let says_unfinished = remote_state
-            .as_deref()
-            .is_some_and(|s| self.contract.status.phase(s) != Some(Phase::Succeeded));
+        // unless it states a state that is not a success, or any state beside a job to follow
+        // (OGC's statusInfo, `successful` included: a status document, not the results, which
+        // are then read where the job says).
+        let a_job_to_follow = remote_state.as_deref().is_some_and(|s| {
+            job_id.is_some() || self.contract.status.phase(s) != Some(Phase::Succeeded)
+        });
         if let Some(code) = ex.status
             && spec.sync_codes.contains(&code)
-            && !says_unfinished
+            && !a_job_to_follow
         {
             return self.synchronous(ex, job_id);
         }
@@ -1247,6 +1249,7 @@ impl HttpProvider {
             .map(String::as_str)
             .chain(
                 [
+                    &s.done,
                     &s.updated_at,
                     &s.progress,
                     &s.error,
@@ -1496,7 +1499,8 @@ impl HttpProvider {
         // not built whole here: the result's own checks read it, a few at a time). One that can
         // be read only whole (an array) is built only within a status answer's bounds: its size,
         // and what it may take parsed, as the wire measures a status answer.
-        let json = wire::sparse(&ex.body, spec.state.iter().map(String::as_str)).or_else(|| {
+        let pointers = spec.state.iter().chain(&spec.done).map(String::as_str);
+        let json = wire::sparse(&ex.body, pointers).or_else(|| {
             let most = self.contract.max_response_bytes;
             (ex.body.len() as u64 <= most
                 && jobtrail_core::json::footprint_within(&ex.body, wire::parsed_most(most)).is_ok())
@@ -1886,9 +1890,11 @@ const MOST_LISTED: usize = 20;
 /// The jobs a lookup's answer lists as ours, each once, in the order listed, the first
 /// [`MOST_LISTED`] of them; `Err` (an error class) for an answer that is no clear list: "none
 /// found" lets a second job be created, so only a list that is there and readable says it. A
-/// listed job without a usable id is no answer; one that does not repeat what we looked it up by
-/// (`lookup_reference`, when the contract names it) is another's, listed by a provider that
-/// ignored the filter.
+/// listed job without a usable id is no answer, nor is one that does not say what we looked it up
+/// by (`lookup_reference`, when the contract names it). One that names another reference is
+/// another's, listed by a provider that ignored the filter: ours are taken from beside it, but a
+/// list of only others' is no answer, since an unfiltered list may be one page of many and ours
+/// on the next.
 fn listed_jobs(
     rc: &crate::contract::ReconcileSpec,
     json: &serde_json::Value,
@@ -1903,18 +1909,25 @@ fn listed_jobs(
         None => vec![json],
     };
     let mut job_ids: Vec<String> = Vec::new();
+    let mut others = 0usize;
     for item in items {
         if let Some(p) = &rc.lookup_reference {
             let theirs = item.pointer(p).and_then(id_text);
-            if !theirs.is_some_and(|t| ours.contains(&t)) {
+            if !theirs.as_ref().is_some_and(|t| ours.contains(t)) {
                 // One job answered (no list) is the job found: one that is not ours, or says
-                // nothing (`{}` from a broken gateway), is no answer. Only a readable list, or a
-                // 404, says none was found.
-                if rc.lookup_jobs.is_none() {
+                // nothing (`{}` from a broken gateway), is no answer. A listed job that says no
+                // reference may be ours. Only a readable list, or a 404, says none was found.
+                if rc.lookup_jobs.is_none() || theirs.is_none() {
                     return Err(format!(
-                        "malformed_lookup: the job answered does not carry our reference at {p}"
+                        "malformed_lookup: {} does not carry a reference at {p}",
+                        if rc.lookup_jobs.is_none() {
+                            "the job answered"
+                        } else {
+                            "a listed job"
+                        }
                     ));
                 }
+                others += 1;
                 continue;
             }
         }
@@ -1931,6 +1944,11 @@ fn listed_jobs(
                 break;
             }
         }
+    }
+    if job_ids.is_empty() && others > 0 {
+        return Err(format!(
+            "malformed_lookup: the provider listed {others} job(s) of other references and none of ours: it did not filter, so its list does not say none of ours exists"
+        ));
     }
     Ok(job_ids)
 }

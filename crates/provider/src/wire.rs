@@ -1035,20 +1035,29 @@ pub fn sparse<'p>(
             };
         }
         let raw = here.get();
+        // Set when this value is kept only as a sign that it is there, not whole.
+        let mut marker = false;
         let leaf = if raw.len() > SPARSE_LEAF_MOST {
             // Cut, it is no object: a pointer inside it (Google's `/error/code` beside `/error`)
-            // is read on its own instead, and must not be overwritten by the cut text.
+            // is read on its own instead, and must not be overwritten by the cut text. An object
+            // is still there, empty but for what those pointers read: dropped, a large error
+            // without a code would read as the `done: true` beside it, a success.
             if pointers
                 .iter()
                 .any(|inner| inner.len() > tokens.len() && inner.starts_with(tokens))
             {
-                continue;
+                if !raw.trim_start().starts_with('{') {
+                    continue;
+                }
+                marker = true;
+                serde_json::Value::Object(serde_json::Map::new())
+            } else {
+                let mut end = SPARSE_LEAF_MOST;
+                while !raw.is_char_boundary(end) {
+                    end -= 1;
+                }
+                serde_json::Value::String(format!("{}…", &raw[..end]))
             }
-            let mut end = SPARSE_LEAF_MOST;
-            while !raw.is_char_boundary(end) {
-                end -= 1;
-            }
-            serde_json::Value::String(format!("{}…", &raw[..end]))
         } else {
             serde_json::from_str(raw).ok()?
         };
@@ -1064,8 +1073,13 @@ pub fn sparse<'p>(
                 _ => continue 'pointers,
             }
         }
-        // (A pointer and one inside it: either way round, the outer value is there whole.)
-        at.insert(last.clone(), leaf);
+        // (A pointer and one inside it: either way round, the outer value is there whole; a
+        // marker never replaces what an inner pointer already put there.)
+        if marker {
+            at.entry(last.clone()).or_insert(leaf);
+        } else {
+            at.insert(last.clone(), leaf);
+        }
     }
     Some(serde_json::Value::Object(out))
 }
@@ -1426,6 +1440,22 @@ mod tests {
         for order in [["/error/code", "/error"], ["/error", "/error/code"]] {
             let read = super::sparse(error.as_bytes(), order).unwrap();
             assert_eq!(read["error"]["code"], 3, "{order:?}");
+        }
+        // A large object cut, without the inner value a pointer looks for, is still there: a
+        // large error without a code must not read as the `done: true` beside it.
+        let error = format!(
+            r#"{{"done": true, "error": {{"message": "{}"}}, "response": {{"a": 1}}}}"#,
+            "x".repeat(70_000)
+        );
+        for order in [
+            ["/error/code", "/error", "/done"],
+            ["/done", "/error", "/error/code"],
+        ] {
+            let read = super::sparse(error.as_bytes(), order).unwrap();
+            let state = ["/error/code", "/error", "/done"]
+                .iter()
+                .find_map(|p| read.pointer(p).filter(|v| !v.is_null()));
+            assert_eq!(state, Some(&serde_json::json!({})), "{order:?}");
         }
         // The last of a key written twice, as a parsed document keeps; escaped keys are read.
         let twice = br#"{"s": "a", "\u0073": "b", "t": {"k": 1, "k": 2}}"#;

@@ -693,6 +693,22 @@ async fn an_ogc_job_answered_200_with_its_status_info_is_followed() {
             .contains_key(job_id.rsplit('/').next().unwrap())
     );
 
+    // Its statusInfo saying `successful` is still a status document, not the results: the job is
+    // followed, and its results are read where the job says.
+    let mut op = h
+        .created(serde_json::json!({"protocol": "ogc", "duration_ms": 0, "create": ["successful_status_info_as_200"]}))
+        .await;
+    let end = h.poll_to_end(&mut op).await;
+    assert_eq!(end.phase, Some(Phase::Succeeded));
+    let r = h.provider.fetch_result(&op, 1.into()).await;
+    let ResultOutcome::Fetched(f) = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    assert!(
+        matches!(h.provider.check_result(&op, &f), Checked::Valid { .. }),
+        "the results, not the statusInfo"
+    );
+
     // A synchronous execution (200 with the results document) is still the finished job.
     let op = h
         .op(serde_json::json!({"protocol": "ogc", "create": ["sync"]}))
@@ -1265,8 +1281,9 @@ async fn stub_provider(
     (addr, answer, server)
 }
 
-/// A lookup's answer says "none of ours" only when it is a readable list without any: "none found"
-/// lets a second job be created. A provider that ignored the filter and listed another's job, one
+/// A lookup's answer says "none of ours" only when it is a readable, empty list: "none found"
+/// lets a second job be created. A provider that ignored the filter and listed only another's job,
+/// or a job naming no reference, is no answer; one
 /// that listed ours twice, one with a numeric id, and answers with no list or a listed job without
 /// an id, each over real HTTP from a provider on 127.0.0.1.
 #[tokio::test]
@@ -1278,13 +1295,16 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
                 serde_json::json!({"jobs": []}),
                 Some(LookupOutcome::NotFound),
             ),
+            // A list of only others' jobs: the provider did not filter, and ours may be on its
+            // next page. A listed job that names no reference may be ours.
             (
                 serde_json::json!({"jobs": [{"job_id": "j-theirs", "client_reference": "op_someone_else"}]}),
-                Some(LookupOutcome::NotFound),
+                None,
             ),
+            (serde_json::json!({"jobs": [{"job_id": "j-1"}]}), None),
             (
-                serde_json::json!({"jobs": [{"job_id": "j-1"}]}),
-                Some(LookupOutcome::NotFound),
+                serde_json::json!({"jobs": [{"job_id": "j-1", "client_reference": null}]}),
+                None,
             ),
             // Ours, once, whatever else is listed.
             (

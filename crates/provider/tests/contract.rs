@@ -646,6 +646,38 @@ idempotency = "none"
         Some(jobtrail_core::outcome::Phase::Succeeded)
     );
     assert_eq!(c.status.state_absent.as_deref(), Some("false"));
+    // Nothing but `done: true` ends the job: an error code beside `done: false` confirms no
+    // cancel and no failure, and a `done` that is no boolean is not done.
+    use jobtrail_core::outcome::Phase;
+    for (body, phase) in [
+        (
+            serde_json::json!({"done": false, "error": {"code": 1}}),
+            Phase::Running,
+        ),
+        (serde_json::json!({"error": {"code": 13}}), Phase::Running),
+        (
+            serde_json::json!({"done": 1, "response": {}}),
+            Phase::Running,
+        ),
+        (
+            serde_json::json!({"done": "true", "response": {}}),
+            Phase::Running,
+        ),
+        (
+            serde_json::json!({"done": true, "error": {"code": 1}}),
+            Phase::Cancelled,
+        ),
+        (
+            serde_json::json!({"done": true, "error": {"code": 13}}),
+            Phase::Failed,
+        ),
+    ] {
+        let state = c.status.state_in(&body).unwrap();
+        assert_eq!(c.status.phase(&state), Some(phase), "{body}");
+    }
+    // The flag reads nothing without the state it stands for while not done.
+    let e = parse(&format!("unset = [\"status.state_absent\"]\n{minimal}")).unwrap_err();
+    assert!(e.contains("status.done"), "{e}");
     assert_eq!(
         c.status.phase("1"),
         Some(jobtrail_core::outcome::Phase::Cancelled)

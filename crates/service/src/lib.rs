@@ -998,11 +998,12 @@ impl Service {
         // Held whole before a byte is read, as long as the answer holds them: the result is read
         // into memory whole, so a server that serves one larger than it may hold is a server
         // killed for memory, every caller's waits and sessions with it.
-        let held = self.hold_result(
-            p.caller(),
-            op.result_size
-                .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
-        )?;
+        // The chain's size, not the row's: a writer's login can edit the row.
+        let size = chained
+            .size
+            .or_else(|| op.result_size.and_then(|n| u64::try_from(n).ok()))
+            .unwrap_or(0);
+        let held = self.hold_result(p.caller(), usize::try_from(size).unwrap_or(usize::MAX))?;
         let (loc, sha) = (&chained.location, &chained.sha256);
         let bytes = jobtrail_worker::ResultStore::read_verified(&self.store, loc, sha)
             .await

@@ -788,10 +788,15 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             script.at(format_args!("/v1/monitors/{named}/0")),
         ),
         Protocol::Ogc => {
-            let mut r = if act == CreateAct::StatusInfoAs200 {
+            let status = match act {
+                CreateAct::StatusInfoAs200 => Some("accepted"),
+                CreateAct::SuccessfulStatusInfoAs200 => Some("successful"),
+                _ => None,
+            };
+            let mut r = if let Some(status) = status {
                 json_response(
                     StatusCode::OK,
-                    serde_json::json!({"jobID": named, "type": "process", "status": "accepted"}),
+                    serde_json::json!({"jobID": named, "type": "process", "status": status}),
                 )
             } else {
                 (StatusCode::CREATED, "").into_response()

@@ -48,6 +48,10 @@ pub enum CreateAct {
     /// for an asynchronous job, which is not the finished result its 200 otherwise is.
     #[serde(rename = "status_info_as_200")]
     StatusInfoAs200,
+    /// As `status_info_as_200`, its statusInfo saying `successful`: still a status document, the
+    /// results are at the job's `/results`.
+    #[serde(rename = "successful_status_info_as_200")]
+    SuccessfulStatusInfoAs200,
 }
 
 /// What a cancel request does.

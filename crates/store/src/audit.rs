@@ -615,6 +615,7 @@ impl Store {
                 Some(ChainedResult {
                     location: v.location?.to_owned(),
                     sha256: v.sha256?.to_owned(),
+                    size: v.size.and_then(|n| u64::try_from(n).ok()),
                     content_type: v.content_type.map(str::to_owned),
                 })
             })
@@ -622,8 +623,14 @@ impl Store {
                 StoreError::Tampered(format!("the history of {id} records no validated result"))
             })?;
         let op = self.get_shown(id).await?;
+        // The size too: what a server holds for the bytes before reading them is the chain's,
+        // and a row whose size was edited (to pass a small one for a large result) serves nothing.
+        let size_differs = validated
+            .size
+            .is_some_and(|n| op.result_size.and_then(|m| u64::try_from(m).ok()) != Some(n));
         if op.result_sha256.as_deref() != Some(validated.sha256.as_str())
             || op.result_location.as_deref() != Some(validated.location.as_str())
+            || size_differs
         {
             return Err(StoreError::Tampered(format!(
                 "{id} names result {} but its history validated {}: the record was altered; the result is not served",
@@ -652,6 +659,8 @@ impl Store {
 pub struct ChainedResult {
     pub location: String,
     pub sha256: String,
+    /// The size the chain validated (`None` in a link that did not say one).
+    pub size: Option<u64>,
     pub content_type: Option<String>,
 }
 
