@@ -351,6 +351,27 @@ fn contract_check_expands_the_profile_and_names_the_problem() {
         doc["problems"][0].as_str().unwrap().contains("protocol"),
         "{doc}"
     );
+    // A credential in base_url is refused, and the effective contract printed beside the problem
+    // (to a terminal, a CI log) does not show it either, in text or JSON.
+    let text = std::fs::read_to_string(&example).unwrap().replace(
+        "base_url = \"https://speech.googleapis.com/v1\"",
+        "base_url = \"https://admin:hunter2-in-url@speech.googleapis.com/v1?code=hunter3-in-query\"",
+    );
+    std::fs::write(&bad, text).unwrap();
+    for args in [vec![], vec!["--json"]] {
+        let out = check(&[args.clone(), vec![bad.to_str().unwrap()]].concat());
+        assert_eq!(code(&out), 2);
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(all.contains("base_url"), "{all}");
+        assert!(
+            !all.contains("hunter2-in-url") && !all.contains("hunter3-in-query"),
+            "a credential shown: {args:?}"
+        );
+    }
     std::fs::write(&bad, "name = ").unwrap();
     assert_eq!(code(&check(&[bad.to_str().unwrap()])), 2);
     // Not TOML at all, with --json: still a document naming the problem.

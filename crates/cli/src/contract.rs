@@ -14,7 +14,7 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
     // script can read.
     let unreadable = |problem: String| {
         if json {
-            print_doc(&name, None, None, None, std::slice::from_ref(&problem));
+            print_doc(&name, None, None, &[], None, std::slice::from_ref(&problem));
         }
         fail(exit::BAD_INPUT, problem)
     };
@@ -42,12 +42,17 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
             .map(ToString::to_string)
             .collect(),
     };
-    let effective = effective.ok();
+    let mut effective = effective.ok();
+    let notes = effective
+        .as_mut()
+        .map(|t| shown_safely(t, &name))
+        .unwrap_or_default();
     if json {
         print_doc(
             &name,
             profile.as_deref(),
             effective.as_ref(),
+            &notes,
             timings.as_ref(),
             &problems,
         );
@@ -58,6 +63,9 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
             }
             (Some(p), None) => println!("# {name}: the profile {p:?} cannot be expanded"),
             (None, _) => println!("# {name}: the effective contract (no protocol profile)"),
+        }
+        for note in &notes {
+            println!("# {note}");
         }
         if let Some(effective) = &effective {
             println!(
@@ -90,11 +98,38 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
     ))
 }
 
+/// The effective contract as it may be printed (to a terminal, a CI log): a `base_url` with a user,
+/// a password or a secret-looking query value is shown without them, as the loader's own error
+/// shows it; and what the environment overrides it with is said. The notes say both.
+fn shown_safely(effective: &mut toml::Table, file: &str) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(toml::Value::String(base)) = effective.get_mut("base_url") {
+        let shown = jobtrail_provider::wire::sanitize_url_text(base);
+        if shown != *base {
+            notes.push(format!(
+                "{file}: base_url holds credentials, not shown (and refused: name the secret in [auth])"
+            ));
+            *base = shown;
+        }
+    }
+    if let Some(name) = effective.get("name").and_then(|n| n.as_str()) {
+        let key = contract::base_url_env_key(name);
+        if let Some(over) = std::env::var(&key).ok().filter(|s| !s.is_empty()) {
+            notes.push(format!(
+                "{key} overrides base_url with {:?}: that is the one checked and called",
+                jobtrail_provider::wire::sanitize_url_text(&over)
+            ));
+        }
+    }
+    notes
+}
+
 /// `contract check --json`'s document.
 fn print_doc(
     file: &str,
     protocol: Option<&str>,
     effective: Option<&toml::Table>,
+    notes: &[String],
     timings: Option<&serde_json::Value>,
     problems: &[String],
 ) {
@@ -102,6 +137,7 @@ fn print_doc(
         "file": file,
         "protocol": protocol,
         "effective": effective,
+        "notes": notes,
         "timings": timings,
         "problems": problems,
     });

@@ -1381,20 +1381,42 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, Contract>, ContractError>
         }
     }
     paths.sort();
-    let mut out = BTreeMap::new();
+    let mut out: BTreeMap<String, Contract> = BTreeMap::new();
     for p in paths {
         let c = Contract::load(&p)?;
-        if let Some(prev) = out.get(&c.name) {
-            let prev: &Contract = prev;
+        // Two names that differ only in case or in '-' against '_' would share one base URL
+        // override: setting it for one would move the other's calls, credentials and all.
+        let key = base_url_env_key(&c.name);
+        if let Some(prev) = out
+            .values()
+            .find(|prev| base_url_env_key(&prev.name) == key)
+        {
             return Err(ContractError::Invalid {
                 file: p.display().to_string(),
                 key: "name".into(),
-                expected: format!("a name not already used by {}", prev.file.display()),
+                expected: if prev.name == c.name {
+                    format!("a name not already used by {}", prev.file.display())
+                } else {
+                    format!(
+                        "a name that is not {:?} of {} but for case or '-' and '_' (both would read {key})",
+                        prev.name,
+                        prev.file.display()
+                    )
+                },
             });
         }
         out.insert(c.name.clone(), c);
     }
     Ok(out)
+}
+
+/// The environment variable that overrides a contract's `base_url`: its name in capitals, '-' as
+/// '_'.
+pub fn base_url_env_key(name: &str) -> String {
+    format!(
+        "JOBTRAIL_PROVIDER_{}_BASE_URL",
+        name.to_ascii_uppercase().replace('-', "_")
+    )
 }
 
 const HOUR_MS: u64 = 3_600_000;
@@ -1497,7 +1519,9 @@ impl Validator<'_> {
             }
             (None, None) => return Ok(None),
         };
-        let v: serde_json::Value = serde_json::from_str(&text)
+        // A key written twice is refused, as in every document a provider writes: kept silently,
+        // the last `required` or `type` would win and the schema check less than it says.
+        let v = jobtrail_core::json::parse_unique_keys(text.as_bytes())
             .map_err(|e| self.err(key, format!("a JSON Schema document ({e})")))?;
         let validator = jsonschema::validator_for(&v)
             .map_err(|e| self.err(key, format!("a valid JSON Schema ({e})")))?;
@@ -1685,10 +1709,7 @@ impl Validator<'_> {
                 format!("letters, digits, '-' and '_', got {:?}", r.name),
             ));
         }
-        let env_key = format!(
-            "JOBTRAIL_PROVIDER_{}_BASE_URL",
-            r.name.to_ascii_uppercase().replace('-', "_")
-        );
+        let env_key = base_url_env_key(&r.name);
         let base = std::env::var(&env_key)
             .ok()
             .filter(|s| !s.is_empty())
@@ -1703,13 +1724,11 @@ impl Validator<'_> {
             .ok_or_else(|| {
                 // Never echo a credential someone put into the URL.
                 let shown = url::Url::parse(&base)
-                    .map(|mut u| {
+                    .map(|u| {
                         let had = !u.username().is_empty() || u.password().is_some();
-                        let _ = u.set_username("");
-                        let _ = u.set_password(None);
                         format!(
                             "{:?}{}",
-                            u.as_str(),
+                            crate::wire::sanitize_url(&u),
                             if had {
                                 " (with credentials, not shown)"
                             } else {

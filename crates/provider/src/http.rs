@@ -495,7 +495,7 @@ impl HttpProvider {
     async fn send(&self, op: &OperationRecord, mut req: Box<Req>) -> Exchange {
         let (kind, at, access) = (req.kind, req.at.clone(), req.access);
         let mut secrets = std::mem::take(&mut req.secrets);
-        let out = {
+        let (out, scrubber) = {
             // Moved in: the box is freed when the block ends, before the exchange.
             let req = req;
             let unsent =
@@ -537,11 +537,14 @@ impl HttpProvider {
                 ..
             } = *req;
             headers.extend(extra);
-            Box::new(Outgoing {
+            let scrubber = wire::Scrubber::new(&secrets);
+            let shown_url = scrubber.text(&wire::sanitize_url(&url));
+            let out = Box::new(Outgoing {
                 kind,
                 attempt: at.attempt,
                 method,
                 url,
+                shown_url,
                 headers,
                 body,
                 trace: op.trace_id,
@@ -559,7 +562,8 @@ impl HttpProvider {
                 end_by: at.end_by,
                 clock: at,
                 budget: self.contract.call_budget(),
-            })
+            });
+            (out, scrubber)
         };
         let client = match access {
             Access::Credentials => &self.client,
@@ -571,7 +575,6 @@ impl HttpProvider {
         // an answer to a result call that is no result (a 401 quoting the key) is scrubbed like
         // any other, since its words become the reason recorded.
         let result = kind == CallKind::Result && Self::kept_as_sent(&ex);
-        let scrubber = wire::Scrubber::new(&secrets);
         ex.echoed_secret = wire::sized_work(ex.body.len(), || scrubber.exchange(&mut ex, result));
         ex
     }

@@ -532,7 +532,7 @@ pub fn extract_trace(headers: &http::HeaderMap) -> Option<jobtrail_core::TracePa
 fn call_span(
     kind: CallKind,
     method: &http::Method,
-    url: &url::Url,
+    url: String,
     attempt: i32,
     trace: TraceId,
     span: SpanId,
@@ -547,7 +547,7 @@ fn call_span(
             .with_kind(SpanKind::Client)
             .with_attributes([
                 opentelemetry::KeyValue::new("http.request.method", method.to_string()),
-                opentelemetry::KeyValue::new("url.full", sanitize_url(url)),
+                opentelemetry::KeyValue::new("url.full", url),
                 opentelemetry::KeyValue::new("jobtrail.attempt", i64::from(attempt)),
             ])
             .start_with_context(&tracer, &parent)
@@ -633,6 +633,9 @@ pub struct Outgoing<'a> {
     pub attempt: i32,
     pub method: http::Method,
     pub url: url::Url,
+    /// The URL as the call's span exports it: sanitised and scrubbed of this call's secrets, as
+    /// the record's is (a provider may name a URL that holds one under any name).
+    pub shown_url: String,
     pub headers: http::HeaderMap,
     pub body: Option<Vec<u8>>,
     pub trace: TraceId,
@@ -653,7 +656,7 @@ pub struct Outgoing<'a> {
 
 /// Send one request and read the response up to `max_body` bytes. (`out` is boxed: an async fn
 /// keeps a by-value argument twice, and this future lives as long as the call.)
-pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Exchange {
+pub async fn exchange(client: &reqwest::Client, mut out: Box<Outgoing<'_>>) -> Exchange {
     let span = new_span_id();
     let id = uuid::Uuid::now_v7();
     let mut headers = out.headers;
@@ -706,7 +709,7 @@ pub async fn exchange(client: &reqwest::Client, out: Box<Outgoing<'_>>) -> Excha
     let mut call_span = call_span(
         out.kind,
         &out.method,
-        &out.url,
+        std::mem::take(&mut out.shown_url),
         out.attempt,
         out.trace,
         span,

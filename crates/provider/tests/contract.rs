@@ -41,6 +41,47 @@ fn the_shipped_contracts_load() {
     assert_eq!(example.idempotency(), IdempotencyMode::None);
 }
 
+/// Names that differ only in case or in '-' against '_' would read one base URL override: setting
+/// it for one would move the other's calls, credentials and all. Refused when the directory loads.
+#[test]
+fn two_contracts_sharing_one_base_url_override_are_refused() {
+    for (a, b) in [("acme-pay", "acme_pay"), ("acme", "ACME"), ("acme", "acme")] {
+        let dir = tempfile::tempdir().unwrap();
+        for (file, name) in [("a.toml", a), ("b.toml", b)] {
+            let schema = providers_dir().join("schemas/sim-result.json");
+            let text = sim_text()
+                .replace("name = \"sim\"", &format!("name = \"{name}\""))
+                .replace("schemas/sim-result.json", &schema.display().to_string());
+            assert!(text.contains(&format!("name = \"{name}\"")));
+            std::fs::write(dir.path().join(file), text).unwrap();
+        }
+        let e = load_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("b.toml") && e.contains("name"), "{a} {b}: {e}");
+    }
+}
+
+/// A schema with a key written twice is refused: the last would win silently and the check say
+/// less than the file seems to (here the first `required`).
+#[test]
+fn a_schema_with_a_key_written_twice_is_refused() {
+    let text = sim_text();
+    let dir = tempfile::tempdir().unwrap();
+    let schema = r#"{"type": "object", "required": ["items"], "properties": {}, "required": []}"#;
+    std::fs::write(dir.path().join("twice.json"), schema).unwrap();
+    let (key, line) = text
+        .lines()
+        .find_map(|l| {
+            let k = l.split('=').next()?.trim();
+            (k == "schema_file").then(|| (k.to_owned(), l.to_owned()))
+        })
+        .expect("sim.toml names its result schema by file");
+    let edited = text.replace(&line, &format!("{key} = \"twice.json\""));
+    let e = Contract::parse(&edited, &dir.path().join("sim.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("schema_file") && e.contains("twice"), "{e}");
+}
+
 #[test]
 fn each_invalid_field_is_refused_with_its_name() {
     let base = sim_text();
