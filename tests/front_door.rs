@@ -2889,3 +2889,146 @@ async fn a_wait_whose_token_is_revoked_meanwhile_ends_refused() {
     assert!(!kept.is_finished(), "the other caller's wait runs on");
     kept.abort();
 }
+
+/// A proxy on loopback that passes each request to `upstream` and lets the server answer, then
+/// closes the connection without passing the answer on: a submit that landed, whose answer was
+/// lost (a timeout, a load balancer cutting the connection).
+async fn answer_dropping_proxy(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 64 * 1024];
+                // The request, then the answer read to its first bytes and dropped.
+                let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                    let n = client.read(&mut buf).await.unwrap_or(0);
+                    let _ = server.write_all(&buf[..n]).await;
+                    // The rest of the request, if any, until the server answers.
+                    let mut answer = [0u8; 1];
+                    loop {
+                        tokio::select! {
+                            n = client.read(&mut buf) => match n {
+                                Ok(n) if n > 0 => { let _ = server.write_all(&buf[..n]).await; }
+                                _ => return,
+                            },
+                            _ = server.read_exact(&mut answer) => return,
+                        }
+                    }
+                })
+                .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A submit without `--id` whose answer is lost: the CLI made the id up, names it, and the same
+/// submit sent again under it does not start a second operation (a second paid job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_whose_answer_is_lost_names_its_id_and_is_not_submitted_twice() {
+    let env = Env::new().await;
+    let server = env.serve("api");
+    let token = env.token("agent-lossy", &["submit", "read"]).await;
+    let upstream: std::net::SocketAddr = server
+        .base
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let proxy = answer_dropping_proxy(upstream).await;
+    let submit = |base: String, id: Option<String>| {
+        let token = token.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
+            c.args([
+                "submit",
+                "--provider",
+                "sim",
+                "--target",
+                "t-lossy",
+                "--approved-by",
+                "ops",
+                "--body",
+                "-",
+            ])
+            .env_remove("DATABASE_URL")
+            .env("JOBTRAIL_API", base)
+            .env("JOBTRAIL_TOKEN", token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            if let Some(id) = &id {
+                c.args(["--id", id]);
+            }
+            let mut child = c.spawn().unwrap();
+            use std::io::Write;
+            let mut input = child.stdin.take().unwrap();
+            input.write_all(br#"{"duration_ms": 100}"#).unwrap();
+            drop(input);
+            child.wait_with_output().unwrap()
+        })
+    };
+    let out = submit(format!("http://{proxy}"), None).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    let id = err
+        .split_whitespace()
+        .find_map(|w| {
+            w.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .parse::<jobtrail_core::OperationId>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no id named: {err}"));
+    assert!(err.contains(&format!("--id {id}")), "{err}");
+    // It landed, under that id.
+    assert_eq!(env.store.get(id).await.unwrap().caller, "agent-lossy");
+    let out = submit(server.base.clone(), Some(id.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), id.to_string());
+    let n: (i64,) = sqlx::query_as("SELECT count(*) FROM operations WHERE caller = 'agent-lossy'")
+        .fetch_one(&sqlx::PgPool::connect(&env.url).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(n.0, 1, "one operation, not two");
+
+    // A batch larger than the API takes in one request is refused before it is sent, with what to
+    // do (the same file works through the database, whose limit is the batch's own).
+    let big = "x".repeat(9 << 20);
+    let line = serde_json::json!({"provider": "sim", "target": "t-big", "approved_by": "ops", "request": {"pad": big}});
+    let input = format!("{line}\n{line}\n");
+    let base = server.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+            .args(["submit-batch"])
+            .env_remove("DATABASE_URL")
+            .env("JOBTRAIL_API", base)
+            .env("JOBTRAIL_TOKEN", token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("split it"), "{err}");
+}

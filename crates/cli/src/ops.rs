@@ -102,6 +102,33 @@ pub fn failure(e: ServiceError) -> Failure {
     fail(e.kind.exit_code(), e.message)
 }
 
+/// A fresh operation id, made here when the caller named none: a submit whose answer is lost (a
+/// timeout, a dropped connection after the server committed) can then be sent again under it
+/// without starting a second operation, and a second paid job.
+fn fresh_id() -> String {
+    jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string()
+}
+
+/// A submit that failed unavailable may have landed all the same: say under which ids, so that
+/// sending it again under them cannot submit twice.
+fn unsure(mut e: ServiceError, ids: &[(String, String)]) -> ServiceError {
+    if e.kind == jobtrail_service::Kind::Unavailable && !ids.is_empty() {
+        let named: Vec<String> = ids.iter().map(|(at, id)| format!("{at}{id}")).collect();
+        e.message = format!(
+            "{}\nit may have been submitted all the same, under the id{} made up here: {}; submit it again with {} (the same request under the same id is never submitted twice)",
+            e.message,
+            if ids.len() == 1 { "" } else { "s" },
+            named.join(", "),
+            if ids.len() == 1 {
+                format!("--id {}", ids[0].1)
+            } else {
+                "each line's \"id\" set to these".to_owned()
+            }
+        );
+    }
+    e
+}
+
 #[derive(clap::Args)]
 pub struct SubmitArgs {
     #[arg(long)]
@@ -113,7 +140,8 @@ pub struct SubmitArgs {
     /// JSON in, or say `-` to type it).
     #[arg(long)]
     pub body: Option<std::path::PathBuf>,
-    /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a no-op.
+    /// Your own operation id (op_<ULID>). Re-submitting the same id with the same request is a
+    /// no-op. Without one, one is made up here, and named if the submit's outcome is unknown.
     #[arg(long)]
     pub id: Option<String>,
     /// Who asks (agent run, tool, person): required when going to the database. With --api the
@@ -215,6 +243,8 @@ pub async fn submit_batch(door: &Door, a: BatchArgs, json: bool) -> CmdResult {
         ));
     }
     let mut reqs = Vec::new();
+    // The ids made up here for lines that named none, to name if the outcome is unknown.
+    let mut made_up = Vec::new();
     // Each submission's line, to name it when the batch is refused for it.
     let mut lines = Vec::new();
     for (n, line) in text.split(|b| *b == b'\n').enumerate() {
@@ -238,12 +268,33 @@ pub async fn submit_batch(door: &Door, a: BatchArgs, json: bool) -> CmdResult {
                 format!("line {}: not valid JSON: {e}", n + 1),
             )
         })?;
-        let req: SubmitRequest = serde_json::from_value(v)
+        let mut req: SubmitRequest = serde_json::from_value(v)
             .map_err(|e| fail(exit::BAD_INPUT, format!("line {}: {e}", n + 1)))?;
+        if req.id.is_none() {
+            let id = fresh_id();
+            made_up.push((format!("line {}: ", n + 1), id.clone()));
+            req.id = Some(id);
+        }
         reqs.push(req);
     }
     if reqs.is_empty() {
         return Err(fail(exit::BAD_INPUT, "no submissions: the input is empty"));
+    }
+    // Through the API the batch is one request, held to the API's size limit: refused here, with
+    // what to do, rather than sent whole to be refused (or cut off) there.
+    if let Door::Remote(_) = door {
+        let body = serde_json::to_vec(&serde_json::json!({"operations": &reqs}))
+            .map_err(|e| fail(exit::BAD_INPUT, format!("the batch: {e}")))?;
+        if body.len() > jobtrail_service::MAX_REQUEST_BYTES {
+            return Err(fail(
+                exit::BAD_INPUT,
+                format!(
+                    "the batch is {} bytes as a request, more than the API takes ({}): split it",
+                    body.len(),
+                    jobtrail_service::MAX_REQUEST_BYTES
+                ),
+            ));
+        }
     }
     let done = door.submit_batch(reqs, None).await.map_err(|mut e| {
         // The service names the submission refused by its place among them (`item 3`); here
@@ -257,7 +308,7 @@ pub async fn submit_batch(door: &Door, a: BatchArgs, json: bool) -> CmdResult {
                 .map_or(e.message.as_str(), |(_, why)| why);
             e.message = format!("line {line}: {why}");
         }
-        failure(e)
+        failure(unsure(e, &made_up))
     })?;
     if json {
         print_json(&done);
@@ -329,8 +380,10 @@ pub async fn submit(door: &Door, a: SubmitArgs, json: bool) -> CmdResult {
         )
         .map_err(|e| fail(exit::BAD_INPUT, e))?;
     }
+    let minted = a.id.is_none();
+    let id = a.id.unwrap_or_else(fresh_id);
     let req = SubmitRequest {
-        id: a.id,
+        id: Some(id.clone()),
         provider: a.provider,
         target: a.target,
         request,
@@ -341,7 +394,15 @@ pub async fn submit(door: &Door, a: SubmitArgs, json: bool) -> CmdResult {
         cancel_window: a.cancel_window,
         supersedes: a.supersedes,
     };
-    let s = door.submit(req, trace).await.map_err(failure)?;
+    let made_up = if minted {
+        vec![(String::new(), id)]
+    } else {
+        Vec::new()
+    };
+    let s = door
+        .submit(req, trace)
+        .await
+        .map_err(|e| failure(unsure(e, &made_up)))?;
     let op = &s.operation;
     if json {
         print_json(&s);
