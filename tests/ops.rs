@@ -28,6 +28,52 @@ fn sample(metrics: &str, series: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// A notification's lag is measured when it arrives, not when the worker next looks: with its one
+/// slot held by a create that takes 1.8 s, a worker looks more than a second after a new submission's
+/// notification arrived, and that wait is not the notification's lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notification_lag_is_not_the_time_a_busy_worker_took_to_look() {
+    let env = Env::new().await;
+    let mut worker = env.spawn_worker(
+        "lag-1",
+        "10s",
+        &[
+            ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
+            ("JOBTRAIL_CONCURRENCY", "1"),
+        ],
+    );
+    let base = ops_address(&worker.log);
+    let slow = env
+        .submit("sim", serde_json::json!({"create_hold_ms": 1800}), |_| {})
+        .await;
+    // Its create is in flight (the one slot is busy) before the next is submitted.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while env.store.get(slow.id).await.unwrap().lease_owner.is_none() {
+        assert!(Instant::now() < deadline, "the slow create never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let next = env
+        .submit("sim", serde_json::json!({"duration_ms": 50}), |_| {})
+        .await;
+    for id in [slow.id, next.id] {
+        let done = env.wait_settled(id, Duration::from_secs(60)).await;
+        assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    }
+    let (_, metrics) = get(&format!("{base}/metrics")).await;
+    let count = sample(&metrics, "jobtrail_notification_lag_seconds_count", &[]).unwrap_or(0.0);
+    let sum = sample(&metrics, "jobtrail_notification_lag_seconds_sum", &[]).unwrap_or(0.0);
+    assert!(count >= 1.0, "{metrics}");
+    assert!(sum < 0.5, "{count} notifications, {sum} s of lag in all");
+    worker.signal(libc::SIGTERM);
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("stopped")
+            .success()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_serves_health_and_metrics_during_a_run_and_logs_json_with_the_operation() {
     let env = Env::new().await;

@@ -156,19 +156,28 @@ struct Listening {
 #[derive(Default)]
 struct ListenState {
     lost: AtomicBool,
-    /// When the last notification was sent, by the database's clock, if its payload said.
-    sent: Mutex<Option<chrono::DateTime<chrono::Utc>>>,
 }
 
 impl Listening {
-    fn start(mut l: jobtrail_store::WorkListener) -> Self {
+    /// `db_clock`: the database's clock as the last claim read it, against which a notification's
+    /// lag is measured when it arrives (here, not when the worker next looks: a worker busy with
+    /// every slot looks seconds later, and that is not the notification's lag).
+    fn start(mut l: jobtrail_store::WorkListener, db_clock: Arc<Mutex<Option<DbReading>>>) -> Self {
         let woken = Arc::new(tokio::sync::Notify::new());
         let state = Arc::new(ListenState::default());
         let (w, st) = (woken.clone(), state.clone());
         let reader = tokio::spawn(async move {
             loop {
                 match l.wait().await {
-                    Some(sent) => *st.sent.lock().expect("lock") = sent,
+                    Some(sent) => {
+                        if let (Some(sent), Some((db, at))) =
+                            (sent, *db_clock.lock().expect("lock"))
+                        {
+                            let now =
+                                db + chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
+                            metrics::notified((now - sent).to_std().unwrap_or_default());
+                        }
+                    }
                     None => {
                         st.lost.store(true, Ordering::SeqCst);
                         w.notify_one();
@@ -188,10 +197,6 @@ impl Listening {
     /// The connection broke: listen again.
     fn lost(&self) -> bool {
         self.state.lost.load(Ordering::SeqCst)
-    }
-
-    fn sent(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        *self.state.sent.lock().expect("lock")
     }
 }
 
@@ -485,7 +490,8 @@ impl Worker {
         let answered = Instant::now();
         metrics::claimed(answered - sent, &claimed);
         if let Some(c) = claimed.first() {
-            *self.db_clock.lock().expect("lock") = Some((c.db_now, answered));
+            // `now()` is the claim transaction's start, nearer the sending than the answer.
+            *self.db_clock.lock().expect("lock") = Some((c.db_now, sent));
         }
         Ok((claimed, (sent, answered)))
     }
@@ -629,7 +635,7 @@ impl Worker {
                 listener = answered_within(self.config.db_answer_within, self.store.listen())
                     .await
                     .ok()
-                    .map(Listening::start);
+                    .map(|l| Listening::start(l, self.db_clock.clone()));
             }
             if permits.available_permits() == 0 {
                 // Every slot is busy: the next claim waits for one to free up.
@@ -772,15 +778,7 @@ impl Worker {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep_until(until.into()) => break,
                     _ = self.step_done.notified() => continue,
-                    () = async { match &listener { Some(l) => l.woken.notified().await, None => std::future::pending().await } } => {
-                        if let Some(l) = listener.as_ref().filter(|l| !l.lost())
-                            && let (Some(sent), Some((db, at))) = (l.sent(), *self.db_clock.lock().expect("lock"))
-                        {
-                            let now = db + chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
-                            metrics::notified((now - sent).to_std().unwrap_or_default());
-                        }
-                        break;
-                    }
+                    () = async { match &listener { Some(l) => l.woken.notified().await, None => std::future::pending().await } } => break,
                     // A provider held at its share or cap got a slot back: claim again, and since
                     // its queue may be deep, gather first.
                     done = tasks.join_next(), if at_cap && !tasks.is_empty() => {
