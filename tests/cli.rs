@@ -372,6 +372,21 @@ fn contract_check_expands_the_profile_and_names_the_problem() {
             "a credential shown: {args:?}"
         );
     }
+    // A base URL without credentials is shown as written and said to hold none, in the forms a
+    // URL parser would rewrite too (no path: it adds a `/`).
+    let text = std::fs::read_to_string(&example).unwrap().replace(
+        "base_url = \"https://speech.googleapis.com/v1\"",
+        "base_url = \"https://speech.googleapis.com\"",
+    );
+    std::fs::write(&bad, text).unwrap();
+    let out = check(&[bad.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 0, "{shown}");
+    assert!(!shown.contains("credentials"), "{shown}");
+    assert!(
+        shown.contains("base_url = \"https://speech.googleapis.com\""),
+        "{shown}"
+    );
     std::fs::write(&bad, "name = ").unwrap();
     assert_eq!(code(&check(&[bad.to_str().unwrap()])), 2);
     // Not TOML at all, with --json: still a document naming the problem.

@@ -104,8 +104,14 @@ pub fn check(file: &Path, json: bool) -> CmdResult {
 fn shown_safely(effective: &mut toml::Table, file: &str) -> Vec<String> {
     let mut notes = Vec::new();
     if let Some(toml::Value::String(base)) = effective.get_mut("base_url") {
-        let shown = jobtrail_provider::wire::sanitize_url_text(base);
-        if shown != *base {
+        // The loader's own test (a user, a password, a credential's name in the query), not a
+        // comparison with the sanitised text, which also rewrites harmless forms (a trailing
+        // `/`, a host's case, `?languageCode=`).
+        let with_credentials = url::Url::parse(base)
+            .is_ok_and(|u| !u.username().is_empty() || u.password().is_some())
+            || contract::credential_in_query(base).is_some();
+        if with_credentials {
+            let shown = jobtrail_provider::wire::sanitize_url_text(base);
             notes.push(format!(
                 "{file}: base_url holds credentials, not shown (and refused: name the secret in [auth])"
             ));

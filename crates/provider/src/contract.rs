@@ -721,8 +721,8 @@ pub struct StatusSpec {
     pub state: Vec<String>,
     /// The state when none of the pointers is present (Google's `done` is left out while false).
     pub state_absent: Option<String>,
-    /// A pointer to a flag that must be JSON `true` before the document says anything but
-    /// `state_absent` (AIP-151: `error` and `response` mean nothing until `done`; a provider that
+    /// A pointer to a flag that must be JSON `true` before a status document says anything but
+    /// `state_absent` (no state, without one) (AIP-151: `error` and `response` mean nothing until `done`; a provider that
     /// sends an error code beside `done: false` has not ended the job, nor cancelled it).
     pub done: Option<String>,
     /// State names compare without regard to case (Azure: `Succeeded`, `succeeded`).
@@ -751,6 +751,12 @@ impl StatusSpec {
         {
             return self.state_absent.clone();
         }
+        self.stated(body)
+    }
+
+    /// The state a document states at the `state` pointers, `done` or not: the created resource
+    /// (read after success, at a URL that is not the job's status) has no `done` of its own.
+    pub fn stated(&self, body: &serde_json::Value) -> Option<String> {
         self.state
             .iter()
             .find_map(|p| body.pointer(p).filter(|v| !v.is_null()))
@@ -1432,7 +1438,7 @@ const MAX_RESULT_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// The first parameter named as a credential whose value the contract writes out in the query of a
 /// URL (or URL template), without its value. One filled from a placeholder is not written there.
-fn credential_in_query(url: &str) -> Option<String> {
+pub fn credential_in_query(url: &str) -> Option<String> {
     let (_, query) = url.split_once('?')?;
     query
         .split('&')
@@ -2040,12 +2046,6 @@ impl Validator<'_> {
             return Err(self.err("status.state_absent", "status.state beside it"));
         }
         let done = self.pointer("status.done", &s.done)?;
-        if done.is_some() && s.state_absent.is_none() {
-            return Err(self.err(
-                "status.done",
-                "status.state_absent beside it: the state while the job is not done",
-            ));
-        }
         let follow = match &s.follow {
             Some(list) => list
                 .iter()

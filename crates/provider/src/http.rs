@@ -1399,7 +1399,12 @@ impl HttpProvider {
             ),
             None => {
                 let json = parsed.map_err(str::to_owned)?;
-                let state_here = spec.state_in(&json);
+                // The created resource has no `done` of its own: only a status document waits on it.
+                let state_here = if resource {
+                    spec.stated(&json)
+                } else {
+                    spec.state_in(&json)
+                };
                 // The created resource after success may not say a state: success is already
                 // known. Otherwise a body without one is in the contract's absent state, if any.
                 let remote_state = match (state_here, resource) {
@@ -1513,9 +1518,11 @@ impl HttpProvider {
         // A status document that names no state is in the contract's absent state, as a status
         // read takes it (Google's `done` left out: still running); the created resource may
         // name none after success.
-        let state = spec
-            .state_in(&json)
-            .or_else(|| from_status.then(|| spec.state_absent.clone()).flatten())?;
+        let state = if from_status {
+            spec.state_in(&json).or_else(|| spec.state_absent.clone())?
+        } else {
+            spec.stated(&json)?
+        };
         spec.phase(&state)
             .is_some_and(|p| p != Phase::Succeeded)
             .then_some(state)
@@ -1893,11 +1900,10 @@ const MOST_LISTED: usize = 20;
 /// The jobs a lookup's answer lists as ours, each once, in the order listed, the first
 /// [`MOST_LISTED`] of them; `Err` (an error class) for an answer that is no clear list: "none
 /// found" lets a second job be created, so only a list that is there and readable says it. A
-/// listed job without a usable id is no answer, nor is one that does not say what we looked it up
-/// by (`lookup_reference`, when the contract names it). One that names another reference is
-/// another's, listed by a provider that ignored the filter: ours are taken from beside it, but a
-/// list of only others' is no answer, since an unfiltered list may be one page of many and ours
-/// on the next.
+/// listed job without a usable id is no answer. One that does not repeat what we looked it up by
+/// (`lookup_reference`, when the contract names it) is another's, or names none: listed by a
+/// provider that ignored the filter. Ours are taken from beside them, but a list of only such is
+/// no answer, since an unfiltered list may be one page of many and ours on the next.
 fn listed_jobs(
     rc: &crate::contract::ReconcileSpec,
     json: &serde_json::Value,
@@ -1918,16 +1924,12 @@ fn listed_jobs(
             let theirs = item.pointer(p).and_then(id_text);
             if !theirs.as_ref().is_some_and(|t| ours.contains(t)) {
                 // One job answered (no list) is the job found: one that is not ours, or says
-                // nothing (`{}` from a broken gateway), is no answer. A listed job that says no
-                // reference may be ours. Only a readable list, or a 404, says none was found.
-                if rc.lookup_jobs.is_none() || theirs.is_none() {
+                // nothing (`{}` from a broken gateway), is no answer. Only a readable list, or a
+                // 404, says none was found; a listed job that names no reference (one made in the
+                // provider's console) may be ours, so a list of only such is none found neither.
+                if rc.lookup_jobs.is_none() {
                     return Err(format!(
-                        "malformed_lookup: {} does not carry a reference at {p}",
-                        if rc.lookup_jobs.is_none() {
-                            "the job answered"
-                        } else {
-                            "a listed job"
-                        }
+                        "malformed_lookup: the job answered does not carry our reference at {p}"
                     ));
                 }
                 others += 1;
@@ -1950,7 +1952,7 @@ fn listed_jobs(
     }
     if job_ids.is_empty() && others > 0 {
         return Err(format!(
-            "malformed_lookup: the provider listed {others} job(s) of other references and none of ours: it did not filter, so its list does not say none of ours exists"
+            "malformed_lookup: the provider listed {others} job(s) not of our reference and none of ours: it did not filter, so its list does not say none of ours exists"
         ));
     }
     Ok(job_ids)

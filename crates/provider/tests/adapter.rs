@@ -1306,6 +1306,11 @@ async fn a_lookup_answer_that_is_no_clear_list_of_our_jobs_is_no_answer() {
                 serde_json::json!({"jobs": [{"job_id": "j-1", "client_reference": null}]}),
                 None,
             ),
+            // Ours beside a job that names no reference (made in the provider's console): ours.
+            (
+                serde_json::json!({"jobs": [{"job_id": "j-console"}, {"job_id": "j-1", "client_reference": ours}]}),
+                Some(found(&["j-1"])),
+            ),
             // Ours, once, whatever else is listed.
             (
                 serde_json::json!({"jobs": [

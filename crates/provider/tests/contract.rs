@@ -716,9 +716,20 @@ idempotency = "none"
         let state = c.status.state_in(&body).unwrap();
         assert_eq!(c.status.phase(&state), Some(phase), "{body}");
     }
-    // The flag reads nothing without the state it stands for while not done.
-    let e = parse(&format!("unset = [\"status.state_absent\"]\n{minimal}")).unwrap_err();
-    assert!(e.contains("status.done"), "{e}");
+    // Without a state for "not done", a document not done states none; a created resource (no
+    // `done` of its own) is read at the state pointers alone.
+    let c2 = parse(&format!("unset = [\"status.state_absent\"]\n{minimal}")).unwrap();
+    assert_eq!(
+        c2.status
+            .state_in(&serde_json::json!({"done": false, "error": {"code": 1}})),
+        None
+    );
+    assert_eq!(
+        c.status
+            .stated(&serde_json::json!({"error": {"code": 13}}))
+            .as_deref(),
+        Some("13")
+    );
     assert_eq!(
         c.status.phase("1"),
         Some(jobtrail_core::outcome::Phase::Cancelled)

@@ -633,9 +633,14 @@ impl Store {
             || size_differs
         {
             return Err(StoreError::Tampered(format!(
-                "{id} names result {} but its history validated {}: the record was altered; the result is not served",
+                "{id} names result {} ({} bytes) but its history validated {} ({} bytes): the record was altered; the result is not served",
                 op.result_sha256.as_deref().unwrap_or("none"),
-                validated.sha256
+                op.result_size
+                    .map_or_else(|| "no size".to_owned(), |n| n.to_string()),
+                validated.sha256,
+                validated
+                    .size
+                    .map_or_else(|| "no size".to_owned(), |n| n.to_string()),
             )));
         }
         Ok(validated)

@@ -159,7 +159,8 @@ struct ListenState {
 }
 
 impl Listening {
-    /// `db_clock`: the database's clock as the last claim read it, against which a notification's
+    /// `db_clock`: the database's clock as the last claim read it (pinned to its answer: pinned to
+    /// its sending, the wait for a pooled connection would count as lag), against which a notification's
     /// lag is measured when it arrives (here, not when the worker next looks: a worker busy with
     /// every slot looks seconds later, and that is not the notification's lag).
     fn start(mut l: jobtrail_store::WorkListener, db_clock: Arc<Mutex<Option<DbReading>>>) -> Self {
@@ -490,8 +491,7 @@ impl Worker {
         let answered = Instant::now();
         metrics::claimed(answered - sent, &claimed);
         if let Some(c) = claimed.first() {
-            // `now()` is the claim transaction's start, nearer the sending than the answer.
-            *self.db_clock.lock().expect("lock") = Some((c.db_now, sent));
+            *self.db_clock.lock().expect("lock") = Some((c.db_now, answered));
         }
         Ok((claimed, (sent, answered)))
     }
