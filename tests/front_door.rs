@@ -2942,38 +2942,28 @@ async fn a_submit_whose_answer_is_lost_names_its_id_and_is_not_submitted_twice()
         .unwrap();
     let proxy = answer_dropping_proxy(upstream).await;
     let submit = |base: String, id: Option<String>| {
-        let token = token.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut c = Command::new(env!("CARGO_BIN_EXE_jobtrail"));
-            c.args([
-                "submit",
-                "--provider",
-                "sim",
-                "--target",
-                "t-lossy",
-                "--approved-by",
-                "ops",
-                "--body",
-                "-",
-            ])
-            .env_remove("DATABASE_URL")
-            .env("JOBTRAIL_API", base)
-            .env("JOBTRAIL_TOKEN", token)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-            if let Some(id) = &id {
-                c.args(["--id", id]);
-            }
-            let mut child = c.spawn().unwrap();
-            use std::io::Write;
-            let mut input = child.stdin.take().unwrap();
-            input.write_all(br#"{"duration_ms": 100}"#).unwrap();
-            drop(input);
-            child.wait_with_output().unwrap()
-        })
+        let mut args: Vec<String> = [
+            "submit",
+            "--provider",
+            "sim",
+            "--target",
+            "t-lossy",
+            "--approved-by",
+            "ops",
+            "--body",
+            "-",
+        ]
+        .map(String::from)
+        .into();
+        args.extend(id.into_iter().flat_map(|id| ["--id".to_owned(), id]));
+        jobtrail_through(
+            base,
+            token.clone(),
+            args,
+            br#"{"duration_ms": 100}"#.to_vec(),
+        )
     };
-    let out = submit(format!("http://{proxy}"), None).await.unwrap();
+    let out = submit(format!("http://{proxy}"), None).await;
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(5), "{err}");
     let id = err
@@ -2987,9 +2977,7 @@ async fn a_submit_whose_answer_is_lost_names_its_id_and_is_not_submitted_twice()
     assert!(err.contains(&format!("--id {id}")), "{err}");
     // It landed, under that id.
     assert_eq!(env.store.get(id).await.unwrap().caller, "agent-lossy");
-    let out = submit(server.base.clone(), Some(id.to_string()))
-        .await
-        .unwrap();
+    let out = submit(server.base.clone(), Some(id.to_string())).await;
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -3008,11 +2996,29 @@ async fn a_submit_whose_answer_is_lost_names_its_id_and_is_not_submitted_twice()
     let big = "x".repeat(9 << 20);
     let line = serde_json::json!({"provider": "sim", "target": "t-big", "approved_by": "ops", "request": {"pad": big}});
     let input = format!("{line}\n{line}\n");
-    let base = server.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
+    let out = jobtrail_through(
+        server.base.clone(),
+        token,
+        vec!["submit-batch".into()],
+        input.into_bytes(),
+    )
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("split it"), "{err}");
+}
+
+/// `jobtrail ARGS` through the API at `base` with `token` and nothing else, `stdin` piped in.
+async fn jobtrail_through(
+    base: String,
+    token: String,
+    args: Vec<String>,
+    stdin: Vec<u8>,
+) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut child = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
-            .args(["submit-batch"])
+            .args(args)
             .env_remove("DATABASE_URL")
             .env("JOBTRAIL_API", base)
             .env("JOBTRAIL_TOKEN", token)
@@ -3021,14 +3027,11 @@ async fn a_submit_whose_answer_is_lost_names_its_id_and_is_not_submitted_twice()
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input.as_bytes()).unwrap();
-        drop(stdin);
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(&stdin).unwrap();
+        drop(input);
         child.wait_with_output().unwrap()
     })
     .await
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("split it"), "{err}");
+    .unwrap()
 }
