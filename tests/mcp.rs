@@ -952,6 +952,39 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns_until_sent() {
     env.stop_workers().await;
 }
 
+/// A tool's refusal is counted where the HTTP routes count theirs (`jobtrail_api_problems_total`,
+/// by kind): an operator watching refusals sees agents refused over MCP too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_refusal_is_counted_as_a_problem_the_api_answered() {
+    let env = Env::new().await;
+    let server = env.serve_with("api-mcp-ops", &[("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0")]);
+    let ops = support::ops_address(&server.log);
+    let token = env.token("agent-alice", &["read"]).await;
+    let client = over_http(&server, &token, false).await;
+    let unknown = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string();
+    for _ in 0..2 {
+        let refused = call(&client, "get_operation", json!({"operation_id": unknown})).await;
+        assert_eq!(structured(&refused)["error"], "not-found", "{refused:?}");
+    }
+    let metrics = support::http()
+        .get(format!("{ops}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        support::sample(
+            &metrics,
+            "jobtrail_api_problems_total",
+            &["kind=\"not-found\""]
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+}
+
 /// A session opened and initialised by hand (as a Streamable HTTP client does): its id.
 async fn mcp_session(server: &Server, token: &str) -> String {
     let opened = mcp_post(server, token, None, support::mcp_initialize()).await;

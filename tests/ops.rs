@@ -7,7 +7,7 @@ mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{Env, ops_address};
+use support::{Env, ops_address, sample};
 
 /// Longer than the readiness answer is cached.
 const READY_CACHE: Duration = Duration::from_millis(1100);
@@ -17,15 +17,46 @@ async fn get(url: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-/// The value of the first sample of `series` whose labels include every one of `labels`.
-fn sample(metrics: &str, series: &str, labels: &[&str]) -> Option<f64> {
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(series) && l[series.len()..].starts_with(['{', ' ']))
-        .find(|l| labels.iter().all(|want| l.contains(want)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+/// A claim the database does not answer in time is counted (`jobtrail_claim_failures_total`): a
+/// worker that cannot claim shows on a dashboard, not only in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_database_does_not_answer_is_counted() {
+    use sqlx::Connection;
+    let env = Env::new().await;
+    let mut worker = env.spawn_worker(
+        "claim-fails",
+        "10s",
+        &[
+            ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
+            ("JOBTRAIL_DB_ANSWER_WITHIN", "1s"),
+        ],
+    );
+    let base = ops_address(&worker.log);
+    let failures = || async {
+        let (_, metrics) = get(&format!("{base}/metrics")).await;
+        sample(&metrics, "jobtrail_claim_failures_total", &[]).unwrap_or(0.0)
+    };
+    assert_eq!(failures().await, 0.0);
+    // The table held for longer than the worker waits for an answer: its claims go unanswered.
+    let mut holder = sqlx::PgConnection::connect(&env.url).await.unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("LOCK TABLE operations IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tx.rollback().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while failures().await < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no failed claim counted:\n{}",
+            std::fs::read_to_string(&worker.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    worker.signal(libc::SIGTERM);
+    assert!(worker.wait_exit(Duration::from_secs(30)).is_some());
 }
 
 /// A notification's lag is measured when it arrives, not when the worker next looks: with its one
@@ -424,15 +455,21 @@ async fn a_step_that_panics_is_counted_and_no_longer_counted_in_flight() {
             ("JOBTRAIL_OPS_LISTEN", "127.0.0.1:0"),
             ("JOBTRAIL_CONCURRENCY", "1"),
             ("JOBTRAIL_FAULT", "panic_at:after_create_marked"),
+            ("JOBTRAIL_LOG_FORMAT", "json"),
         ],
     );
     let base = ops_address(&worker.log);
     let series = "jobtrail_step_panics_total";
+    let mut ids = Vec::new();
     for n in 1..=2 {
         // One slot: the second operation is claimed once the first's panic gave it back; each
         // panic leaves the in-flight gauge.
-        env.submit("sim", serde_json::json!({"duration_ms": 50}), |_| {})
-            .await;
+        ids.push(
+            env.submit("sim", serde_json::json!({"duration_ms": 50}), |_| {})
+                .await
+                .id
+                .to_string(),
+        );
         let metrics = scrape_until(&base, series, f64::from(n)).await;
         assert_eq!(
             sample(&metrics, series, &[]),
@@ -448,6 +485,20 @@ async fn a_step_that_panics_is_counted_and_no_longer_counted_in_flight() {
     }
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(log.contains("a step panicked"), "{log}");
+    // Each panic is a JSON line of its own, inside its step's span: it names the operation. No
+    // plain-text line from the default hook breaks the log pipeline's JSON.
+    assert!(!log.contains("thread '"), "{log}");
+    let panicked: Vec<String> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("panicked: "))
+        })
+        .map(|l| l["span"]["operation"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(panicked, ids, "{log}");
     let (status, _) = get(&format!("{base}/livez")).await;
     assert_eq!(status, 200);
 }
@@ -833,8 +884,18 @@ async fn the_api_serves_its_probes_and_metrics_apart_from_the_api() {
     assert_eq!(get(&format!("{base}/livez")).await.0, 200);
     let (status, body) = get(&format!("{base}/readyz")).await;
     assert_eq!(status, 200, "{body}");
-    env.submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
         .await;
+    // Due ten minutes ago and claimed by no worker (none runs here): how long it has waited is a
+    // gauge an operator can alert on (a renamed contract strands its operations like this).
+    sqlx::query(
+        "UPDATE operations SET next_action_at = now() - interval '10 minutes' WHERE id = $1",
+    )
+    .bind(op.id.as_uuid())
+    .execute(&sqlx::PgPool::connect(&env.url).await.unwrap())
+    .await
+    .unwrap();
     let (status, metrics) = get(&format!("{base}/metrics")).await;
     assert_eq!(status, 200);
     assert_eq!(
@@ -846,6 +907,13 @@ async fn the_api_serves_its_probes_and_metrics_apart_from_the_api() {
         Some(1.0),
         "{metrics}"
     );
+    let waited = sample(
+        &metrics,
+        "jobtrail_due_oldest_age_seconds",
+        &["provider=\"sim\""],
+    )
+    .unwrap_or(0.0);
+    assert!((600.0..900.0).contains(&waited), "{metrics}");
     // The probes are not on the API's port, and the API's port serves no metrics.
     assert_eq!(get(&server.url("/metrics")).await.0, 404);
     // Webhook deliveries are counted by provider and outcome: two forged ones (a secret rotated on
@@ -914,6 +982,27 @@ async fn a_credential_the_worker_cannot_find_keeps_it_unready_and_named() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("env:JOBTRAIL_SIM_TOKEN"), "{body}");
     assert_eq!(get(&format!("{base}/livez")).await.0, 200);
+    // A create tried meanwhile never leaves the worker: counted as `not_sent`, not as a call the
+    // provider did not answer (an alert on `no_response` would page for a provider that is fine).
+    env.submit("sim", serde_json::json!({"duration_ms": 50}), |_| {})
+        .await;
+    let create = ["provider=\"sim\"", "call=\"create\""];
+    let series = "jobtrail_provider_call_seconds_count";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let (_, metrics) = get(&format!("{base}/metrics")).await;
+        if sample(&metrics, series, &create).is_some() || Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let not_sent = [create[0], create[1], "status=\"not_sent\""];
+    assert!(
+        sample(&metrics, series, &not_sent).is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    let no_response = [create[0], create[1], "status=\"no_response\""];
+    assert_eq!(sample(&metrics, series, &no_response), None, "{metrics}");
     worker.signal(libc::SIGTERM);
     assert!(
         worker

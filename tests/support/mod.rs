@@ -673,6 +673,17 @@ pub fn admin_bin() -> std::path::PathBuf {
     p
 }
 
+/// The value of the first sample of `series` whose labels include every one of `labels`.
+pub fn sample(metrics: &str, series: &str, labels: &[&str]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(series) && l[series.len()..].starts_with(['{', ' ']))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The address a process printed for its operations listener (bounded wait on its log).
 pub fn ops_address(log: &std::path::Path) -> String {
     announced(log, "/metrics on ")

@@ -180,7 +180,7 @@ pub async fn verify(
                         r.operations,
                         r.rows,
                         r.calls,
-                        r.breaks.len(),
+                        r.break_count(),
                         started.elapsed().as_secs()
                     );
                 }
@@ -211,6 +211,13 @@ pub async fn verify(
                 shown(&b.stored)
             );
         }
+        if report.breaks_omitted > 0 {
+            println!(
+                "... and {} more breaks, not listed (a report lists the first {})",
+                report.breaks_omitted,
+                jobtrail_store::MAX_BREAKS_LISTED
+            );
+        }
         let anchor = match &report.anchor {
             Some(a) => format!(
                 "; anchor #{} ({} operations, {}{}) checked",
@@ -235,7 +242,7 @@ pub async fn verify(
             if report.is_clean() {
                 "intact".to_owned()
             } else {
-                format!("{} BREAKS", report.breaks.len())
+                format!("{} BREAKS", report.break_count())
             }
         );
         if let Some(u) = report.unanchored {

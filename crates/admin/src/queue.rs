@@ -192,12 +192,16 @@ pub async fn show(store: &Store, id: &str, json: bool) -> CmdResult {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A due operation waiting this long is named by `stats` (a working fleet claims within seconds).
+const WAITING_TOO_LONG_SECS: f64 = 60.0;
+
 pub async fn stats(store: &Store, json: bool) -> CmdResult {
     let by_state = store.count_by_state().await?;
     let (queue, oldest) = store.escalation_stats().await?;
     let leases = store.lease_holders().await?;
     let (ops, history, calls) = store.totals().await?;
     let pauses = store.provider_pauses().await?;
+    let due = store.due_by_provider().await?;
     if json {
         print_json(&serde_json::json!({
             "operations": ops, "history_rows": history, "provider_calls": calls,
@@ -205,6 +209,7 @@ pub async fn stats(store: &Store, json: bool) -> CmdResult {
             "escalations": {"open": queue, "oldest": oldest, "oldest_age_secs": oldest.map(|o| (Utc::now() - o).num_seconds())},
             "lease_holders": leases,
             "provider_pauses": pauses,
+            "due": due,
         }));
         return Ok(ExitCode::SUCCESS);
     }
@@ -234,6 +239,17 @@ pub async fn stats(store: &Store, json: bool) -> CmdResult {
             jobtrail_console::visible::text(&p.provider),
             p.paused_until.format("%Y-%m-%d %H:%M:%SZ"),
             p.remaining_secs.ceil()
+        );
+    }
+    // A provider paused fleet-wide is said above: its wait is the pause, not a missing worker.
+    let waiting = due.iter().filter(|d| {
+        d.oldest_secs >= WAITING_TOO_LONG_SECS && !pauses.iter().any(|p| p.provider == d.provider)
+    });
+    for d in waiting {
+        let name = jobtrail_console::visible::text(&d.provider);
+        println!(
+            "provider {name}: {} operations due, the oldest waiting {:.0}s: no worker has claimed them (is one running with a contract named {name}? A renamed or removed contract strands its operations; a contract's max_in_flight or too few workers keep them waiting too)",
+            d.due, d.oldest_secs,
         );
     }
     if leases.is_empty() {

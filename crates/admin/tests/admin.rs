@@ -2031,6 +2031,62 @@ async fn stats_report_states_the_queue_and_lease_holders() {
     );
     let help = admin(&db, &["--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("Exit codes"));
+
+    // An operation of a contract since renamed: due ten minutes ago and claimed by no worker.
+    // Named, with how long it has waited.
+    let stranded = Submission {
+        provider: "acme-old".into(),
+        target: "reports".into(),
+        body: br#"{"n":1}"#.to_vec(),
+        caller: "agent-7".into(),
+        approved_by: "alice".into(),
+        ..Default::default()
+    };
+    // (Submitted while the contract was loaded under that name.)
+    let mut then = terms();
+    then.insert(
+        "acme-old".into(),
+        ProviderTerms::new("acme-old", IdempotencyMode::Header),
+    );
+    let op = store
+        .submit_new(&stranded, &then, SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    // And one of `sim`, as long overdue, but `sim` is paused fleet-wide (said above): its wait is
+    // the pause, not a missing worker.
+    let paused = submit(&store, 10).await;
+    for id in [op.id, paused.id] {
+        exec(
+            &db,
+            &format!(
+                "UPDATE operations SET next_action_at = now() - interval '10 minutes' WHERE id = '{}'",
+                id.as_uuid()
+            ),
+        )
+        .await;
+    }
+    let text = admin(&db, &["stats"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    let named: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("no worker has claimed"))
+        .collect();
+    assert_eq!(named.len(), 1, "{text}");
+    assert!(
+        named[0].starts_with("provider acme-old: 1 operations due"),
+        "{text}"
+    );
+    let s = json(&admin(&db, &["stats", "--json"]));
+    let old = s["due"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["provider"] == "acme-old")
+        .unwrap_or_else(|| panic!("{s}"));
+    assert_eq!(old["due"], 1);
+    let waited = old["oldest_secs"].as_f64().unwrap();
+    assert!((600.0..900.0).contains(&waited), "{waited}");
 }
 
 /// Decisions a careless operator (or a hostile one) could make, refused with nothing written: a
@@ -2248,32 +2304,72 @@ async fn an_anchor_never_covers_less_of_a_chain_than_there_is() {
     let store = db.store().await;
     let op = succeeded_with_result(&store, 1, br#"{"items":[1]}"#).await;
     let id = op.id.as_uuid();
-    // A writer's login sets the row's head back two links (its columns are a step's), so that an
-    // anchor taken now would leave the last two for an owner to remove later, unseen.
-    let back = format!(
-        "UPDATE operations SET history_seq = history_seq - 2, \
-         history_head = (SELECT hash FROM operation_history h \
-                         WHERE h.operation_id = '{id}' AND h.seq = operations.history_seq - 2) \
-         WHERE id = '{id}'"
-    );
-    exec(
-        &db,
-        &format!("SET session_replication_role = replica; {back}"),
-    )
-    .await;
-    let out = admin(&db, &["audit", "anchor"]);
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 8, "{said}");
-    assert!(
-        said.contains("runs past the head") && said.contains(&op.id.to_string()),
-        "{said}"
-    );
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let anchors: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_anchors")
+    let heads =
+        "SELECT history_seq, history_head, calls_seq, calls_head FROM operations WHERE id = $1";
+    let kept: (i64, Vec<u8>, i64, Vec<u8>) = sqlx::query_as(heads)
+        .bind(id)
         .fetch_one(&mut c)
         .await
         .unwrap();
-    assert_eq!(anchors, 0, "nothing was anchored");
+    let made_up = "decode(repeat('ab', 32), 'hex')";
+    for (edit, said_part) in [
+        // A writer's login sets the row's head back two links (its columns are a step's), so that
+        // an anchor taken now would leave the last two for an owner to remove later, unseen.
+        (
+            format!(
+                "UPDATE operations SET history_seq = history_seq - 2, \
+                 history_head = (SELECT hash FROM operation_history h \
+                                 WHERE h.operation_id = '{id}' AND h.seq = operations.history_seq - 2) \
+                 WHERE id = '{id}'"
+            ),
+            "runs past the head",
+        ),
+        // Or names a head its chain never had: anchored, every later verify would blame the chain.
+        (
+            format!("UPDATE operations SET history_head = {made_up} WHERE id = '{id}'"),
+            "no link of its chain",
+        ),
+        (
+            format!("UPDATE operations SET calls_head = {made_up} WHERE id = '{id}'"),
+            "no link of its chain",
+        ),
+    ] {
+        exec(
+            &db,
+            &format!("SET session_replication_role = replica; {edit}"),
+        )
+        .await;
+        let out = admin(&db, &["audit", "anchor"]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 8, "{edit}: {said}");
+        assert!(
+            said.contains(said_part) && said.contains(&op.id.to_string()),
+            "{edit}: {said}"
+        );
+        let anchors: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_anchors")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(anchors, 0, "{edit}: nothing was anchored");
+        // Put back as it was for the next edit.
+        exec(
+            &db,
+            &format!(
+                "SET session_replication_role = replica; UPDATE operations SET history_seq = {}, \
+                 history_head = decode('{}', 'hex'), calls_seq = {}, calls_head = decode('{}', 'hex') \
+                 WHERE id = '{id}'",
+                kept.0,
+                hex::encode(&kept.1),
+                kept.2,
+                hex::encode(&kept.3)
+            ),
+        )
+        .await;
+    }
+    // The row as its chains are: anchored.
+    let out = admin(&db, &["audit", "anchor"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[tokio::test]

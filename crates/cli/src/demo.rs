@@ -442,7 +442,7 @@ pub async fn run(args: DemoArgs, json: bool, database_url: Option<&str>) -> CmdR
         "transitions": n_history,
         "transitions_per_sec": n_history as f64 / elapsed.as_secs_f64(),
         "chains_verified": verify.operations,
-        "chain_breaks": verify.breaks.len(),
+        "chain_breaks": verify.break_count(),
         "unexpected_outcomes": unexpected,
         "database_url": url,
         // Kept, like the database, to look into afterwards: the workers' logs and the contracts.

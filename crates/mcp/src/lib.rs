@@ -209,9 +209,12 @@ fn as_object(v: serde_json::Value) -> JsonObject {
     }
 }
 
-/// An error about our insides is logged here and never shown to the agent (see
+/// Every refusal a tool answers is counted as the HTTP routes count theirs (by kind, in
+/// `jobtrail_api_problems_total`): an agent refused over MCP is as visible to an operator as one
+/// refused over HTTP. An error about our insides is logged here and never shown to the agent (see
 /// [`ServiceError::shown`]).
 fn logged(e: &ServiceError) {
+    metrics::counter!("jobtrail_api_problems_total", "kind" => e.kind.as_str()).increment(1);
     if e.internal {
         tracing::warn!(kind = e.kind.as_str(), detail = %e.message, "MCP request failed");
     }

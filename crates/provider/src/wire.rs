@@ -613,6 +613,20 @@ impl WireError {
             WireError::Stopping => "not_sent_worker_stopping",
         }
     }
+    /// Whether a call recorded with this error class never left this process (not even a
+    /// connection was tried): nothing of the provider's is in its outcome or its duration.
+    pub fn never_left(class: &str) -> bool {
+        [
+            WireError::Secret,
+            WireError::NotBuilt,
+            WireError::LeaseTooShort,
+            WireError::Origin,
+            WireError::Stopping,
+        ]
+        .iter()
+        .any(|e| e.class() == class)
+    }
+
     /// Nothing reached the provider.
     pub const fn not_sent(self) -> bool {
         matches!(

@@ -40,16 +40,37 @@ pub struct VerifyReport {
     pub unchained_calls: u64,
     /// Stored results checked against their digests and the chain.
     pub results: u64,
+    /// The breaks found, the first [`MAX_BREAKS_LISTED`] of them.
     pub breaks: Vec<ChainBreak>,
+    /// Breaks found beyond those listed (counted, not kept).
+    pub breaks_omitted: u64,
     /// The anchor that was checked, if any.
     pub anchor: Option<Anchor>,
     /// Evidence no anchor covers yet (after the checked anchor, or all of it without one).
     pub unanchored: Option<Unanchored>,
 }
 
+/// Breaks a report lists at most. One bulk edit can break every operation in the database, and a
+/// report is built whole (by an API server, among others): what it holds must not grow with the
+/// database. The first breaks name where to look; the rest are counted.
+pub const MAX_BREAKS_LISTED: usize = 1000;
+
 impl VerifyReport {
     pub fn is_clean(&self) -> bool {
-        self.breaks.is_empty()
+        self.break_count() == 0
+    }
+
+    /// Every break found, listed or not.
+    pub fn break_count(&self) -> u64 {
+        self.breaks.len() as u64 + self.breaks_omitted
+    }
+
+    /// Keep the first [`MAX_BREAKS_LISTED`] breaks, count the rest.
+    fn cap_breaks(&mut self) {
+        if self.breaks.len() > MAX_BREAKS_LISTED {
+            self.breaks_omitted += (self.breaks.len() - MAX_BREAKS_LISTED) as u64;
+            self.breaks.truncate(MAX_BREAKS_LISTED);
+        }
     }
 }
 
@@ -90,6 +111,20 @@ struct BrokenHead {
     current: Option<Vec<u8>>,
     operation_exists: bool,
     chain: String,
+}
+
+/// An operation row's chain heads, as an anchor takes them.
+#[derive(sqlx::FromRow)]
+struct Head {
+    id: uuid::Uuid,
+    history_seq: i64,
+    history_head: Vec<u8>,
+    calls_seq: i64,
+    calls_head: Vec<u8>,
+    /// A link or call lies after the head the row names.
+    runs_past: bool,
+    /// The row's head is no link of its chain (or the calls' genesis hash while it names none).
+    off_chain: bool,
 }
 
 /// An operation row: its heads and the facts the chain commits to.
@@ -214,6 +249,7 @@ impl Store {
         let cut = cutovers(&mut tx).await?;
         let mut report = VerifyReport::default();
         check_operation(&facts, (&history, &calls, &results), cut, &mut report);
+        report.cap_breaks();
         Ok(report)
     }
 
@@ -335,9 +371,11 @@ impl Store {
                 report.results += 1;
                 orphan(&mut report, r.operation_id, 0, "stored result");
             }
+            report.cap_breaks();
             let Some(op) = op else { break };
             let links: Vec<HistoryRecord> = links.into_iter().map(HistoryRecord::from).collect();
             check_operation(&op, (&links, &op_calls, &op_results), cut, &mut report);
+            report.cap_breaks();
             progress(&report);
         }
         Ok(report)
@@ -353,16 +391,27 @@ impl Store {
             .await?;
         let mut hasher = HeadsHasher::default();
         {
-            let mut heads = sqlx::query_as::<_, (uuid::Uuid, i64, Vec<u8>, i64, Vec<u8>, bool)>(
-                include_str!("sql/operation_list_heads.sql"),
-            )
-            .fetch(&mut *tx);
-            while let Some((id, seq, hash, calls_seq, calls_hash, runs_past)) =
-                heads.try_next().await?
+            let mut heads = sqlx::query_as::<_, Head>(include_str!("sql/operation_list_heads.sql"))
+                .fetch(&mut *tx);
+            while let Some(Head {
+                id,
+                history_seq: seq,
+                history_head: hash,
+                calls_seq,
+                calls_head: calls_hash,
+                runs_past,
+                off_chain,
+            }) = heads.try_next().await?
             {
                 if runs_past {
                     return Err(StoreError::Tampered(format!(
                         "{}'s chain runs past the head its row names (history link {seq}, call {calls_seq}): nothing was anchored; run `jobtrail-admin audit verify` on it",
+                        OperationId::from_uuid(id)
+                    )));
+                }
+                if off_chain {
+                    return Err(StoreError::Tampered(format!(
+                        "{}'s row names a head that is no link of its chain (history link {seq}, call {calls_seq}): nothing was anchored; run `jobtrail-admin audit verify` on it",
                         OperationId::from_uuid(id)
                     )));
                 }
@@ -449,16 +498,17 @@ impl Store {
     /// Check an anchor: its recorded heads must still hash to its digest, and every anchored link
     /// and call must still exist with the anchored hash. `only`: check one operation's anchored
     /// heads (the digest is always recomputed over all of them).
+    /// Breaks go into `report` (streamed, and capped as every report's are).
     pub async fn verify_anchor(
         &self,
         anchor: &Anchor,
         only: Option<OperationId>,
-    ) -> Result<Vec<ChainBreak>, StoreError> {
-        let mut breaks = Vec::new();
+        report: &mut VerifyReport,
+    ) -> Result<(), StoreError> {
         let tag = format!("anchor #{}", anchor.id);
         let (digest, count) = self.heads_digest(anchor).await?;
         if digest != anchor.digest || count != anchor.operations {
-            breaks.push(ChainBreak {
+            report.breaks.push(ChainBreak {
                 operation_id: tag.clone(),
                 seq: 0,
                 problem: "the anchor's recorded heads no longer hash to its digest (heads altered)"
@@ -467,13 +517,12 @@ impl Store {
                 stored: format!("{digest} over {count} heads"),
             });
         }
-        let broken: Vec<BrokenHead> =
-            sqlx::query_as(include_str!("sql/anchor_list_broken_heads.sql"))
+        let mut broken =
+            sqlx::query_as::<_, BrokenHead>(include_str!("sql/anchor_list_broken_heads.sql"))
                 .bind(anchor.id)
                 .bind(only.map(|o| o.as_uuid()))
-                .fetch_all(&self.pool)
-                .await?;
-        for b in broken {
+                .fetch(&self.pool);
+        while let Some(b) = broken.try_next().await? {
             let problem = if !b.operation_exists {
                 format!("operation deleted since {tag}")
             } else if b.current.is_none() {
@@ -481,15 +530,16 @@ impl Store {
             } else {
                 format!("{} anchored by {tag} was rewritten", b.chain)
             };
-            breaks.push(ChainBreak {
+            report.breaks.push(ChainBreak {
                 operation_id: OperationId::from_uuid(b.operation_id).to_string(),
                 seq: b.seq,
                 problem,
                 expected: hex::encode(b.anchored),
                 stored: b.current.map(hex::encode).unwrap_or_else(|| "none".into()),
             });
+            report.cap_breaks();
         }
-        Ok(breaks)
+        Ok(())
     }
 
     /// How much evidence lies after `anchor` (all of it without one): of operation `only`, or of
@@ -528,9 +578,7 @@ impl Store {
         let anchor = self.anchor_to_check(expected_digest).await?;
         let mut report = self.verify_all_telling(progress).await?;
         if let Some(anchor) = &anchor {
-            report
-                .breaks
-                .extend(self.verify_anchor(anchor, None).await?);
+            self.verify_anchor(anchor, None, &mut report).await?;
         }
         report.unanchored = Some(self.unanchored(anchor.as_ref(), None).await?);
         report.anchor = anchor;
@@ -549,19 +597,12 @@ impl Store {
             // Gone, but the anchor recorded it: the deletion is the finding (exit 1), not "no
             // such operation" (exit 3, which a script reads as a mistyped id).
             (Err(StoreError::NotFound(_)), Some(a)) => {
-                let named: Vec<_> = self
-                    .verify_anchor(a, Some(id))
-                    .await?
-                    .into_iter()
-                    .filter(|b| b.operation_id == id.to_string())
-                    .collect();
-                if named.is_empty() {
+                let mut report = VerifyReport::default();
+                self.verify_anchor(a, Some(id), &mut report).await?;
+                report.breaks.retain(|b| b.operation_id == id.to_string());
+                if report.breaks.is_empty() {
                     return Err(StoreError::NotFound(id));
                 }
-                let mut report = VerifyReport {
-                    breaks: named,
-                    ..VerifyReport::default()
-                };
                 report.unanchored = Some(self.unanchored(Some(a), Some(id)).await?);
                 report.anchor = anchor;
                 return Ok(report);
@@ -569,12 +610,8 @@ impl Store {
             (Err(e), _) => return Err(e),
         };
         if let Some(anchor) = &anchor {
-            report.breaks.extend(
-                self.verify_anchor(anchor, Some(id))
-                    .await?
-                    .into_iter()
-                    .filter(|b| b.operation_id == id.to_string() || b.seq == 0),
-            );
+            // Only `id`'s heads are listed; the digest (over all of them) is checked too.
+            self.verify_anchor(anchor, Some(id), &mut report).await?;
         }
         report.unanchored = Some(self.unanchored(anchor.as_ref(), Some(id)).await?);
         report.anchor = anchor;

@@ -38,13 +38,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use audit::{Anchor, AnchorNotFound, ChainedResult, Unanchored, VerifyReport};
+pub use audit::{
+    Anchor, AnchorNotFound, ChainedResult, MAX_BREAKS_LISTED, Unanchored, VerifyReport,
+};
 pub use error::StoreError;
 pub use front::{
     Delivery, DeliveryOutcome, LIST_SCAN_MOST, ListFilter, ListPage, NewToken, STATE_CHANNEL,
     StateListener, TokenRecord,
 };
-pub use queue::{LeaseHolder, ProviderPause};
+pub use queue::{LeaseHolder, ProviderDue, ProviderPause};
 pub use record::{CallKind, CallRecord, HistoryRecord, OperationRecord, StoredCall};
 pub use write::{
     Applied, Counters, FailureCount, Observation, ResultBytes, SendMark, Step, WEBHOOK_READ_FLOOR,

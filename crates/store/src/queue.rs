@@ -23,7 +23,27 @@ pub struct ProviderPause {
     pub remaining_secs: f64,
 }
 
+/// A provider's operations that a worker should be acting on now, and how long the oldest waited.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct ProviderDue {
+    pub provider: String,
+    pub due: i64,
+    /// Since the oldest came due, by the database's clock.
+    pub oldest_secs: f64,
+}
+
 impl Store {
+    /// Per provider, operations due now (or past a lease whose owner is gone) and the oldest's
+    /// wait: a provider no worker claims (its contract renamed or removed, no worker running)
+    /// shows here as a wait that keeps growing.
+    pub async fn due_by_provider(&self) -> Result<Vec<ProviderDue>, StoreError> {
+        Ok(
+            sqlx::query_as(include_str!("sql/stats_due_by_provider.sql"))
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
     /// Operations held for a person (of `caller`'s, if named), oldest first, at most `limit`,
     /// each **without its request body** (`null`, as [`Store::list_page`]).
     pub async fn escalations(

@@ -991,6 +991,29 @@ async fn history_refuses_update_and_delete_and_the_chain_recomputes() {
     assert_eq!(report.breaks.len(), 1, "{:?}", report.breaks);
     assert_eq!(report.breaks[0].seq, 3);
     assert_eq!(report.breaks[0].operation_id, op.id.to_string());
+
+    // One bulk edit can break every operation: a report lists the first breaks and counts the
+    // rest, so what it holds does not grow with the database (1 200 links of operations that do
+    // not exist, each a break of its own).
+    exec(
+        &db,
+        "SET session_replication_role = replica; \
+         CREATE TEMP TABLE h AS SELECT h.* FROM operation_history h, generate_series(1, 1200) \
+         WHERE h.seq = 1; \
+         UPDATE h SET operation_id = gen_random_uuid(); \
+         INSERT INTO operation_history SELECT * FROM h",
+    )
+    .await
+    .unwrap();
+    let report = store.verify_everything(None).await.unwrap();
+    assert_eq!(report.breaks.len(), jobtrail_store::MAX_BREAKS_LISTED);
+    assert_eq!(report.break_count(), 1201);
+    assert_eq!(report.breaks_omitted, 201);
+    assert!(!report.is_clean());
+    assert!(
+        report.breaks.iter().any(|b| b.seq == 3),
+        "the first found are listed"
+    );
 }
 
 #[tokio::test]

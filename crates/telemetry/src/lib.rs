@@ -84,6 +84,10 @@ fn describe() {
         "Operations not yet terminal, by state and provider (the database's count, refreshed at most every 15 s; the same on every pod: aggregate with max, not sum)"
     );
     describe_gauge!(
+        "jobtrail_due_oldest_age_seconds",
+        "Per provider, how long the oldest operation a worker should be acting on now has waited (database clock; 0 when none): one that keeps growing is claimed by no worker"
+    );
+    describe_gauge!(
         "jobtrail_escalations_open",
         "Operations held for a person (jobtrail-admin escalations)"
     );
@@ -97,7 +101,7 @@ fn describe() {
     );
     describe_counter!(
         "jobtrail_api_problems_total",
-        "Problems the API answered (jobtrail serve), by kind: bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded, tampered, too-large, rate-limited, too-many-open, method-not-allowed, unavailable (refusals for load are logged at most once a minute: this counts each)"
+        "Problems the API and its MCP door answered (jobtrail serve), by kind: bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded, tampered, too-large, rate-limited, too-many-open, method-not-allowed, unavailable (refusals for load are logged at most once a minute: this counts each)"
     );
     describe_counter!(
         "jobtrail_metrics_refresh_failures_total",
@@ -138,9 +142,9 @@ pub type Liveness = Arc<dyn Fn() -> Duration + Send + Sync>;
 struct OpsState {
     probe: Probe,
     refresh: Duration,
-    /// When the database gauges were last refreshed, and every (state, provider) series set so far
-    /// (a series whose count dropped to nothing is set to 0, not left at its last value).
-    fleet: Mutex<(Option<Instant>, HashSet<Series>)>,
+    /// When the database gauges were last refreshed, and every series set so far (a series whose
+    /// count dropped to nothing is set to 0, not left at its last value).
+    fleet: Mutex<(Option<Instant>, Seen)>,
     /// The last readiness answer, reused for [`READY_CACHE`]: probes from several kubelets and
     /// anyone else who reaches the port cost at most one database read per interval.
     ready: Mutex<Option<(Instant, StatusCode, serde_json::Value)>>,
@@ -148,6 +152,14 @@ struct OpsState {
 
 /// A `jobtrail_operations` series: (state, provider).
 type Series = (String, String);
+
+/// The database gauges' series set so far.
+#[derive(Default)]
+struct Seen {
+    operations: HashSet<Series>,
+    /// Providers of `jobtrail_due_oldest_age_seconds`.
+    due: HashSet<String>,
+}
 
 const READY_CACHE: Duration = Duration::from_secs(1);
 
@@ -157,7 +169,7 @@ pub fn router(probe: Probe) -> Router {
     let state = Arc::new(OpsState {
         probe,
         refresh: fleet_refresh(),
-        fleet: Mutex::new((None, HashSet::new())),
+        fleet: Mutex::new((None, Seen::default())),
         ready: Mutex::new(None),
     });
     Router::new()
@@ -291,21 +303,33 @@ async fn refresh_fleet(s: &OpsState) {
     let read = async {
         let by_state = store.count_open_by_state().await?;
         let escalations = store.escalations_open().await?;
-        Ok::<_, jobtrail_store::StoreError>((by_state, escalations))
+        let due = store.due_by_provider().await?;
+        Ok::<_, jobtrail_store::StoreError>((by_state, escalations, due))
     };
     match tokio::time::timeout(DB_PROBE_TIMEOUT, read).await {
-        Ok(Ok((by_state, (open, oldest)))) => {
+        Ok(Ok((by_state, (open, oldest), due))) => {
             let mut now_seen = HashSet::new();
             for (state, provider, n) in by_state {
                 metrics::gauge!("jobtrail_operations", "state" => state.clone(), "provider" => provider.clone())
                     .set(n as f64);
                 now_seen.insert((state, provider));
             }
-            for (state, provider) in seen.difference(&now_seen) {
+            for (state, provider) in seen.operations.difference(&now_seen) {
                 metrics::gauge!("jobtrail_operations", "state" => state.clone(), "provider" => provider.clone())
                     .set(0.0);
             }
-            seen.extend(now_seen);
+            seen.operations.extend(now_seen);
+            let mut now_due = HashSet::new();
+            for d in due {
+                metrics::gauge!("jobtrail_due_oldest_age_seconds", "provider" => d.provider.clone())
+                    .set(d.oldest_secs.max(0.0));
+                now_due.insert(d.provider);
+            }
+            for provider in seen.due.difference(&now_due) {
+                metrics::gauge!("jobtrail_due_oldest_age_seconds", "provider" => provider.clone())
+                    .set(0.0);
+            }
+            seen.due.extend(now_due);
             metrics::gauge!("jobtrail_escalations_open").set(open as f64);
             let age = oldest
                 .map(|t| (chrono::Utc::now() - t).num_milliseconds().max(0) as f64 / 1000.0)

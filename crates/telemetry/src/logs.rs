@@ -36,5 +36,29 @@ pub fn init(default: &str) -> Result<(), String> {
     } else {
         let _ = b.try_init();
     }
+    panics_are_logged();
     Ok(())
+}
+
+/// A panic is a log line like any other: the default hook prints plain text to stderr (a line a
+/// JSON log pipeline cannot read) with none of the spans around it. Logged here, inside the
+/// panicking code's spans, a step's panic names its `operation` and `trace_id`. A backtrace is
+/// kept when `RUST_BACKTRACE` asks for one, as the default hook does.
+fn panics_are_logged() {
+    let before = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        // A write to a closed stdout (`jobtrail list | head -1`) is no bug: the hook before this
+        // one ends the process as a Unix tool does.
+        if info.to_string().contains("failed printing to stdout") {
+            return before(info);
+        }
+        let at = info.location().map(ToString::to_string).unwrap_or_default();
+        let said = info.payload_as_str().unwrap_or("(no message)");
+        let trace = std::backtrace::Backtrace::capture();
+        if trace.status() == std::backtrace::BacktraceStatus::Captured {
+            tracing::error!(panic.at = %at, panic.backtrace = %trace, "panicked: {said}");
+        } else {
+            tracing::error!(panic.at = %at, "panicked: {said}");
+        }
+    }));
 }

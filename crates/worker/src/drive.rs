@@ -516,13 +516,13 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 Err(Stop::LeaseLost) => {
                     tracing::info!(operation = %op.id, "lease lost; the write was refused and this worker stops acting on it");
                     metrics::lease_lost();
-                    Box::pin(log_unwritten_calls(ctx, rest())).await;
+                    Box::pin(log_unwritten_calls(ctx, &op.provider, rest())).await;
                     out.lease_lost = true;
                     return out;
                 }
                 Err(Stop::Other(e @ (StoreError::Illegal { .. } | StoreError::Moved { .. }))) => {
                     tracing::info!(operation = %op.id, error = %e, "a decision landed meanwhile; the step was dropped (its call is logged)");
-                    Box::pin(log_unwritten_calls(ctx, rest())).await;
+                    Box::pin(log_unwritten_calls(ctx, &op.provider, rest())).await;
                     // Give the lease back, due at once, if the state moved under us (a cancel
                     // request keeps the lease): the operation must not wait out a lease extended
                     // for a long call. (A person's decision already took it.) A step refused in
@@ -546,7 +546,7 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 }
                 Err(Stop::Other(e)) => {
                     tracing::error!(operation = %op.id, error = %e, "could not write a step");
-                    Box::pin(log_unwritten_calls(ctx, rest())).await;
+                    Box::pin(log_unwritten_calls(ctx, &op.provider, rest())).await;
                     return out;
                 }
             }
@@ -576,11 +576,16 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
 
 /// The calls of a plan's steps after one that was not written (refused: the lease gone, the state
 /// moved; or failed: the database away past the lease): they were made (a lookup's resend may have
-/// started a job), so they go into the call log as a refused step's own call does. Best effort,
-/// each bounded: the database may be away still.
-async fn log_unwritten_calls<'s>(ctx: &Ctx<'_>, rest: impl Iterator<Item = &'s Step>) {
+/// started a job), so they go into the call log as a refused step's own call does, and into the
+/// call metrics as every call made does. Best effort, each bounded: the database may be away still.
+async fn log_unwritten_calls<'s>(
+    ctx: &Ctx<'_>,
+    provider: &str,
+    rest: impl Iterator<Item = &'s Step>,
+) {
     for step in rest {
         let Some(call) = &step.call else { continue };
+        metrics::call(provider, call);
         if let Err(e) = answered_within(
             ctx.answer_within,
             ctx.store

@@ -690,6 +690,7 @@ impl Worker {
             let (claimed, times, (want, free), shares) = match claimed {
                 Ok(c) => c,
                 Err(e) => {
+                    metrics::claim_failed();
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; the database may be away");
                     listener = None;
                     tokio::select! {

@@ -12,6 +12,10 @@ pub(crate) fn describe() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         describe_counter!("jobtrail_claims_total", "Claim transactions");
+        describe_counter!(
+            "jobtrail_claim_failures_total",
+            "Claims that failed or that the database did not answer within --db-answer-within (the worker backs off and tries again)"
+        );
         describe_counter!("jobtrail_claimed_total", "Operations claimed");
         describe_histogram!(
             "jobtrail_claim_seconds",
@@ -69,6 +73,10 @@ pub(crate) fn step_panicked() {
     counter!("jobtrail_step_panics_total").increment(1);
 }
 
+pub(crate) fn claim_failed() {
+    counter!("jobtrail_claim_failures_total").increment(1);
+}
+
 pub(crate) fn claimed(took: Duration, claimed: &[Claimed]) {
     counter!("jobtrail_claims_total").increment(1);
     histogram!("jobtrail_claim_seconds").record(took.as_secs_f64());
@@ -98,10 +106,21 @@ pub(crate) fn step(kind: Option<jobtrail_core::EventKind>, outcome: &'static str
     counter!("jobtrail_steps_total", "kind" => kind, "outcome" => outcome).increment(1);
 }
 
+/// A call's latency by its status class: `no_response` for a call that went out and got no answer
+/// (or could not connect); `not_sent` for one that never left this process (a credential not
+/// found, a URL outside the contract's origins, a lease too short to send it: 0 s, no latency of
+/// the provider's, and no provider fault to alert on).
 pub(crate) fn call(provider: &str, call: &CallRecord) {
     let class = match call.http_status {
         Some(s @ 100..=599) => ["1xx", "2xx", "3xx", "4xx", "5xx"][(s / 100 - 1) as usize],
         Some(_) => "other",
+        None if call
+            .error_class
+            .as_deref()
+            .is_some_and(jobtrail_provider::wire::WireError::never_left) =>
+        {
+            "not_sent"
+        }
         None => "no_response",
     };
     histogram!(
