@@ -931,6 +931,31 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
     )
     .await;
     assert_eq!(p["extra"]["current"], seen.as_str());
+    // A decision with a key of another kind's (an adopt miswritten as a decision that takes no
+    // job id) is refused, not decided without it.
+    for kind in ["abandon", "declare_not_created"] {
+        let r = c
+            .post(server.url(&format!("/v1/operations/{held_id}/decisions")))
+            .bearer_auth(&alice)
+            .json(&json!({"seen": seen, "reason": "checked", "decision": {"kind": kind, "job_id": "J-1"}}))
+            .send()
+            .await
+            .unwrap();
+        let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+        assert!(
+            p["detail"].as_str().unwrap().contains("job_id"),
+            "{kind}: {p}"
+        );
+    }
+    assert_eq!(
+        env.store
+            .get(held_id.parse().unwrap())
+            .await
+            .unwrap()
+            .history_seq,
+        op.history_seq,
+        "nothing written"
+    );
     // A cancel of another caller's operation held for a person is a decision on a view too (the
     // provider's cancel cannot be taken back, and another person may have resumed the job to keep
     // it): without `seen`, with a stale one or a malformed one it is refused, and nothing is
@@ -1698,8 +1723,43 @@ async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
         .await;
         assert!(p["detail"].as_str().unwrap().contains(field), "{p}");
     }
+    // A caller's megabytes in a field are refused without being echoed back (the problem
+    // document was several times their size, built whole in the server).
+    let huge = "1".repeat(2 << 20);
+    for (field, value) in [
+        ("cancel_window", huge.clone()),
+        ("cancel_window", format!("{huge}x")),
+        ("create_deadline", format!("+{huge}")),
+        ("create_deadline", huge.clone()),
+        ("provider", huge.clone()),
+    ] {
+        let mut req = good.clone();
+        req[field] = json!(value);
+        let r = submit(req).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{field}");
+        let said = r.bytes().await.unwrap();
+        assert!(said.len() < 4096, "{field}: {} bytes answered", said.len());
+    }
     assert!(env.store.get(id).await.is_err(), "nothing written");
     assert_eq!(submit(good).await.unwrap().status(), StatusCode::CREATED);
+    // A time no operation can have (before PostgreSQL's 4713 BC, or after 9999) is the caller's
+    // mistake, not the database being away.
+    for q in [
+        "created_from=-5000-01-01T00:00:00Z",
+        "created_before=%2B20000-01-01T00:00:00Z",
+    ] {
+        let r = c
+            .get(server.url(&format!("/v1/operations?{q}")))
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .unwrap();
+        let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+        assert!(
+            p["detail"].as_str().unwrap().contains("created_"),
+            "{q}: {p}"
+        );
+    }
 
     // The create leaves and hangs: a cancel can only be noted until the job id is known.
     env.start_worker("w1", Duration::from_secs(30));

@@ -435,7 +435,7 @@ async fn run(cli: Cli) -> CmdResult {
             decide::decide(&store, Registry::default(), &operation, d, decided, json).await
         }
         Command::DeclareNotCreated { operation, decided } => {
-            let d = Decision::DeclareNotCreated;
+            let d = Decision::DeclareNotCreated {};
             decide::decide(&store, Registry::default(), &operation, d, decided, json).await
         }
         Command::ConfirmCancel {
@@ -469,7 +469,7 @@ async fn run(cli: Cli) -> CmdResult {
             decide::decide(&store, Registry::default(), &operation, d, decided, json).await
         }
         Command::Abandon { operation, decided } => {
-            let d = Decision::Abandon;
+            let d = Decision::Abandon {};
             decide::decide(&store, Registry::default(), &operation, d, decided, json).await
         }
     }

@@ -27,12 +27,15 @@ const SHOWN_ID_CHARS: usize = 80;
 
 /// `s` as an error may repeat it: at most 80 characters, cut with an ellipsis.
 pub fn shown(s: &str) -> String {
-    if s.chars().count() <= SHOWN_ID_CHARS {
-        return s.to_owned();
+    cut(s, SHOWN_ID_CHARS)
+}
+
+/// `s`, at most `chars` characters of it, cut with an ellipsis.
+pub fn cut(s: &str, chars: usize) -> String {
+    match s.char_indices().nth(chars) {
+        None => s.to_owned(),
+        Some((at, _)) => format!("{}…", &s[..at]),
     }
-    let mut cut: String = s.chars().take(SHOWN_ID_CHARS).collect();
-    cut.push('…');
-    cut
 }
 
 impl OperationId {

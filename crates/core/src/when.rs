@@ -14,22 +14,24 @@ pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
 
 /// As [`parse_time`], relative to `now` (the database's clock, where a decision is recorded).
 pub fn parse_time_at(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    // What an error repeats of the input: a caller's megabytes are not echoed back (several times).
+    let shown = crate::ids::shown(s);
     let latest = now + chrono::Duration::from_std(MAX_FLAG_DURATION).expect("ten years fit");
     let t = if let Some(rel) = s.strip_prefix('+') {
         let d = parse_duration(rel)?;
-        now + chrono::Duration::from_std(d).map_err(|_| format!("{s:?} is too far ahead"))?
+        now + chrono::Duration::from_std(d).map_err(|_| format!("{shown:?} is too far ahead"))?
     } else {
         DateTime::parse_from_rfc3339(s)
             .map(|t| t.with_timezone(&Utc))
             .map_err(|e| {
                 format!(
-                    "{s:?} is not RFC 3339 (2026-01-31T12:00:00Z) or relative (+90s, +5m, +2h): {e}"
+                    "{shown:?} is not RFC 3339 (2026-01-31T12:00:00Z) or relative (+90s, +5m, +2h): {e}"
                 )
             })?
     };
     if t > latest {
         return Err(format!(
-            "{s:?} is more than ten years ahead (latest {latest})"
+            "{shown:?} is more than ten years ahead (latest {latest})"
         ));
     }
     Ok(t)
@@ -43,27 +45,38 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     if s == "0" {
         return Ok(std::time::Duration::ZERO);
     }
+    // What an error repeats of the input: a caller's megabytes are not echoed back (five times).
+    let shown = crate::ids::shown(s);
     let Some((num, unit)) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)) else {
-        return Err(format!(
-            "{s:?} has no unit: write {s}s, {s}m, {s}h or {s}d (or ms)"
-        ));
+        return Err(if s.len() > 20 {
+            format!(
+                "{shown:?} is no duration: a number of at most 20 digits and its unit (90s, 5m, 2h, 1d, 250ms)"
+            )
+        } else {
+            format!("{s:?} has no unit: write {s}s, {s}m, {s}h or {s}d (or ms)")
+        });
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 90s, 5m, 2h"))?;
+        .map_err(|_| format!("{shown:?} is not a duration like 90s, 5m, 2h"))?;
     let millis_per = match unit {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m, h, d)")),
+        _ => {
+            return Err(format!(
+                "{shown:?}: unknown unit {:?} (use ms, s, m, h, d)",
+                crate::ids::shown(unit)
+            ));
+        }
     };
     let d = n
         .checked_mul(millis_per)
         .map(std::time::Duration::from_millis)
         .filter(|d| *d <= MAX_FLAG_DURATION)
-        .ok_or_else(|| format!("{s:?} is longer than ten years"))?;
+        .ok_or_else(|| format!("{shown:?} is longer than ten years"))?;
     Ok(d)
 }
 
@@ -77,7 +90,8 @@ pub fn parse_duration_within(
     let d = parse_duration(s).map_err(|e| format!("{field}: {e}"))?;
     if d < min || d > max {
         return Err(format!(
-            "{field}: {s} is outside {} to {}",
+            "{field}: {} is outside {} to {}",
+            s.trim(),
             show_duration(min),
             show_duration(max)
         ));

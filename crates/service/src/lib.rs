@@ -769,6 +769,19 @@ impl Service {
                 "limit: 1 to {MAX_PAGE}, got {limit}"
             )));
         }
+        // PostgreSQL's timestamps start in 4713 BC, chrono's reach further: a time no operation
+        // can have is the caller's mistake (400), not the database refusing (a 503, and a warning
+        // logged, for every such request).
+        for (name, at) in [
+            ("created_from", q.created_from),
+            ("created_before", q.created_before),
+        ] {
+            if at.is_some_and(|t| !(1..=9999).contains(&chrono::Datelike::year(&t))) {
+                return Err(ServiceError::bad_input(format!(
+                    "{name}: a time between the years 1 and 9999"
+                )));
+            }
+        }
         let filter = ListFilter {
             state,
             provider: q.provider.clone(),
@@ -1122,11 +1135,26 @@ fn check_request(
         .take(10)
         .map(|e| {
             let at = e.instance_path().to_string();
-            if literal.iter().any(|s| within(s, &at) || within(&at, s)) {
-                format!("{} at {at:?}", e.masked_with("(a sensitive value)"))
+            // A value is repeated only when short: the caller's megabytes are not echoed back
+            // (once per error, in the message and again in its detail).
+            let short = match e.instance().as_ref() {
+                serde_json::Value::String(s) => s.len() <= SHOWN_VALUE_BYTES,
+                serde_json::Value::Array(_) | serde_json::Value::Object(_) => false,
+                _ => true,
+            };
+            let said = if literal.iter().any(|s| within(s, &at) || within(&at, s)) {
+                e.masked_with("(a sensitive value)").to_string()
+            } else if !short {
+                e.masked_with("(a value too long to repeat)").to_string()
             } else {
-                format!("{e} at {at:?}")
-            }
+                e.to_string()
+            };
+            // Property names are the caller's too (an unexpected one is named): cut whatever said.
+            format!(
+                "{} at {:?}",
+                jobtrail_core::ids::cut(&said, SHOWN_PROBLEM_CHARS),
+                jobtrail_core::ids::shown(&at)
+            )
         })
         .collect();
     if problems.is_empty() {
@@ -1139,6 +1167,11 @@ fn check_request(
         .with_detail(serde_json::json!({ "schema_errors": problems })))
     }
 }
+
+/// The longest string value a schema error repeats.
+const SHOWN_VALUE_BYTES: usize = 120;
+/// The most of one schema error that is said.
+const SHOWN_PROBLEM_CHARS: usize = 400;
 
 /// The most operations one batch submit may hold.
 pub const MAX_BATCH: usize = 1000;
@@ -1434,5 +1467,41 @@ mod tests {
             &json!({"payment": {"card_number": {"$secret": "card"}}}),
         )
         .unwrap();
+    }
+
+    /// A caller's megabytes are not echoed back: a long string value, a large object and a long
+    /// unexpected property name each give an error of a few hundred bytes, while a short value is
+    /// still shown so that the caller can mend it.
+    #[test]
+    fn schema_errors_never_repeat_a_long_value() {
+        let schema = jsonschema::validator_for(&json!({
+            "type": "object",
+            "properties": {
+                "note": {"type": "string", "maxLength": 10},
+                "count": {"type": "integer"},
+                "items": {"type": "array", "maxItems": 1}
+            },
+            "additionalProperties": false
+        }))
+        .unwrap();
+        let long = "x".repeat(1 << 20);
+        let e = check_request(
+            &schema,
+            &[],
+            &json!({"note": long, "count": "seven", "items": vec![long.clone(); 4], long.clone(): 1}),
+        )
+        .unwrap_err();
+        let said = format!("{} {}", e.message, e.detail.unwrap());
+        assert!(said.len() < 8 * 1024, "{} bytes said", said.len());
+        assert!(
+            said.contains("(a value too long to repeat)"),
+            "{}",
+            &said[..500.min(said.len())]
+        );
+        assert!(
+            said.contains("\"seven\" is not of type"),
+            "{}",
+            &said[..500.min(said.len())]
+        );
     }
 }

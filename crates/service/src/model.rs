@@ -310,7 +310,10 @@ pub enum Decision {
     /// create_unresolved → observing).
     Adopt { job_id: String },
     /// The remote job was never created (→ not_created).
-    DeclareNotCreated,
+    // Braces, not a unit variant: serde lets a unit variant of a tagged enum pass any other key
+    // unread, and `{"kind":"declare_not_created","job_id":"J-1"}` (an adopt miswritten) must be
+    // refused, not decided as "no job".
+    DeclareNotCreated {},
     /// The cancellation is confirmed by evidence you hold (→ cancelled).
     ConfirmCancel { evidence: String },
     /// One of the provider's two answers is ours (contract_violation → observing).
@@ -325,7 +328,7 @@ pub enum Decision {
         create_deadline: Option<String>,
     },
     /// Stop tracking; everything recorded is kept.
-    Abandon,
+    Abandon {},
     /// Retry a finished operation as a new, linked one (the same request unless `request` is given).
     Retry {
         #[serde(default)]

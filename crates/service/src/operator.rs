@@ -161,7 +161,7 @@ impl Service {
         if seq.is_none()
             && matches!(
                 req.decision,
-                Decision::Adopt { .. } | Decision::DeclareNotCreated
+                Decision::Adopt { .. } | Decision::DeclareNotCreated {}
             )
         {
             return Err(ServiceError::bad_input(format!(
@@ -187,7 +187,7 @@ impl Service {
                     remote_job_id: job,
                 })
             }
-            Decision::DeclareNotCreated => {
+            Decision::DeclareNotCreated {} => {
                 Step::event(jobtrail_core::Event::DeclareNotCreated { decision })
             }
             Decision::ConfirmCancel { evidence } => {
@@ -298,7 +298,7 @@ impl Service {
                 }
                 step
             }
-            Decision::Abandon => Step::event(jobtrail_core::Event::Abandon { decision }),
+            Decision::Abandon {} => Step::event(jobtrail_core::Event::Abandon { decision }),
             Decision::Retry {
                 request,
                 result_deadline,

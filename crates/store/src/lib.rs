@@ -803,7 +803,7 @@ impl Store {
     ) -> Result<Submitted, StoreError> {
         let terms = providers.get(submission.provider.trim()).ok_or_else(|| {
             SubmitError::UnknownProvider {
-                name: submission.provider.clone(),
+                name: jobtrail_core::ids::shown(&submission.provider),
                 known: providers.keys().cloned().collect::<Vec<_>>().join(", "),
             }
         })?;
@@ -847,7 +847,7 @@ impl Store {
             let at = |e: StoreError| (item_or_whole(i, &e), e);
             let terms = providers.get(submission.provider.trim()).ok_or_else(|| {
                 at(SubmitError::UnknownProvider {
-                    name: submission.provider.clone(),
+                    name: jobtrail_core::ids::shown(&submission.provider),
                     known: providers.keys().cloned().collect::<Vec<_>>().join(", "),
                 }
                 .into())
