@@ -213,6 +213,10 @@ fi
   | grep -A2 'The OTLP collector' | grep -q 'port: 80,'
 "$helm" template jt helm/jobtrail --set otel.endpoint=https://collector.example:4443 --set otelPort=4443 \
   | grep -A2 'The OTLP collector' | grep -q 'port: 4443,'
+if "$helm" template jt helm/jobtrail --set api.operatorLogin=true --set database.operatorKey= >/dev/null 2>&1; then
+  echo "the API's operator login without the key of its URL rendered" >&2
+  exit 1
+fi
 if "$helm" template jt helm/jobtrail --set api.opsPort=8080 >/dev/null 2>&1; then
   echo "the API and its ops listener on one port rendered" >&2
   exit 1

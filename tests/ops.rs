@@ -873,6 +873,13 @@ async fn the_charts_autoscaling_query_counts_exactly_what_a_worker_could_claim_a
         .await
         .unwrap();
     assert_eq!(count(pool.clone()).await, 2);
+    // The provider held back fleet-wide after a 429: no worker would claim its work, and more
+    // workers would only hold connections.
+    env.store
+        .pause_provider("sim", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(count(pool.clone()).await, 0);
     pool.close().await;
 }
 

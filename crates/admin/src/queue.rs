@@ -87,6 +87,7 @@ pub async fn escalations(
                     "escalated_at": op.escalated_at,
                     "age_secs": op.escalated_at.map(|e| (Utc::now() - e).num_seconds()),
                     "provider": op.provider,
+                    "caller": op.caller,
                     "remote_job_id": op.remote_job_id,
                     "conflicting_remote_job_id": op.conflicting_remote_job_id,
                     "trace_id": op.trace_id.to_string(),
@@ -137,6 +138,7 @@ pub async fn escalations(
             "  why        {}",
             op.escalation_reason.as_deref().unwrap_or("-")
         );
+        println!("  caller     {}", op.caller);
         let jobs = match (&op.remote_job_id, &op.conflicting_remote_job_id) {
             (Some(a), Some(b)) => format!("{a} and {b} (the same token answered twice)"),
             (Some(a), None) => a.clone(),

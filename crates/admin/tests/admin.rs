@@ -230,6 +230,11 @@ async fn escalations_list_exactly_the_operations_that_need_a_person() {
         assert_eq!(e["state"], op.state.as_str());
         assert!(e["reason"].as_str().is_some_and(|r| !r.is_empty()));
         assert_eq!(e["trace_id"], op.trace_id.to_string());
+        assert_eq!(
+            e["caller"],
+            op.caller.as_str(),
+            "--caller's help says each names it"
+        );
         assert_eq!(e["seen"], format!("{}@{}", op.state, op.history_seq));
         assert!(!e["decisions"].as_array().unwrap().is_empty());
     }
@@ -407,6 +412,9 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
         "a retry is a new operation with a new token"
     );
     assert_eq!(old.fingerprint, new.fingerprint, "same request");
+    // The agent's work still: it reads the retry its old operation names (another caller's would
+    // be hidden from it), and the retry runs under its grants and its cap of open operations.
+    assert_eq!(new.caller, old.caller);
     assert_eq!(
         (&new.approved_by, &new.approval_ref),
         (&old.approved_by, &old.approval_ref),

@@ -377,7 +377,10 @@ impl Service {
             provider: old.provider.clone(),
             target: old.target.clone(),
             body,
-            caller: decision.actor().to_owned(),
+            // The agent's work still (the person is its approver where the run is new): the
+            // agent reads the retry its old operation names, and it runs under the agent's
+            // secret grants and cap of open operations, as the first did.
+            caller: old.caller.clone(),
             approved_by,
             approval_ref,
             create_deadline: None,

@@ -136,9 +136,11 @@ topologySpreadConstraints:
 {{- end }}
 {{- end -}}
 
-{{/* The operations a worker could claim now: KEDA's measure of the work. */}}
+{{/* The operations a worker could claim now: KEDA's measure of the work. Not those of a provider
+the fleet holds back after a 429 (more workers would claim none of them). A contract's
+max_in_flight is not in the database: work it holds back still counts. */}}
 {{- define "jobtrail.dueQuery" -}}
-SELECT count(*) FROM operation_schedule q JOIN operations o ON o.id = q.operation_id WHERE q.next_action_at <= now() AND o.next_action_at <= now() AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+SELECT count(*) FROM operation_schedule q JOIN operations o ON o.id = q.operation_id WHERE q.next_action_at <= now() AND o.next_action_at <= now() AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now()) AND NOT EXISTS (SELECT 1 FROM provider_throttles t WHERE t.provider = q.provider AND t.paused_until > now())
 {{- end -}}
 
 
