@@ -48,7 +48,7 @@ pub async fn decide(
 fn warn_bare(seen: &str) {
     if !seen.contains('@') {
         eprintln!(
-            "warning: --seen {} checked only the state; give the STATE@SEQ that `escalations` and `show` print to decide on exactly what you saw",
+            "warning: --seen {} checked only the state; give the STATE@SEQ:HEAD that `escalations` and `show` print to decide on exactly what you saw",
             seen.trim()
         );
     }

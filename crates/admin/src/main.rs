@@ -48,9 +48,11 @@ pub struct Decided {
     /// Why (recorded in history).
     #[arg(long)]
     pub reason: String,
-    /// The state you looked at with its history position (`create_unresolved@5`, as `escalations`
-    /// and `show` print it). Refused if the operation moved since. A bare state is taken with a
-    /// warning, except by adopt and declare-not-created, which refuse it.
+    /// The view you looked at, as `escalations` and `show` print it (`create_unresolved@5:9f2c1a07`:
+    /// the state, its history position, and the start of the operation's history head, which pins
+    /// it to that operation). Refused if the operation moved since, or if the view is another
+    /// operation's. `STATE@SEQ` alone is taken without the pin; a bare state with a warning, except
+    /// by adopt and declare-not-created, which refuse it.
     #[arg(long)]
     pub seen: String,
 }
@@ -77,7 +79,7 @@ enum Command {
     Show { operation: String },
     /// Adopt a remote job id a person found (create_unknown / reconciliation / create_unresolved → observing).
     #[command(
-        after_help = "Example:\n  jobtrail-admin adopt op_01KB… --job-id job_7ad2 --seen create_unresolved@4 --actor alice --reason \"found in the provider console\""
+        after_help = "Example:\n  jobtrail-admin adopt op_01KB… --job-id job_7ad2 --seen create_unresolved@4:9f2c1a07 --actor alice --reason \"found in the provider console\""
     )]
     Adopt {
         operation: String,
@@ -88,7 +90,7 @@ enum Command {
     },
     /// Declare that the remote job was never created (→ not_created; a new, linked operation may follow).
     #[command(
-        after_help = "Example:\n  jobtrail-admin declare-not-created op_01KB… --seen create_unresolved@7 --actor alice --reason \"provider support: no such request\""
+        after_help = "Example:\n  jobtrail-admin declare-not-created op_01KB… --seen create_unresolved@7:9f2c1a07 --actor alice --reason \"provider support: no such request\""
     )]
     DeclareNotCreated {
         operation: String,
@@ -97,7 +99,7 @@ enum Command {
     },
     /// Confirm a cancellation with the evidence you hold (cancelling / cancellation_unconfirmed → cancelled).
     #[command(
-        after_help = "Example:\n  jobtrail-admin confirm-cancel op_01KB… --evidence \"ticket 4411: cancelled at 14:02\" --seen cancellation_unconfirmed@9 --actor bob --reason \"support confirmed\""
+        after_help = "Example:\n  jobtrail-admin confirm-cancel op_01KB… --evidence \"ticket 4411: cancelled at 14:02\" --seen cancellation_unconfirmed@9:9f2c1a07 --actor bob --reason \"support confirmed\""
     )]
     ConfirmCancel {
         operation: String,
@@ -109,7 +111,7 @@ enum Command {
     },
     /// Resume automation after a contract violation by choosing which job id is ours.
     #[command(
-        after_help = "Example:\n  jobtrail-admin choose-job op_01KB… --job-id job_000049 --seen contract_violation@6 --actor alice --reason \"job_000111 was a provider duplicate, cancelled by them\""
+        after_help = "Example:\n  jobtrail-admin choose-job op_01KB… --job-id job_000049 --seen contract_violation@6:9f2c1a07 --actor alice --reason \"job_000111 was a provider duplicate, cancelled by them\""
     )]
     ChooseJob {
         operation: String,
@@ -122,7 +124,7 @@ enum Command {
     /// --cancel-window, create_unresolved --create-deadline; url_refused takes none (its contract
     /// now declares the origin), nor does result_stalled (the workers now have room for the result).
     #[command(
-        after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out@12 --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed@9 --actor bob --reason \"give it time\""
+        after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out@12:9f2c1a07 --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed@9:9f2c1a07 --actor bob --reason \"give it time\""
     )]
     Resume {
         operation: String,
@@ -142,7 +144,7 @@ enum Command {
     /// job, if any, is not assumed stopped and may go on running and billing; to stop it, use
     /// `cancel --seen` instead.
     #[command(
-        after_help = "Example:\n  jobtrail-admin abandon op_01KB… --seen result_timed_out@12 --actor alice --reason \"the provider lost the job: support ticket 4411 says it never ran\""
+        after_help = "Example:\n  jobtrail-admin abandon op_01KB… --seen result_timed_out@12:9f2c1a07 --actor alice --reason \"the provider lost the job: support ticket 4411 says it never ran\""
     )]
     Abandon {
         operation: String,
@@ -153,7 +155,7 @@ enum Command {
     /// edited one. The original approval carries over only to the same request after no job was
     /// created (not_created, withdrawn); otherwise --actor is recorded as the run's approver.
     #[command(
-        after_help = "Examples:\n  jobtrail-admin retry op_01KB… --seen not_created@5 --actor alice --reason \"never reached the provider\"\n  jobtrail-admin retry op_01KB… --body fixed.json --seen failed@8 --actor alice --reason \"corrected the range\""
+        after_help = "Examples:\n  jobtrail-admin retry op_01KB… --seen not_created@5:9f2c1a07 --actor alice --reason \"never reached the provider\"\n  jobtrail-admin retry op_01KB… --body fixed.json --seen failed@8:9f2c1a07 --actor alice --reason \"corrected the range\""
     )]
     Retry {
         operation: String,
@@ -170,7 +172,7 @@ enum Command {
     /// An operation held for a person (result_timed_out, say) is cancelled only on the view you
     /// name with --seen, like any decision on the queue.
     #[command(
-        after_help = "Examples:\n  jobtrail-admin cancel op_01KB… --actor bob --reason \"over budget\"\n  jobtrail-admin cancel op_01KB… --seen result_timed_out@12 --actor bob --reason \"no longer needed\""
+        after_help = "Examples:\n  jobtrail-admin cancel op_01KB… --actor bob --reason \"over budget\"\n  jobtrail-admin cancel op_01KB… --seen result_timed_out@12:9f2c1a07 --actor bob --reason \"no longer needed\""
     )]
     Cancel {
         operation: String,

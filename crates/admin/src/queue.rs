@@ -17,7 +17,7 @@ pub fn decisions_for(state: State) -> Vec<String> {
 
 /// `STATE@SEQ`: what to pass as `--seen` to decide on exactly this view.
 pub fn seen_token(op: &OperationRecord) -> String {
-    format!("{}@{}", op.state, op.history_seq)
+    jobtrail_service::operator::seen_token(op.state, op.history_seq, &op.history_head)
 }
 
 fn age(op: &OperationRecord) -> String {

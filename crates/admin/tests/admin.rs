@@ -235,7 +235,15 @@ async fn escalations_list_exactly_the_operations_that_need_a_person() {
             op.caller.as_str(),
             "--caller's help says each names it"
         );
-        assert_eq!(e["seen"], format!("{}@{}", op.state, op.history_seq));
+        assert_eq!(
+            e["seen"],
+            format!(
+                "{}@{}:{}",
+                op.state,
+                op.history_seq,
+                &hex::encode(&op.history_head)[..8]
+            )
+        );
         assert!(!e["decisions"].as_array().unwrap().is_empty());
     }
     assert_eq!(list[1]["conflicting_remote_job_id"], "job_b");
@@ -412,9 +420,6 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
         "a retry is a new operation with a new token"
     );
     assert_eq!(old.fingerprint, new.fingerprint, "same request");
-    // The agent's work still: it reads the retry its old operation names (another caller's would
-    // be hidden from it), and the retry runs under its grants and its cap of open operations.
-    assert_eq!(new.caller, old.caller);
     assert_eq!(
         (&new.approved_by, &new.approval_ref),
         (&old.approved_by, &old.approval_ref),
@@ -1991,6 +1996,62 @@ async fn public_ids_in_sql_match_the_rust_rendering() {
         .await
         .unwrap();
     assert_eq!(seen, op.id.to_string());
+}
+
+/// Two operations that failed the same way share STATE@SEQ: the view `show` prints carries its
+/// operation's head, so one pasted onto the other (a tired operator's wrong id) is refused, with
+/// nothing written. Each operation's own view is taken, and a bare STATE@SEQ still is.
+#[tokio::test]
+async fn a_view_pasted_onto_another_operation_is_refused() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let a = unresolved(&store, 31).await;
+    let b = unresolved(&store, 32).await;
+    assert_eq!((a.state, a.history_seq), (b.state, b.history_seq));
+    let view = |id: &OperationId| {
+        json(&admin(&db, &["show", &id.to_string(), "--json"]))["seen"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (seen_a, seen_b) = (view(&a.id), view(&b.id));
+    assert_ne!(seen_a, seen_b);
+    let declare = |id: &OperationId, seen: &str| {
+        admin(
+            &db,
+            &[
+                "declare-not-created",
+                &id.to_string(),
+                "--seen",
+                seen,
+                "--actor",
+                "alice",
+                "--reason",
+                "support: no such request",
+            ],
+        )
+    };
+    let out = declare(&b.id, &seen_a);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 4, "{said}");
+    assert!(said.contains("not") && said.contains(&seen_b), "{said}");
+    assert_eq!(
+        store.get(b.id).await.unwrap().history_seq,
+        b.history_seq,
+        "nothing written"
+    );
+    // A head that is no hex is a typo, not a view.
+    assert_eq!(
+        code(&declare(
+            &b.id,
+            &format!("create_unresolved@{}:zz", b.history_seq)
+        )),
+        2
+    );
+    assert_eq!(code(&declare(&b.id, &seen_b)), 0);
+    assert_eq!(store.get(b.id).await.unwrap().state, State::NotCreated);
+    let bare = format!("create_unresolved@{}", a.history_seq);
+    assert_eq!(code(&declare(&a.id, &bare)), 0);
 }
 
 #[tokio::test]

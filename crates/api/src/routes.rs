@@ -487,7 +487,7 @@ struct VerifyParams {
     get, path = "/v1/audit/verify", tag = "audit",
     params(VerifyParams),
     responses(
-        (status = 200, description = "What was checked and every break found (an empty `breaks` is a clean record), against the anchor checked (`anchor`; `unanchored` counts what no anchor covers yet)", body = Object),
+        (status = 200, description = "What was checked and the breaks found: the first 1000 (the anchor's own first), the rest counted in `breaks_omitted` (an empty `breaks` is a clean record), against the anchor checked (`anchor`; `unanchored` counts what no anchor covers yet)", body = Object),
         (status = 400, description = "A malformed operation id or anchor digest", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No such operation, nor one an anchor recorded", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 500, description = "The anchor named is not in the database (`tampered`)", body = ProblemDoc, content_type = PROBLEM_JSON),

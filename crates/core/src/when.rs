@@ -91,7 +91,7 @@ pub fn parse_duration_within(
     if d < min || d > max {
         return Err(format!(
             "{field}: {} is outside {} to {}",
-            s.trim(),
+            crate::ids::shown(s.trim()),
             show_duration(min),
             show_duration(max)
         ));

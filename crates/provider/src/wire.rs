@@ -616,16 +616,24 @@ impl WireError {
     /// Whether a call recorded with this error class never left this process (not even a
     /// connection was tried): nothing of the provider's is in its outcome or its duration.
     pub fn never_left(class: &str) -> bool {
-        [
-            WireError::Secret,
-            WireError::NotBuilt,
-            WireError::LeaseTooShort,
-            WireError::Origin,
-            WireError::Stopping,
-        ]
-        .iter()
-        .any(|e| e.class() == class)
+        Self::ALL
+            .iter()
+            .any(|e| e.class() == class && e.not_sent() && *e != WireError::Connect)
     }
+
+    const ALL: [WireError; 11] = [
+        WireError::Connect,
+        WireError::Timeout,
+        WireError::ConnectionLost,
+        WireError::TooLarge,
+        WireError::Secret,
+        WireError::NotBuilt,
+        WireError::NotOurAnswer,
+        WireError::LeaseTooShort,
+        WireError::Origin,
+        WireError::Abandoned,
+        WireError::Stopping,
+    ];
 
     /// Nothing reached the provider.
     pub const fn not_sent(self) -> bool {

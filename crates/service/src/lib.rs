@@ -1496,12 +1496,12 @@ mod tests {
         assert!(
             said.contains("(a value too long to repeat)"),
             "{}",
-            &said[..500.min(said.len())]
+            jobtrail_core::ids::cut(&said, 500)
         );
         assert!(
             said.contains("\"seven\" is not of type"),
             "{}",
-            &said[..500.min(said.len())]
+            jobtrail_core::ids::cut(&said, 500)
         );
     }
 }

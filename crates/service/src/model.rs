@@ -80,7 +80,8 @@ pub struct OperationView {
     pub meaning: String,
     /// What to do now (for an agent): wait, fetch the result, do not resubmit, ask a person.
     pub advice: String,
-    /// `STATE@SEQ`: the view token operator decisions repeat, and `wait`'s `seen`.
+    /// `STATE@SEQ:HEAD`: the view token operator decisions repeat (HEAD, the first 8 hex digits of
+    /// the history head, pins it to this operation), and `wait`'s `seen`.
     pub seen: String,
     /// The operation will not move by itself any more (finished, or held for a person).
     pub settled: bool,
@@ -427,7 +428,7 @@ impl OperationView {
             state: op.state.to_string(),
             meaning: op.state.meaning().to_owned(),
             advice: advice(op.state).to_owned(),
-            seen: format!("{}@{}", op.state, op.history_seq),
+            seen: crate::operator::seen_token(op.state, op.history_seq, &op.history_head),
             settled: op.state.is_terminal() || op.state.needs_human(),
             needs_human: op.state.needs_human(),
             provider: op.provider.clone(),

@@ -46,23 +46,53 @@ pub fn decisions_for(state: State) -> Vec<&'static str> {
     out
 }
 
-/// `STATE` or `STATE@SEQ`.
+/// `STATE`, `STATE@SEQ` or `STATE@SEQ:HEAD` (the head pins the view to one operation).
 pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
-    let (state, seq) = match s.trim().split_once('@') {
-        Some((st, n)) => (
-            st,
-            Some(n.parse::<i64>().map_err(|_| {
-                ServiceError::bad_input(format!(
-                    "seen {s:?}: the part after @ must be a history number"
-                ))
-            })?),
-        ),
+    parse_seen_pinned(s).map(|(state, seq, _)| (state, seq))
+}
+
+/// The view token an operation shows (`seen`): `STATE@SEQ:HEAD`, HEAD the first 8 hex digits of
+/// its history head. Two operations that went the same way share STATE@SEQ; the head is theirs
+/// alone, so a view pasted onto the wrong operation is refused.
+pub fn seen_token(state: State, seq: i64, head: &[u8]) -> String {
+    let head = hex::encode(head.get(..4).unwrap_or(head));
+    format!("{state}@{seq}:{head}")
+}
+
+/// `STATE`, `STATE@SEQ` or `STATE@SEQ:HEAD`; HEAD (4 to 64 hex digits) in lower case.
+pub fn parse_seen_pinned(s: &str) -> Result<(State, Option<i64>, Option<String>), ServiceError> {
+    let shown = jobtrail_core::ids::shown(s.trim());
+    let (state, rest) = match s.trim().split_once('@') {
+        Some((st, rest)) => (st, Some(rest)),
         None => (s.trim(), None),
+    };
+    let (seq, head) = match rest.map(|r| r.split_once(':').map_or((r, None), |(n, h)| (n, Some(h))))
+    {
+        None => (None, None),
+        Some((n, head)) => {
+            let n = n.parse::<i64>().map_err(|_| {
+                ServiceError::bad_input(format!(
+                    "seen {shown:?}: the part after @ must be a history number"
+                ))
+            })?;
+            let head = head
+                .map(|h| {
+                    if (4..=64).contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        Ok(h.to_ascii_lowercase())
+                    } else {
+                        Err(ServiceError::bad_input(format!(
+                            "seen {shown:?}: the part after : is the head `show` prints (hex digits)"
+                        )))
+                    }
+                })
+                .transpose()?;
+            (Some(n), head)
+        }
     };
     let state: State = state
         .parse()
         .map_err(|e| ServiceError::bad_input(format!("seen: {e}")))?;
-    Ok((state, seq))
+    Ok((state, seq, head))
 }
 
 /// A time a person gives (RFC 3339, or relative: `+2h`), counted from `now`, the database's clock.
@@ -154,7 +184,7 @@ impl Service {
     ) -> Result<DecideResponse, ServiceError> {
         p.require(Scope::Decide)?;
         let id = parse_id(id)?;
-        let (seen, seq) = parse_seen(&req.seen)?;
+        let (seen, seq, head) = parse_seen_pinned(&req.seen)?;
         // Whether a paid job exists is decided on the very view the person had: with a bare state,
         // an operation that left create_unresolved and came back (a new create, a new answer)
         // would take the old decision, and a "not created" then retried starts a second job.
@@ -173,6 +203,23 @@ impl Service {
         let decision = jobtrail_core::Decision::new(p.caller(), &req.reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
         let store = self.operator();
+        // A view pasted onto another operation that went the same way (same state, same number
+        // of links) is refused by its head. At another number it is refused as stale under the
+        // row lock; a link's hash never changes, so this read needs no lock of its own.
+        if let (Some(seq), Some(head)) = (seq, &head) {
+            let now = store.get(id).await?;
+            if now.history_seq == seq && !hex::encode(&now.history_head).starts_with(head.as_str())
+            {
+                return Err(ServiceError::conflict(format!(
+                    "seen {:?} is not {id}'s view: its history #{seq} is {}. Was it copied from another operation? Look at this one (`show`) and decide on its own view",
+                    req.seen.trim(),
+                    seen_token(now.state, now.history_seq, &now.history_head)
+                ))
+                .with_detail(serde_json::json!({
+                    "current": seen_token(now.state, now.history_seq, &now.history_head)
+                })));
+            }
+        }
         let step = match req.decision {
             Decision::Adopt { job_id } => {
                 // Pasted from a provider's console: a zero-width space, a line break or a page of
@@ -377,10 +424,7 @@ impl Service {
             provider: old.provider.clone(),
             target: old.target.clone(),
             body,
-            // The agent's work still (the person is its approver where the run is new): the
-            // agent reads the retry its old operation names, and it runs under the agent's
-            // secret grants and cap of open operations, as the first did.
-            caller: old.caller.clone(),
+            caller: decision.actor().to_owned(),
             approved_by,
             approval_ref,
             create_deadline: None,

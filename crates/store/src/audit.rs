@@ -576,10 +576,18 @@ impl Store {
         progress: &mut (dyn FnMut(&VerifyReport) + Send),
     ) -> Result<VerifyReport, StoreError> {
         let anchor = self.anchor_to_check(expected_digest).await?;
-        let mut report = self.verify_all_telling(progress).await?;
+        // The anchor's findings (its heads altered, operations deleted since) are listed first:
+        // after a bulk edit the chains' breaks alone fill the list, and these say the most.
+        let mut found = VerifyReport::default();
         if let Some(anchor) = &anchor {
-            self.verify_anchor(anchor, None, &mut report).await?;
+            self.verify_anchor(anchor, None, &mut found).await?;
         }
+        let mut report = self.verify_all_telling(progress).await?;
+        found.breaks_omitted += report.breaks_omitted;
+        found.breaks.append(&mut report.breaks);
+        report.breaks = found.breaks;
+        report.breaks_omitted = found.breaks_omitted;
+        report.cap_breaks();
         report.unanchored = Some(self.unanchored(anchor.as_ref(), None).await?);
         report.anchor = anchor;
         Ok(report)

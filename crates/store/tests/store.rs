@@ -994,7 +994,15 @@ async fn history_refuses_update_and_delete_and_the_chain_recomputes() {
 
     // One bulk edit can break every operation: a report lists the first breaks and counts the
     // rest, so what it holds does not grow with the database (1 200 links of operations that do
-    // not exist, each a break of its own).
+    // not exist, each a break of its own). An anchor altered besides is listed first: it says
+    // the most, and the chains' breaks alone would fill the list.
+    store.anchor("auditor").await.unwrap();
+    exec(
+        &db,
+        "SET session_replication_role = replica; UPDATE audit_anchor_heads SET hash = sha256(hash)",
+    )
+    .await
+    .unwrap();
     exec(
         &db,
         "SET session_replication_role = replica; \
@@ -1007,8 +1015,14 @@ async fn history_refuses_update_and_delete_and_the_chain_recomputes() {
     .unwrap();
     let report = store.verify_everything(None).await.unwrap();
     assert_eq!(report.breaks.len(), jobtrail_store::MAX_BREAKS_LISTED);
-    assert_eq!(report.break_count(), 1201);
-    assert_eq!(report.breaks_omitted, 201);
+    // The forged link, the 1 200 orphans, the anchor's digest and its rewritten head.
+    assert_eq!(report.break_count(), 1203);
+    assert_eq!(report.breaks_omitted, 203);
+    assert!(
+        report.breaks[0].problem.contains("no longer hash to its digest"),
+        "{:?}",
+        report.breaks[0]
+    );
     assert!(!report.is_clean());
     assert!(
         report.breaks.iter().any(|b| b.seq == 3),

@@ -52,13 +52,18 @@ fn panics_are_logged() {
         if info.to_string().contains("failed printing to stdout") {
             return before(info);
         }
+        // A filter that leaves this line out (`JOBTRAIL_LOG=jobtrail_worker=debug`, `off`) must
+        // not silence a panic: the default hook says it then, as before.
+        if !tracing::enabled!(target: "panic", tracing::Level::ERROR) {
+            return before(info);
+        }
         let at = info.location().map(ToString::to_string).unwrap_or_default();
         let said = info.payload_as_str().unwrap_or("(no message)");
         let trace = std::backtrace::Backtrace::capture();
         if trace.status() == std::backtrace::BacktraceStatus::Captured {
-            tracing::error!(panic.at = %at, panic.backtrace = %trace, "panicked: {said}");
+            tracing::error!(target: "panic", panic_at = %at, panic_backtrace = %trace, "panicked: {said}");
         } else {
-            tracing::error!(panic.at = %at, "panicked: {said}");
+            tracing::error!(target: "panic", panic_at = %at, "panicked: {said}");
         }
     }));
 }
