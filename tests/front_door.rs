@@ -460,6 +460,10 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         // answered 503, as if it were down, and logged).
         "provider=%00",
         "provider=sim%00",
+        // A time no operation can have (before PostgreSQL's 4713 BC, or after 9999) is the
+        // caller's mistake, not the database being away (503, and a warning logged).
+        "created_from=-5000-01-01T00:00:00Z",
+        "created_before=%2B20000-01-01T00:00:00Z",
     ] {
         let r = c
             .get(server.url(&format!("/v1/operations?{q}")))
@@ -467,7 +471,11 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
             .send()
             .await
             .unwrap();
-        problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+        let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
+        if q.starts_with("created_from") {
+            let detail = p["detail"].as_str().unwrap();
+            assert!(detail.contains("between the years 1 and 9999"), "{p}");
+        }
     }
 
     // Careless bodies: not JSON, duplicate keys, too large, the wrong media type.
@@ -1744,25 +1752,6 @@ async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
     }
     assert!(env.store.get(id).await.is_err(), "nothing written");
     assert_eq!(submit(good).await.unwrap().status(), StatusCode::CREATED);
-    // A time no operation can have (before PostgreSQL's 4713 BC, or after 9999) is the caller's
-    // mistake, not the database being away.
-    for q in [
-        "created_from=-5000-01-01T00:00:00Z",
-        "created_before=%2B20000-01-01T00:00:00Z",
-    ] {
-        let r = c
-            .get(server.url(&format!("/v1/operations?{q}")))
-            .bearer_auth(&alice)
-            .send()
-            .await
-            .unwrap();
-        let p = problem(r, StatusCode::BAD_REQUEST, "bad-input").await;
-        let detail = p["detail"].as_str().unwrap();
-        assert!(detail.contains("created_"), "{q}: {p}");
-        if q.starts_with("created_from") {
-            assert!(detail.contains("between the years 1 and 9999"), "{p}");
-        }
-    }
 
     // The create leaves and hangs: a cancel can only be noted until the job id is known.
     env.start_worker("w1", Duration::from_secs(30));

@@ -1019,7 +1019,9 @@ async fn history_refuses_update_and_delete_and_the_chain_recomputes() {
     assert_eq!(report.break_count(), 1203);
     assert_eq!(report.breaks_omitted, 203);
     assert!(
-        report.breaks[0].problem.contains("no longer hash to its digest"),
+        report.breaks[0]
+            .problem
+            .contains("no longer hash to its digest"),
         "{:?}",
         report.breaks[0]
     );
