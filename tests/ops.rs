@@ -46,15 +46,13 @@ async fn a_claim_the_database_does_not_answer_is_counted() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     tx.rollback().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while failures().await < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "no failed claim counted:\n{}",
-            std::fs::read_to_string(&worker.log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let series = "jobtrail_claim_failures_total";
+    let metrics = scrape_until(&base, series, &[], 1.0).await;
+    assert!(
+        sample(&metrics, series, &[]).is_some_and(|n| n >= 1.0),
+        "no failed claim counted:\n{}",
+        std::fs::read_to_string(&worker.log).unwrap_or_default()
+    );
     worker.signal(libc::SIGTERM);
     assert!(worker.wait_exit(Duration::from_secs(30)).is_some());
 }
@@ -431,12 +429,14 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
     }
 }
 
-/// Scrape `base`'s metrics until `series` reaches `at_least` (bounded): the last scrape.
-async fn scrape_until(base: &str, series: &str, at_least: f64) -> String {
+/// Scrape `base`'s metrics until `series` (its first sample with `labels`) reaches `at_least`
+/// (bounded): the last scrape.
+async fn scrape_until(base: &str, series: &str, labels: &[&str], at_least: f64) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (_, metrics) = get(&format!("{base}/metrics")).await;
-        if sample(&metrics, series, &[]).unwrap_or(0.0) >= at_least || Instant::now() > deadline {
+        if sample(&metrics, series, labels).unwrap_or(0.0) >= at_least || Instant::now() > deadline
+        {
             return metrics;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -470,7 +470,7 @@ async fn a_step_that_panics_is_counted_and_no_longer_counted_in_flight() {
                 .id
                 .to_string(),
         );
-        let metrics = scrape_until(&base, series, f64::from(n)).await;
+        let metrics = scrape_until(&base, series, &[], f64::from(n)).await;
         assert_eq!(
             sample(&metrics, series, &[]),
             Some(f64::from(n)),
@@ -995,14 +995,7 @@ async fn a_credential_the_worker_cannot_find_keeps_it_unready_and_named() {
         .await;
     let create = ["provider=\"sim\"", "call=\"create\""];
     let series = "jobtrail_provider_call_seconds_count";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let metrics = loop {
-        let (_, metrics) = get(&format!("{base}/metrics")).await;
-        if sample(&metrics, series, &create).is_some() || Instant::now() > deadline {
-            break metrics;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let metrics = scrape_until(&base, series, &create, 1.0).await;
     let not_sent = [create[0], create[1], "status=\"not_sent\""];
     assert!(
         sample(&metrics, series, &not_sent).is_some_and(|n| n >= 1.0),
