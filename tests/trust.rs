@@ -158,6 +158,141 @@ async fn a_caller_names_only_granted_secrets_never_a_path_or_a_variable() {
     );
 }
 
+/// A person's retry of an agent's operation stays the agent's (its caller: the agent reads it
+/// where `superseded_by` points), its submission link names the person, and the audit finds it
+/// whole. Sent again unedited it is the agent's request, under the agent's grants; edited, it is
+/// the person's too, who reaches no secret granted only to the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persons_retry_stays_the_agents_and_reaches_only_secrets_both_hold() {
+    let env = Env::new().await;
+    let providers = providers_with(&env, |t| {
+        t + "\n[secrets.treasury_key]\nfrom = \"env:JOBTRAIL_TREASURY\"\ncallers = [\"agent-7\", \"bob\"]\n"
+    });
+    let _w = env.spawn_worker(
+        "retries",
+        "5s",
+        &[
+            ("JOBTRAIL_PROVIDERS", providers.to_str().unwrap()),
+            ("JOBTRAIL_TREASURY", "treasury-secret-value"),
+            ("JOBTRAIL_SIM_CARD", CARD),
+        ],
+    );
+    let mut done = Vec::new();
+    for n in 0..2 {
+        let out = submit(
+            &env,
+            &providers,
+            &format!(
+                r#"{{"n":{n},"payment":{{"card_number":{{"$secret":"treasury_key"}}}},"sim":{{"duration_ms":100}}}}"#
+            ),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let op = env
+            .wait_settled(id.parse().unwrap(), Duration::from_secs(30))
+            .await;
+        assert_eq!(op.state, State::Succeeded, "{}", env.logs());
+        done.push(op);
+    }
+    let admin = |args: &[&str], stdin: Option<&str>| {
+        support::run_bin(&support::admin_bin(), &env.url, &providers, args, stdin)
+    };
+    let retry = |op: &jobtrail_store::OperationRecord, actor: &str, body: Option<&str>| {
+        let (id, seen) = (op.id.to_string(), format!("succeeded@{}", op.history_seq));
+        let mut args = vec![
+            "retry",
+            &id,
+            "--seen",
+            &seen,
+            "--actor",
+            actor,
+            "--reason",
+            "run it again",
+            "--json",
+        ];
+        if body.is_some() {
+            args.extend(["--body", "-"]);
+        }
+        admin(&args, body)
+    };
+
+    // Unedited: the agent's own request, under the agent's grant (alice holds none).
+    let out = retry(&done[0], "alice", None);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let again: jobtrail_core::OperationId = v["operation_id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        env.store.get(done[0].id).await.unwrap().superseded_by,
+        Some(again)
+    );
+    let rerun = env.wait_settled(again, Duration::from_secs(30)).await;
+    assert_eq!(rerun.state, State::Succeeded, "{}", env.logs());
+    // The agent's operation, not alice's: the agent reads it where the old one points (every
+    // door scopes an agent's reads by caller).
+    assert_eq!(rerun.caller, "agent-7");
+    assert_eq!(
+        rerun.approved_by, "alice",
+        "a new paid run, approved by who retried it"
+    );
+    let first = &env.store.history(again).await.unwrap()[0];
+    assert_eq!(first.actor, "alice");
+    assert!(
+        first.cause.starts_with("retried by alice for agent-7"),
+        "{}",
+        first.cause
+    );
+    // Edited, by a person the secret is not granted to: refused, nothing written.
+    let edited =
+        r#"{"n":9,"payment":{"card_number":{"$secret":"treasury_key"}},"sim":{"duration_ms":100}}"#;
+    let before = env.store.totals().await.unwrap();
+    let out = retry(&done[1], "alice", Some(edited));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not granted to caller \"alice\""), "{err}");
+    assert_eq!(env.store.totals().await.unwrap(), before, "nothing written");
+    assert_eq!(env.store.get(done[1].id).await.unwrap().superseded_by, None);
+    // …and by one it is granted to: the agent's operation still, approved by bob.
+    let out = retry(&done[1], "bob", Some(edited));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bobs: jobtrail_core::OperationId = v["operation_id"].as_str().unwrap().parse().unwrap();
+    let bobs = env.wait_settled(bobs, Duration::from_secs(30)).await;
+    assert_eq!(bobs.state, State::Succeeded, "{}", env.logs());
+    assert_eq!(
+        (bobs.caller.as_str(), bobs.approved_by.as_str()),
+        ("agent-7", "bob")
+    );
+
+    // The audit finds every chain whole: the caller the row names is the one the link records.
+    let verified = admin(&["audit", "verify", "--all"], None);
+    assert_eq!(
+        verified.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&verified.stdout),
+        String::from_utf8_lossy(&verified.stderr)
+    );
+    assert!(
+        !dump(&env.url).await.contains("treasury-secret-value"),
+        "the secret is never at rest"
+    );
+}
+
 /// Items 2 and 4: a provider that quotes the request back. A 422 repeating the body, a result
 /// repeating it, and a synchronous answer repeating it: the card number a caller may have *used* never reaches the call log, the history,
 /// the stored results or the logs, and the caller cannot read it back through `jobtrail result`.

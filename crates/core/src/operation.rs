@@ -143,6 +143,10 @@ pub struct Submission {
     /// person's retry): what an earlier build stored is not refused for rules added since (an
     /// integer beyond 2^53). Never set from a caller's input.
     pub resends_stored_request: bool,
+    /// The person retrying `caller`'s operation (a decision, never a caller's input): the retry
+    /// stays the caller's (theirs to read, wait on and cancel), and its submission link names
+    /// the person. A request the person edited names only secrets granted to both.
+    pub retried_by: Option<String>,
 }
 
 /// Caller-drawn randomness for a new intent.
@@ -202,6 +206,9 @@ pub struct Intent {
     pub result_deadline: DateTime<Utc>,
     pub cancel_window: Duration,
     pub supersedes: Option<OperationId>,
+    /// The person who retried the operation this one supersedes on the caller's behalf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_by: Option<String>,
 }
 
 /// Why a submission was refused. Nothing was written.
@@ -401,6 +408,19 @@ impl Submission {
             &terms.secret_grants,
             &caller,
         )?;
+        let retried_by = self
+            .retried_by
+            .as_deref()
+            .map(|p| text::CALLER.check(p))
+            .transpose()?;
+        // The caller's own request, sent again, is the caller's to name secrets in; one a person
+        // edited is also the person's, who may not reach a secret through an agent's grant.
+        if let Some(person) = retried_by
+            .as_deref()
+            .filter(|_| !self.resends_stored_request)
+        {
+            check_sensitive_fields(&body, &terms.sensitive_fields, &terms.secret_grants, person)?;
+        }
         if let Some(f) = &terms.result_formats
             && let Some(v) = body.pointer(&f.pointer)
             && !v
@@ -505,6 +525,7 @@ impl Submission {
             result_deadline,
             cancel_window,
             supersedes: self.supersedes,
+            retried_by,
         })
     }
 }

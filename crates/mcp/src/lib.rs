@@ -472,7 +472,7 @@ impl JobtrailMcp {
     }
 
     #[tool(
-        description = "Your operations, newest first, optionally filtered by state or provider; pass `next_cursor` back as `cursor` for the next page.",
+        description = "The operations your token may read, newest first: your own (a token that may decide or audit reads every caller's, each naming its `caller`), optionally filtered by state or provider; pass `next_cursor` back as `cursor` for the next page.",
         annotations(read_only_hint = true)
     )]
     async fn list_operations(

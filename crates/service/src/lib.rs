@@ -577,6 +577,7 @@ impl Service {
             supersedes: id(&req.supersedes, "supersedes")?,
             trace,
             resends_stored_request: false,
+            retried_by: None,
         };
         // A predecessor of another caller's is "not found", whatever else the request says. (An id
         // of another caller's is found out only after the request is validated, in `submit`: a bad

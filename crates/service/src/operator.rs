@@ -424,7 +424,7 @@ impl Service {
             provider: old.provider.clone(),
             target: old.target.clone(),
             body,
-            caller: decision.actor().to_owned(),
+            caller: old.caller.clone(),
             approved_by,
             approval_ref,
             create_deadline: None,
@@ -433,6 +433,7 @@ impl Service {
             supersedes: Some(id),
             trace: None,
             resends_stored_request: !edited,
+            retried_by: Some(decision.actor().to_owned()),
         };
         let terms = self.terms.get(&old.provider).ok_or_else(|| {
             ServiceError::unavailable(format!(

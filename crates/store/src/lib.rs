@@ -2001,18 +2001,27 @@ async fn insert_intent(
     tx: &mut Transaction<'_, Postgres>,
     intent: &Intent,
 ) -> Result<bool, StoreError> {
-    let first = ChainEntry {
+    // A person's retry is the caller's operation, submitted by the person: the link's actor and
+    // cause name who did it, its `caller` whose it is.
+    let (actor, submitted) = match &intent.retried_by {
+        Some(person) => (
+            person.clone(),
+            format!("retried by {person} for {}", intent.caller),
+        ),
+        None => (
+            intent.caller.clone(),
+            format!("submitted by {}", intent.caller),
+        ),
+    };
+    let mut first = ChainEntry {
         operation_id: intent.operation_id.to_string(),
         seq: 1,
         at: storable(intent.created_at),
-        actor: intent.caller.clone(),
+        actor,
         from_state: None,
         to_state: State::INITIAL.as_str().to_owned(),
         event: "submitted".to_owned(),
-        cause: format!(
-            "submitted by {}, approved by {}",
-            intent.caller, intent.approved_by
-        ),
+        cause: format!("{submitted}, approved by {}", intent.approved_by),
         remote_job_id: None,
         call_id: None,
         detail: serde_json::json!({
@@ -2031,6 +2040,9 @@ async fn insert_intent(
             "supersedes": intent.supersedes.map(|s| s.to_string()),
         }),
     };
+    if let Some(person) = &intent.retried_by {
+        first.detail["retried_by"] = person.as_str().into();
+    }
     let hash = first.hash(&GENESIS);
     let inserted = sqlx::query(include_str!("sql/operation_insert_if_absent.sql"))
         .bind(intent.operation_id.as_uuid())
