@@ -938,7 +938,17 @@ async fn people_decide_through_the_api_and_approvals_come_from_a_person() {
         "conflict",
     )
     .await;
-    assert_eq!(p["extra"]["current"], seen.as_str());
+    // The view to decide on, pinned to this operation's head as `show` prints it.
+    assert_eq!(
+        p["extra"]["current"],
+        jobtrail_service::operator::seen_token(op.state, op.history_seq, &op.history_head)
+    );
+    assert!(
+        p["extra"]["current"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{seen}:"))
+    );
     // A decision with a key of another kind's (an adopt miswritten as a decision that takes no
     // job id) is refused, not decided without it.
     for kind in ["abandon", "declare_not_created"] {

@@ -222,11 +222,16 @@ impl From<StoreError> for ServiceError {
             }
             StoreError::Submit(_) => Kind::BadInput,
             StoreError::Stale {
-                current, seq, seen, ..
+                current,
+                seq,
+                seen,
+                head,
+                ..
             } => {
+                // The view to decide on, as `show` prints it (pinned to this operation's head).
                 return ServiceError::conflict(e.to_string()).with_detail(serde_json::json!({
                     "seen": seen,
-                    "current": format!("{current}@{seq}"),
+                    "current": crate::operator::seen_token(*current, *seq, head),
                 }));
             }
             StoreError::Illegal { .. }

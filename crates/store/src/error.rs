@@ -32,6 +32,8 @@ pub enum StoreError {
         seen: String,
         current: State,
         seq: i64,
+        /// The history head now (the view token's pin: `STATE@SEQ:HEAD`).
+        head: Vec<u8>,
     },
     /// The operation left the state a worker's step assumed (a person decided meanwhile). Nothing
     /// was written.

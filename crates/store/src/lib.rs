@@ -2307,6 +2307,7 @@ async fn lock_as_seen(
             },
             current,
             seq,
+            head: locked.row_history_head().to_vec(),
         });
     }
     Ok(locked)

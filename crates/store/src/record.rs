@@ -443,6 +443,9 @@ impl LockedRow {
     pub(crate) fn row_history_seq(&self) -> i64 {
         self.row.history_seq
     }
+    pub(crate) fn row_history_head(&self) -> &[u8] {
+        &self.row.history_head
+    }
     pub(crate) fn row_superseded_by(&self) -> Option<uuid::Uuid> {
         self.row.superseded_by
     }
