@@ -1101,6 +1101,9 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["serve", "--send-timeout", "2h"],
         vec!["serve", "--head-timeout", "10s"],
         vec!["serve", "--head-timeout", "11m"],
+        vec!["serve", "--request-timeout", "0s"],
+        vec!["serve", "--request-timeout", "30"],
+        vec!["serve", "--request-timeout", "11m"],
         vec!["serve", "--max-connections", "0"],
         // Who asks is usage, named before any database is looked for (it was exit 5 without one).
         vec![

@@ -866,7 +866,7 @@ async fn results_sent_over_mcp_hold_their_callers_result_turns_until_sent() {
     }
 
     // An answer left unread holds the turn.
-    let session = mcp_session(&server, &token).await;
+    let session = support::mcp_session(&server, &token).await;
     let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
                       "params": {"name": "get_result", "arguments": {"operation_id": id}}})
     .to_string();
@@ -985,43 +985,6 @@ async fn a_tool_refusal_is_counted_as_a_problem_the_api_answered() {
     );
 }
 
-/// A session opened and initialised by hand (as a Streamable HTTP client does): its id.
-async fn mcp_session(server: &Server, token: &str) -> String {
-    let opened = mcp_post(server, token, None, support::mcp_initialize()).await;
-    assert_eq!(opened.status(), reqwest::StatusCode::OK);
-    let session = opened.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    drop(opened.text().await);
-    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    assert!(
-        mcp_post(server, token, Some(&session), ready)
-            .await
-            .status()
-            .is_success()
-    );
-    session
-}
-
-/// A POST to `/mcp` on `session` (none: an opening), as a Streamable HTTP client sends it.
-async fn mcp_post(
-    server: &Server,
-    token: &str,
-    session: Option<&str>,
-    body: Value,
-) -> reqwest::Response {
-    let mut r = support::http()
-        .post(server.url("/mcp"))
-        .bearer_auth(token)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-06-18");
-    if let Some(s) = session {
-        r = r.header("mcp-session-id", s);
-    }
-    r.json(&body).send().await.unwrap()
-}
-
 /// A session keeps no answer once it is sent: were answers kept for a resume (rmcp can, for
 /// streams it has marked complete, until the session's next message), a caller could open its 32
 /// sessions, have each sent page after page of 256 KiB and leave them idle for their 5 minutes,
@@ -1032,10 +995,10 @@ async fn a_session_keeps_no_answer_it_has_sent() {
     let env = Env::new().await;
     let server = env.serve("api");
     let token = env.token("agent-alice", &["read"]).await;
-    let session = mcp_session(&server, &token).await;
+    let session = support::mcp_session(&server, &token).await;
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                       "params": {"name": "list_providers", "arguments": {}}});
-    let answer = mcp_post(&server, &token, Some(&session), call)
+    let answer = support::mcp_post(&server, &token, Some(&session), call)
         .await
         .text()
         .await

@@ -446,6 +446,91 @@ async fn a_result_read_back_over_a_silent_connection_is_given_up() {
     );
 }
 
+/// The database stops answering on one of the API server's connections in the middle of a
+/// request: past `--request-timeout` the request is stopped and answered `unavailable` with when to
+/// come back, an HTTP route and an MCP tool call alike (the MCP answer is a stream sent at once,
+/// so no route bound stopped its call: it held its turn and its connection for as long as the
+/// socket stayed open). The next request, on another connection, is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
+    let env = Env::new().await;
+    let proxy = silencing::Proxy::start(&env.url).await;
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
+        .await;
+    let token = env.token(&op.caller, &["read"]).await;
+    let url = proxy.url();
+    let server = env.serve_with(
+        "bounded",
+        &[
+            ("DATABASE_URL", url.as_str()),
+            ("JOBTRAIL_REQUEST_TIMEOUT", "2s"),
+        ],
+    );
+    let c = support::http();
+    // The doors' read of one operation (every column but the request body).
+    let get_op = b"'null'::jsonb AS request_body";
+
+    proxy.silence_next(get_op, 1);
+    let started = Instant::now();
+    let r = c
+        .get(server.url(&format!("/v1/operations/{}", op.id)))
+        .bearer_auth(&token)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503, "{}", server.log_text());
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("did not finish within 2s"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(proxy.silenced(), 1);
+
+    // Over MCP, on a connection that has not read an operation yet (its text is sent again).
+    let session = support::mcp_session(&server, &token).await;
+    proxy.silence_next(get_op, 1);
+    let started = Instant::now();
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "get_operation", "arguments": {"operation_id": op.id.to_string()}}});
+    let answer = tokio::time::timeout(
+        Duration::from_secs(20),
+        support::mcp_post(&server, &token, Some(&session), call)
+            .await
+            .text(),
+    )
+    .await
+    .expect("the tool call is answered within its bound")
+    .unwrap();
+    assert!(answer.contains(r#""id":9"#), "{answer}");
+    assert!(answer.contains(r#""isError":true"#), "{answer}");
+    assert!(
+        answer.contains(r#"\"error\":\"unavailable\""#)
+            || answer.contains(r#""error":"unavailable""#),
+        "{answer}"
+    );
+    assert!(answer.contains("did not finish within 2s"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(proxy.silenced(), 2, "{}", server.log_text());
+
+    // Nothing is silenced now: answered.
+    let r = c
+        .get(server.url(&format!("/v1/operations/{}", op.id)))
+        .bearer_auth(&token)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", server.log_text());
+    assert!(
+        server
+            .log_text()
+            .contains("a call ran past its time bound and was stopped"),
+        "{}",
+        server.log_text()
+    );
+}
+
 mod silencing {
     //! A TCP proxy in front of PostgreSQL that, when told, lets the next few COMMITs through to
     //! the server and then goes silent on their connections: nothing more is forwarded either way,

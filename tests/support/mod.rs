@@ -662,6 +662,43 @@ pub fn mcp_initialize() -> serde_json::Value {
         "clientInfo": {"name": "t", "version": "1"}}})
 }
 
+/// A session opened and initialised by hand (as a Streamable HTTP client does): its id.
+pub async fn mcp_session(server: &Server, token: &str) -> String {
+    let opened = mcp_post(server, token, None, mcp_initialize()).await;
+    assert_eq!(opened.status(), reqwest::StatusCode::OK);
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    drop(opened.text().await);
+    let ready = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert!(
+        mcp_post(server, token, Some(&session), ready)
+            .await
+            .status()
+            .is_success()
+    );
+    session
+}
+
+/// A POST to `/mcp` on `session` (none: an opening), as a Streamable HTTP client sends it.
+pub async fn mcp_post(
+    server: &Server,
+    token: &str,
+    session: Option<&str>,
+    body: serde_json::Value,
+) -> reqwest::Response {
+    let mut r = http()
+        .post(server.url("/mcp"))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18");
+    if let Some(s) = session {
+        r = r.header("mcp-session-id", s);
+    }
+    r.json(&body).send().await.unwrap()
+}
+
 /// The `jobtrail-admin` binary beside the `jobtrail` one under test (built with the workspace).
 pub fn admin_bin() -> std::path::PathBuf {
     let p = std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")).with_file_name("jobtrail-admin");

@@ -6,12 +6,32 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use jobtrail_service::ServiceError;
 
 use crate::Problem;
 
-/// How long a caller whose request ran out of time is asked to wait before it comes back.
-const RETRY_AFTER_SECS: u64 = 5;
+/// The server's bound on a request (`--request-timeout`), put on every request by
+/// [`crate::router`]; [`crate::REQUEST_TIMEOUT`] where none was.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bound(pub Duration);
+
+fn bound_of(request: &Request) -> Duration {
+    request
+        .extensions()
+        .get::<Bound>()
+        .map_or(crate::REQUEST_TIMEOUT, |b| b.0)
+}
+
+/// A route other than a wait, within the server's bound.
+pub(crate) async fn route(request: Request, next: Next) -> Response {
+    let limit = bound_of(&request);
+    within(limit, request, next).await
+}
+
+/// A wait, within its own longest timeout and the server's bound.
+pub(crate) async fn wait_route(request: Request, next: Next) -> Response {
+    let limit = bound_of(&request) + jobtrail_service::MAX_WAIT;
+    within(limit, request, next).await
+}
 
 /// Run the route, or answer 503 `unavailable` once `limit` has passed. The route's future is
 /// dropped then: a change it had committed stands, one it had not is not made, so the answer says
@@ -31,16 +51,7 @@ pub(crate) async fn within(limit: Duration, request: Request, next: Next) -> Res
 
 /// The answer to a request stopped at its bound.
 fn stopped(limit: Duration) -> Response {
-    Problem(
-        ServiceError::unavailable(format!(
-            "the request did not finish within {limit:?} and was stopped; a change it had made \
-             before then stands: a submit with the same id is safe to repeat, and read the \
-             operation before repeating a cancel or decision (verifying every chain of a large \
-             database is `jobtrail-admin audit verify --all`'s to do)",
-        ))
-        .with_detail(serde_json::json!({ "retry_after_secs": RETRY_AFTER_SECS })),
-    )
-    .into_response()
+    Problem(jobtrail_service::stopped(limit)).into_response()
 }
 
 #[cfg(test)]

@@ -26,9 +26,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 pub use problem::{PROBLEM_JSON, Problem, ProblemDoc};
 
-/// Bound on a request's handling, waits excepted (they carry their own bound).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-pub use jobtrail_service::MAX_REQUEST_BYTES;
+pub use jobtrail_service::{MAX_REQUEST_BYTES, REQUEST_TIMEOUT};
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -231,7 +229,7 @@ fn every_route_may_answer(doc: &mut utoipa::openapi::OpenApi) {
         .build();
     let unavailable = ResponseBuilder::new()
         .description(
-            "Unavailable: the database could not be reached, an internal error, or the request ran past its time bound (30 s; a wait 5 min 30 s), when `Retry-After` says when to come back and a change it had made stands. Try again later (a submit with the same `id` is safe to repeat)",
+            "Unavailable: the database could not be reached, an internal error, or the request ran past its time bound (`--request-timeout`, 30 s by default; a wait, its own timeout more), when `Retry-After` says when to come back and a change it had made stands. Try again later (a submit with the same `id` is safe to repeat)",
         )
         .content(PROBLEM_JSON, problem())
         .build();
@@ -260,6 +258,7 @@ fn every_route_may_answer(doc: &mut utoipa::openapi::OpenApi) {
 
 /// The API's router (with `/openapi.json`), ready to serve.
 pub fn router(service: Arc<Service>) -> axum::Router {
+    let bound = deadline::Bound(service.request_timeout());
     let state = AppState {
         webhooks: webhook::Receiver::new(service.clone()),
         service,
@@ -297,7 +296,8 @@ pub fn router(service: Arc<Service>) -> axum::Router {
                 "this route does not take that method: the Allow header lists those it does (see /openapi.json)",
             )
         })
-        .with_state(state);
+        .with_state(state)
+        .layer(axum::Extension(bound));
     protected(routes)
 }
 

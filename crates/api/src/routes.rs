@@ -14,10 +14,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::problem::{PROBLEM_JSON, Problem, ProblemDoc};
-use crate::{AppState, Caller, REQUEST_TIMEOUT};
+use crate::{AppState, Caller};
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
-    // Every route but wait is bounded by REQUEST_TIMEOUT; a wait by its own timeout.
+    // Every route but wait is bounded by the server's request bound; a wait by its own timeout
+    // besides.
     let bounded = OpenApiRouter::new()
         .routes(routes!(submit, list))
         .routes(routes!(submit_batch))
@@ -31,19 +32,11 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         // A webhook is unauthenticated until verified: its body is read by the handler, only for a
         // provider that takes webhooks, at most 256 KiB, a bounded number at once.
         .routes(routes!(crate::webhook::receive))
-        .layer(axum::middleware::from_fn(
-            |request: axum::extract::Request, next: axum::middleware::Next| {
-                crate::deadline::within(REQUEST_TIMEOUT, request, next)
-            },
-        ));
+        .layer(axum::middleware::from_fn(crate::deadline::route));
     OpenApiRouter::new()
         .merge(bounded)
         .routes(routes!(wait))
-        .layer(axum::middleware::from_fn(
-            |request: axum::extract::Request, next: axum::middleware::Next| {
-                crate::deadline::within(MAX_WAIT + REQUEST_TIMEOUT, request, next)
-            },
-        ))
+        .layer(axum::middleware::from_fn(crate::deadline::wait_route))
 }
 
 /// The caller's JSON body, read with one of its turns ([`crate::body`]) and at most `limit` bytes,

@@ -43,6 +43,12 @@ pub struct ServeArgs {
     /// (ingress-nginx and AWS load balancers keep them 60 s). 30s to 10m.
     #[arg(long, env = "JOBTRAIL_HEAD_TIMEOUT", default_value = "90s")]
     pub head_timeout: String,
+    /// How long one request may run before it is stopped and answered 503 with Retry-After (a
+    /// change it had committed stands): every route and each MCP tool call; a wait, its own
+    /// timeout more. A database that stops answering on a connection then holds no request, and
+    /// what it holds, for longer. 1s to 10m.
+    #[arg(long, env = "JOBTRAIL_REQUEST_TIMEOUT", default_value = "30s")]
+    pub request_timeout: String,
     /// Connections open at once; at the bound no more is accepted until one closes (they wait in
     /// the system's backlog), so a flood of connections cannot take every file descriptor. Waits
     /// and MCP streams each hold one: scale out rather than raise it past the open-file limit.
@@ -168,6 +174,12 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         Duration::ZERO,
         Duration::from_secs(300),
     )?;
+    let request_timeout = shell::parse_duration_within(
+        "--request-timeout",
+        &a.request_timeout,
+        Duration::from_secs(1),
+        Duration::from_secs(600),
+    )?;
     let connections = jobtrail_api::Connections {
         send_timeout: shell::parse_duration_within(
             "--send-timeout",
@@ -283,6 +295,7 @@ pub async fn serve(common: &shell::Common, a: ServeArgs) -> CmdResult {
         }
         None => jobtrail_service::Service::new(store, registry),
     };
+    service.set_request_timeout(request_timeout);
     service.set_open_per_caller(a.open_per_caller);
     service.set_waits_per_caller(a.waits_per_caller as usize);
     service.set_results_per_caller(a.results_per_caller as usize);

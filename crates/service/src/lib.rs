@@ -34,6 +34,11 @@ pub use model::*;
 /// The longest a single wait may last (a proxy or an MCP client gives up on longer requests; wait
 /// again for longer).
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
+/// How long one request to a server (an HTTP route, an MCP tool call) may run before it is stopped
+/// and answered `unavailable`; a wait, its own timeout more. `jobtrail serve --request-timeout`.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a caller whose request ran out of time is asked to wait before it comes back.
+const STOPPED_RETRY_SECS: u64 = 5;
 /// The header that carries a served result's sha256 (as the evidence chain records it).
 pub const RESULT_SHA256_HEADER: &str = "jobtrail-result-sha256";
 /// The largest request body a network door (HTTP, MCP) reads: the largest provider request any
@@ -77,6 +82,8 @@ pub struct Service {
     hinting_from: per_caller::PerCaller,
     /// Operations one caller may hold open at once ([`SubmitLimits::max_open_per_caller`]).
     open_per_caller: std::sync::atomic::AtomicU32,
+    /// [`REQUEST_TIMEOUT`] or as set, in milliseconds.
+    request_timeout_ms: std::sync::atomic::AtomicU64,
     /// Bytes of results and request bodies this process holds at once, across every caller.
     held: per_caller::HeldBytes,
 }
@@ -218,12 +225,30 @@ impl Service {
             hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
             hinting_from: per_caller::PerCaller::new(per_sender(WEBHOOK_BODIES_PER_PROVIDER)),
             open_per_caller: std::sync::atomic::AtomicU32::new(OPEN_PER_CALLER),
+            request_timeout_ms: std::sync::atomic::AtomicU64::new(
+                REQUEST_TIMEOUT.as_millis() as u64
+            ),
             held: per_caller::HeldBytes::new(HELD_BYTES),
             store,
             operator_store,
             terms: registry.terms(),
             registry: Arc::new(registry),
         })
+    }
+
+    /// How long one request may run from now on (at least a millisecond): see [`REQUEST_TIMEOUT`].
+    pub fn set_request_timeout(&self, d: Duration) {
+        self.request_timeout_ms.store(
+            (d.as_millis() as u64).max(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.request_timeout_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Operations one caller may hold open at once from now on (at least 1).
@@ -1232,28 +1257,72 @@ pub trait Operations: Send + Sync {
     }
 }
 
+/// The answer to a request stopped at its bound (`limit`): unavailable, with when to come back.
+/// The work is dropped there: a change it had committed stands, one it had not is not made.
+pub fn stopped(limit: Duration) -> ServiceError {
+    ServiceError::unavailable(format!(
+        "the request did not finish within {limit:?} and was stopped; a change it had made \
+         before then stands: a submit with the same id is safe to repeat, and read the \
+         operation before repeating a cancel or decision (verifying every chain of a large \
+         database is `jobtrail-admin audit verify --all`'s to do)",
+    ))
+    .with_detail(serde_json::json!({ "retry_after_secs": STOPPED_RETRY_SECS }))
+}
+
+impl Bound {
+    /// `work`, stopped after the server's request bound and `more` (a wait's own timeout): a door
+    /// that is no HTTP route (an MCP tool call, the CLI over the database) is bounded as the
+    /// routes are, so a database gone silent on a connection holds no call, and what it holds,
+    /// for ever.
+    async fn within<T>(
+        &self,
+        more: Duration,
+        work: impl Future<Output = Result<T, ServiceError>>,
+    ) -> Result<T, ServiceError> {
+        let limit = self.service.request_timeout() + more;
+        match tokio::time::timeout(limit, work).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::warn!(caller = %self.principal.caller(), ?limit, "a call ran past its time bound and was stopped");
+                Err(stopped(limit))
+            }
+        }
+    }
+}
+
 impl Operations for Bound {
     async fn submit(
         &self,
         req: SubmitRequest,
         trace: Option<TraceParent>,
     ) -> Result<SubmitResponse, ServiceError> {
-        self.service.submit(&self.principal, req, trace).await
+        self.within(
+            Duration::ZERO,
+            self.service.submit(&self.principal, req, trace),
+        )
+        .await
     }
     async fn submit_batch(
         &self,
         reqs: Vec<SubmitRequest>,
         trace: Option<TraceParent>,
     ) -> Result<Vec<SubmitResponse>, ServiceError> {
-        self.service
-            .submit_batch(&self.principal, reqs, trace)
-            .await
+        self.within(
+            Duration::ZERO,
+            self.service.submit_batch(&self.principal, reqs, trace),
+        )
+        .await
     }
     async fn get(&self, id: &str, timeline: Timeline) -> Result<OperationView, ServiceError> {
-        self.service.get(&self.principal, id, timeline).await
+        self.within(
+            Duration::ZERO,
+            self.service.get(&self.principal, id, timeline),
+        )
+        .await
     }
     async fn list(&self, q: ListQuery) -> Result<OperationPage, ServiceError> {
-        self.service.list(&self.principal, q).await
+        self.within(Duration::ZERO, self.service.list(&self.principal, q))
+            .await
     }
     async fn wait(
         &self,
@@ -1261,7 +1330,11 @@ impl Operations for Bound {
         seen: Option<&str>,
         timeout: Duration,
     ) -> Result<WaitResponse, ServiceError> {
-        self.service.wait(&self.principal, id, seen, timeout).await
+        self.within(
+            timeout.min(MAX_WAIT),
+            self.service.wait(&self.principal, id, seen, timeout),
+        )
+        .await
     }
     async fn cancel(
         &self,
@@ -1269,16 +1342,25 @@ impl Operations for Bound {
         reason: &str,
         seen: Option<&str>,
     ) -> Result<CancelResponse, ServiceError> {
-        self.service.cancel(&self.principal, id, reason, seen).await
+        self.within(
+            Duration::ZERO,
+            self.service.cancel(&self.principal, id, reason, seen),
+        )
+        .await
     }
     async fn result(&self, id: &str) -> Result<ResultBytes, ServiceError> {
-        self.service.result(&self.principal, id).await
+        self.within(Duration::ZERO, self.service.result(&self.principal, id))
+            .await
     }
     async fn providers(&self) -> Result<ProviderList, ServiceError> {
         Ok(self.service.providers(&self.principal))
     }
     async fn still_authenticated(&self) -> Result<(), ServiceError> {
-        self.service.still_authenticated(&self.principal).await
+        self.within(
+            Duration::ZERO,
+            self.service.still_authenticated(&self.principal),
+        )
+        .await
     }
 }
 
