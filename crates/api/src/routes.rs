@@ -104,6 +104,7 @@ fn query<T: serde::de::DeserializeOwned>(
         (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 401, description = "No valid token", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 403, description = "The token lacks the submit scope, or the provider needs approval", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 404, description = "The id is another caller's, or `supersedes` names no operation of this caller: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 409, description = "This id holds a different request (both fingerprints in `extra`), or the same request under another approved_by, approval_ref or supersedes (`extra.field` names it)", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 413, description = "Body too large", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
@@ -233,7 +234,8 @@ struct WaitParams {
     responses(
         (status = 200, description = "The state changed, the operation is settled, or the timeout passed (`timed_out`)", body = WaitResponse),
         (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
-        (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 401, description = "No valid bearer token, or it was revoked while the wait was open", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 403, description = "The token lacks the scope this route needs", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
     security(("bearer" = []))
