@@ -121,8 +121,10 @@ enum Command {
         decided: Decided,
     },
     /// Resume automation: result_timed_out takes --result-deadline, cancellation_unconfirmed
-    /// --cancel-window, create_unresolved --create-deadline; url_refused takes none (its contract
-    /// now declares the origin), nor does result_stalled (the workers now have room for the result).
+    /// --cancel-window, create_unresolved --create-deadline (refused where the provider's contract
+    /// offers no reconciliation: adopt or declare-not-created instead); url_refused takes none (its
+    /// contract now declares the origin), nor does result_stalled (the workers now have room for
+    /// the result).
     #[command(
         after_help = "Examples:\n  jobtrail-admin resume op_01KB… --result-deadline +2h --seen result_timed_out@12:9f2c1a07 --actor alice --reason \"provider is slow today\"\n  jobtrail-admin resume op_01KB… --cancel-window 10m --seen cancellation_unconfirmed@9:9f2c1a07 --actor bob --reason \"give it time\""
     )]
@@ -468,7 +470,10 @@ async fn run(cli: Cli) -> CmdResult {
                 cancel_window,
                 create_deadline,
             };
-            decide::decide(&store, Registry::default(), &operation, d, decided, json).await
+            // The contracts tell whether an unresolved create can be reconciled at all (a resume
+            // that cannot is refused); where none can be read here, that is not checked.
+            let registry = shell::registry(&cli.common.providers).unwrap_or_default();
+            decide::decide(&store, registry, &operation, d, decided, json).await
         }
         Command::Abandon { operation, decided } => {
             let d = Decision::Abandon {};

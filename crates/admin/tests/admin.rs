@@ -2297,6 +2297,68 @@ async fn careless_decisions_are_refused_and_write_nothing() {
         "nothing written"
     );
 
+    // Resuming an unresolved create where the provider offers no reconciliation would hold it
+    // again at once: refused, naming what to do instead, nothing written.
+    let none = std::env::temp_dir().join(format!("jobtrail-no-reconcile-{}", std::process::id()));
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers");
+    std::fs::create_dir_all(none.join("schemas")).unwrap();
+    for dir in ["", "schemas"] {
+        for e in std::fs::read_dir(std::path::Path::new(shipped).join(dir))
+            .unwrap()
+            .flatten()
+        {
+            if e.path().is_file() {
+                std::fs::copy(e.path(), none.join(dir).join(e.file_name())).unwrap();
+            }
+        }
+    }
+    let sim = std::fs::read_to_string(none.join("sim.toml")).unwrap();
+    let edited = sim.replace(
+        "[reconcile]\nmethod = \"resend\"",
+        "[reconcile]\nmethod = \"none\"",
+    );
+    assert_ne!(
+        sim, edited,
+        "the shipped sim contract reconciles by resending"
+    );
+    std::fs::write(none.join("sim.toml"), edited).unwrap();
+    let held = unresolved(&store, 5).await;
+    let resume = |providers: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+            .args(with(&[
+                "resume",
+                &held.id.to_string(),
+                "--create-deadline",
+                "+1h",
+                "--seen",
+                &format!("create_unresolved@{}", held.history_seq),
+            ]))
+            .env("DATABASE_URL", &db.url)
+            .env("JOBTRAIL_PROVIDERS", providers)
+            .output()
+            .unwrap()
+    };
+    let out = resume(&none);
+    let _ = std::fs::remove_dir_all(&none);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 4, "{err}");
+    assert!(
+        err.contains("no way to find a job") && err.contains("adopt"),
+        "{err}"
+    );
+    assert_eq!(
+        store.get(held.id).await.unwrap().history_seq,
+        held.history_seq,
+        "nothing written"
+    );
+    // Where it reconciles (the shipped contract resends), the same resume is taken.
+    let out = resume(std::path::Path::new(shipped));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        store.get(held.id).await.unwrap().state,
+        State::Reconciliation
+    );
+
     // A new operation may supersede only a finished one.
     let live = timed_out(&store, 5).await;
     let mut s = Submission {

@@ -325,6 +325,18 @@ impl Service {
                     // limit): it is fetched and checked again, by a holder counted afresh.
                     State::ResultStalled => {}
                     State::CreateUnresolved => {
+                        // Resumed, it is reconciled again: with nothing to reconcile by, it would
+                        // be held again at once, the person's decision spent on nothing.
+                        let op = store.get_shown(id).await?;
+                        if self.registry.get(&op.provider).is_some_and(|p| {
+                            p.contract().reconcile.method
+                                == jobtrail_core::outcome::ReconcileMethod::None
+                        }) {
+                            return Err(ServiceError::conflict(format!(
+                                "{} offers no way to find a job by our reference (its contract's reconcile is none), so resuming {id} would hold it again at once: look in the provider's console, then adopt the job if one was created, or declare_not_created if none was",
+                                op.provider
+                            )));
+                        }
                         let t = create_deadline.ok_or_else(|| {
                             ServiceError::bad_input(
                                 "resuming create_unresolved needs a create deadline",
@@ -332,7 +344,6 @@ impl Service {
                         })?;
                         let t = in_future(&t, "create_deadline", store.db_now().await?)?;
                         step.set_create_deadline = Some(t);
-                        let op = store.get_shown(id).await?;
                         if op.result_deadline < t {
                             step.set_result_deadline = Some(t);
                         }
