@@ -513,6 +513,74 @@ async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(proxy.silenced(), 2, "{}", server.log_text());
 
+    // A submit without an id stopped at its bound may have landed: the refusal names the id made
+    // up for it, and the same request under that id is one operation, however often sent.
+    let submitter = env.token("agent-9", &["submit", "read"]).await;
+    let session = support::mcp_session(&server, &submitter).await;
+    let request = serde_json::json!({"provider": "sim", "target": "reports",
+        "approved_by": "alice", "request": {"account": "acct_9", "sim": {"duration_ms": 100}}});
+    let submit = |id: u32, args: serde_json::Value| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "submit_operation", "arguments": args}})
+    };
+    // The submit's read of the database's clock, the first statement of its transaction.
+    proxy.silence_next(b"(every deadline and decision uses this one clock)", 1);
+    let answer = tokio::time::timeout(
+        Duration::from_secs(20),
+        support::mcp_post(
+            &server,
+            &submitter,
+            Some(&session),
+            submit(10, request.clone()),
+        )
+        .await
+        .text(),
+    )
+    .await
+    .expect("the submit is answered within its bound")
+    .unwrap();
+    assert_eq!(proxy.silenced(), 3, "{answer}");
+    assert!(answer.contains("did not finish within 2s"), "{answer}");
+    let minted = answer
+        .split("under the id ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no id named: {answer}"))
+        .to_owned();
+    assert!(minted.starts_with("op_"), "{answer}");
+    let mut again = request.clone();
+    again["id"] = minted.clone().into();
+    for n in [11, 12] {
+        let answer = support::mcp_post(
+            &server,
+            &submitter,
+            Some(&session),
+            submit(n, again.clone()),
+        )
+        .await
+        .text()
+        .await
+        .unwrap();
+        assert!(
+            answer.contains(&minted) && !answer.contains("isError\":true"),
+            "{answer}"
+        );
+    }
+    let theirs: Vec<(uuid::Uuid,)> =
+        sqlx::query_as("SELECT id FROM operations WHERE caller = 'agent-9'")
+            .fetch_all(
+                &mut <sqlx::PgConnection as sqlx::Connection>::connect(&env.url)
+                    .await
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+    assert_eq!(theirs.len(), 1, "one operation, under the id named");
+    assert_eq!(
+        jobtrail_core::OperationId::from_uuid(theirs[0].0).to_string(),
+        minted
+    );
+
     // Nothing is silenced now: answered.
     let r = c
         .get(server.url(&format!("/v1/operations/{}", op.id)))

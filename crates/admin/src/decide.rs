@@ -65,7 +65,9 @@ fn report(r: &DecideResponse, json: bool) {
             None => serde_json::json!({
                 "operation_id": op.id,
                 "state": op.state,
-                "history_seq": op.seen.rsplit('@').next().and_then(|n| n.parse::<i64>().ok()),
+                "history_seq": jobtrail_service::operator::parse_seen_pinned(&op.seen)
+                    .ok()
+                    .and_then(|(_, seq, _)| seq),
                 "moved": r.moved,
             }),
         };

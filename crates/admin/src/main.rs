@@ -471,8 +471,15 @@ async fn run(cli: Cli) -> CmdResult {
                 create_deadline,
             };
             // The contracts tell whether an unresolved create can be reconciled at all (a resume
-            // that cannot is refused); where none can be read here, that is not checked.
-            let registry = shell::registry(&cli.common.providers).unwrap_or_default();
+            // that cannot is refused); where they cannot be read here, that is not checked, and
+            // said.
+            let registry = shell::registry(&cli.common.providers).unwrap_or_else(|e| {
+                eprintln!(
+                    "warning: the provider contracts were not read ({}): whether the provider can reconcile an unresolved create is not checked",
+                    e.error
+                );
+                Registry::default()
+            });
             decide::decide(&store, registry, &operation, d, decided, json).await
         }
         Command::Abandon { operation, decided } => {

@@ -2332,6 +2332,7 @@ async fn careless_decisions_are_refused_and_write_nothing() {
                 "+1h",
                 "--seen",
                 &format!("create_unresolved@{}", held.history_seq),
+                "--json",
             ]))
             .env("DATABASE_URL", &db.url)
             .env("JOBTRAIL_PROVIDERS", providers)
@@ -2354,10 +2355,12 @@ async fn careless_decisions_are_refused_and_write_nothing() {
     // Where it reconciles (the shipped contract resends), the same resume is taken.
     let out = resume(std::path::Path::new(shipped));
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(
-        store.get(held.id).await.unwrap().state,
-        State::Reconciliation
-    );
+    let now = store.get(held.id).await.unwrap();
+    assert_eq!(now.state, State::Reconciliation);
+    // The answer names where its history now stands.
+    let answer = json(&out);
+    assert_eq!(answer["state"], "reconciliation", "{answer}");
+    assert_eq!(answer["history_seq"], now.history_seq, "{answer}");
 
     // A new operation may supersede only a finished one.
     let live = timed_out(&store, 5).await;

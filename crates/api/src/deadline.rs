@@ -12,12 +12,12 @@ use crate::Problem;
 /// The server's bound on a request (`--request-timeout`), put on every request by
 /// [`crate::router`]; [`crate::REQUEST_TIMEOUT`] where none was.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Bound(pub Duration);
+pub(crate) struct RequestBound(pub Duration);
 
 fn bound_of(request: &Request) -> Duration {
     request
         .extensions()
-        .get::<Bound>()
+        .get::<RequestBound>()
         .map_or(crate::REQUEST_TIMEOUT, |b| b.0)
 }
 
@@ -27,7 +27,8 @@ pub(crate) async fn route(request: Request, next: Next) -> Response {
     within(limit, request, next).await
 }
 
-/// A wait, within its own longest timeout and the server's bound.
+/// A wait, within the longest a wait may last ([`jobtrail_service::MAX_WAIT`], whatever its own
+/// timeout) and the server's bound.
 pub(crate) async fn wait_route(request: Request, next: Next) -> Response {
     let limit = bound_of(&request) + jobtrail_service::MAX_WAIT;
     within(limit, request, next).await

@@ -106,7 +106,7 @@ pub fn failure(e: ServiceError) -> Failure {
 /// timeout, a dropped connection after the server committed) can then be sent again under it
 /// without starting a second operation, and a second paid job.
 fn fresh_id() -> String {
-    jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7()).to_string()
+    jobtrail_core::OperationId::fresh().to_string()
 }
 
 /// A submit that failed unavailable may have landed all the same: say under which ids, so that

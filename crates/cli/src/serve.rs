@@ -44,9 +44,9 @@ pub struct ServeArgs {
     #[arg(long, env = "JOBTRAIL_HEAD_TIMEOUT", default_value = "90s")]
     pub head_timeout: String,
     /// How long one request may run before it is stopped and answered 503 with Retry-After (a
-    /// change it had committed stands): every route and each MCP tool call; a wait, its own
-    /// timeout more. A database that stops answering on a connection then holds no request, and
-    /// what it holds, for longer. 1s to 10m.
+    /// change it had committed stands): every route and each MCP tool call; a wait over HTTP
+    /// five minutes more (over MCP, its own timeout more). A database that stops answering on a
+    /// connection then holds no request, and what it holds, for longer. 1s to 10m.
     #[arg(long, env = "JOBTRAIL_REQUEST_TIMEOUT", default_value = "30s")]
     pub request_timeout: String,
     /// Connections open at once; at the bound no more is accepted until one closes (they wait in

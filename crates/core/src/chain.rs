@@ -113,8 +113,8 @@ impl Linked for CallEntry {
     }
 }
 
-/// What an operation was submitted with. The submission link (seq 1) records them — the caller as
-/// its actor, the rest in its detail — so an operation row whose facts were changed later (an owner
+/// What an operation was submitted with. The submission link (seq 1) records them in its detail
+/// (its actor is the caller, or the person who retried the caller's operation: `retried_by`), so an operation row whose facts were changed later (an owner
 /// editing `approved_by`, say) disagrees with its own chain, and `audit verify` names the field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubmittedFacts {

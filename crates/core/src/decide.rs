@@ -497,7 +497,33 @@ pub fn after_create(
             Step::event(Event::CreateAmbiguous { error_class })
                 .next_in(policy.reconcile_interval, "reconcile"),
         ),
-        CreateOutcome::RetryLater { delay, reason } => not_created(
+        // Deferred by an answer that may have followed the job's creation: reconciled (the resend
+        // carries the token), after the provider's Retry-After; never withdrawn, expired or
+        // failed as if nothing had been made.
+        CreateOutcome::RetryLater {
+            delay,
+            reason: _,
+            maybe_processed: true,
+        } => {
+            let wait = delay
+                .map(|d| policy.retry_after.clamp(d))
+                .unwrap_or_default()
+                .max(policy.reconcile_interval);
+            Plan::write(
+                Step::event(Event::CreateAmbiguous {
+                    error_class: "deferred_maybe_processed".into(),
+                })
+                .next_in(
+                    wait.min(until(op.create_deadline, now)),
+                    NextReason::RetryAfter.as_str(),
+                ),
+            )
+        }
+        CreateOutcome::RetryLater {
+            delay,
+            reason,
+            maybe_processed: false,
+        } => not_created(
             op,
             policy,
             format!("create deferred: {reason}"),
@@ -869,7 +895,7 @@ pub fn after_resend(
         }
         // "Not now": the next attempt waits for the provider's Retry-After (clamped) if it is
         // longer than the contract's interval, within the create deadline.
-        (CreateOutcome::RetryLater { reason, delay }, None) => {
+        (CreateOutcome::RetryLater { reason, delay, .. }, None) => {
             let mut step = inconclusive(op, policy, format!("retry later: {reason}"), now);
             if let Some(d) = delay.map(|d| policy.retry_after.clamp(d))
                 && d > policy.reconcile_interval

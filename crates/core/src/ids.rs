@@ -41,6 +41,12 @@ pub fn cut(s: &str, chars: usize) -> String {
 impl OperationId {
     pub const PREFIX: &'static str = "op_";
 
+    /// A new id, time-ordered and random (UUIDv7), minted by a door before it submits, so that a
+    /// submit whose answer is lost can be sent again under it.
+    pub fn fresh() -> Self {
+        Self(Uuid::now_v7())
+    }
+
     /// Wrap a UUID made by the caller (UUIDv7 from `Uuid::now_v7()` in the store).
     pub fn from_uuid(uuid: Uuid) -> Self {
         Self(uuid)

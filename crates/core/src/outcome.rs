@@ -73,10 +73,14 @@ pub enum CreateOutcome {
     },
     /// The request may have reached the provider and we cannot tell what it did.
     Ambiguous { error_class: String },
-    /// The provider said "not now" without doing anything.
+    /// The provider said "not now". `maybe_processed`: the answer does not rule out that the
+    /// create was acted on (a `408`, or a `503` a gateway may send after forwarding it, sent again
+    /// safely only under the idempotency token): the job may exist, so it is reconciled, never
+    /// concluded "not created". A `429` or `425` says nothing was done.
     RetryLater {
         delay: Option<Duration>,
         reason: String,
+        maybe_processed: bool,
     },
     /// Nothing left this process (connection refused, a secret missing): safe to try again.
     NotSent { error_class: String },

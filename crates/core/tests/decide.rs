@@ -445,6 +445,7 @@ fn create_outcomes_map_to_one_event_each() {
             CreateOutcome::RetryLater {
                 delay: Some(Duration::from_secs(3)),
                 reason: "429".into(),
+                maybe_processed: false,
             },
             None,
             false,
@@ -463,6 +464,7 @@ fn create_outcomes_map_to_one_event_each() {
             CreateOutcome::RetryLater {
                 delay: None,
                 reason: "503".into(),
+                maybe_processed: false,
             },
             None,
             true,
@@ -475,6 +477,28 @@ fn create_outcomes_map_to_one_event_each() {
             None,
             true,
             EventKind::Withdraw,
+        ),
+        // A 408 or 503 may have followed the job's creation (a gateway's, after forwarding it):
+        // with or without a cancel waiting, reconciled, never withdrawn as if nothing were made.
+        (
+            CreateOutcome::RetryLater {
+                delay: Some(Duration::from_secs(2)),
+                reason: "503".into(),
+                maybe_processed: true,
+            },
+            None,
+            true,
+            EventKind::CreateAmbiguous,
+        ),
+        (
+            CreateOutcome::RetryLater {
+                delay: None,
+                reason: "408".into(),
+                maybe_processed: true,
+            },
+            None,
+            false,
+            EventKind::CreateAmbiguous,
         ),
         // A cancel waiting does not undo a job that exists: accepted, and the cancel follows.
         (
@@ -513,6 +537,38 @@ fn create_outcomes_map_to_one_event_each() {
     }
 }
 
+/// A create deferred by an answer that may have followed the job's creation is reconciled after
+/// the provider's Retry-After (clamped, never sooner than the reconcile interval, never past the
+/// create deadline); at the deadline it is held for a person, never expired as not created.
+#[test]
+fn a_create_deferred_after_it_may_have_been_processed_is_reconciled_after_retry_after() {
+    let p = policy();
+    let now = t0();
+    let mut op = record(State::CreatePending);
+    op.create_deadline = now + Td::seconds(60);
+    let deferred = |delay: Option<u64>| {
+        called(
+            CallKind::Create,
+            CreateOutcome::RetryLater {
+                delay: delay.map(Duration::from_secs),
+                reason: "HTTP 503".into(),
+                maybe_processed: true,
+            },
+        )
+    };
+    for (delay, waits) in [
+        (Some(5), Duration::from_secs(5)),
+        (None, p.reconcile_interval),
+        (Some(600), Duration::from_secs(60)),
+    ] {
+        let plan = after_create(&op, &p, deferred(delay), None, now, 0.5);
+        assert_eq!(kind(&plan), Some(EventKind::CreateAmbiguous), "{delay:?}");
+        let (next, _) = plan.step.next_in.expect("scheduled");
+        assert_eq!(next, waits, "{delay:?}");
+        legal(&op, &plan);
+    }
+}
+
 #[test]
 fn a_resend_told_not_now_waits_for_retry_after_within_the_create_deadline() {
     let p = policy();
@@ -525,6 +581,7 @@ fn a_resend_told_not_now_waits_for_retry_after_within_the_create_deadline() {
             CreateOutcome::RetryLater {
                 delay: Some(Duration::from_secs(secs)),
                 reason: "429".into(),
+                maybe_processed: false,
             },
         )
     };
@@ -556,6 +613,7 @@ fn a_create_retry_waits_for_retry_after_or_backs_off_within_the_deadline() {
             CreateOutcome::RetryLater {
                 delay: Some(Duration::from_secs(7)),
                 reason: "429".into(),
+                maybe_processed: false,
             },
         ),
         None,
@@ -575,6 +633,7 @@ fn a_create_retry_waits_for_retry_after_or_backs_off_within_the_deadline() {
             CreateOutcome::RetryLater {
                 delay: Some(Duration::from_secs(7)),
                 reason: "429".into(),
+                maybe_processed: false,
             },
         ),
         None,
@@ -745,6 +804,7 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
             CreateOutcome::RetryLater {
                 delay: None,
                 reason: "429".into(),
+                maybe_processed: false,
             },
             Some(vec!["job_1".into()]),
             EventKind::CreateAccepted,
@@ -790,6 +850,7 @@ fn lookups_and_resends_settle_or_stay_inconclusive() {
             CreateOutcome::RetryLater {
                 delay: None,
                 reason: "429".into(),
+                maybe_processed: false,
             },
             None,
             EventKind::ReconciliationInconclusive,
@@ -1449,6 +1510,7 @@ fn every_decision_is_allowed_by_the_table() {
             CreateOutcome::RetryLater {
                 delay: None,
                 reason: "x".into(),
+                maybe_processed: false,
             },
             CreateOutcome::NotSent {
                 error_class: "x".into(),

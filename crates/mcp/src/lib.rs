@@ -141,6 +141,21 @@ fn tool_error(e: ServiceError) -> CallToolResult {
     CallToolResult::structured_error(v)
 }
 
+/// A submit refused as unavailable may have landed all the same: under the id minted for it, which
+/// the agent sends again (the same request under the same id is never submitted twice).
+fn maybe_submitted(mut e: ServiceError, minted: Option<String>) -> ServiceError {
+    if let (Kind::Unavailable, Some(id)) = (e.kind, minted) {
+        e.message = format!(
+            "{} It may have been submitted all the same, under the id {id} made up for it: call submit_operation again with \"id\": \"{id}\" and the same request (never without it, which could start a second job).",
+            e.message
+        );
+        let mut detail = e.detail.take().unwrap_or_else(|| serde_json::json!({}));
+        detail["operation_id"] = id.into();
+        e.detail = Some(detail);
+    }
+    e
+}
+
 fn answer<T: serde::Serialize>(r: Result<T, ServiceError>) -> CallToolResult {
     match r {
         Ok(v) => CallToolResult::structured(to_value(&v)),
@@ -295,9 +310,21 @@ impl JobtrailMcp {
             Ok(o) => o,
             Err(e) => return Ok(tool_error(e).into()),
         };
+        // An id of our own when the agent gave none (as the CLI makes one): a submit stopped at its
+        // time bound, or whose answer is lost, may have landed, and is sent again safely only
+        // under the id it was sent with, which the refusal names.
+        let mut req = req;
+        let minted = match &req.id {
+            Some(_) => None,
+            None => {
+                let id = jobtrail_core::OperationId::fresh().to_string();
+                req.id = Some(id.clone());
+                Some(id)
+            }
+        };
         let r = match ops.submit(req, caller_trace(&ctx)).await {
             Ok(r) => r,
-            Err(e) => return Ok(tool_error(e).into()),
+            Err(e) => return Ok(tool_error(maybe_submitted(e, minted)).into()),
         };
         if ctx
             .client_capabilities()

@@ -1031,6 +1031,9 @@ impl HttpProvider {
                 CreateOutcome::RetryLater {
                     delay,
                     reason: reason.clone(),
+                    // Unless the contract's own rule says what this code means.
+                    maybe_processed: matches!(ex.status, Some(408 | 503))
+                        && self.ruled(CallName::Create, &ex).is_none(),
                 },
                 format!("retry later: {reason}"),
             ),

@@ -322,14 +322,24 @@ async fn create_faults_become_the_right_outcomes() {
     );
 
     // 429 with Retry-After seconds; 503 with an HTTP-date.
+    // A 429 says nothing was done; a 503 (a gateway's, perhaps after forwarding the create) does
+    // not: sent again only under the token, and reconciled, never concluded "not created".
     let op = h.op(one(&["retry_after_seconds"])).await;
     match h.provider.create(&op, 1.into()).await.outcome {
-        CreateOutcome::RetryLater { delay: Some(d), .. } => assert_eq!(d, Duration::from_secs(2)),
+        CreateOutcome::RetryLater {
+            delay: Some(d),
+            maybe_processed: false,
+            ..
+        } => assert_eq!(d, Duration::from_secs(2)),
         other => panic!("{other:?}"),
     }
     let op = h.op(one(&["retry_after_date"])).await;
     match h.provider.create(&op, 1.into()).await.outcome {
-        CreateOutcome::RetryLater { delay: Some(d), .. } => assert!(
+        CreateOutcome::RetryLater {
+            delay: Some(d),
+            maybe_processed: true,
+            ..
+        } => assert!(
             d >= Duration::from_secs(1) && d <= Duration::from_secs(3),
             "{d:?}"
         ),

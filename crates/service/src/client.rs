@@ -11,8 +11,11 @@ use crate::error::{Kind, ServiceError};
 use crate::model::*;
 use crate::{MAX_WAIT, Operations};
 
-/// Bound on everything but a wait (which gets its own timeout plus this).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on everything but a wait (which gets its own timeout plus this): the server's default
+/// bound and a margin, so that at the default the server's answer (503 naming what ran out, and
+/// that a change it made stands) arrives before this client gives up. A server started with a
+/// longer `--request-timeout` may still be working when this client gives up.
+const REQUEST_TIMEOUT: Duration = crate::REQUEST_TIMEOUT.saturating_add(Duration::from_secs(10));
 /// Largest answer read into memory (a result may be large; the API caps what it serves).
 const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
 

@@ -82,7 +82,8 @@ pub struct Service {
     hinting_from: per_caller::PerCaller,
     /// Operations one caller may hold open at once ([`SubmitLimits::max_open_per_caller`]).
     open_per_caller: std::sync::atomic::AtomicU32,
-    /// [`REQUEST_TIMEOUT`] or as set, in milliseconds.
+    /// How long a request through a [`Bound`] door may run, in milliseconds; 0: no bound (the
+    /// CLI's own door over the database, whose person sees it and may stop it). A server sets it.
     request_timeout_ms: std::sync::atomic::AtomicU64,
     /// Bytes of results and request bodies this process holds at once, across every caller.
     held: per_caller::HeldBytes,
@@ -225,9 +226,7 @@ impl Service {
             hinting: per_caller::PerCaller::new(WEBHOOK_BODIES_PER_PROVIDER),
             hinting_from: per_caller::PerCaller::new(per_sender(WEBHOOK_BODIES_PER_PROVIDER)),
             open_per_caller: std::sync::atomic::AtomicU32::new(OPEN_PER_CALLER),
-            request_timeout_ms: std::sync::atomic::AtomicU64::new(
-                REQUEST_TIMEOUT.as_millis() as u64
-            ),
+            request_timeout_ms: std::sync::atomic::AtomicU64::new(0),
             held: per_caller::HeldBytes::new(HELD_BYTES),
             store,
             operator_store,
@@ -236,7 +235,9 @@ impl Service {
         })
     }
 
-    /// How long one request may run from now on (at least a millisecond): see [`REQUEST_TIMEOUT`].
+    /// How long one request may run from now on (at least a millisecond), through the HTTP routes
+    /// and through a [`Bound`] door (MCP's tool calls): see [`REQUEST_TIMEOUT`]. Unset, a [`Bound`]
+    /// door waits as long as its work takes, and the routes take [`REQUEST_TIMEOUT`].
     pub fn set_request_timeout(&self, d: Duration) {
         self.request_timeout_ms.store(
             (d.as_millis() as u64).max(1),
@@ -244,11 +245,15 @@ impl Service {
         );
     }
 
-    pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(
-            self.request_timeout_ms
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
+    /// The bound set by [`Service::set_request_timeout`], if any.
+    pub fn request_timeout(&self) -> Option<Duration> {
+        match self
+            .request_timeout_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
     }
 
     /// Operations one caller may hold open at once from now on (at least 1).
@@ -1270,16 +1275,18 @@ pub fn stopped(limit: Duration) -> ServiceError {
 }
 
 impl Bound {
-    /// `work`, stopped after the server's request bound and `more` (a wait's own timeout): a door
-    /// that is no HTTP route (an MCP tool call, the CLI over the database) is bounded as the
-    /// routes are, so a database gone silent on a connection holds no call, and what it holds,
-    /// for ever.
+    /// `work`, stopped after the server's request bound and `more` (a wait's own timeout): a
+    /// server's door that is no HTTP route (an MCP tool call) is bounded as the routes are, so a
+    /// database gone silent on a connection holds no call, and what it holds, for ever.
     async fn within<T>(
         &self,
         more: Duration,
         work: impl Future<Output = Result<T, ServiceError>>,
     ) -> Result<T, ServiceError> {
-        let limit = self.service.request_timeout() + more;
+        let Some(bound) = self.service.request_timeout() else {
+            return work.await;
+        };
+        let limit = bound + more;
         match tokio::time::timeout(limit, work).await {
             Ok(answer) => answer,
             Err(_) => {
@@ -1287,6 +1294,13 @@ impl Bound {
                 Err(stopped(limit))
             }
         }
+    }
+
+    async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, ServiceError>>,
+    ) -> Result<T, ServiceError> {
+        self.within(Duration::ZERO, work).await
     }
 }
 
@@ -1296,33 +1310,23 @@ impl Operations for Bound {
         req: SubmitRequest,
         trace: Option<TraceParent>,
     ) -> Result<SubmitResponse, ServiceError> {
-        self.within(
-            Duration::ZERO,
-            self.service.submit(&self.principal, req, trace),
-        )
-        .await
+        self.bounded(self.service.submit(&self.principal, req, trace))
+            .await
     }
     async fn submit_batch(
         &self,
         reqs: Vec<SubmitRequest>,
         trace: Option<TraceParent>,
     ) -> Result<Vec<SubmitResponse>, ServiceError> {
-        self.within(
-            Duration::ZERO,
-            self.service.submit_batch(&self.principal, reqs, trace),
-        )
-        .await
+        self.bounded(self.service.submit_batch(&self.principal, reqs, trace))
+            .await
     }
     async fn get(&self, id: &str, timeline: Timeline) -> Result<OperationView, ServiceError> {
-        self.within(
-            Duration::ZERO,
-            self.service.get(&self.principal, id, timeline),
-        )
-        .await
+        self.bounded(self.service.get(&self.principal, id, timeline))
+            .await
     }
     async fn list(&self, q: ListQuery) -> Result<OperationPage, ServiceError> {
-        self.within(Duration::ZERO, self.service.list(&self.principal, q))
-            .await
+        self.bounded(self.service.list(&self.principal, q)).await
     }
     async fn wait(
         &self,
@@ -1342,25 +1346,18 @@ impl Operations for Bound {
         reason: &str,
         seen: Option<&str>,
     ) -> Result<CancelResponse, ServiceError> {
-        self.within(
-            Duration::ZERO,
-            self.service.cancel(&self.principal, id, reason, seen),
-        )
-        .await
+        self.bounded(self.service.cancel(&self.principal, id, reason, seen))
+            .await
     }
     async fn result(&self, id: &str) -> Result<ResultBytes, ServiceError> {
-        self.within(Duration::ZERO, self.service.result(&self.principal, id))
-            .await
+        self.bounded(self.service.result(&self.principal, id)).await
     }
     async fn providers(&self) -> Result<ProviderList, ServiceError> {
         Ok(self.service.providers(&self.principal))
     }
     async fn still_authenticated(&self) -> Result<(), ServiceError> {
-        self.within(
-            Duration::ZERO,
-            self.service.still_authenticated(&self.principal),
-        )
-        .await
+        self.bounded(self.service.still_authenticated(&self.principal))
+            .await
     }
 }
 
