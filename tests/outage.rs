@@ -470,16 +470,18 @@ async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
     let c = support::http();
     // The doors' read of one operation (every column but the request body).
     let get_op = b"'null'::jsonb AS request_body";
+    let read = || async {
+        c.get(server.url(&format!("/v1/operations/{}", op.id)))
+            .bearer_auth(&token)
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await
+            .unwrap()
+    };
 
     proxy.silence_next(get_op, 1);
     let started = Instant::now();
-    let r = c
-        .get(server.url(&format!("/v1/operations/{}", op.id)))
-        .bearer_auth(&token)
-        .timeout(Duration::from_secs(20))
-        .send()
-        .await
-        .unwrap();
+    let r = read().await;
     assert_eq!(r.status(), 503, "{}", server.log_text());
     assert_eq!(r.headers()["retry-after"], "5");
     let body = r.text().await.unwrap();
@@ -582,13 +584,7 @@ async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
     );
 
     // Nothing is silenced now: answered.
-    let r = c
-        .get(server.url(&format!("/v1/operations/{}", op.id)))
-        .bearer_auth(&token)
-        .timeout(Duration::from_secs(20))
-        .send()
-        .await
-        .unwrap();
+    let r = read().await;
     assert_eq!(r.status(), 200, "{}", server.log_text());
     assert!(
         server

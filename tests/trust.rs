@@ -221,16 +221,20 @@ async fn a_persons_retry_stays_the_agents_and_reaches_only_secrets_both_hold() {
         admin(&args, body)
     };
 
+    // The retry a successful `retry` made.
+    let retried = |out: Output| -> jobtrail_core::OperationId {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["operation_id"].as_str().unwrap().parse().unwrap()
+    };
+
     // Unedited: the agent's own request, under the agent's grant (alice holds none).
-    let out = retry(&done[0], "alice", None);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let again: jobtrail_core::OperationId = v["operation_id"].as_str().unwrap().parse().unwrap();
+    let again = retried(retry(&done[0], "alice", None));
     assert_eq!(
         env.store.get(done[0].id).await.unwrap().superseded_by,
         Some(again)
@@ -262,15 +266,7 @@ async fn a_persons_retry_stays_the_agents_and_reaches_only_secrets_both_hold() {
     assert_eq!(env.store.totals().await.unwrap(), before, "nothing written");
     assert_eq!(env.store.get(done[1].id).await.unwrap().superseded_by, None);
     // …and by one it is granted to: the agent's operation still, approved by bob.
-    let out = retry(&done[1], "bob", Some(edited));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let bobs: jobtrail_core::OperationId = v["operation_id"].as_str().unwrap().parse().unwrap();
+    let bobs = retried(retry(&done[1], "bob", Some(edited)));
     let bobs = env.wait_settled(bobs, Duration::from_secs(30)).await;
     assert_eq!(bobs.state, State::Succeeded, "{}", env.logs());
     assert_eq!(
