@@ -538,6 +538,47 @@ async fn a_deferred_cancel_is_sent_again_even_when_not_idempotent() {
     env.stop_workers().await;
 }
 
+/// A cancel answered 503 with `Retry-After` (a gateway that gave up waiting after it forwarded
+/// the cancel; the provider made it) is no "not now": where the contract says cancel is not
+/// idempotent it is never sent again, and the status reads see the job cancelled. Where it is
+/// idempotent it is sent again after the wait. Before, the 503 read as a deferral and a cancel
+/// that may not be repeated was sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_answered_503_is_sent_again_only_where_the_contract_allows() {
+    for (idempotent, sent) in [("false", 1), ("true", 2)] {
+        let mut env = Env::with_edited_contracts(&[(
+            "sim.toml",
+            "idempotent = true",
+            &format!("idempotent = {idempotent}"),
+        )])
+        .await;
+        let op = env
+            .submit(
+                "sim",
+                serde_json::json!({"never_finish": true, "cancel_unavailable": 1}),
+                |s| s.cancel_window = Some(Duration::from_secs(20)),
+            )
+            .await;
+        env.start_worker("w1", Duration::from_secs(10));
+        let observing = env.wait_state(op.id, State::Observing, T).await;
+        env.cancel(op.id).await;
+        let done = env.wait_settled(op.id, T).await;
+        let history = env.history_states(&env.store.history(op.id).await.unwrap());
+        assert_eq!(
+            done.state,
+            State::Cancelled,
+            "idempotent {idempotent}: {history:?}"
+        );
+        let job = observing.remote_job_id.expect("a job");
+        assert_eq!(
+            env.sim.ledger().jobs[&job].cancel_requests,
+            sent,
+            "idempotent {idempotent}: {history:?}"
+        );
+        env.stop_workers().await;
+    }
+}
+
 /// A provider that answers the result download "429, retry after 1 s" eight times (more than the
 /// sim contract's six failures): the finished job's result is still collected, each "not now" waited
 /// out, none spent from the failure budget (it ended `result_unavailable`, terminal, for a job that
@@ -562,6 +603,35 @@ async fn a_provider_that_rate_limits_downloads_still_delivers_the_result() {
         .count();
     assert_eq!(waited, 8, "each 429 is recorded: {history:?}");
     assert_eq!(done.failure_count, 0, "no failure was spent");
+    env.stop_workers().await;
+}
+
+/// A result URL that answers 403 for a while (a storage gateway's or a CDN's passing refusal)
+/// does not say the finished job's result is gone: it is read again within the failure budget and
+/// collected. Before, any 4xx ended the paid job `result_unavailable` on one answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_refused_with_a_403_is_read_again_and_collected() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 200, "result_forbidden": 2}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    assert_eq!(done.state, State::Succeeded, "{history:?}");
+    let refused = history
+        .iter()
+        .filter(|h| h.starts_with("result_fetch_failed"))
+        .count();
+    assert_eq!(refused, 2, "each 403 is recorded: {history:?}");
+    assert_eq!(
+        done.failure_count, 2,
+        "each is spent from the failure budget"
+    );
     env.stop_workers().await;
 }
 

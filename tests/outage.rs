@@ -583,6 +583,112 @@ async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
         minted
     );
 
+    // The same over HTTP, one submit and a batch, each stopped after its COMMIT went to the
+    // database (the answer never came back): it landed, under the id the refusal names.
+    let agent = env.token("agent-10", &["submit", "read"]).await;
+    let item = |n: u32| {
+        serde_json::json!({"provider": "sim", "target": "reports", "approved_by": "alice",
+            "request": {"account": format!("acct_{n}"), "sim": {"duration_ms": 100}}})
+    };
+    let post = |server: &support::Server, path: &'static str, body: serde_json::Value| {
+        let c = c.clone();
+        let (to, agent) = (server.url(path), agent.clone());
+        async move {
+            let r = c
+                .post(to)
+                .bearer_auth(&agent)
+                .json(&body)
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let batch = |items: Vec<serde_json::Value>| serde_json::json!({"operations": items});
+    for (path, body) in [
+        ("/v1/operations", item(1)),
+        (
+            "/v1/operations:batch",
+            batch(vec![item(2), {
+                let mut named = item(3);
+                named["id"] = jobtrail_core::OperationId::fresh().to_string().into();
+                named
+            }]),
+        ),
+    ] {
+        let server = env.serve_with(
+            "bounded-http",
+            &[
+                ("DATABASE_URL", url.as_str()),
+                ("JOBTRAIL_REQUEST_TIMEOUT", "2s"),
+            ],
+        );
+        let silenced = proxy.silenced();
+        proxy.silence_next_commits(1);
+        let (status, problem) = post(&server, path, body.clone()).await;
+        assert_eq!(status, 503, "{path}: {problem}");
+        assert_eq!(proxy.silenced(), silenced + 1, "{path}: {problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("made up for"), "{path}: {detail}");
+        // Sent again (twice) under the ids named: each item is one operation.
+        let again = match problem["extra"]["operation_id"].as_str() {
+            Some(id) => {
+                assert!(detail.contains(id), "{path}: {detail}");
+                let mut one = body.clone();
+                one["id"] = id.into();
+                one
+            }
+            None => {
+                let ids = problem["extra"]["operation_ids"].as_array().unwrap();
+                let items = body["operations"].as_array().unwrap();
+                assert_eq!(ids.len(), items.len(), "{problem}");
+                assert_eq!(items[1]["id"], ids[1], "a given id is listed as given");
+                batch(
+                    items
+                        .iter()
+                        .zip(ids)
+                        .map(|(item, id)| {
+                            let mut item = item.clone();
+                            item["id"] = id.clone();
+                            item
+                        })
+                        .collect(),
+                )
+            }
+        };
+        for _ in 0..2 {
+            let (status, answer) = post(&server, path, again.clone()).await;
+            // (A batch is answered 201 whatever each item was.)
+            let want = if path.ends_with(":batch") { 201 } else { 200 };
+            assert_eq!(status, want, "{path}: {answer}");
+            let answers = answer["operations"]
+                .as_array()
+                .cloned()
+                .unwrap_or_else(|| vec![answer.clone()]);
+            assert!(
+                answers.iter().all(|a| a["created"] == false),
+                "the submit had landed under the ids named: {answer}"
+            );
+        }
+    }
+    let theirs: (i64,) =
+        sqlx::query_as("SELECT count(*) FROM operations WHERE caller = 'agent-10'")
+            .fetch_one(
+                &mut <sqlx::PgConnection as sqlx::Connection>::connect(&env.url)
+                    .await
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+    assert_eq!(
+        theirs.0, 3,
+        "one operation per submission, under the ids named"
+    );
+
     // Nothing is silenced now: answered.
     let r = read().await;
     assert_eq!(r.status(), 200, "{}", server.log_text());

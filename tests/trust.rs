@@ -262,7 +262,10 @@ async fn a_persons_retry_stays_the_agents_and_reaches_only_secrets_both_hold() {
     let out = retry(&done[1], "alice", Some(edited));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("not granted to caller \"alice\""), "{err}");
+    assert!(
+        err.contains("not granted to \"alice\", who retried the operation"),
+        "the person is named as the one who retried, not as its caller: {err}"
+    );
     assert_eq!(env.store.totals().await.unwrap(), before, "nothing written");
     assert_eq!(env.store.get(done[1].id).await.unwrap().superseded_by, None);
     // …and by one it is granted to: the agent's operation still, approved by bob.

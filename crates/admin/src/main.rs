@@ -360,6 +360,11 @@ fn preflight(command: &Command) -> Result<(), shell::Failure> {
     }
 }
 
+/// The provider contracts, or why they could not be read.
+fn contracts_read(dir: &Option<std::path::PathBuf>) -> queue::Contracts {
+    shell::registry(dir).map_err(|e| format!("{:#}", e.error))
+}
+
 async fn run(cli: Cli) -> CmdResult {
     let json = cli.common.json;
     if let Command::Migrate(args) = &cli.command {
@@ -380,8 +385,14 @@ async fn run(cli: Cli) -> CmdResult {
             state,
             provider,
             caller,
-        } => queue::escalations(&store, state, provider, caller, json).await,
-        Command::Show { operation } => queue::show(&store, &operation, json).await,
+        } => {
+            let contracts = contracts_read(&cli.common.providers);
+            queue::escalations(&store, state, provider, caller, &contracts, json).await
+        }
+        Command::Show { operation } => {
+            let contracts = contracts_read(&cli.common.providers);
+            queue::show(&store, &operation, &contracts, json).await
+        }
         Command::Stats => queue::stats(&store, json).await,
         Command::Audit {
             what:
@@ -473,10 +484,9 @@ async fn run(cli: Cli) -> CmdResult {
             // The contracts tell whether an unresolved create can be reconciled at all (a resume
             // that cannot is refused); where they cannot be read here, that is not checked, and
             // said.
-            let registry = shell::registry(&cli.common.providers).unwrap_or_else(|e| {
+            let registry = contracts_read(&cli.common.providers).unwrap_or_else(|e| {
                 eprintln!(
-                    "warning: the provider contracts were not read ({}): whether the provider can reconcile an unresolved create is not checked",
-                    e.error
+                    "warning: the provider contracts were not read ({e}): whether the provider can reconcile an unresolved create is not checked"
                 );
                 Registry::default()
             });

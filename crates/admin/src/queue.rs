@@ -7,12 +7,34 @@ use jobtrail_core::{OperationId, State};
 use jobtrail_store::{OperationRecord, Store};
 use std::process::ExitCode;
 
-/// The admin commands that fit an operation in `state` (the service's decisions, as commands).
-pub fn decisions_for(state: State) -> Vec<String> {
-    jobtrail_service::operator::decisions_for(state)
-        .into_iter()
-        .map(|d| d.replace('_', "-"))
-        .collect()
+/// The provider contracts, where they could be read: they tell which decisions a provider can
+/// act on (a `resume` of an unresolved create needs reconciliation).
+pub type Contracts = Result<jobtrail_provider::Registry, String>;
+
+/// The admin commands that fit `op` (the service's decisions, as commands). Where the contracts
+/// could not be read, a `resume` of an unresolved create is offered unchecked (and said).
+fn decisions_for(op: &OperationRecord, contracts: &Contracts) -> Vec<String> {
+    let fitting = match contracts {
+        Ok(registry) => jobtrail_service::operator::decisions_for_op(op, registry),
+        Err(_) => jobtrail_service::operator::decisions_for(op.state),
+    };
+    fitting.into_iter().map(|d| d.replace('_', "-")).collect()
+}
+
+/// Says, once, that the decisions shown for `ops` were not checked against the contracts.
+fn unchecked_warning<'a>(
+    ops: impl IntoIterator<Item = &'a OperationRecord>,
+    contracts: &Contracts,
+) {
+    if let Err(e) = contracts
+        && ops
+            .into_iter()
+            .any(|op| op.state == State::CreateUnresolved)
+    {
+        eprintln!(
+            "warning: the provider contracts were not read ({e}): `resume` is offered for create_unresolved whether or not the provider can reconcile (it is refused where it cannot)"
+        );
+    }
 }
 
 /// `STATE@SEQ`: what to pass as `--seen` to decide on exactly this view.
@@ -38,6 +60,7 @@ pub async fn escalations(
     state: Option<String>,
     provider: Option<String>,
     caller: Option<String>,
+    contracts: &Contracts,
     json: bool,
 ) -> CmdResult {
     let state = match state {
@@ -76,6 +99,7 @@ pub async fn escalations(
         let calls = store.recent_calls(op.id, 3).await?;
         entries.push((op, calls));
     }
+    unchecked_warning(&ops, contracts);
     if json {
         let v: Vec<_> = entries
             .iter()
@@ -92,7 +116,7 @@ pub async fn escalations(
                     "conflicting_remote_job_id": op.conflicting_remote_job_id,
                     "trace_id": op.trace_id.to_string(),
                     "seen": seen_token(op),
-                    "decisions": decisions_for(op.state),
+                    "decisions": decisions_for(op, contracts),
                     "last_calls": calls.iter().map(|c| serde_json::json!({
                         "kind": c.kind, "at": c.started_at, "http_status": c.http_status,
                         "provider_request_id": c.provider_request_id, "outcome": c.outcome,
@@ -161,28 +185,29 @@ pub async fn escalations(
                     .unwrap_or_default()
             );
         }
-        println!("  decide     {}\n", decisions_for(op.state).join(", "));
+        println!("  decide     {}\n", decisions_for(op, contracts).join(", "));
     }
     println!("{} operation(s) wait for a person", entries.len());
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn show(store: &Store, id: &str, json: bool) -> CmdResult {
+pub async fn show(store: &Store, id: &str, contracts: &Contracts, json: bool) -> CmdResult {
     // Trimmed as the check before connecting trims it (an id pasted with a space).
     let id: OperationId = id.trim().parse().map_err(|e| fail(exit::BAD_INPUT, e))?;
     let op = store.get(id).await?;
     let history = store.history(id).await?;
     let calls = store.calls(id).await?;
+    unchecked_warning([&op], contracts);
     if json {
         print_json(
-            &serde_json::json!({ "operation": op, "history": history, "calls": calls, "seen": seen_token(&op), "decisions": decisions_for(op.state) }),
+            &serde_json::json!({ "operation": op, "history": history, "calls": calls, "seen": seen_token(&op), "decisions": decisions_for(&op, contracts) }),
         );
     } else {
         print!(
             "{}",
             jobtrail_console::timeline::render(&op, &history, &calls)
         );
-        let d = decisions_for(op.state);
+        let d = decisions_for(&op, contracts);
         if !d.is_empty() {
             println!(
                 "decisions that fit: {}   (pass --seen {})",

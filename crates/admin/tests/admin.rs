@@ -2339,6 +2339,39 @@ async fn careless_decisions_are_refused_and_write_nothing() {
             .output()
             .unwrap()
     };
+    // Nor is it offered: `show` and `escalations` leave it out where the contract cannot
+    // reconcile, and offer it where it can.
+    let offered = |providers: &std::path::Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .env("JOBTRAIL_PROVIDERS", providers)
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let listed = match v.as_array() {
+            Some(list) => list
+                .iter()
+                .find(|e| e["operation_id"] == held.id.to_string())
+                .expect("the held operation is listed")
+                .clone(),
+            None => v,
+        };
+        listed["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d == "resume")
+    };
+    let held_id = held.id.to_string();
+    for args in [
+        &["show", &held_id, "--json"][..],
+        &["escalations", "--state", "create_unresolved", "--json"],
+    ] {
+        assert!(!offered(&none, args), "{args:?}");
+        assert!(offered(std::path::Path::new(shipped), args), "{args:?}");
+    }
     let out = resume(&none);
     let _ = std::fs::remove_dir_all(&none);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -1,6 +1,7 @@
 //! Every route's time bound, answered as the API's other refusals are: a problem document that says
 //! what ran out and when to come back (`Retry-After`), not the bare 503 a timeout layer writes.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::Request;
@@ -21,6 +22,31 @@ fn bound_of(request: &Request) -> Duration {
         .map_or(crate::REQUEST_TIMEOUT, |b| b.0)
 }
 
+/// The ids a submit route made up for what the agent named none for, where the route's bound can
+/// read them: a submit stopped at its bound may have landed, and its refusal names them (see
+/// [`jobtrail_service::maybe_submitted`]). Put on every request by [`within`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Minted(Arc<OnceLock<(Vec<String>, bool)>>);
+
+impl Minted {
+    /// One submission's id, made up for it.
+    pub(crate) fn one(&self, id: &str) {
+        let _ = self.0.set((vec![id.to_owned()], false));
+    }
+    /// A batch's ids in item order, given or made up.
+    pub(crate) fn batch(&self, ids: Vec<String>) {
+        let _ = self.0.set((ids, true));
+    }
+    /// `e`, naming what was made up.
+    pub(crate) fn told(&self, e: jobtrail_service::ServiceError) -> jobtrail_service::ServiceError {
+        match self.0.get() {
+            Some((ids, true)) => jobtrail_service::maybe_submitted_batch(e, ids.clone(), true),
+            Some((ids, false)) => jobtrail_service::maybe_submitted(e, ids.first().cloned()),
+            None => e,
+        }
+    }
+}
+
 /// A route other than a wait, within the server's bound.
 pub(crate) async fn route(request: Request, next: Next) -> Response {
     let limit = bound_of(&request);
@@ -37,22 +63,19 @@ pub(crate) async fn wait_route(request: Request, next: Next) -> Response {
 /// Run the route, or answer 503 `unavailable` once `limit` has passed. The route's future is
 /// dropped then: a change it had committed stands, one it had not is not made, so the answer says
 /// to look before repeating a change.
-pub(crate) async fn within(limit: Duration, request: Request, next: Next) -> Response {
+pub(crate) async fn within(limit: Duration, mut request: Request, next: Next) -> Response {
     // Named in the log (the path, not the query): a route that runs past its bound is a stuck
     // query or a database under strain, each worth a line, not a refusal for load.
     let route = format!("{} {}", request.method(), request.uri().path());
+    let minted = Minted::default();
+    request.extensions_mut().insert(minted.clone());
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(answer) => answer,
         Err(_) => {
             tracing::warn!(%route, ?limit, "a request ran past its time bound and was stopped");
-            stopped(limit)
+            Problem(minted.told(jobtrail_service::stopped(limit))).into_response()
         }
     }
-}
-
-/// The answer to a request stopped at its bound.
-fn stopped(limit: Duration) -> Response {
-    Problem(jobtrail_service::stopped(limit)).into_response()
 }
 
 #[cfg(test)]

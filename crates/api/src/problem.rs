@@ -53,7 +53,7 @@ impl Problem {
             type_: format!("urn:jobtrail:problem:{}", k.as_str()),
             title: k.title().to_owned(),
             status: k.http_status(),
-            detail: self.0.shown().to_owned(),
+            detail: self.0.shown(),
             kind: k.as_str().to_owned(),
             exit_code: k.exit_code(),
             extra: self.0.detail.clone(),

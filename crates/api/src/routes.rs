@@ -13,6 +13,7 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::deadline::Minted;
 use crate::problem::{PROBLEM_JSON, Problem, ProblemDoc};
 use crate::{AppState, Caller};
 
@@ -113,14 +114,30 @@ fn query<T: serde::de::DeserializeOwned>(
 async fn submit(
     State(s): State<AppState>,
     Caller(p): Caller,
+    minted: Option<axum::Extension<Minted>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<SubmitResponse>), Problem> {
     p.require(Scope::Submit)?;
-    let (req, _turn): (SubmitRequest, _) =
+    let (mut req, _turn): (SubmitRequest, _) =
         json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
     let trace = jobtrail_provider::wire::extract_trace(&headers);
-    let r = s.service.submit(&p, req, trace).await?;
+    // An id made up here when the agent named none (as the CLI and MCP make one): a submit
+    // stopped at its bound, or refused unavailable after it committed, may have landed, and is
+    // sent again safely only under the id it went with, which the refusal names.
+    let minted = minted.unwrap_or_default().0;
+    let mut made_up = None;
+    if req.id.is_none() {
+        let id = jobtrail_core::OperationId::fresh().to_string();
+        minted.one(&id);
+        req.id = Some(id.clone());
+        made_up = Some(id);
+    }
+    let r = s
+        .service
+        .submit(&p, req, trace)
+        .await
+        .map_err(|e| Problem(maybe_submitted(e, made_up)))?;
     let status = if r.created {
         StatusCode::CREATED
     } else {
@@ -147,14 +164,40 @@ async fn submit(
 async fn submit_batch(
     State(s): State<AppState>,
     Caller(p): Caller,
+    minted: Option<axum::Extension<Minted>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<BatchSubmitResponse>), Problem> {
     p.require(Scope::Submit)?;
-    let (req, _turn): (BatchSubmitRequest, _) =
+    let (mut req, _turn): (BatchSubmitRequest, _) =
         json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
     let trace = jobtrail_provider::wire::extract_trace(&headers);
-    let operations = s.service.submit_batch(&p, req.operations, trace).await?;
+    // As for one submit: every item that named no id goes with one made up here (not for a batch
+    // the service refuses for its size).
+    let mut any_made_up = false;
+    let sized = (1..=MAX_BATCH).contains(&req.operations.len());
+    let ids: Vec<String> = req
+        .operations
+        .iter_mut()
+        .filter(|_| sized)
+        .map(|item| {
+            item.id
+                .get_or_insert_with(|| {
+                    any_made_up = true;
+                    jobtrail_core::OperationId::fresh().to_string()
+                })
+                .clone()
+        })
+        .collect();
+    let minted = minted.unwrap_or_default().0;
+    if any_made_up {
+        minted.batch(ids.clone());
+    }
+    let operations = s
+        .service
+        .submit_batch(&p, req.operations, trace)
+        .await
+        .map_err(|e| Problem(maybe_submitted_batch(e, ids, any_made_up)))?;
     Ok((
         StatusCode::CREATED,
         Json(BatchSubmitResponse { operations }),

@@ -5,7 +5,9 @@
 //! bytes for the operation id, the token and the trace id are arguments.
 
 use crate::ids::{IdempotencyToken, OperationId, SpanId, TraceId, TraceParent};
-use crate::request::{Fingerprint, SecretGrant, SensitiveFieldError, check_sensitive_fields};
+use crate::request::{
+    Fingerprint, Holder, SecretGrant, SensitiveFieldError, check_sensitive_fields,
+};
 use crate::text;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -299,6 +301,10 @@ pub enum SubmitError {
     },
     #[error("operation {0} named by supersedes does not exist")]
     SupersededMissing(OperationId),
+    #[error(
+        "retried_by and resending a stored request belong to a person's retry, which supersedes an operation; this submission supersedes none"
+    )]
+    RetryWithoutOriginal,
     #[error("not a usable job id: {0}")]
     UnusableJobId(String),
     #[error("{pointer} is {found}; provider {provider} delivers its result as one of: {known}")]
@@ -366,6 +372,11 @@ impl Submission {
         now: DateTime<Utc>,
         entropy: Entropy,
     ) -> Result<Intent, SubmitError> {
+        // What a person's retry may skip (the integer check of a request already stored) and
+        // record (who retried it) stands only beside the operation it retries.
+        if self.supersedes.is_none() && (self.retried_by.is_some() || self.resends_stored_request) {
+            return Err(SubmitError::RetryWithoutOriginal);
+        }
         let limit = limits.max_body_bytes.min(terms.max_body_bytes);
         if self.body.len() > limit {
             return Err(SubmitError::BodyTooLarge {
@@ -406,7 +417,7 @@ impl Submission {
             &body,
             &terms.sensitive_fields,
             &terms.secret_grants,
-            &caller,
+            Holder::Caller(&caller),
         )?;
         let retried_by = self
             .retried_by
@@ -419,7 +430,12 @@ impl Submission {
             .as_deref()
             .filter(|_| !self.resends_stored_request)
         {
-            check_sensitive_fields(&body, &terms.sensitive_fields, &terms.secret_grants, person)?;
+            check_sensitive_fields(
+                &body,
+                &terms.sensitive_fields,
+                &terms.secret_grants,
+                Holder::Retrier(person),
+            )?;
         }
         if let Some(f) = &terms.result_formats
             && let Some(v) = body.pointer(&f.pointer)
@@ -595,11 +611,29 @@ mod tests {
         );
         let err = Submission {
             resends_stored_request: true,
+            supersedes: retry.supersedes,
             ..sub(&marker)
         }
         .validate(&terms(), SubmitLimits::default(), now(), entropy())
         .unwrap_err();
         assert!(matches!(err, SubmitError::ReservedKey { .. }), "{err}");
+        // A retry's terms without the operation it retries are no retry: refused, the stored
+        // integer not let through and no person recorded as having retried anything.
+        for orphan in [
+            Submission {
+                resends_stored_request: true,
+                ..sub(body)
+            },
+            Submission {
+                retried_by: Some("alice".into()),
+                ..sub(r#"{"n":1}"#)
+            },
+        ] {
+            let err = orphan
+                .validate(&terms(), SubmitLimits::default(), now(), entropy())
+                .unwrap_err();
+            assert!(matches!(err, SubmitError::RetryWithoutOriginal), "{err}");
+        }
     }
 
     #[test]

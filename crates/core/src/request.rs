@@ -137,14 +137,45 @@ pub enum SensitiveFieldError {
     )]
     NotSensitive { pointer: String, allowed: String },
     #[error(
-        "field {pointer}: secret {name:?} is not granted to caller {caller:?} for this provider{granted}"
+        "field {pointer}: secret {name:?} is not granted to {holder} for this provider{granted}"
     )]
     NotGranted {
         pointer: String,
         name: String,
-        caller: String,
+        /// Who it was checked for, as a phrase (`caller "agent-7"`).
+        holder: String,
         granted: String,
     },
+}
+
+/// Whose grants a request's secret references are checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder<'a> {
+    /// The operation's caller: the agent it runs for.
+    Caller(&'a str),
+    /// A person who retried the caller's operation with a request they edited: the request is
+    /// theirs too, and they may not reach a secret through the agent's grant.
+    Retrier(&'a str),
+}
+
+impl Holder<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Holder::Caller(n) | Holder::Retrier(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for Holder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Caller(n) => write!(f, "caller {n:?}"),
+            Holder::Retrier(n) => write!(
+                f,
+                "{n:?}, who retried the operation with an edited request,"
+            ),
+        }
+    }
 }
 
 fn escape_pointer_token(t: &str) -> String {
@@ -193,15 +224,16 @@ fn grant_name(v: &serde_json::Value) -> Result<&str, String> {
     Ok(name)
 }
 
-/// Check a body's secret references for `caller`: every reference sits at a field the contract marks
-/// sensitive and names a secret granted to this caller; every sensitive field that is present holds
+/// Check a body's secret references for `holder`: every reference sits at a field the contract
+/// marks sensitive and names a secret granted to them; every sensitive field that is present holds
 /// one. Absent fields are fine (the provider's own schema decides whether they are required).
 pub fn check_sensitive_fields(
     body: &serde_json::Value,
     sensitive_pointers: &[String],
     grants: &std::collections::BTreeMap<String, SecretGrant>,
-    caller: &str,
+    holder: Holder<'_>,
 ) -> Result<(), SensitiveFieldError> {
+    let caller = holder.name();
     let mut found = Vec::new();
     references(body, String::new(), &mut found);
     for (pointer, v) in found {
@@ -228,7 +260,7 @@ pub fn check_sensitive_fields(
             return Err(SensitiveFieldError::NotGranted {
                 pointer,
                 name: name.to_owned(),
-                caller: caller.to_owned(),
+                holder: holder.to_string(),
                 granted: if mine.is_empty() {
                     " (it is granted none)".into()
                 } else {
@@ -316,8 +348,9 @@ mod tests {
                 callers: Some(vec!["finance-bot".into()]),
             },
         );
-        let check =
-            |v: serde_json::Value, caller: &str| check_sensitive_fields(&v, &ptrs, &grants, caller);
+        let check = |v: serde_json::Value, caller: &str| {
+            check_sensitive_fields(&v, &ptrs, &grants, Holder::Caller(caller))
+        };
         assert!(
             check(
                 json!({"card":{"number":{"$secret":"customer_card"}}}),

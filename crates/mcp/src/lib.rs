@@ -141,21 +141,6 @@ fn tool_error(e: ServiceError) -> CallToolResult {
     CallToolResult::structured_error(v)
 }
 
-/// A submit refused as unavailable may have landed all the same: under the id minted for it, which
-/// the agent sends again (the same request under the same id is never submitted twice).
-fn maybe_submitted(mut e: ServiceError, minted: Option<String>) -> ServiceError {
-    if let (Kind::Unavailable, Some(id)) = (e.kind, minted) {
-        e.message = format!(
-            "{} It may have been submitted all the same, under the id {id} made up for it: call submit_operation again with \"id\": \"{id}\" and the same request (never without it, which could start a second job).",
-            e.message
-        );
-        let mut detail = e.detail.take().unwrap_or_else(|| serde_json::json!({}));
-        detail["operation_id"] = id.into();
-        e.detail = Some(detail);
-    }
-    e
-}
-
 fn answer<T: serde::Serialize>(r: Result<T, ServiceError>) -> CallToolResult {
     match r {
         Ok(v) => CallToolResult::structured(to_value(&v)),
@@ -238,7 +223,7 @@ fn logged(e: &ServiceError) {
 fn mcp_error(e: ServiceError) -> McpError {
     logged(&e);
     let e = ServiceError {
-        message: e.shown().to_owned(),
+        message: e.shown(),
         ..e
     };
     match e.kind {
@@ -324,7 +309,7 @@ impl JobtrailMcp {
         };
         let r = match ops.submit(req, caller_trace(&ctx)).await {
             Ok(r) => r,
-            Err(e) => return Ok(tool_error(maybe_submitted(e, minted)).into()),
+            Err(e) => return Ok(tool_error(jobtrail_service::maybe_submitted(e, minted)).into()),
         };
         if ctx
             .client_capabilities()

@@ -646,9 +646,13 @@ impl HttpProvider {
         // A create sent with nothing that would make a second one the same job: a 503 (a gateway's,
         // after it forwarded the create) or a 408 does not say the job was not made, so sending
         // again could start paid work twice. 425 and 429 say the request was not processed. (A
-        // contract rule that names the code says otherwise, above.)
-        let unrepeatable =
-            call == CallName::Create && matches!(self.contract.create.token, TokenPlacement::None);
+        // contract rule that names the code says otherwise, above.) The same holds for a cancel
+        // the contract says may not be repeated: "not now" would send it again.
+        let unrepeatable = match call {
+            CallName::Create => matches!(self.contract.create.token, TokenPlacement::None),
+            CallName::Cancel => !self.contract.cancel.as_ref().is_some_and(|c| c.idempotent),
+            _ => false,
+        };
         match ex.status.unwrap_or(0) {
             // A result is a whole representation: 202 says it is not ready yet, and a 204, a 206
             // nobody asked for or any other 2xx is not the result (kept, it would pass as valid
@@ -661,6 +665,12 @@ impl HttpProvider {
             408 | 425 | 429 => Meaning::RetryLater,
             503 if wire::retry_after(&ex.headers).is_some() => Meaning::RetryLater,
             500..=599 => Meaning::Ambiguous,
+            // A result that is gone says so: 404 or 410. Any other refusal of a result read (a
+            // storage gateway's or a CDN's passing 403 or 401, a proxy's 400) does not say the
+            // finished job's result is lost: it is read again within the failure budget, not
+            // given up on one answer. (A contract rule that names the code says otherwise, above.)
+            404 | 410 if call == CallName::Result => Meaning::Reject,
+            400..=499 if call == CallName::Result => Meaning::Ambiguous,
             400..=499 => Meaning::Reject,
             _ => Meaning::Ambiguous,
         }
@@ -1185,6 +1195,15 @@ impl HttpProvider {
                     error_class: "sync_result_repeats_a_credential".into(),
                 },
                 "ambiguous: the synchronous answer repeats a credential this call sent; it is not kept".into(),
+            );
+        }
+        // As for a fetched result: bytes sent encoded, unasked, are not the result the job made.
+        if encoded(&ex.headers) && !no_result {
+            return (
+                CreateOutcome::Ambiguous {
+                    error_class: "sync_result_encoded".into(),
+                },
+                "ambiguous: the synchronous answer came with a content encoding nobody asked for; it is not kept".into(),
             );
         }
         let bytes = if no_result {
@@ -1733,19 +1752,12 @@ impl HttpProvider {
             }
             // We ask for no encoding: bytes sent encoded anyway are not the result the provider
             // made (its checksum, its CSV rows, its JSON are of the decoded form).
-            Verdict::Success | Verdict::AlreadyExists
-                if ex
-                    .headers
-                    .get(http::header::CONTENT_ENCODING)
-                    .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity")) =>
-            {
-                (
-                    ResultOutcome::Failed {
-                        error_class: "result_encoded".into(),
-                    },
-                    "failed: the result came with a content encoding nobody asked for".into(),
-                )
-            }
+            Verdict::Success | Verdict::AlreadyExists if encoded(&ex.headers) => (
+                ResultOutcome::Failed {
+                    error_class: "result_encoded".into(),
+                },
+                "failed: the result came with a content encoding nobody asked for".into(),
+            ),
             Verdict::Success | Verdict::AlreadyExists => {
                 let header = |name: &http::HeaderName| {
                     ex.headers
@@ -1780,11 +1792,17 @@ impl HttpProvider {
             ),
             Verdict::Ambiguous { .. } => {
                 let class = Self::ambiguous_class(&ex);
+                // A refusal read again (a 403, a 401) keeps the provider's words in the record,
+                // as the refusal that ended it did: the budget spent, they say why.
+                let d = match ex.status {
+                    Some(400..=499) => format!("failed: {class} ({})", Self::reason(&ex)),
+                    _ => format!("failed: {class}"),
+                };
                 (
                     ResultOutcome::Failed {
                         error_class: class.clone(),
                     },
-                    format!("failed: {class}"),
+                    d,
                 )
             }
         };
@@ -2052,6 +2070,21 @@ impl Provider for HttpProvider {
     ) -> ProviderFuture<'a, LookupOutcome> {
         Box::pin(self.do_lookup(op, at))
     }
+}
+
+/// Whether an answer's bytes came encoded (`Content-Encoding` other than `identity`, in any of
+/// its values): none is asked for, so such bytes are not the result the provider made (its
+/// checksum, its rows, its JSON are of the decoded form). Every header line is read: a first
+/// `identity` does not hide a `gzip` after it.
+fn encoded(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .any(|coding| {
+            let coding = coding.trim_ascii();
+            !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")
+        })
 }
 
 /// The checksum a result's answer gives in `name`: one that is there but cannot be read (not

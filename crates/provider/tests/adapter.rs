@@ -430,6 +430,14 @@ async fn create_faults_become_the_right_outcomes() {
         } => assert!(!result.bytes.is_empty()),
         other => panic!("{other:?}"),
     }
+    // One marked encoded (none was asked for) is not the result: ambiguous, not kept.
+    let op = h.op(one(&["sync_encoded"])).await;
+    match h.provider.create(&op, 1.into()).await.outcome {
+        CreateOutcome::Ambiguous { error_class } => {
+            assert_eq!(error_class, "sync_result_encoded")
+        }
+        other => panic!("{other:?}"),
+    }
     // One over the contract's answer limit (256 KiB) but within its result limit (1 MiB) is read
     // whole: the answer is the result (`create.sync_result`, no `sync_codes` needed).
     let op = h
@@ -916,6 +924,22 @@ async fn results_that_fail_each_rule_are_caught() {
             http_status: Some(404),
             ..
         }
+    ));
+
+    // A 403 (a pre-signed URL expired) is no result gone: a failure, to be read again.
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 100, "result_forbidden": 1}))
+        .await;
+    h.poll_to_end(&mut op).await;
+    assert_eq!(
+        h.provider.fetch_result(&op, 1.into()).await.outcome,
+        ResultOutcome::Failed {
+            error_class: "http_403".into()
+        }
+    );
+    assert!(matches!(
+        h.provider.fetch_result(&op, 2.into()).await.outcome,
+        ResultOutcome::Fetched(_)
     ));
 
     // A partial batch is valid, with the failed items named in the summary.
@@ -1637,7 +1661,7 @@ async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
                     let mut r = axum::response::Response::new(axum::body::Body::from(body));
                     *r.status_mut() = axum::http::StatusCode::from_u16(status).unwrap();
                     for (k, v) in headers {
-                        r.headers_mut().insert(k, v.parse().unwrap());
+                        r.headers_mut().append(k, v.parse().unwrap());
                     }
                     r
                 }
@@ -1679,6 +1703,24 @@ async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
             whole,
             "failed: result_encoded",
         ),
+        // A second header line is read too: a first `identity` does not hide the `gzip`.
+        (
+            200,
+            vec![
+                json,
+                ("content-encoding", "identity"),
+                ("content-encoding", "gzip"),
+            ],
+            whole,
+            "failed: result_encoded",
+        ),
+        // Only a 404 or a 410 says the result is gone; another 4xx (an expired pre-signed URL's
+        // 403, a CDN's 401) is read again within the failure budget.
+        (404, vec![], "", "unavailable: 404"),
+        (410, vec![], "", "unavailable: 410"),
+        (403, vec![], "", "failed: http_403"),
+        (401, vec![], "", "failed: http_401"),
+        (409, vec![], "", "failed: http_409"),
     ] {
         *answer.lock().unwrap() = (status, headers, body);
         let r = h.provider.fetch_result(&op, 1.into()).await;
@@ -1691,6 +1733,10 @@ async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
                 format!("retry after {} s", delay.unwrap_or_default().as_secs())
             }
             ResultOutcome::Failed { error_class } => format!("failed: {error_class}"),
+            ResultOutcome::Unavailable {
+                http_status: Some(s),
+                ..
+            } => format!("unavailable: {s}"),
             other => format!("{other:?}"),
         };
         assert_eq!(got, want, "{status}");

@@ -137,16 +137,23 @@ pub struct ServiceError {
     /// The door that made it logs it itself, at most once a minute (a webhook receiver whose
     /// secret is unusable refuses every delivery; one line per delivery would flood the log).
     pub logged_by_door: bool,
+    /// What the caller must know whatever the cause, said after the message (or after the
+    /// generic words that stand for an internal one): the id a submit may have landed under.
+    pub note: Option<String>,
 }
 
 impl ServiceError {
     /// What a network door (HTTP, MCP) tells the caller: the message, unless it describes our
     /// insides; then only that the request failed (the door logs the message).
-    pub fn shown(&self) -> &str {
-        if self.internal {
+    pub fn shown(&self) -> String {
+        let said = if self.internal {
             "the service could not complete this request; try again later (the server's log has the cause)"
         } else {
             &self.message
+        };
+        match &self.note {
+            Some(note) => format!("{said} {note}"),
+            None => said.to_owned(),
         }
     }
 
@@ -157,6 +164,7 @@ impl ServiceError {
             detail: None,
             internal: false,
             logged_by_door: false,
+            note: None,
         }
     }
     pub fn with_detail(mut self, detail: serde_json::Value) -> Self {

@@ -1274,6 +1274,50 @@ pub fn stopped(limit: Duration) -> ServiceError {
     .with_detail(serde_json::json!({ "retry_after_secs": STOPPED_RETRY_SECS }))
 }
 
+/// A submit refused as unavailable (stopped at its bound, the database away) may have landed all
+/// the same, under the id it was sent with. Where the door made that id up (`minted`; the agent
+/// named none), the refusal names it, in the words and as `detail.operation_id`, to be sent again
+/// with the same request: without it, the resend could start a second job.
+pub fn maybe_submitted(e: ServiceError, minted: Option<String>) -> ServiceError {
+    match minted {
+        Some(id) => unsure(
+            e,
+            format!(
+                "It may have been submitted all the same, under the id {id} made up for it: send it again with \"id\": \"{id}\" and the same request (never without it, which could start a second job)."
+            ),
+            ("operation_id", id.into()),
+        ),
+        None => e,
+    }
+}
+
+/// As [`maybe_submitted`], for a batch some of whose items named no id: `ids` is every item's id
+/// in order (given or made up), named as `operation_ids`, all to be sent again as they are.
+pub fn maybe_submitted_batch(e: ServiceError, ids: Vec<String>, any_minted: bool) -> ServiceError {
+    if !any_minted {
+        return e;
+    }
+    unsure(
+        e,
+        "It may have been submitted all the same, under ids made up for the items that named none: send the batch again with each item's \"id\" set as operation_ids lists them, in order (never without, which could start second jobs).".to_owned(),
+        ("operation_ids", ids.into()),
+    )
+}
+
+fn unsure(
+    mut e: ServiceError,
+    note: String,
+    (key, ids): (&str, serde_json::Value),
+) -> ServiceError {
+    if e.kind == Kind::Unavailable {
+        e.note = Some(note);
+        let mut detail = e.detail.take().unwrap_or_else(|| serde_json::json!({}));
+        detail[key] = ids;
+        e.detail = Some(detail);
+    }
+    e
+}
+
 impl Bound {
     /// `work`, stopped after the server's request bound and `more` (a wait's own timeout): a
     /// server's door that is no HTTP route (an MCP tool call) is bounded as the routes are, so a

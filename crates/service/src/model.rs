@@ -15,8 +15,10 @@ use utoipa::ToSchema;
 pub struct SubmitRequest {
     /// Your own operation id: `op_` and a fresh ULID, one nobody else can guess or take first.
     /// Submitting the same id with the same request returns the existing operation; with a
-    /// different request it is refused (409). Without one, jobtrail picks an id: then a retried
-    /// submit creates a second operation, so name one.
+    /// different request it is refused (409). Without one, one is made up for it: a refusal that
+    /// says the submit may have landed all the same (`unavailable`) names it (`operation_id`; a
+    /// batch's, `operation_ids`), to send again under; otherwise a retried submit creates a
+    /// second operation, so name one.
     #[serde(default)]
     pub id: Option<String>,
     /// The provider's name (see `list_providers` / `GET /v1/providers`).

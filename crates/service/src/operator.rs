@@ -46,6 +46,27 @@ pub fn decisions_for(state: State) -> Vec<&'static str> {
     out
 }
 
+/// Whether `provider`'s contract (where it is loaded) offers no way to find a job by our
+/// reference: a `create_unresolved` resumed would be held again at once.
+pub fn cannot_reconcile(registry: &jobtrail_provider::Registry, provider: &str) -> bool {
+    registry.get(provider).is_some_and(|p| {
+        p.contract().reconcile.method == jobtrail_core::outcome::ReconcileMethod::None
+    })
+}
+
+/// The decisions that fit `op`: those of its state ([`decisions_for`]), less a `resume` that
+/// would be refused (a `create_unresolved` whose provider offers no reconciliation).
+pub fn decisions_for_op(
+    op: &jobtrail_store::OperationRecord,
+    registry: &jobtrail_provider::Registry,
+) -> Vec<&'static str> {
+    let mut out = decisions_for(op.state);
+    if op.state == State::CreateUnresolved && cannot_reconcile(registry, &op.provider) {
+        out.retain(|d| *d != "resume");
+    }
+    out
+}
+
 /// `STATE`, `STATE@SEQ` or `STATE@SEQ:HEAD` (the head pins the view to one operation).
 pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
     parse_seen_pinned(s).map(|(state, seq, _)| (state, seq))
@@ -166,7 +187,7 @@ impl Service {
                 .iter()
                 .map(|op| Escalation {
                     operation: OperationView::of(op),
-                    decisions: decisions_for(op.state)
+                    decisions: decisions_for_op(op, &self.registry)
                         .into_iter()
                         .map(str::to_owned)
                         .collect(),
@@ -328,10 +349,7 @@ impl Service {
                         // Resumed, it is reconciled again: with nothing to reconcile by, it would
                         // be held again at once, the person's decision spent on nothing.
                         let op = store.get_shown(id).await?;
-                        if self.registry.get(&op.provider).is_some_and(|p| {
-                            p.contract().reconcile.method
-                                == jobtrail_core::outcome::ReconcileMethod::None
-                        }) {
+                        if cannot_reconcile(&self.registry, &op.provider) {
                             return Err(ServiceError::conflict(format!(
                                 "{} offers no way to find a job by our reference (its contract's reconcile is none), so resuming {id} would hold it again at once: look in the provider's console, then adopt the job if one was created, or declare_not_created if none was",
                                 op.provider

@@ -733,7 +733,10 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
         let (doc, content_type) = result_doc(&id, &script);
         return (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], doc).into_response();
     }
-    if matches!(act, CreateAct::Sync | CreateAct::SyncEcho) {
+    if matches!(
+        act,
+        CreateAct::Sync | CreateAct::SyncEcho | CreateAct::SyncEncoded
+    ) {
         // The result pretty-printed inside the answer, as many servers write it: bytes a client
         // that re-serialises would not keep.
         let (doc, _) = result_doc(&id, &script);
@@ -746,12 +749,17 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
             "{{\"job_id\": {}, \"state\": \"succeeded\", \"result\": {pretty}}}",
             serde_json::Value::from(id.clone())
         );
-        return (
+        let mut r = (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
             body,
         )
             .into_response();
+        if act == CreateAct::SyncEncoded {
+            r.headers_mut()
+                .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
+        return r;
     }
     let named = if act == CreateAct::DotDotJobId {
         "..".to_owned()
@@ -1345,6 +1353,12 @@ async fn cancel_inner(sim: Sim, id: String, headers: HeaderMap, aip: bool) -> Re
             job.forced_success = Some(now);
         }
     }
+    if job.ledger.cancel_requests <= job.script.cancel_throttled + job.script.cancel_unavailable {
+        let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "upstream timed out");
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+        return r;
+    }
     let mut r = if aip {
         json_response(StatusCode::OK, serde_json::json!({}))
     } else {
@@ -1520,6 +1534,9 @@ async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             return r;
+        }
+        if job.result_calls <= job.script.result_throttled + job.script.result_forbidden {
+            return error(StatusCode::FORBIDDEN, "request signature expired");
         }
         let taken = (
             job.script.clone(),

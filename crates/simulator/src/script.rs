@@ -36,6 +36,9 @@ pub enum CreateAct {
     /// 200 with the finished result inline, quoting the create request back inside it (a
     /// provider that echoes what it was sent, secrets included).
     SyncEcho,
+    /// 200 with the finished result inline, the answer marked `Content-Encoding: gzip` though
+    /// its bytes are not (a proxy that mislabels what it passes on): bytes nobody can trust.
+    SyncEncoded,
     /// 422 whose body is binary: NUL and escape bytes (a provider's error page in UTF-16, say).
     RejectBinary,
     /// Create the job; the answer's state holds NUL and escape characters and is 64 KiB long.
@@ -216,12 +219,19 @@ pub struct Script {
     pub result_delay_ms: u64,
     /// The first this many cancel calls are answered 429 with `Retry-After: 1`, nothing done.
     pub cancel_throttled: u32,
+    /// The next this many cancel calls (after the throttled ones) take effect and are then
+    /// answered 503 with `Retry-After: 1` (a gateway that gave up waiting after it forwarded the
+    /// cancel): the answer does not say the cancel was not made.
+    pub cancel_unavailable: u32,
     /// The create's `202` says `Retry-After: <seconds>` (Azure's long-running operations do): a
     /// status read before it is counted early.
     pub create_retry_after: Option<u64>,
     /// The first this many result calls are answered 429 with `Retry-After: 1` (a provider that
     /// rate-limits downloads).
     pub result_throttled: u32,
+    /// The first this many result calls are answered 403 (a storage gateway's or a CDN's
+    /// passing refusal): the result is there when read again.
+    pub result_forbidden: u32,
     /// The first this many lookups by client reference that find this job are answered 429 with
     /// `Retry-After: 1`, nothing listed (a provider that rate-limits its list endpoint).
     pub lookup_throttled: u32,
@@ -315,9 +325,11 @@ impl Default for Script {
             status_delay_ms: 0,
             result_delay_ms: 0,
             result_throttled: 0,
+            result_forbidden: 0,
             lookup_throttled: 0,
             create_retry_after: None,
             cancel_throttled: 0,
+            cancel_unavailable: 0,
             create_hold_ms: 0,
             moving_status_url: false,
             status_via_header: false,
