@@ -1182,10 +1182,16 @@ pub fn after_cancel(
             format!("cancel not sent: {error_class}"),
             wait(policy, None, op.failure_count, draw),
         ),
-        CancelOutcome::Failed { error_class } => failed_call(
-            format!("cancel failed: {error_class}"),
-            wait(policy, None, op.cancel_attempts, draw),
-        ),
+        CancelOutcome::Failed {
+            error_class,
+            retry_after: ra,
+        } => {
+            retry_after = ra.map(|d| policy.retry_after.clamp(d));
+            failed_call(
+                format!("cancel failed: {error_class}"),
+                wait(policy, ra, op.cancel_attempts, draw),
+            )
+        }
     };
     // "Not now", and a cancel that never left, asked nothing of the job: no attempt, and the
     // cancel goes again after the provider's wait (or the backoff), idempotent or not — within the

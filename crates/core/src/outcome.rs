@@ -165,11 +165,12 @@ pub enum CancelOutcome {
     },
     /// Nothing reached the provider (a refused connection, a secret that could not be read): no
     /// attempt within the window either, but a failure, backed off.
-    NotSent {
-        error_class: String,
-    },
+    NotSent { error_class: String },
     Failed {
         error_class: String,
+        /// A `Retry-After` the answer gave (a gateway's `503` to a cancel that may not be sent
+        /// again): the next status read waits it out.
+        retry_after: Option<Duration>,
     },
 }
 

@@ -1122,6 +1122,7 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
             &op,
             CancelOutcome::Failed {
                 error_class: "timeout".into(),
+                retry_after: None,
             },
             1,
             FailureCount::Increment,
@@ -1135,6 +1136,16 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     }
     let plan = after_cancel(&op, &p, called(CallKind::Cancel, later()), now, 0.5);
     assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(2));
+    // A failure that came with a `Retry-After` (a gateway's 503 to a cancel that may not be sent
+    // again) is an attempt, and the next read waits the provider's time out.
+    let gateway = CancelOutcome::Failed {
+        error_class: "http_503".into(),
+        retry_after: Some(Duration::from_secs(7)),
+    };
+    let plan = after_cancel(&op, &p, called(CallKind::Cancel, gateway), now, 0.5);
+    assert_eq!(plan.step.counters.cancel_attempts, 1);
+    assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(7));
+    assert_eq!(plan.step.retry_after, Some(Duration::from_secs(7)));
     // A refusal after failures to reach the provider ends them: the refused cancel is not sent
     // again (idempotent or not), and the next status read has its whole budget.
     let mut tried = op.clone();
@@ -1631,6 +1642,7 @@ fn every_decision_is_allowed_by_the_table() {
                         },
                         CancelOutcome::Failed {
                             error_class: "x".into(),
+                            retry_after: None,
                         },
                     ]
                     .into_iter()

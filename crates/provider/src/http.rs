@@ -1600,12 +1600,14 @@ impl HttpProvider {
             Verdict::Wire(e) => (
                 CancelOutcome::Failed {
                     error_class: e.class().into(),
+                    retry_after: None,
                 },
                 format!("failed: {}", e.class()),
             ),
             Verdict::Ambiguous { class } => (
                 CancelOutcome::Failed {
                     error_class: class.clone(),
+                    retry_after: wire::retry_after(&ex.headers),
                 },
                 format!("failed: {class}"),
             ),
