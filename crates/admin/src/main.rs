@@ -21,7 +21,8 @@ const EXIT_CODES: &str = "Exit codes:
   4  refused: the operation changed since you looked, the state machine does not allow this
      decision, or it conflicts with another record; adopt, declare-not-created and abandon of a
      create still open also while a worker holds the operation (it may be creating or looking
-     up the job that moment)
+     up the job that moment); retry of an operation abandoned before anyone settled whether its
+     create made a job, without --job-may-exist
   5  database or provider configuration unavailable
   8  audit verify: the anchor you named is not in the database, or its signature does not verify";
 
@@ -167,6 +168,11 @@ enum Command {
         /// New result deadline (RFC 3339 or +2h); default: the provider's window.
         #[arg(long)]
         result_deadline: Option<String>,
+        /// The operation was abandoned before anyone settled whether its create made a job, and
+        /// you accept that the retry may be a second paid job (look in the provider's console
+        /// first). Without it such a retry is refused.
+        #[arg(long)]
+        job_may_exist: bool,
         #[command(flatten)]
         decided: Decided,
     },
@@ -431,6 +437,7 @@ async fn run(cli: Cli) -> CmdResult {
         Command::Retry {
             operation,
             result_deadline,
+            job_may_exist,
             decided,
             ..
         } => {
@@ -438,6 +445,7 @@ async fn run(cli: Cli) -> CmdResult {
             let d = Decision::Retry {
                 request: retry_request,
                 result_deadline,
+                job_may_exist,
             };
             decide::decide(&store, registry, &operation, d, decided, json).await
         }

@@ -2162,6 +2162,49 @@ async fn stats_report_states_the_queue_and_lease_holders() {
 /// second retry of the same operation, adopting a job another operation owns (or a job id that
 /// would address another resource), resuming with no cancel window, and a submission superseding an
 /// operation that is still live.
+/// A retry of an operation abandoned before anyone settled whether its create made a job is a new
+/// create beside a job that may exist: refused, nothing written, until the person says they
+/// accept that (`--job-may-exist`). One abandoned with its job known is retried as before.
+#[tokio::test]
+async fn a_retry_after_abandoning_an_unsettled_create_needs_the_person_to_accept_a_second_job() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let decide = |verb: &str, op: &OperationRecord, seen: String, more: &[&str]| {
+        let id = op.id.to_string();
+        let mut args = vec![verb, id.as_str(), "--seen", seen.as_str()];
+        args.extend_from_slice(&["--actor", "alice", "--reason", "checked"]);
+        args.extend_from_slice(more);
+        admin(&db, &args)
+    };
+    let mut both = Vec::new();
+    for op in [unresolved(&store, 1).await, timed_out(&store, 2).await] {
+        let seen = format!("{}@{}", op.state, op.history_seq);
+        let out = decide("abandon", &op, seen, &[]);
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        both.push(store.get(op.id).await.unwrap());
+    }
+    let [unsettled, known] = <[OperationRecord; 2]>::try_from(both).unwrap();
+    let seen = |op: &OperationRecord| format!("abandoned@{}", op.history_seq);
+    let totals = store.totals().await.unwrap().0;
+    let refused = decide("retry", &unsettled, seen(&unsettled), &[]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(code(&refused), 4, "{err}");
+    assert!(
+        err.contains("abandoned in create_unresolved") && err.contains("--job-may-exist"),
+        "{err}"
+    );
+    assert_eq!(store.totals().await.unwrap().0, totals, "nothing written");
+    assert_eq!(
+        store.get(unsettled.id).await.unwrap().history_seq,
+        unsettled.history_seq
+    );
+    let out = decide("retry", &unsettled, seen(&unsettled), &["--job-may-exist"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = decide("retry", &known, seen(&known), &[]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(store.totals().await.unwrap().0, totals + 2);
+}
+
 #[tokio::test]
 async fn careless_decisions_are_refused_and_write_nothing() {
     let db = TestDb::new().await;

@@ -339,6 +339,12 @@ pub enum Decision {
         request: Option<serde_json::Value>,
         #[serde(default)]
         result_deadline: Option<String>,
+        /// The operation was abandoned before anyone settled whether its create made a job
+        /// (abandoned in create_unknown, reconciliation or create_unresolved), and you accept
+        /// that the retry, a new create, may be a second paid job beside one that exists.
+        /// Without it such a retry is refused (409).
+        #[serde(default)]
+        job_may_exist: bool,
     },
 }
 

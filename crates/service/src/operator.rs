@@ -67,6 +67,31 @@ pub fn decisions_for_op(
     out
 }
 
+/// The state an abandoned operation was abandoned in, where that left unsettled whether its
+/// create made a job (create_unknown, reconciliation, create_unresolved). Read from its newest
+/// links: the abandon is its last move (a terminal operation's later links, a retry's, move
+/// nothing).
+async fn abandoned_unsettled(
+    store: &Store,
+    id: OperationId,
+) -> Result<Option<State>, ServiceError> {
+    let newest = store.history_before(id, None, 20).await?;
+    let from = newest
+        .iter()
+        .rev()
+        .find(|h| {
+            h.to_state == State::Abandoned.as_str()
+                && h.from_state.as_deref() != Some(State::Abandoned.as_str())
+        })
+        .and_then(|h| h.from_state.as_deref()?.parse::<State>().ok());
+    Ok(from.filter(|s| {
+        matches!(
+            s,
+            State::CreateUnknown | State::Reconciliation | State::CreateUnresolved
+        )
+    }))
+}
+
 /// `STATE`, `STATE@SEQ` or `STATE@SEQ:HEAD` (the head pins the view to one operation).
 pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
     parse_seen_pinned(s).map(|(state, seq, _)| (state, seq))
@@ -378,9 +403,17 @@ impl Service {
             Decision::Retry {
                 request,
                 result_deadline,
+                job_may_exist,
             } => {
                 return self
-                    .retry(id, seen, seq, decision, request, result_deadline)
+                    .retry(
+                        id,
+                        (seen, seq),
+                        decision,
+                        request,
+                        result_deadline,
+                        job_may_exist,
+                    )
                     .await;
             }
         };
@@ -403,11 +436,11 @@ impl Service {
     async fn retry(
         &self,
         id: OperationId,
-        seen: State,
-        seq: Option<i64>,
+        (seen, seq): (State, Option<i64>),
         decision: jobtrail_core::Decision,
         request: Option<serde_json::Value>,
         result_deadline: Option<String>,
+        job_may_exist: bool,
     ) -> Result<DecideResponse, ServiceError> {
         let store = self.operator();
         let old = store.get(id).await?;
@@ -416,6 +449,19 @@ impl Service {
                 "{id} is {}, not terminal: settle it first (declare_not_created only if you know no job was created; adopt the job if one was; a cancel if it runs), then retry. Abandoning it stops tracking without cancelling: a job it started may run on beside the retry's",
                 old.state
             )));
+        }
+        // Abandoned before anyone settled whether its create made a job: the retry, a new create
+        // under a new token, may be a second paid job. Only a person who says they accept that
+        // (having looked in the provider's console) starts it.
+        if old.state == State::Abandoned
+            && old.remote_job_id.is_none()
+            && !job_may_exist
+            && let Some(from) = abandoned_unsettled(store, id).await?
+        {
+            return Err(ServiceError::conflict(format!(
+                "{id} was abandoned in {from}, before anyone settled whether its create made a job at the provider: a retry is a new create and may start a second paid job beside it. Look in the provider's console first; to retry all the same, say so (job_may_exist: true; jobtrail-admin retry --job-may-exist)"
+            ))
+            .with_detail(serde_json::json!({ "abandoned_in": from })));
         }
         // A new request is this person's, not the original approver's: the approval recorded is
         // theirs, and the request is checked against the contract's schema like any submission.
