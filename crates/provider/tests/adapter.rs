@@ -1714,6 +1714,13 @@ async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
             whole,
             "failed: result_encoded",
         ),
+        // So is a coding listed after another in one line.
+        (
+            200,
+            vec![json, ("content-encoding", "identity, gzip")],
+            whole,
+            "failed: result_encoded",
+        ),
         // Only a 404 or a 410 says the result is gone; another 4xx (an expired pre-signed URL's
         // 403, a CDN's 401) is read again within the failure budget.
         (404, vec![], "", "unavailable: 404"),
