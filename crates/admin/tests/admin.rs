@@ -2158,10 +2158,6 @@ async fn stats_report_states_the_queue_and_lease_holders() {
     assert!((600.0..900.0).contains(&waited), "{waited}");
 }
 
-/// Decisions a careless operator (or a hostile one) could make, refused with nothing written: a
-/// second retry of the same operation, adopting a job another operation owns (or a job id that
-/// would address another resource), resuming with no cancel window, and a submission superseding an
-/// operation that is still live.
 /// A retry of an operation abandoned before anyone settled whether its create made a job is a new
 /// create beside a job that may exist: refused, nothing written, until the person says they
 /// accept that (`--job-may-exist`). One abandoned with its job known is retried as before.
@@ -2198,6 +2194,38 @@ async fn a_retry_after_abandoning_an_unsettled_create_needs_the_person_to_accept
         store.get(unsettled.id).await.unwrap().history_seq,
         unsettled.history_seq
     );
+    // Nor may the agent start one by submitting a new operation that supersedes it.
+    let service = jobtrail_service::Service::new(
+        store.clone(),
+        jobtrail_provider::Registry::load_dir(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../providers"
+        )))
+        .unwrap(),
+    );
+    let agent = jobtrail_service::Principal::new(
+        unsettled.caller.clone(),
+        [
+            jobtrail_service::Scope::Submit,
+            jobtrail_service::Scope::Read,
+        ],
+    );
+    let own = jobtrail_service::SubmitRequest {
+        id: None,
+        provider: unsettled.provider.clone(),
+        target: unsettled.target.clone(),
+        request: unsettled.request_body.clone(),
+        approved_by: "alice".into(),
+        approval_ref: None,
+        create_deadline: None,
+        result_deadline: None,
+        cancel_window: None,
+        supersedes: Some(unsettled.id.to_string()),
+    };
+    let err = service.submit(&agent, own, None).await.unwrap_err();
+    assert_eq!(err.kind, jobtrail_service::Kind::Conflict, "{err}");
+    assert!(err.message.contains("only a person may retry it"), "{err}");
+    assert_eq!(store.totals().await.unwrap().0, totals, "nothing written");
     let out = decide("retry", &unsettled, seen(&unsettled), &["--job-may-exist"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     let out = decide("retry", &known, seen(&known), &[]);
@@ -2205,6 +2233,10 @@ async fn a_retry_after_abandoning_an_unsettled_create_needs_the_person_to_accept
     assert_eq!(store.totals().await.unwrap().0, totals + 2);
 }
 
+/// Decisions a careless operator (or a hostile one) could make, refused with nothing written: a
+/// second retry of the same operation, adopting a job another operation owns (or a job id that
+/// would address another resource), resuming with no cancel window, and a submission superseding an
+/// operation that is still live.
 #[tokio::test]
 async fn careless_decisions_are_refused_and_write_nothing() {
     let db = TestDb::new().await;

@@ -615,10 +615,24 @@ impl Service {
         // Only the caller's own: a submit names its own caller, so the decide scope (which may act
         // on anyone's operation through a decision, `retry`) does not let a submit mark another
         // caller's failed operation superseded and shut its own retry out.
-        if let Some(old) = submission.supersedes
-            && self.visible(p, &old.to_string()).await?.caller != p.caller()
-        {
-            return Err(StoreError::NotFound(old).into());
+        if let Some(old) = submission.supersedes {
+            let was = self.visible(p, &old.to_string()).await?;
+            if was.caller != p.caller() {
+                return Err(StoreError::NotFound(old).into());
+            }
+            // Abandoned before anyone settled whether its create made a job: a new create may be
+            // a second paid job beside it, which only a person may accept (a retry decision). A
+            // retry already linked to it is this same submission again, answered as ever.
+            if was.state == State::Abandoned
+                && was.remote_job_id.is_none()
+                && was.superseded_by.is_none()
+                && let Some(from) = self.store.abandoned_unsettled(old).await?
+            {
+                return Err(ServiceError::conflict(format!(
+                    "{old} was abandoned in {from}, before anyone settled whether its create made a job at the provider: a new operation superseding it may start a second paid job beside that one, so only a person may retry it (a retry decision with job_may_exist, after looking in the provider's console)"
+                ))
+                .with_detail(serde_json::json!({ "abandoned_in": from })));
+            }
         }
         Ok(submission)
     }

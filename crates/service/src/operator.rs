@@ -67,31 +67,6 @@ pub fn decisions_for_op(
     out
 }
 
-/// The state an abandoned operation was abandoned in, where that left unsettled whether its
-/// create made a job (create_unknown, reconciliation, create_unresolved). Read from its newest
-/// links: the abandon is its last move (a terminal operation's later links, a retry's, move
-/// nothing).
-async fn abandoned_unsettled(
-    store: &Store,
-    id: OperationId,
-) -> Result<Option<State>, ServiceError> {
-    let newest = store.history_before(id, None, 20).await?;
-    let from = newest
-        .iter()
-        .rev()
-        .find(|h| {
-            h.to_state == State::Abandoned.as_str()
-                && h.from_state.as_deref() != Some(State::Abandoned.as_str())
-        })
-        .and_then(|h| h.from_state.as_deref()?.parse::<State>().ok());
-    Ok(from.filter(|s| {
-        matches!(
-            s,
-            State::CreateUnknown | State::Reconciliation | State::CreateUnresolved
-        )
-    }))
-}
-
 /// `STATE`, `STATE@SEQ` or `STATE@SEQ:HEAD` (the head pins the view to one operation).
 pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
     parse_seen_pinned(s).map(|(state, seq, _)| (state, seq))
@@ -456,7 +431,7 @@ impl Service {
         if old.state == State::Abandoned
             && old.remote_job_id.is_none()
             && !job_may_exist
-            && let Some(from) = abandoned_unsettled(store, id).await?
+            && let Some(from) = store.abandoned_unsettled(id).await?
         {
             return Err(ServiceError::conflict(format!(
                 "{id} was abandoned in {from}, before anyone settled whether its create made a job at the provider: a retry is a new create and may start a second paid job beside it. Look in the provider's console first; to retry all the same, say so (job_may_exist: true; jobtrail-admin retry --job-may-exist)"

@@ -1704,7 +1704,7 @@ impl Store {
         id: OperationId,
         seen_state: State,
         seen_seq: Option<i64>,
-        step: Step,
+        mut step: Step,
     ) -> Result<Applied, StoreError> {
         let actor = match &step.event {
             Some(ev) => decision_actor(ev).unwrap_or("admin").to_owned(),
@@ -1712,6 +1712,23 @@ impl Store {
         };
         let mut tx = self.begin_write().await?;
         let locked = lock_as_seen(&mut tx, id, seen_state, seen_seq).await?;
+        // An abandon before anyone settled whether the create made a job says so in its link
+        // (read under the lock: a send marked in flight is cleared by the abandon itself), so a
+        // retry, a new create, is not started beside a job that may exist without a person's
+        // say-so (see `Store::abandoned_unsettled`).
+        if matches!(step.event, Some(Event::Abandon { .. }))
+            && locked.row_remote_job_id().is_none()
+            && match locked.row_state().parse::<State>() {
+                Ok(State::CreateUnknown | State::Reconciliation | State::CreateUnresolved) => true,
+                Ok(State::CreatePending) => locked.row_create_sent_epoch().is_some(),
+                Ok(State::ContractViolation) => true,
+                _ => false,
+            }
+        {
+            let mut detail = step.detail.take().unwrap_or_else(|| serde_json::json!({}));
+            detail[CREATE_UNSETTLED] = true.into();
+            step.detail = Some(detail);
+        }
         // A deadline a person sets is in the future by the database's clock, the one every step
         // is dated and scheduled by (not the deciding machine's, which may be off).
         for (name, at) in [
@@ -1761,6 +1778,35 @@ impl Store {
         tx.commit().await?;
         self.announce(write::moved([&applied])).await;
         Ok(applied)
+    }
+}
+
+/// The key an abandon's evidence holds `true` under when whether its create made a job was never
+/// settled.
+const CREATE_UNSETTLED: &str = "create_unsettled";
+
+impl Store {
+    /// Where `id` is abandoned before anyone settled whether its create made a job: the state it
+    /// was abandoned in. Its abandon link says so (an older build's link: its state does); an
+    /// abandoned operation whose abandon cannot be found among its newest links counts as
+    /// unsettled, as nothing says otherwise.
+    pub async fn abandoned_unsettled(&self, id: OperationId) -> Result<Option<String>, StoreError> {
+        let newest = self.history_before(id, None, 20).await?;
+        let abandoned = State::Abandoned.as_str();
+        let Some(link) = newest
+            .iter()
+            .rev()
+            .find(|h| h.to_state == abandoned && h.from_state.as_deref() != Some(abandoned))
+        else {
+            return Ok(Some("an unknown state".to_owned()));
+        };
+        let from = link.from_state.clone().unwrap_or_default();
+        let flagged = link.detail["evidence"][CREATE_UNSETTLED] == true;
+        let unsettled_state = matches!(
+            from.parse::<State>(),
+            Ok(State::CreateUnknown | State::Reconciliation | State::CreateUnresolved)
+        );
+        Ok((flagged || unsettled_state).then_some(from))
     }
 }
 
