@@ -1182,15 +1182,16 @@ pub fn after_cancel(
             format!("cancel not sent: {error_class}"),
             wait(policy, None, op.failure_count, draw),
         ),
+        // A provider's wait is kept only within the cancel window: past it a person is asked,
+        // and a read of the job before then is what tells whether the cancel took.
         CancelOutcome::Failed {
             error_class,
             retry_after: ra,
         } => {
-            retry_after = ra.map(|d| policy.retry_after.clamp(d));
-            failed_call(
-                format!("cancel failed: {error_class}"),
-                wait(policy, ra, op.cancel_attempts, draw),
-            )
+            let within = |d: Duration| op.cancel_deadline.map_or(d, |end| d.min(until(end, now)));
+            retry_after = ra.map(|d| within(policy.retry_after.clamp(d)));
+            let (d, why) = wait(policy, ra, op.cancel_attempts, draw);
+            failed_call(format!("cancel failed: {error_class}"), (within(d), why))
         }
     };
     // "Not now", and a cancel that never left, asked nothing of the job: no attempt, and the

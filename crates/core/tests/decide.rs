@@ -1146,6 +1146,16 @@ fn the_first_poll_after_a_cancel_honours_the_last_retry_after() {
     assert_eq!(plan.step.counters.cancel_attempts, 1);
     assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(7));
     assert_eq!(plan.step.retry_after, Some(Duration::from_secs(7)));
+    // Never past the cancel window: a read of the job comes before a person is asked.
+    let mut closing = op.clone();
+    closing.cancel_deadline = Some(now + chrono::Duration::seconds(3));
+    let gateway = CancelOutcome::Failed {
+        error_class: "http_503".into(),
+        retry_after: Some(Duration::from_secs(7)),
+    };
+    let plan = after_cancel(&closing, &p, called(CallKind::Cancel, gateway), now, 0.5);
+    assert_eq!(plan.step.next_in.unwrap().0, Duration::from_secs(3));
+    assert_eq!(plan.step.retry_after, Some(Duration::from_secs(3)));
     // A refusal after failures to reach the provider ends them: the refused cancel is not sent
     // again (idempotent or not), and the next status read has its whole budget.
     let mut tried = op.clone();
