@@ -579,60 +579,46 @@ async fn a_cancel_answered_503_is_sent_again_only_where_the_contract_allows() {
     }
 }
 
+/// A finished job whose result download is refused `refusals` times (script knob `knob`): it is
+/// still collected, each refusal recorded, `spent` of them from the failure budget.
+async fn collected_after_refusals(knob: &str, refusals: usize, spent: i32) {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 200, knob: refusals}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    assert_eq!(done.state, State::Succeeded, "{knob}: {history:?}");
+    let refused = history
+        .iter()
+        .filter(|h| h.starts_with("result_fetch_failed"))
+        .count();
+    assert_eq!(refused, refusals, "{knob}: each is recorded: {history:?}");
+    assert_eq!(done.failure_count, spent, "{knob}: failures spent");
+    env.stop_workers().await;
+}
+
 /// A provider that answers the result download "429, retry after 1 s" eight times (more than the
 /// sim contract's six failures): the finished job's result is still collected, each "not now" waited
 /// out, none spent from the failure budget (it ended `result_unavailable`, terminal, for a job that
 /// had succeeded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_that_rate_limits_downloads_still_delivers_the_result() {
-    let mut env = Env::new().await;
-    let op = env
-        .submit(
-            "sim",
-            serde_json::json!({"duration_ms": 200, "result_throttled": 8}),
-            |_| {},
-        )
-        .await;
-    env.start_worker("w1", Duration::from_secs(10));
-    let done = env.wait_settled(op.id, T).await;
-    let history = env.history_states(&env.store.history(op.id).await.unwrap());
-    assert_eq!(done.state, State::Succeeded, "{history:?}");
-    let waited = history
-        .iter()
-        .filter(|h| h.starts_with("result_fetch_failed"))
-        .count();
-    assert_eq!(waited, 8, "each 429 is recorded: {history:?}");
-    assert_eq!(done.failure_count, 0, "no failure was spent");
-    env.stop_workers().await;
+    collected_after_refusals("result_throttled", 8, 0).await;
 }
 
 /// A result URL that answers 403 for a while (a storage gateway's or a CDN's passing refusal)
 /// does not say the finished job's result is gone: it is read again within the failure budget and
-/// collected. Before, any 4xx ended the paid job `result_unavailable` on one answer.
+/// collected, each 403 spent from the budget. Before, any 4xx ended the paid job
+/// `result_unavailable` on one answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_refused_with_a_403_is_read_again_and_collected() {
-    let mut env = Env::new().await;
-    let op = env
-        .submit(
-            "sim",
-            serde_json::json!({"duration_ms": 200, "result_forbidden": 2}),
-            |_| {},
-        )
-        .await;
-    env.start_worker("w1", Duration::from_secs(10));
-    let done = env.wait_settled(op.id, T).await;
-    let history = env.history_states(&env.store.history(op.id).await.unwrap());
-    assert_eq!(done.state, State::Succeeded, "{history:?}");
-    let refused = history
-        .iter()
-        .filter(|h| h.starts_with("result_fetch_failed"))
-        .count();
-    assert_eq!(refused, 2, "each 403 is recorded: {history:?}");
-    assert_eq!(
-        done.failure_count, 2,
-        "each is spent from the failure budget"
-    );
-    env.stop_workers().await;
+    collected_after_refusals("result_forbidden", 2, 2).await;
 }
 
 /// Drill 4: a cancel the provider never confirms ends in cancellation_unconfirmed, with the evidence.
