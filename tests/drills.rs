@@ -512,30 +512,43 @@ async fn a_step_dropped_because_a_cancel_landed_gives_its_lease_back() {
     env.stop_workers().await;
 }
 
-/// A cancel the provider defers ("429, retry after 1 s", twice) under a contract whose cancel is not
-/// idempotent: a deferral did nothing, so the cancel is sent again after the wait and confirmed (it
-/// was never sent again: the operation polled until its window ran out, unconfirmed).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deferred_cancel_is_sent_again_even_when_not_idempotent() {
-    let mut env =
-        Env::with_edited_contracts(&[("sim.toml", "idempotent = true", "idempotent = false")])
-            .await;
+/// A never-finishing job's cancel under a contract whose cancel is `idempotent` (or not), the sim
+/// scripted with `script`: the operation ends cancelled, and the cancel calls the provider got.
+async fn cancel_calls(idempotent: bool, script: serde_json::Value) -> u32 {
+    let mut env = Env::with_edited_contracts(&[(
+        "sim.toml",
+        "idempotent = true",
+        &format!("idempotent = {idempotent}"),
+    )])
+    .await;
     let op = env
-        .submit(
-            "sim",
-            serde_json::json!({"never_finish": true, "cancel_throttled": 2}),
-            |s| s.cancel_window = Some(Duration::from_secs(20)),
-        )
+        .submit("sim", script, |s| {
+            s.cancel_window = Some(Duration::from_secs(20))
+        })
         .await;
     env.start_worker("w1", Duration::from_secs(10));
     let observing = env.wait_state(op.id, State::Observing, T).await;
     env.cancel(op.id).await;
     let done = env.wait_settled(op.id, T).await;
     let history = env.history_states(&env.store.history(op.id).await.unwrap());
-    assert_eq!(done.state, State::Cancelled, "{history:?}");
+    assert_eq!(
+        done.state,
+        State::Cancelled,
+        "idempotent {idempotent}: {history:?}"
+    );
     let job = observing.remote_job_id.expect("a job");
-    assert_eq!(env.sim.ledger().jobs[&job].cancel_requests, 3);
+    let sent = env.sim.ledger().jobs[&job].cancel_requests;
     env.stop_workers().await;
+    sent
+}
+
+/// A cancel the provider defers ("429, retry after 1 s", twice) under a contract whose cancel is not
+/// idempotent: a deferral did nothing, so the cancel is sent again after the wait and confirmed (it
+/// was never sent again: the operation polled until its window ran out, unconfirmed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_cancel_is_sent_again_even_when_not_idempotent() {
+    let script = serde_json::json!({"never_finish": true, "cancel_throttled": 2});
+    assert_eq!(cancel_calls(false, script).await, 3);
 }
 
 /// A cancel answered 503 with `Retry-After` (a gateway that gave up waiting after it forwarded
@@ -545,37 +558,13 @@ async fn a_deferred_cancel_is_sent_again_even_when_not_idempotent() {
 /// that may not be repeated was sent twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_answered_503_is_sent_again_only_where_the_contract_allows() {
-    for (idempotent, sent) in [("false", 1), ("true", 2)] {
-        let mut env = Env::with_edited_contracts(&[(
-            "sim.toml",
-            "idempotent = true",
-            &format!("idempotent = {idempotent}"),
-        )])
-        .await;
-        let op = env
-            .submit(
-                "sim",
-                serde_json::json!({"never_finish": true, "cancel_unavailable": 1}),
-                |s| s.cancel_window = Some(Duration::from_secs(20)),
-            )
-            .await;
-        env.start_worker("w1", Duration::from_secs(10));
-        let observing = env.wait_state(op.id, State::Observing, T).await;
-        env.cancel(op.id).await;
-        let done = env.wait_settled(op.id, T).await;
-        let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    for (idempotent, sent) in [(false, 1), (true, 2)] {
+        let script = serde_json::json!({"never_finish": true, "cancel_unavailable": 1});
         assert_eq!(
-            done.state,
-            State::Cancelled,
-            "idempotent {idempotent}: {history:?}"
-        );
-        let job = observing.remote_job_id.expect("a job");
-        assert_eq!(
-            env.sim.ledger().jobs[&job].cancel_requests,
+            cancel_calls(idempotent, script).await,
             sent,
-            "idempotent {idempotent}: {history:?}"
+            "idempotent {idempotent}"
         );
-        env.stop_workers().await;
     }
 }
 

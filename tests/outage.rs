@@ -568,19 +568,10 @@ async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
             "{answer}"
         );
     }
-    let theirs: Vec<(uuid::Uuid,)> =
-        sqlx::query_as("SELECT id FROM operations WHERE caller = 'agent-9'")
-            .fetch_all(
-                &mut <sqlx::PgConnection as sqlx::Connection>::connect(&env.url)
-                    .await
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-    assert_eq!(theirs.len(), 1, "one operation, under the id named");
     assert_eq!(
-        jobtrail_core::OperationId::from_uuid(theirs[0].0).to_string(),
-        minted
+        operations_of(&env.url, "agent-9").await,
+        [minted],
+        "one operation, under the id named"
     );
 
     // The same over HTTP, one submit and a batch, each stopped after its COMMIT went to the
@@ -675,17 +666,9 @@ async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
             );
         }
     }
-    let theirs: (i64,) =
-        sqlx::query_as("SELECT count(*) FROM operations WHERE caller = 'agent-10'")
-            .fetch_one(
-                &mut <sqlx::PgConnection as sqlx::Connection>::connect(&env.url)
-                    .await
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
     assert_eq!(
-        theirs.0, 3,
+        operations_of(&env.url, "agent-10").await.len(),
+        3,
         "one operation per submission, under the ids named"
     );
 
@@ -699,6 +682,22 @@ async fn a_request_the_database_stops_answering_is_stopped_at_its_bound() {
         "{}",
         server.log_text()
     );
+}
+
+/// The ids of `caller`'s operations, read straight from the database.
+async fn operations_of(url: &str, caller: &str) -> Vec<String> {
+    let ids: Vec<(uuid::Uuid,)> = sqlx::query_as("SELECT id FROM operations WHERE caller = $1")
+        .bind(caller)
+        .fetch_all(
+            &mut <sqlx::PgConnection as sqlx::Connection>::connect(url)
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    ids.into_iter()
+        .map(|(id,)| jobtrail_core::OperationId::from_uuid(id).to_string())
+        .collect()
 }
 
 mod silencing {
