@@ -610,6 +610,62 @@ async fn a_result_refused_with_a_403_is_read_again_and_collected() {
     collected_after_refusals("result_forbidden", 2, 2).await;
 }
 
+/// A result URL the status names that has expired by the time it is read (a pre-signed URL: the
+/// store answers 403 "Request has expired"): the status is read again for a fresh URL and the
+/// result collected from that one. Before, the dead URL was read again until the failure budget
+/// ran out, and a paid job that had succeeded ended without its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_result_url_is_renewed_from_the_status_and_the_result_collected() {
+    let mut env = Env::new().await;
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 200, "result_urls_expired": 2}),
+            |_| {},
+        )
+        .await;
+    env.start_worker("w1", Duration::from_secs(10));
+    let done = env.wait_settled(op.id, T).await;
+    let history = env.history_states(&env.store.history(op.id).await.unwrap());
+    assert_eq!(done.state, State::Succeeded, "{history:?}");
+    let tail: Vec<&str> = history
+        .iter()
+        .map(String::as_str)
+        .skip_while(|h| !h.starts_with("result_fetch_failed"))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "result_fetch_failed:result_collecting",
+            "result_url_renewed:result_collecting",
+            "result_fetch_failed:result_collecting",
+            "result_url_renewed:result_collecting",
+            "result_validated:succeeded",
+        ],
+        "{history:?}"
+    );
+    assert_eq!(done.failure_count, 2, "each refused download is spent");
+    // Each dead URL was read once, then the status for a fresh one (the signature in the recorded
+    // URL is redacted: which URL was read is the adapter test's to show).
+    let calls = env.store.calls(op.id).await.unwrap();
+    let collecting: Vec<(&str, Option<i32>)> = calls
+        .iter()
+        .skip_while(|c| c.kind != "result")
+        .map(|c| (c.kind.as_str(), c.http_status))
+        .collect();
+    assert_eq!(
+        collecting,
+        [
+            ("result", Some(403)),
+            ("status", Some(200)),
+            ("result", Some(403)),
+            ("status", Some(200)),
+            ("result", Some(200)),
+        ]
+    );
+    env.stop_workers().await;
+}
+
 /// Drill 4: a cancel the provider never confirms ends in cancellation_unconfirmed, with the evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drill_unconfirmed_cancel_escalates_with_the_evidence_bundle() {

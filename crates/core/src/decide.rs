@@ -1377,6 +1377,11 @@ pub enum Collected {
     Refused {
         url: String,
     },
+    /// The status was read again for a fresh URL after a refused download (`fresh`: it named
+    /// another): downloaded at once.
+    Renewed {
+        fresh: bool,
+    },
     /// Worth another try later.
     Failed {
         error_class: String,
@@ -1437,6 +1442,7 @@ pub fn after_collect(
     now: DateTime<Utc>,
     draw: f64,
 ) -> Plan {
+    let mut go_on = false;
     let mut step = match collected {
         Collected::Valid {
             fetched_content_type,
@@ -1497,10 +1503,16 @@ pub fn after_collect(
             failed_fetch(op, policy, format!("retry later: {reason}"), delay, draw)
         }
         Collected::Failed { error_class } => failed_fetch(op, policy, error_class, None, draw),
+        // The refused download counted as a failure already: the fresh URL is tried at once.
+        Collected::Renewed { fresh } => {
+            go_on = true;
+            Step::event(Event::ResultUrlRenewed { fresh })
+        }
     };
     if let Some((c, ctx)) = call {
         step.counters.result_attempts = 1;
         step = with_call(step, c, ctx);
     }
-    Plan::write(step)
+    let plan = Plan::write(step);
+    if go_on { plan.then_continue() } else { plan }
 }

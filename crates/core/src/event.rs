@@ -249,6 +249,9 @@ pub enum Event {
     ResultValidated(ValidatedResult),
     /// A result fetch failed in a way worth retrying.
     ResultFetchFailed { error_class: String },
+    /// A download of the result URL the status named was refused; the status was read again for a
+    /// fresh one (`fresh`: it named another).
+    ResultUrlRenewed { fresh: bool },
     /// The result cannot be fetched.
     ResultUnavailable { why: String },
     /// The result failed validation.
@@ -335,6 +338,7 @@ event_kinds! {
     CancelDeadlinePassed = "cancel_deadline_passed",
     ResultValidated = "result_validated",
     ResultFetchFailed = "result_fetch_failed",
+    ResultUrlRenewed = "result_url_renewed",
     ResultUnavailable = "result_unavailable",
     ResultInvalid = "result_invalid",
     AdoptRemoteJob = "adopt_remote_job",
@@ -400,6 +404,7 @@ impl Event {
             Event::CancelDeadlinePassed => EventKind::CancelDeadlinePassed,
             Event::ResultValidated(_) => EventKind::ResultValidated,
             Event::ResultFetchFailed { .. } => EventKind::ResultFetchFailed,
+            Event::ResultUrlRenewed { .. } => EventKind::ResultUrlRenewed,
             Event::ResultUnavailable { .. } => EventKind::ResultUnavailable,
             Event::ResultInvalid { .. } => EventKind::ResultInvalid,
             Event::AdoptRemoteJob { .. } => EventKind::AdoptRemoteJob,
@@ -518,6 +523,12 @@ impl Event {
             }
             Event::ResultFetchFailed { error_class } => {
                 format!("result fetch failed: {error_class}")
+            }
+            Event::ResultUrlRenewed { fresh: true } => {
+                "result URL refused; the status named a fresh one".into()
+            }
+            Event::ResultUrlRenewed { fresh: false } => {
+                "result URL refused; the status named the same one again".into()
             }
             Event::ResultUnavailable { why } => format!("result unavailable: {why}"),
             Event::ResultInvalid { violations } => {

@@ -285,6 +285,12 @@ pub static RULES: &[Rule] = &[
         why: "retry the fetch with backoff",
     },
     Rule {
+        on: EventKind::ResultUrlRenewed,
+        from: &[ResultCollecting],
+        to: To::Same,
+        why: "a refused download URL is asked of the status again",
+    },
+    Rule {
         on: EventKind::ResultUnavailable,
         from: &[ResultCollecting],
         to: To::State(ResultUnavailable),

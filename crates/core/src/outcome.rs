@@ -96,6 +96,10 @@ pub struct ResultHints {
     /// fraction): the result is refused rather than checked without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreadable: Option<String>,
+    /// The HTTP status that refused the last download of `result_url` (a pre-signed URL that
+    /// expired answers 403, some stores 404): the status is read for a fresh URL before the next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<u16>,
 }
 
 /// One status read, in the provider's words.
@@ -115,6 +119,7 @@ pub struct RemoteStatus {
 
 /// The result of `status`.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // one per status read, moved once: a box would allocate on each poll
 pub enum StatusOutcome {
     Observed(RemoteStatus),
     RetryLater {
@@ -209,6 +214,12 @@ pub enum ResultOutcome {
     /// The provider named a result URL outside the origins its contract declares: nothing was sent.
     Refused {
         url: String,
+    },
+    /// A download of the URL the status named was refused, and the status was read again for a
+    /// fresh one (a pre-signed URL expires): the next download is due at once. `fresh`: the status
+    /// named another URL than the refused one.
+    Renewed {
+        fresh: bool,
     },
 }
 

@@ -1361,6 +1361,22 @@ fn collection_outcomes_map_to_one_event_each() {
     assert_eq!(plan.step.counters.failures, FailureCount::Keep);
     let plan = after_collect(&op, &p, later(None), None, now, 0.5);
     assert!(plan.step.next_in.is_some_and(|(d, _)| d > Duration::ZERO));
+    // A fresh URL read from the status after a refused download (whose refusal was spent already):
+    // downloaded at once by the same worker, nothing more spent, even with the budget spent.
+    for fresh in [true, false] {
+        let plan = after_collect(
+            &spent,
+            &p,
+            Collected::Renewed { fresh },
+            Some((call(CallKind::Status), None)),
+            now,
+            0.5,
+        );
+        assert_eq!(kind(&plan), Some(EventKind::ResultUrlRenewed));
+        assert!(plan.go_on && plan.step.keep_lease && plan.step.next_in.is_none());
+        assert_eq!(plan.step.counters.failures, FailureCount::Keep);
+        legal(&spent, &plan);
+    }
 }
 
 #[test]

@@ -97,6 +97,7 @@ fn sample_events() -> Vec<Event> {
         Event::ResultFetchFailed {
             error_class: "reset".into(),
         },
+        Event::ResultUrlRenewed { fresh: true },
         Event::ResultUnavailable { why: "404".into() },
         Event::ResultInvalid {
             violations: vec!["checksum".into()],

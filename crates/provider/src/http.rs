@@ -1670,6 +1670,18 @@ impl HttpProvider {
             .and_then(|r| serde_json::from_value(r.clone()).ok())
             .unwrap_or_default();
         let status = &self.contract.status;
+        // A URL the status names may be pre-signed, and expire before it is read (or between a
+        // failed read and the next): after a refused download the status is read again for a
+        // fresh one before the next download. Not a URL the contract builds: that one is as good
+        // as it will ever be.
+        let renewable =
+            spec.from == ResultFrom::Url && spec.url.is_none() && status.result_url.is_some();
+        if renewable
+            && hints.result_url.is_some()
+            && let Some(refused) = hints.refused
+        {
+            return self.renew_result_url(op, at, &hints, refused).await;
+        }
         // Only the contract's own result URL is fetched its way; every other read is a GET.
         let get = |t: String| (t, http::Method::GET, None, http::HeaderMap::new());
         let target = match (spec.from, &spec.url, &hints.result_url) {
@@ -1707,8 +1719,32 @@ impl HttpProvider {
                 extra,
             )
             .await;
-        let ctx = self.context_after(op, &ex, None);
-        let (outcome, d) = match self.verdict(CallName::Result, &ex) {
+        let verdict = self.verdict(CallName::Result, &ex);
+        // A refusal (not a "not now") of a URL the status named, unless a contract rule says what
+        // the answer means: remembered, so the next attempt asks the status for a fresh URL.
+        let refused = match &verdict {
+            Verdict::Reject { .. } | Verdict::Ambiguous { .. }
+                if renewable && self.ruled(CallName::Result, &ex).is_none() =>
+            {
+                ex.status.filter(|c| (400..500).contains(c))
+            }
+            _ => None,
+        };
+        let marked = refused.map(|code| ResultHints {
+            refused: Some(code),
+            ..hints.clone()
+        });
+        let ctx = self.context_after(op, &ex, marked.as_ref());
+        let (outcome, d) = match verdict {
+            // Not gone yet: the status may name a fresh URL (counted against the failure budget).
+            Verdict::Reject { reason, .. } if refused.is_some() => (
+                ResultOutcome::Failed {
+                    error_class: "result_url_refused".into(),
+                },
+                format!(
+                    "failed: result URL refused ({reason}); the status is read for a fresh one"
+                ),
+            ),
             Verdict::Wire(WireError::TooLarge) => (
                 ResultOutcome::TooLarge {
                     limit: spec.max_bytes,
@@ -1809,6 +1845,68 @@ impl HttpProvider {
             }
         };
         Self::finish(ex, outcome, d, ctx)
+    }
+
+    /// The download of the URL the status named was refused (`refused`: its HTTP status): the
+    /// status is read again for a fresh URL, and the download follows at once. The same URL again,
+    /// after a 404 or a 410, is a result that is gone; after any other refusal it is read again
+    /// within the failure budget (the refusal counted already).
+    async fn renew_result_url(
+        &self,
+        op: &OperationRecord,
+        at: CallCtx,
+        old: &ResultHints,
+        refused: u16,
+    ) -> Called<ResultOutcome> {
+        let Called {
+            outcome,
+            call,
+            context,
+        } = self.do_status(op, at, false).await;
+        let outcome = match outcome {
+            StatusOutcome::Observed(s) if s.phase == Some(Phase::Succeeded) => {
+                let fresh = s.hints.result_url.is_some() && s.hints.result_url != old.result_url;
+                if !fresh && matches!(refused, 404 | 410) {
+                    ResultOutcome::Unavailable {
+                        http_status: Some(refused),
+                        reason: format!(
+                            "the result URL answered {refused} and the status names no other"
+                        ),
+                    }
+                } else {
+                    ResultOutcome::Renewed { fresh }
+                }
+            }
+            // Asked again at the next attempt: the mark stays.
+            StatusOutcome::Observed(_) => ResultOutcome::Failed {
+                error_class: "status_no_longer_succeeded".into(),
+            },
+            StatusOutcome::Failed { error_class } => ResultOutcome::Failed { error_class },
+            StatusOutcome::RetryLater { delay, reason } => {
+                ResultOutcome::RetryLater { delay, reason }
+            }
+            // A status read refused (a gateway's passing 403, a job the provider forgot) does not
+            // lose a finished job's result on one answer: asked again within the failure budget.
+            StatusOutcome::Rejected { http_status, .. } => ResultOutcome::Failed {
+                error_class: format!("status_refused_{}", http_status.unwrap_or_default()),
+            },
+            StatusOutcome::Refused { url } => ResultOutcome::Refused { url },
+        };
+        // Answered: the next attempt downloads (the mark goes with the URL it was about).
+        let context = match (&outcome, context) {
+            (ResultOutcome::Renewed { .. } | ResultOutcome::Unavailable { .. }, Some(mut c)) => {
+                if let Some(r) = c.get_mut("result").and_then(|r| r.as_object_mut()) {
+                    r.remove("refused");
+                }
+                Some(c)
+            }
+            (_, c) => c,
+        };
+        Called {
+            outcome,
+            call,
+            context,
+        }
     }
 
     async fn do_lookup(&self, op: &OperationRecord, at: CallCtx) -> Called<LookupOutcome> {

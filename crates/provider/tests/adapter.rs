@@ -870,6 +870,94 @@ async fn cancel_confirmed_ignored_and_lost_race() {
     ));
 }
 
+/// A download of the URL the status named that is refused (a pre-signed URL past its time answers
+/// 403; some stores 404) is remembered, and the next attempt reads the status again for a fresh URL
+/// instead of the dead one. The same URL named again after a 404 is a result that is gone.
+#[tokio::test]
+async fn a_refused_result_url_is_asked_of_the_status_again() {
+    let h = harness("sim").await;
+    let refused_mark = |op: &OperationRecord| op.provider_context["result"].get("refused").cloned();
+    let take = |op: &mut OperationRecord, ctx: Option<serde_json::Value>| {
+        if let Some(c) = ctx {
+            op.provider_context = c;
+        }
+    };
+
+    // Signed URLs: the first one named has expired; the status names a new one on each read.
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 100, "result_urls_expired": 1}))
+        .await;
+    h.poll_to_end(&mut op).await;
+    let first_url = op.provider_context["result"]["result_url"].clone();
+    assert!(
+        first_url.as_str().is_some_and(|u| u.ends_with("?sig=1")),
+        "{first_url}"
+    );
+    let r = h.provider.fetch_result(&op, 1.into()).await;
+    assert_eq!(r.call.kind, CallKind::Result);
+    assert_eq!(
+        r.outcome,
+        ResultOutcome::Failed {
+            error_class: "http_403".into()
+        }
+    );
+    take(&mut op, r.context);
+    assert_eq!(refused_mark(&op), Some(serde_json::json!(403)));
+    // The next attempt is a status read, not the dead URL again.
+    let r = h.provider.fetch_result(&op, 2.into()).await;
+    assert_eq!(r.call.kind, CallKind::Status, "{:?}", r.call);
+    assert_eq!(r.outcome, ResultOutcome::Renewed { fresh: true });
+    take(&mut op, r.context);
+    assert_eq!(
+        refused_mark(&op),
+        None,
+        "the mark goes with the URL it was about"
+    );
+    let fresh_url = op.provider_context["result"]["result_url"].clone();
+    assert!(
+        fresh_url.as_str().is_some_and(|u| u.ends_with("?sig=2")),
+        "{fresh_url}"
+    );
+    let r = h.provider.fetch_result(&op, 3.into()).await;
+    assert_eq!(r.call.kind, CallKind::Result);
+    assert!(
+        matches!(r.outcome, ResultOutcome::Fetched(_)),
+        "{:?}",
+        r.call
+    );
+
+    // Gone (404), and the status names the same URL again: unavailable, after one status read.
+    let mut op = h
+        .created(serde_json::json!({"duration_ms": 100, "result": "gone"}))
+        .await;
+    h.poll_to_end(&mut op).await;
+    let r = h.provider.fetch_result(&op, 1.into()).await;
+    assert_eq!(
+        r.outcome,
+        ResultOutcome::Failed {
+            error_class: "result_url_refused".into()
+        }
+    );
+    assert!(r.call.outcome.contains("result expired"), "{:?}", r.call);
+    take(&mut op, r.context);
+    assert_eq!(refused_mark(&op), Some(serde_json::json!(404)));
+    let r = h.provider.fetch_result(&op, 2.into()).await;
+    assert_eq!(r.call.kind, CallKind::Status);
+    assert!(
+        matches!(
+            r.outcome,
+            ResultOutcome::Unavailable {
+                http_status: Some(404),
+                ..
+            }
+        ),
+        "{:?}",
+        r.outcome
+    );
+    take(&mut op, r.context);
+    assert_eq!(refused_mark(&op), None);
+}
+
 #[tokio::test]
 async fn results_that_fail_each_rule_are_caught() {
     let h = harness("sim").await;
@@ -913,18 +1001,6 @@ async fn results_that_fail_each_rule_are_caught() {
             error_class: "http_500".into()
         }
     );
-
-    let mut op = h
-        .created(serde_json::json!({"duration_ms": 100, "result": "gone"}))
-        .await;
-    h.poll_to_end(&mut op).await;
-    assert!(matches!(
-        h.provider.fetch_result(&op, 1.into()).await.outcome,
-        ResultOutcome::Unavailable {
-            http_status: Some(404),
-            ..
-        }
-    ));
 
     // A 403 (a pre-signed URL expired) is no result gone: a failure, to be read again.
     let mut op = h
@@ -1888,8 +1964,13 @@ async fn a_flood_of_small_values_or_a_key_from_a_store_costs_and_leaks_nothing()
             serde_json::json!({"result": {"result_url": format!("{store_at}{path}")}});
         let (r, peak) = heap::peak_of(h.provider.fetch_result(&op, 1.into())).await;
         let seen = format!("{:?} {:?}", r.outcome, r.call);
+        // The 404 of a URL the status named is first asked of the status again.
         assert!(
-            matches!(&r.outcome, ResultOutcome::Unavailable { http_status: Some(s), .. } if *s == expect_status),
+            r.call.http_status == Some(expect_status)
+                && matches!(
+                    (&r.outcome, expect_status),
+                    (ResultOutcome::Unavailable { .. }, 200) | (ResultOutcome::Failed { .. }, 404)
+                ),
             "{path}: {seen}"
         );
         assert!(

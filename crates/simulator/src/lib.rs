@@ -147,6 +147,8 @@ struct Job {
     forced_success: Option<Instant>,
     status_calls: u32,
     result_calls: u32,
+    /// Signed result URLs the status has named (script `result_urls_expired`).
+    result_urls_signed: u32,
     in_flight: u32,
     not_before: Option<Instant>,
     cookie: String,
@@ -670,6 +672,7 @@ async fn create(State(sim): State<Sim>, headers: HeaderMap, body: bytes::Bytes) 
                             forced_success: None,
                             status_calls: 0,
                             result_calls: 0,
+                            result_urls_signed: 0,
                             in_flight: 0,
                             not_before: None,
                             cookie: format!(
@@ -1213,12 +1216,17 @@ async fn status_inner(sim: Sim, id: String, headers: HeaderMap, path: String) ->
         "client_reference": job.ledger.client_reference,
     });
     if state == "succeeded" {
-        body["result_url"] = serde_json::json!(
-            job.script
-                .result_url_elsewhere
-                .clone()
-                .unwrap_or_else(|| job.script.at(format_args!("/v1/jobs/{id}/result")))
-        );
+        let signed = (job.script.result_urls_expired > 0).then(|| {
+            job.result_urls_signed += 1;
+            format!("?sig={}", job.result_urls_signed)
+        });
+        body["result_url"] =
+            serde_json::json!(job.script.result_url_elsewhere.clone().unwrap_or_else(|| {
+                job.script.at(format_args!(
+                    "/v1/jobs/{id}/result{}",
+                    signed.unwrap_or_default()
+                ))
+            }));
         body["expected_items"] = job
             .script
             .expected_items_as
@@ -1434,7 +1442,7 @@ async fn workflow_output(
     body: bytes::Bytes,
 ) -> Response {
     match workflow_body(&sim, &headers, &body, "output") {
-        Ok(run) => result(State(sim), Path(run), headers).await,
+        Ok(run) => result(State(sim), Path(run), Query(HashMap::new()), headers).await,
         Err(r) => *r,
     }
 }
@@ -1517,7 +1525,12 @@ impl Drop for ResultInFlight {
     }
 }
 
-async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+async fn result(
+    State(sim): State<Sim>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
     count_request(&sim, &headers);
     if !sim.authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
@@ -1537,6 +1550,14 @@ async fn result(State(sim): State<Sim>, Path(id): Path<String>, headers: HeaderM
         }
         if job.result_calls <= job.script.result_throttled + job.script.result_forbidden {
             return error(StatusCode::FORBIDDEN, "request signature expired");
+        }
+        let expired = job.script.result_urls_expired;
+        if expired > 0
+            && q.get("sig")
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_none_or(|n| n <= expired)
+        {
+            return error(StatusCode::FORBIDDEN, "Request has expired");
         }
         let taken = (
             job.script.clone(),

@@ -232,6 +232,10 @@ pub struct Script {
     /// The first this many result calls are answered 403 (a storage gateway's or a CDN's
     /// passing refusal): the result is there when read again.
     pub result_forbidden: u32,
+    /// The first this many result URLs the status names have expired when they are read (403,
+    /// as a pre-signed URL past its time). Set, every status read that says succeeded names a new
+    /// URL (`?sig=<n>`), as a store that signs URLs on each read does.
+    pub result_urls_expired: u32,
     /// The first this many lookups by client reference that find this job are answered 429 with
     /// `Retry-After: 1`, nothing listed (a provider that rate-limits its list endpoint).
     pub lookup_throttled: u32,
@@ -326,6 +330,7 @@ impl Default for Script {
             result_delay_ms: 0,
             result_throttled: 0,
             result_forbidden: 0,
+            result_urls_expired: 0,
             lookup_throttled: 0,
             create_retry_after: None,
             cancel_throttled: 0,
