@@ -170,7 +170,7 @@ enum Command {
         result_deadline: Option<String>,
         /// The operation was abandoned before anyone settled whether its create made a job, and
         /// you accept that the retry may be a second paid job (look in the provider's console
-        /// first). Without it such a retry is refused.
+        /// first). Without it such a retry is refused; with it, your word is kept in the record.
         #[arg(long)]
         job_may_exist: bool,
         #[command(flatten)]

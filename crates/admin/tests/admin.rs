@@ -2231,6 +2231,19 @@ async fn a_retry_after_abandoning_an_unsettled_create_needs_the_person_to_accept
     let out = decide("retry", &known, seen(&known), &[]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(store.totals().await.unwrap().0, totals + 2);
+    // The person's word stays in the record of the retried operation, with their name; a retry
+    // that needed none says none.
+    for (op, said) in [(&unsettled, Some(true)), (&known, None)] {
+        let link = store.history(op.id).await.unwrap().pop().unwrap();
+        assert_eq!(link.event, "superseded");
+        assert_eq!(link.actor, "alice");
+        assert_eq!(
+            link.detail["evidence"]["job_may_exist"].as_bool(),
+            said,
+            "{}",
+            link.detail
+        );
+    }
 }
 
 /// Decisions a careless operator (or a hostile one) could make, refused with nothing written: a

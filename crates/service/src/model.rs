@@ -342,7 +342,8 @@ pub enum Decision {
         /// The operation was abandoned before anyone settled whether its create made a job
         /// (abandoned in create_unknown, reconciliation or create_unresolved), and you accept
         /// that the retry, a new create, may be a second paid job beside one that exists.
-        /// Without it such a retry is refused (409).
+        /// Without it such a retry is refused (409). Said, it is kept in the record (the
+        /// `superseded` link's evidence), with your name.
         #[serde(default)]
         job_may_exist: bool,
     },

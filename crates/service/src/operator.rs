@@ -492,7 +492,16 @@ impl Service {
             ))
         })?;
         let s = store
-            .supersede(id, (seen, seq), decision, &submission, terms)
+            .supersede(
+                id,
+                (seen, seq),
+                decision,
+                // The person's word that a job of the old operation may exist, and that they
+                // start this one beside it all the same, stays in the record with their name.
+                job_may_exist.then(|| serde_json::json!({ "job_may_exist": true })),
+                &submission,
+                terms,
+            )
             .await
             .map_err(|e| refused(id, e))?;
         // The retry is written: its answer never fails on a read after it (the old record as read

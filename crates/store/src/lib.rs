@@ -1653,11 +1653,13 @@ impl Store {
     /// edited request) and its first history link, and on the old operation a `superseded` link and
     /// `superseded_by`, all in one transaction. The old operation must be terminal and still as the
     /// person saw it. The new intent is validated against the database's clock, as a submit is.
+    /// `evidence`: what the person stated beside the decision, kept in the `superseded` link.
     pub async fn supersede(
         &self,
         old: OperationId,
         (seen_state, seen_seq): (State, Option<i64>),
         decision: jobtrail_core::Decision,
+        evidence: Option<serde_json::Value>,
         submission: &Submission,
         terms: &ProviderTerms,
     ) -> Result<Submitted, StoreError> {
@@ -1676,10 +1678,13 @@ impl Store {
             )));
         }
         let actor = decision.actor().to_owned();
-        let step = Step::event(Event::Superseded {
-            decision,
-            new_operation_id: intent.operation_id.to_string(),
-        });
+        let step = Step {
+            detail: evidence,
+            ..Step::event(Event::Superseded {
+                decision,
+                new_operation_id: intent.operation_id.to_string(),
+            })
+        };
         // The table decides (only terminal operations may be superseded); the new operation must
         // exist before the old one can point at it.
         let planned = write::plan(locked, &actor, &step)?;
