@@ -276,6 +276,12 @@ async fn a_persons_retry_stays_the_agents_and_reaches_only_secrets_both_hold() {
         (bobs.caller.as_str(), bobs.approved_by.as_str()),
         ("agent-7", "bob")
     );
+    // Whose grants every send of it checks: the agent's and bob's, whose edit it carries (the
+    // unedited retry, the agent's alone), chained in its submission link.
+    assert_eq!(bobs.edited_by.as_deref(), Some("bob"));
+    assert_eq!(rerun.edited_by, None);
+    let first = &env.store.history(bobs.id).await.unwrap()[0];
+    assert_eq!(first.detail["edited_by"], "bob", "{}", first.detail);
 
     // The audit finds every chain whole: the caller the row names is the one the link records.
     let verified = admin(&["audit", "verify", "--all"], None);

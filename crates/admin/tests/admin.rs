@@ -1351,7 +1351,7 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
 
     let (a, b) = (op.id.as_uuid(), other.id.as_uuid());
     // The approver and the caller, edited on the row (an owner with triggers off).
-    exec(&db, &format!("SET session_replication_role = replica; UPDATE operations SET approved_by = 'security team', caller = 'nobody' WHERE id = '{a}'")).await;
+    exec(&db, &format!("SET session_replication_role = replica; UPDATE operations SET approved_by = 'security team', caller = 'nobody', edited_by = 'someone' WHERE id = '{a}'")).await;
     // A call-log row rewritten.
     exec(&db, &format!("SET session_replication_role = replica; UPDATE provider_calls SET outcome = 'nothing happened', http_status = 404 WHERE operation_id = '{b}'")).await;
     // Result bytes swapped together with their digest, on the result row and the operation.
@@ -1378,6 +1378,8 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         "{breaks:#?}"
     );
     assert!(named(op.id, "caller differs"), "{breaks:#?}");
+    // Whose grants each send checks besides the caller's: a person's edit, chained too.
+    assert!(named(op.id, "edited_by differs"), "{breaks:#?}");
     assert!(
         named(other.id, "row content does not match its hash"),
         "the rewritten call: {breaks:#?}"

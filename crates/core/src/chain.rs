@@ -124,6 +124,8 @@ pub struct SubmittedFacts {
     pub caller: String,
     pub approved_by: String,
     pub approval_ref: Option<String>,
+    /// The person whose edit the request carries, whose grants each send checks too.
+    pub edited_by: Option<String>,
     pub trace_id: String,
     pub idempotency: String,
 }
@@ -149,6 +151,7 @@ impl SubmittedFacts {
             caller: text("caller").unwrap_or_else(|| e.actor.clone()),
             approved_by,
             approval_ref: text("approval_ref"),
+            edited_by: text("edited_by"),
             trace_id: text("trace_id")?,
             idempotency: text("idempotency")?,
         })
@@ -175,6 +178,11 @@ impl SubmittedFacts {
             "approval_ref",
             self.approval_ref.as_deref().unwrap_or(""),
             stored.approval_ref.as_deref().unwrap_or(""),
+        );
+        cmp(
+            "edited_by",
+            self.edited_by.as_deref().unwrap_or(""),
+            stored.edited_by.as_deref().unwrap_or(""),
         );
         cmp("trace_id", &self.trace_id, &stored.trace_id);
         cmp("idempotency_mode", &self.idempotency, &stored.idempotency);

@@ -34,6 +34,6 @@ pub use operation::{
     SubmitLimits,
 };
 pub use record::{CallKind, CallRecord, OperationRecord};
-pub use request::{Fingerprint, SecretGrant, SecretRef};
+pub use request::{Fingerprint, Holder, SecretGrant, SecretRef};
 pub use state::State;
 pub use step::{Counters, FailureCount, Observation, ResultBytes, SendMark, Step};

@@ -211,6 +211,10 @@ pub struct Intent {
     /// The person who retried the operation this one supersedes on the caller's behalf.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retried_by: Option<String>,
+    /// That person, where they edited the request: it names only secrets granted to both, checked
+    /// again at every send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_by: Option<String>,
 }
 
 /// Why a submission was refused. Nothing was written.
@@ -541,6 +545,7 @@ impl Submission {
             result_deadline,
             cancel_window,
             supersedes: self.supersedes,
+            edited_by: retried_by.clone().filter(|_| !self.resends_stored_request),
             retried_by,
         })
     }

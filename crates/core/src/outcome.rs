@@ -96,10 +96,17 @@ pub struct ResultHints {
     /// fraction): the result is refused rather than checked without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreadable: Option<String>,
-    /// The HTTP status that refused the last download of `result_url` (a pre-signed URL that
-    /// expired answers 403, some stores 404): the status is read for a fresh URL before the next.
+    /// The refusal of the last download of `result_url` (a pre-signed URL that expired answers
+    /// 403, some stores 404): the status is read for a fresh URL before the next.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused: Option<u16>,
+    pub refused: Option<RefusedDownload>,
+}
+
+/// A refused download of a result URL: its HTTP status, and the provider's words as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RefusedDownload {
+    pub status: u16,
+    pub reason: String,
 }
 
 /// One status read, in the provider's words.

@@ -81,6 +81,8 @@ pub struct OperationRecord {
     pub result_summary: Option<serde_json::Value>,
     pub supersedes: Option<OperationId>,
     pub superseded_by: Option<OperationId>,
+    /// The person whose edit the request carries (a person's retry with a changed request).
+    pub edited_by: Option<String>,
     pub history_seq: i64,
     #[serde(serialize_with = "hex_bytes")]
     pub history_head: Vec<u8>,
@@ -95,6 +97,18 @@ pub(crate) fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S
 }
 
 impl OperationRecord {
+    /// Whose grants the secrets the request names are checked against at each send: its caller's,
+    /// and the person's whose edit it carries.
+    pub fn secret_holders(&self) -> Vec<crate::request::Holder<'_>> {
+        std::iter::once(crate::request::Holder::Caller(&self.caller))
+            .chain(
+                self.edited_by
+                    .as_deref()
+                    .map(crate::request::Holder::Retrier),
+            )
+            .collect()
+    }
+
     /// A cancel was requested but the job ended otherwise first ("finished before the cancel took
     /// effect"): reported as such, never rewritten.
     pub fn finished_before_cancel(&self) -> bool {

@@ -159,7 +159,7 @@ pub enum Holder<'a> {
 }
 
 impl Holder<'_> {
-    fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         match self {
             Holder::Caller(n) | Holder::Retrier(n) => n,
         }

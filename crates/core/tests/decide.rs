@@ -72,6 +72,7 @@ fn record(state: State) -> OperationRecord {
         result_summary: None,
         supersedes: None,
         superseded_by: None,
+        edited_by: None,
         history_seq: 1,
         history_head: vec![0; 32],
         calls_seq: 0,

@@ -516,7 +516,7 @@ impl HttpProvider {
                     &op.request_body,
                     &self.contract.redact,
                     &self.contract.secrets,
-                    &op.caller,
+                    &op.secret_holders(),
                 )
                 .await
                 {
@@ -763,7 +763,7 @@ impl HttpProvider {
             &op.request_body,
             &self.contract.redact,
             &self.contract.secrets,
-            &op.caller,
+            &op.secret_holders(),
         )
         .await?;
         if let TokenPlacement::BodyField(p) = &self.contract.create.token {
@@ -1678,7 +1678,7 @@ impl HttpProvider {
             spec.from == ResultFrom::Url && spec.url.is_none() && status.result_url.is_some();
         if renewable
             && hints.result_url.is_some()
-            && let Some(refused) = hints.refused
+            && let Some(refused) = &hints.refused
         {
             return self.renew_result_url(op, at, &hints, refused).await;
         }
@@ -1730,8 +1730,11 @@ impl HttpProvider {
             }
             _ => None,
         };
-        let marked = refused.map(|code| ResultHints {
-            refused: Some(code),
+        let marked = refused.map(|status| ResultHints {
+            refused: Some(RefusedDownload {
+                status,
+                reason: Self::reason(&ex),
+            }),
             ..hints.clone()
         });
         let ctx = self.context_after(op, &ex, marked.as_ref());
@@ -1847,7 +1850,7 @@ impl HttpProvider {
         Self::finish(ex, outcome, d, ctx)
     }
 
-    /// The download of the URL the status named was refused (`refused`: its HTTP status): the
+    /// The download of the URL the status named was refused (`refused`: how): the
     /// status is read again for a fresh URL, and the download follows at once. The same URL again,
     /// after a 404 or a 410, is a result that is gone; after any other refusal it is read again
     /// within the failure budget (the refusal counted already).
@@ -1856,7 +1859,7 @@ impl HttpProvider {
         op: &OperationRecord,
         at: CallCtx,
         old: &ResultHints,
-        refused: u16,
+        refused: &RefusedDownload,
     ) -> Called<ResultOutcome> {
         let Called {
             outcome,
@@ -1866,12 +1869,10 @@ impl HttpProvider {
         let outcome = match outcome {
             StatusOutcome::Observed(s) if s.phase == Some(Phase::Succeeded) => {
                 let fresh = s.hints.result_url.is_some() && s.hints.result_url != old.result_url;
-                if !fresh && matches!(refused, 404 | 410) {
+                if !fresh && matches!(refused.status, 404 | 410) {
                     ResultOutcome::Unavailable {
-                        http_status: Some(refused),
-                        reason: format!(
-                            "the result URL answered {refused} and the status names no other"
-                        ),
+                        http_status: Some(refused.status),
+                        reason: format!("{}; the status names no other URL", refused.reason),
                     }
                 } else {
                     ResultOutcome::Renewed { fresh }

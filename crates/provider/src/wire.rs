@@ -152,12 +152,13 @@ fn read_secret_file(path: &str) -> Result<String, String> {
 
 /// The create body with every granted secret a sensitive field names resolved to its value, and the
 /// values (so everything recorded about the call can be scrubbed of them). Submit already checked
-/// each reference against the grants; a grant removed or narrowed since is refused here.
+/// each reference against the grants of every holder (the caller; a person whose edit the request
+/// carries); a grant removed or narrowed since, for any of them, is refused here.
 pub async fn resolve_body_secrets(
     body: &serde_json::Value,
     sensitive: &[String],
     secrets: &std::collections::BTreeMap<String, crate::contract::GrantedSecret>,
-    caller: &str,
+    holders: &[jobtrail_core::Holder<'_>],
 ) -> Result<(serde_json::Value, Vec<String>), String> {
     let mut out = body.clone();
     let mut values = Vec::new();
@@ -169,12 +170,20 @@ pub async fn resolve_body_secrets(
         else {
             continue;
         };
-        let granted = secrets
-            .get(&name)
-            .filter(|g| g.grant.allows(caller))
-            .ok_or_else(|| {
-                format!("secret {name:?} is no longer granted to {caller:?} for this provider")
-            })?;
+        let granted = secrets.get(&name);
+        if let Some(h) = holders
+            .iter()
+            .find(|h| !granted.is_some_and(|g| g.grant.allows(h.name())))
+        {
+            return Err(format!(
+                "secret {name:?} is no longer granted to {h} for this provider"
+            ));
+        }
+        let Some(granted) = granted else {
+            return Err(format!(
+                "secret {name:?} is no longer granted for this provider"
+            ));
+        };
         let value = resolve_secret(&granted.from).await?;
         values.push(value.clone());
         if let Some(slot) = out.pointer_mut(pointer) {

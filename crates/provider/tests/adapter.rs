@@ -876,7 +876,11 @@ async fn cancel_confirmed_ignored_and_lost_race() {
 #[tokio::test]
 async fn a_refused_result_url_is_asked_of_the_status_again() {
     let h = harness("sim").await;
-    let refused_mark = |op: &OperationRecord| op.provider_context["result"].get("refused").cloned();
+    let refused_mark = |op: &OperationRecord| {
+        op.provider_context["result"]
+            .get("refused")
+            .map(|r| r["status"].clone())
+    };
     let take = |op: &mut OperationRecord, ctx: Option<serde_json::Value>| {
         if let Some(c) = ctx {
             op.provider_context = c;
@@ -943,13 +947,14 @@ async fn a_refused_result_url_is_asked_of_the_status_again() {
     assert_eq!(refused_mark(&op), Some(serde_json::json!(404)));
     let r = h.provider.fetch_result(&op, 2.into()).await;
     assert_eq!(r.call.kind, CallKind::Status);
+    // The provider's words on the refused download are the reason given in the end.
     assert!(
         matches!(
-            r.outcome,
+            &r.outcome,
             ResultOutcome::Unavailable {
                 http_status: Some(404),
-                ..
-            }
+                reason,
+            } if reason.contains("result expired") && reason.contains("names no other URL")
         ),
         "{:?}",
         r.outcome
@@ -1350,6 +1355,52 @@ async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
     );
     assert!(!called.call.outcome.contains("4111"));
     assert_eq!(h.sim.ledger().requests, before, "nothing sent");
+
+    // A request a person edited on retry is theirs too: every send checks their grant as well as
+    // the caller's, so a grant narrowed to the caller since the retry sends nothing.
+    let mut c = contract("sim", &h.sim.base_url());
+    c.secrets.get_mut("customer_card").unwrap().grant.callers = Some(vec!["test".into()]);
+    let narrowed = HttpProvider::new(c).unwrap();
+    let mut edited = h
+        .op_with_body(serde_json::json!({
+            "report": "usage", "payment": {"card_number": {"$secret": "customer_card"}},
+            "sim": {"never_finish": true},
+        }))
+        .await;
+    edited.edited_by = Some("mallory".into());
+    let before = h.sim.ledger().requests;
+    let called = narrowed.create(&edited, 1.into()).await;
+    assert!(
+        matches!(called.outcome, CreateOutcome::NotSent { .. }),
+        "{:?}",
+        called.outcome
+    );
+    assert!(
+        called
+            .call
+            .outcome
+            .contains("no longer granted to \"mallory\", who retried"),
+        "{}",
+        called.call.outcome
+    );
+    edited.remote_job_id = op.remote_job_id.clone();
+    let called = narrowed.status(&edited, 1.into()).await;
+    assert!(
+        called
+            .call
+            .outcome
+            .contains("no longer granted to \"mallory\""),
+        "{}",
+        called.call.outcome
+    );
+    assert_eq!(h.sim.ledger().requests, before, "nothing sent");
+    // The caller's own request (nobody edited it) is sent under the caller's grant.
+    edited.edited_by = None;
+    edited.remote_job_id = None;
+    assert!(matches!(
+        narrowed.create(&edited, 1.into()).await.outcome,
+        CreateOutcome::Accepted { .. }
+    ));
 }
 
 /// Serve `app` on a port of its own on 127.0.0.1: its address, and the server's task.

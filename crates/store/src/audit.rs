@@ -137,6 +137,7 @@ struct Facts {
     caller: String,
     approved_by: String,
     approval_ref: Option<String>,
+    edited_by: Option<String>,
     trace_id: String,
     idempotency_mode: String,
     at_most_once: bool,
@@ -826,6 +827,7 @@ fn check_operation(
                 caller: f.caller.clone(),
                 approved_by: f.approved_by.clone(),
                 approval_ref: f.approval_ref.clone(),
+                edited_by: f.edited_by.clone(),
                 trace_id: f.trace_id.clone(),
                 idempotency: f.idempotency_mode.clone(),
             };

@@ -2094,6 +2094,9 @@ async fn insert_intent(
     if let Some(person) = &intent.retried_by {
         first.detail["retried_by"] = person.as_str().into();
     }
+    if let Some(person) = &intent.edited_by {
+        first.detail["edited_by"] = person.as_str().into();
+    }
     let hash = first.hash(&GENESIS);
     let inserted = sqlx::query(include_str!("sql/operation_insert_if_absent.sql"))
         .bind(intent.operation_id.as_uuid())
@@ -2115,6 +2118,7 @@ async fn insert_intent(
         .bind(intent.supersedes.map(|s| s.as_uuid()))
         .bind(hash.as_slice())
         .bind(intent.parent_span.map(|s| s.to_string()))
+        .bind(&intent.edited_by)
         .fetch_optional(&mut **tx)
         .await;
     match inserted {

@@ -11,6 +11,7 @@ SELECT
     poll_not_before, failure_count, cancel_attempts, result_attempts, reconcile_attempts,
     lease_owner, lease_expires_at, lease_epoch, takeovers, cancel_requested_at, cancel_requested_by,
     cancel_reason, result_location, result_size, result_sha256, result_content_type,
-    result_summary, supersedes, superseded_by, history_seq, history_head, calls_seq, calls_head
+    result_summary, supersedes, superseded_by, edited_by, history_seq, history_head, calls_seq,
+    calls_head
 FROM operations
 WHERE id = $1

@@ -1,5 +1,5 @@
 -- Every operation's chain heads and chained facts, in id order (the other audit streams use it too).
-SELECT id, provider, target, request_fingerprint, caller, approved_by, approval_ref, trace_id,
+SELECT id, provider, target, request_fingerprint, caller, approved_by, approval_ref, edited_by, trace_id,
        idempotency_mode, at_most_once, created_at, supersedes, superseded_by, state, remote_job_id,
        result_location, result_size, result_sha256, result_summary, result_content_type,
        cancel_requested_at, cancel_requested_by,
