@@ -282,6 +282,15 @@ async fn a_persons_retry_stays_the_agents_and_reaches_only_secrets_both_hold() {
     assert_eq!(rerun.edited_by, None);
     let first = &env.store.history(bobs.id).await.unwrap()[0];
     assert_eq!(first.detail["edited_by"], "bob", "{}", first.detail);
+    // Sent again unedited, by someone else, it is still bob's edit: his grant is still asked for.
+    let again = retried(retry(&bobs, "alice", None));
+    let again = env.store.get(again).await.unwrap();
+    assert_eq!(again.edited_by.as_deref(), Some("bob"));
+    let first = &env.store.history(again.id).await.unwrap()[0];
+    assert_eq!(
+        (&first.detail["retried_by"], &first.detail["edited_by"]),
+        (&serde_json::json!("alice"), &serde_json::json!("bob"))
+    );
 
     // The audit finds every chain whole: the caller the row names is the one the link records.
     let verified = admin(&["audit", "verify", "--all"], None);

@@ -2230,18 +2230,20 @@ async fn a_retry_after_abandoning_an_unsettled_create_needs_the_person_to_accept
     assert_eq!(store.totals().await.unwrap().0, totals, "nothing written");
     let out = decide("retry", &unsettled, seen(&unsettled), &["--job-may-exist"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
-    let out = decide("retry", &known, seen(&known), &[]);
+    let out = decide("retry", &known, seen(&known), &["--job-may-exist"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(store.totals().await.unwrap().0, totals + 2);
-    // The person's word stays in the record of the retried operation, with their name; a retry
-    // that needed none says none.
+    // The person's word stays in the record of the retried operation, with their name; where it
+    // was not asked for (the job known), it says nothing.
     for (op, said) in [(&unsettled, Some(true)), (&known, None)] {
         let link = store.history(op.id).await.unwrap().pop().unwrap();
         assert_eq!(link.event, "superseded");
         assert_eq!(link.actor, "alice");
+        let evidence = &link.detail["evidence"];
+        assert_eq!(evidence["job_may_exist"].as_bool(), said, "{}", link.detail);
         assert_eq!(
-            link.detail["evidence"]["job_may_exist"].as_bool(),
-            said,
+            evidence["abandoned_in"].as_str(),
+            said.map(|_| "create_unresolved"),
             "{}",
             link.detail
         );

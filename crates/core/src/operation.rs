@@ -149,6 +149,9 @@ pub struct Submission {
     /// stays the caller's (theirs to read, wait on and cancel), and its submission link names
     /// the person. A request the person edited names only secrets granted to both.
     pub retried_by: Option<String>,
+    /// With `resends_stored_request`: the person whose edit the stored request carries (the
+    /// superseded operation's `edited_by`). Sent again unedited it is still theirs too.
+    pub edited_by: Option<String>,
 }
 
 /// Caller-drawn randomness for a new intent.
@@ -306,7 +309,7 @@ pub enum SubmitError {
     #[error("operation {0} named by supersedes does not exist")]
     SupersededMissing(OperationId),
     #[error(
-        "retried_by and resending a stored request belong to a person's retry, which supersedes an operation; this submission supersedes none"
+        "retried_by, edited_by and resending a stored request belong to a person's retry, which supersedes an operation; this submission supersedes none"
     )]
     RetryWithoutOriginal,
     #[error("not a usable job id: {0}")]
@@ -378,7 +381,11 @@ impl Submission {
     ) -> Result<Intent, SubmitError> {
         // What a person's retry may skip (the integer check of a request already stored) and
         // record (who retried it) stands only beside the operation it retries.
-        if self.supersedes.is_none() && (self.retried_by.is_some() || self.resends_stored_request) {
+        if self.supersedes.is_none()
+            && (self.retried_by.is_some()
+                || self.resends_stored_request
+                || self.edited_by.is_some())
+        {
             return Err(SubmitError::RetryWithoutOriginal);
         }
         let limit = limits.max_body_bytes.min(terms.max_body_bytes);
@@ -429,11 +436,17 @@ impl Submission {
             .map(|p| text::CALLER.check(p))
             .transpose()?;
         // The caller's own request, sent again, is the caller's to name secrets in; one a person
-        // edited is also the person's, who may not reach a secret through an agent's grant.
-        if let Some(person) = retried_by
-            .as_deref()
-            .filter(|_| !self.resends_stored_request)
-        {
+        // edited is also the person's, who may not reach a secret through an agent's grant (and
+        // stays theirs when it is sent again unedited, by whoever retries it).
+        let edited_by = if self.resends_stored_request {
+            self.edited_by
+                .as_deref()
+                .map(|p| text::CALLER.check(p))
+                .transpose()?
+        } else {
+            retried_by.clone()
+        };
+        if let Some(person) = edited_by.as_deref() {
             check_sensitive_fields(
                 &body,
                 &terms.sensitive_fields,
@@ -545,7 +558,7 @@ impl Submission {
             result_deadline,
             cancel_window,
             supersedes: self.supersedes,
-            edited_by: retried_by.clone().filter(|_| !self.resends_stored_request),
+            edited_by,
             retried_by,
         })
     }
@@ -631,6 +644,10 @@ mod tests {
             },
             Submission {
                 retried_by: Some("alice".into()),
+                ..sub(r#"{"n":1}"#)
+            },
+            Submission {
+                edited_by: Some("alice".into()),
                 ..sub(r#"{"n":1}"#)
             },
         ] {

@@ -55,6 +55,22 @@ fn as_path(job: &str) -> String {
 
 /// Whether a URL a provider named can be a status URL at all: an absolute http(s) URL or an
 /// absolute path (not `null`, not a bare word that would be read as a path under the base URL).
+/// Whether two URLs name the same place: scheme, host, port and path, whatever their query and
+/// fragment (a pre-signed URL's signature and expiry). Unparsable, only the same text is.
+fn same_place(a: &str, b: &str) -> bool {
+    let place = |u: &str| {
+        url::Url::parse(u).ok().map(|mut u| {
+            u.set_query(None);
+            u.set_fragment(None);
+            u
+        })
+    };
+    match (place(a), place(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => a == b,
+    }
+}
+
 fn followable(s: &str) -> bool {
     let lower = s.get(..8).unwrap_or(s).to_ascii_lowercase();
     // `/\host` is `//host` to a URL parser: another host, not a path.
@@ -510,13 +526,14 @@ impl HttpProvider {
             // The operation's own secrets too, whatever this call sends: a provider may echo the
             // create body in any later answer, and a caller granted a secret may have it used,
             // never read back. A secret that cannot be read now could not be kept out of the
-            // record: nothing is sent (the call is tried again later, as any unsent one).
+            // record: nothing is sent (the call is tried again later, as any unsent one). Read to
+            // be scrubbed only, never sent: no grant is asked for.
             if kind != CallKind::Create {
                 match wire::resolve_body_secrets(
                     &op.request_body,
                     &self.contract.redact,
                     &self.contract.secrets,
-                    &op.secret_holders(),
+                    None,
                 )
                 .await
                 {
@@ -763,7 +780,7 @@ impl HttpProvider {
             &op.request_body,
             &self.contract.redact,
             &self.contract.secrets,
-            &op.secret_holders(),
+            Some(&op.secret_holders()),
         )
         .await?;
         if let TokenPlacement::BodyField(p) = &self.contract.create.token {
@@ -1869,7 +1886,14 @@ impl HttpProvider {
         let outcome = match outcome {
             StatusOutcome::Observed(s) if s.phase == Some(Phase::Succeeded) => {
                 let fresh = s.hints.result_url.is_some() && s.hints.result_url != old.result_url;
-                if !fresh && matches!(refused.status, 404 | 410) {
+                // A store that signs a URL on each read names a new one for a result that is gone
+                // too: only the place (its query, a signature, aside) says whether it moved.
+                let moved = fresh
+                    && match (&s.hints.result_url, &old.result_url) {
+                        (Some(new), Some(was)) => !same_place(new, was),
+                        _ => true,
+                    };
+                if !moved && matches!(refused.status, 404 | 410) {
                     ResultOutcome::Unavailable {
                         http_status: Some(refused.status),
                         reason: format!("{}; the status names no other URL", refused.reason),
@@ -1893,9 +1917,12 @@ impl HttpProvider {
             },
             StatusOutcome::Refused { url } => ResultOutcome::Refused { url },
         };
-        // Answered: the next attempt downloads (the mark goes with the URL it was about).
+        // Answered: the next attempt downloads (the mark goes with the URL it was about). Cleared
+        // from whatever context the read left, or the one it had: a mark left standing would renew
+        // again at once, and a renewal spends nothing.
         let context = match (&outcome, context) {
-            (ResultOutcome::Renewed { .. } | ResultOutcome::Unavailable { .. }, Some(mut c)) => {
+            (ResultOutcome::Renewed { .. } | ResultOutcome::Unavailable { .. }, c) => {
+                let mut c = c.unwrap_or_else(|| op.provider_context.clone());
                 if let Some(r) = c.get_mut("result").and_then(|r| r.as_object_mut()) {
                     r.remove("refused");
                 }

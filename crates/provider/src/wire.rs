@@ -153,12 +153,14 @@ fn read_secret_file(path: &str) -> Result<String, String> {
 /// The create body with every granted secret a sensitive field names resolved to its value, and the
 /// values (so everything recorded about the call can be scrubbed of them). Submit already checked
 /// each reference against the grants of every holder (the caller; a person whose edit the request
-/// carries); a grant removed or narrowed since, for any of them, is refused here.
+/// carries); a grant removed or narrowed since, for any of them, is refused here. `holders: None`:
+/// the values are read only to be scrubbed from a later call's record, never sent, so no grant is
+/// asked for (a grant narrowed after the create must not stop the job being watched or cancelled).
 pub async fn resolve_body_secrets(
     body: &serde_json::Value,
     sensitive: &[String],
     secrets: &std::collections::BTreeMap<String, crate::contract::GrantedSecret>,
-    holders: &[jobtrail_core::Holder<'_>],
+    holders: Option<&[jobtrail_core::Holder<'_>]>,
 ) -> Result<(serde_json::Value, Vec<String>), String> {
     let mut out = body.clone();
     let mut values = Vec::new();
@@ -172,6 +174,7 @@ pub async fn resolve_body_secrets(
         };
         let granted = secrets.get(&name);
         if let Some(h) = holders
+            .unwrap_or_default()
             .iter()
             .find(|h| !granted.is_some_and(|g| g.grant.allows(h.name())))
         {

@@ -607,6 +607,7 @@ impl Service {
             supersedes: id(&req.supersedes, "supersedes")?,
             trace,
             resends_stored_request: false,
+            edited_by: None,
             retried_by: None,
         };
         // A predecessor of another caller's is "not found", whatever else the request says. (An id

@@ -428,10 +428,13 @@ impl Service {
         // Abandoned before anyone settled whether its create made a job: the retry, a new create
         // under a new token, may be a second paid job. Only a person who says they accept that
         // (having looked in the provider's console) starts it.
-        if old.state == State::Abandoned
-            && old.remote_job_id.is_none()
+        let unsettled = if old.state == State::Abandoned && old.remote_job_id.is_none() {
+            store.abandoned_unsettled(id).await?
+        } else {
+            None
+        };
+        if let Some(from) = &unsettled
             && !job_may_exist
-            && let Some(from) = store.abandoned_unsettled(id).await?
         {
             return Err(ServiceError::conflict(format!(
                 "{id} was abandoned in {from}, before anyone settled whether its create made a job at the provider: a retry is a new create and may start a second paid job beside it. Look in the provider's console first; to retry all the same, say so (job_may_exist: true; jobtrail-admin retry --job-may-exist)"
@@ -484,6 +487,8 @@ impl Service {
             trace: None,
             resends_stored_request: !edited,
             retried_by: Some(decision.actor().to_owned()),
+            // Resent unedited, the request is still the editor's, whoever retries it.
+            edited_by: old.edited_by.clone().filter(|_| !edited),
         };
         let terms = self.terms.get(&old.provider).ok_or_else(|| {
             ServiceError::unavailable(format!(
@@ -497,8 +502,11 @@ impl Service {
                 (seen, seq),
                 decision,
                 // The person's word that a job of the old operation may exist, and that they
-                // start this one beside it all the same, stays in the record with their name.
-                job_may_exist.then(|| serde_json::json!({ "job_may_exist": true })),
+                // start this one beside it all the same, stays in the record with their name
+                // (where it was asked for: elsewhere it says nothing).
+                unsettled
+                    .filter(|_| job_may_exist)
+                    .map(|from| serde_json::json!({ "job_may_exist": true, "abandoned_in": from })),
                 &submission,
                 terms,
             )
