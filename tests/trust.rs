@@ -263,7 +263,7 @@ async fn a_persons_retry_stays_the_agents_and_reaches_only_secrets_both_hold() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("not granted to \"alice\", who retried the operation"),
+        err.contains("not granted to \"alice\", who edited the request on a retry"),
         "the person is named as the one who retried, not as its caller: {err}"
     );
     assert_eq!(env.store.totals().await.unwrap(), before, "nothing written");

@@ -124,7 +124,7 @@ pub struct SubmittedFacts {
     pub caller: String,
     pub approved_by: String,
     pub approval_ref: Option<String>,
-    /// The person whose edit the request carries, whose grants each send checks too.
+    /// The person whose edit the request carries, whose grants each create sent checks too.
     pub edited_by: Option<String>,
     pub trace_id: String,
     pub idempotency: String,

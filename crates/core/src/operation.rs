@@ -658,6 +658,40 @@ mod tests {
         }
     }
 
+    /// A request a person edited stays theirs when it is resent unedited by someone else: the
+    /// editor's grant is still asked for, and the intent still names them.
+    #[test]
+    fn a_resent_edited_request_is_still_checked_against_its_editors_grant() {
+        let mut t = terms();
+        t.sensitive_fields = vec!["/card".into()];
+        t.secret_grants.insert(
+            "card".into(),
+            SecretGrant {
+                callers: Some(vec!["agent-7".into(), "bob".into()]),
+            },
+        );
+        let resend = |editor: &str| Submission {
+            supersedes: Some(OperationId::from_uuid(uuid::Uuid::from_u128(7))),
+            resends_stored_request: true,
+            retried_by: Some("alice".into()),
+            edited_by: Some(editor.into()),
+            ..sub(r#"{"card":{"$secret":"card"}}"#)
+        };
+        let intent = resend("bob")
+            .validate(&t, SubmitLimits::default(), now(), entropy())
+            .unwrap();
+        assert_eq!(intent.edited_by.as_deref(), Some("bob"));
+        assert_eq!(intent.retried_by.as_deref(), Some("alice"));
+        let err = resend("carol")
+            .validate(&t, SubmitLimits::default(), now(), entropy())
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"carol\", who edited the request"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn a_result_format_the_contract_does_not_name_is_refused() {
         let mut t = terms();

@@ -97,7 +97,7 @@ pub(crate) fn hex_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S
 }
 
 impl OperationRecord {
-    /// Whose grants the secrets the request names are checked against at each send: its caller's,
+    /// Whose grants the secrets the request names are checked against at each create sent: its caller's,
     /// and the person's whose edit it carries.
     pub fn secret_holders(&self) -> Vec<crate::request::Holder<'_>> {
         std::iter::once(crate::request::Holder::Caller(&self.caller))

@@ -153,8 +153,9 @@ pub enum SensitiveFieldError {
 pub enum Holder<'a> {
     /// The operation's caller: the agent it runs for.
     Caller(&'a str),
-    /// A person who retried the caller's operation with a request they edited: the request is
-    /// theirs too, and they may not reach a secret through the agent's grant.
+    /// A person who retried the caller's operation with a request they edited (this retry, or
+    /// one it resends unedited): the request is theirs too, and they may not reach a secret
+    /// through the agent's grant.
     Retrier(&'a str),
 }
 
@@ -170,10 +171,7 @@ impl std::fmt::Display for Holder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Holder::Caller(n) => write!(f, "caller {n:?}"),
-            Holder::Retrier(n) => write!(
-                f,
-                "{n:?}, who retried the operation with an edited request,"
-            ),
+            Holder::Retrier(n) => write!(f, "{n:?}, who edited the request on a retry,"),
         }
     }
 }

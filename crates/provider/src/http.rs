@@ -53,8 +53,6 @@ fn as_path(job: &str) -> String {
         .join("/")
 }
 
-/// Whether a URL a provider named can be a status URL at all: an absolute http(s) URL or an
-/// absolute path (not `null`, not a bare word that would be read as a path under the base URL).
 /// Whether two URLs name the same place: scheme, host, port and path, whatever their query and
 /// fragment (a pre-signed URL's signature and expiry). Unparsable, only the same text is.
 fn same_place(a: &str, b: &str) -> bool {
@@ -71,6 +69,8 @@ fn same_place(a: &str, b: &str) -> bool {
     }
 }
 
+/// Whether a URL a provider named can be a status URL at all: an absolute http(s) URL or an
+/// absolute path (not `null`, not a bare word that would be read as a path under the base URL).
 fn followable(s: &str) -> bool {
     let lower = s.get(..8).unwrap_or(s).to_ascii_lowercase();
     // `/\host` is `//host` to a URL parser: another host, not a path.
@@ -1896,7 +1896,10 @@ impl HttpProvider {
                 if !moved && matches!(refused.status, 404 | 410) {
                     ResultOutcome::Unavailable {
                         http_status: Some(refused.status),
-                        reason: format!("{}; the status names no other URL", refused.reason),
+                        reason: format!(
+                            "{}; the status names no other place for the result",
+                            refused.reason
+                        ),
                     }
                 } else {
                     ResultOutcome::Renewed { fresh }

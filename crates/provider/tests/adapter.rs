@@ -954,7 +954,7 @@ async fn a_refused_result_url_is_asked_of_the_status_again() {
             ResultOutcome::Unavailable {
                 http_status: Some(404),
                 reason,
-            } if reason.contains("result expired") && reason.contains("names no other URL")
+            } if reason.contains("result expired") && reason.contains("names no other place")
         ),
         "{:?}",
         r.outcome
@@ -1446,7 +1446,7 @@ async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
     assert!(!called.call.outcome.contains("4111"));
     assert_eq!(h.sim.ledger().requests, before, "nothing sent");
 
-    // A request a person edited on retry is theirs too: every send checks their grant as well as
+    // A request a person edited on retry is theirs too: every create sent checks their grant as well as
     // the caller's, so a grant narrowed to the caller since the retry sends nothing.
     let mut c = contract("sim", &h.sim.base_url());
     c.secrets.get_mut("customer_card").unwrap().grant.callers = Some(vec!["test".into()]);
@@ -1469,11 +1469,23 @@ async fn a_call_whose_secrets_cannot_be_read_to_scrub_is_not_sent() {
         called
             .call
             .outcome
-            .contains("no longer granted to \"mallory\", who retried"),
+            .contains("no longer granted to \"mallory\", who edited the request"),
         "{}",
         called.call.outcome
     );
     assert_eq!(h.sim.ledger().requests, before, "nothing sent");
+    // Read only to be scrubbed (never sent), the secret's value is still had under the narrowed
+    // grant: an answer quoting it is still scrubbed.
+    let narrowed_contract = narrowed.contract();
+    let (_, values) = jobtrail_provider::wire::resolve_body_secrets(
+        &edited.request_body,
+        &narrowed_contract.redact,
+        &narrowed_contract.secrets,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(values.len(), 1, "the card, to scrub");
     // A job already made is still watched (its secrets read only to be scrubbed, never sent).
     edited.remote_job_id = op.remote_job_id.clone();
     let called = narrowed.status(&edited, 1.into()).await;
