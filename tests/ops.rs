@@ -419,6 +419,33 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
             ],
             "http/protobuf",
         ),
+        // A sampler the SDK would quietly replace with "sample everything".
+        (
+            vec!["worker"],
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+                ("OTEL_TRACES_SAMPLER", "xray"),
+            ],
+            "parentbased_traceidratio",
+        ),
+        (
+            vec!["worker"],
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "10%"),
+            ],
+            "a number from 0 to 1",
+        ),
+        (
+            vec!["worker"],
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+            ],
+            "a number from 0 to 1",
+        ),
     ] {
         let mut envs = envs.clone();
         envs.push(("DATABASE_URL", "postgres://nobody@127.0.0.1:9/none"));
@@ -819,6 +846,90 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
             "{} is not in the call log",
             c.name
         );
+    }
+}
+
+/// With a ratio sampler an operation's trace is sampled whole or not at all, by its trace id: the
+/// SDK's parent-based sampler follows the flags jobtrail sets on the contexts it builds, so those
+/// flags must carry the decision, and providers are told it in the `traceparent` they receive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_the_provider() {
+    let env = Env::new().await;
+    let (endpoint, spans) = otlp_receiver().await;
+    let mut worker = env.spawn_worker(
+        "otel-ratio",
+        "10s",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        ],
+    );
+    // The ratio sampler reads a trace id's low 8 bytes: these fall either side of one half. Each
+    // is an agent's trace (the only way to choose a trace id), two of each.
+    let caller: jobtrail_core::SpanId = "b7ad6b7169203331".parse().unwrap();
+    let mut ops = Vec::new();
+    for trace in [
+        "4bf92f3577b34da60000000000000001",
+        "5bf92f3577b34da60000000000000001",
+        "4bf92f3577b34da6ffffffffffffffff",
+        "5bf92f3577b34da6ffffffffffffffff",
+    ] {
+        let trace: jobtrail_core::TraceId = trace.parse().unwrap();
+        let op = env
+            .submit("sim", serde_json::json!({"duration_ms": 100}), |s| {
+                s.trace = Some(jobtrail_core::TraceParent {
+                    trace,
+                    span: caller,
+                })
+            })
+            .await;
+        ops.push(op);
+    }
+    for op in &ops {
+        let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
+        assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    }
+    worker.signal(libc::SIGTERM);
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("stopped")
+            .success()
+    );
+    let spans = spans.lock().unwrap().clone();
+    let received = env.sim.ledger().traceparents;
+    for op in &ops {
+        let trace = op.trace_id.to_string();
+        let sampled = trace.ends_with("0000000000000001");
+        let mine: Vec<&str> = spans
+            .iter()
+            .filter(|s| hex::encode(&s.trace_id) == trace)
+            .map(|s| s.name.as_str())
+            .collect();
+        let calls: Vec<&String> = received
+            .iter()
+            .filter(|t| t.starts_with(&format!("00-{trace}-")))
+            .collect();
+        assert!(calls.len() >= 3, "{trace}: {calls:?}");
+        if sampled {
+            for name in [
+                "operation sim",
+                "step ",
+                "provider create",
+                "provider result",
+            ] {
+                assert!(
+                    mine.iter().any(|m| m.starts_with(name)),
+                    "{trace} lacks {name}: {mine:?}"
+                );
+            }
+            assert!(calls.iter().all(|t| t.ends_with("-01")), "{calls:?}");
+        } else {
+            assert!(mine.is_empty(), "{trace} was dropped, yet: {mine:?}");
+            assert!(calls.iter().all(|t| t.ends_with("-00")), "{calls:?}");
+        }
     }
 }
 

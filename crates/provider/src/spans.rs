@@ -7,12 +7,21 @@
 //! the process's tracer provider uses [`ChosenIds`]: it hands out an id set with [`with_ids`] for
 //! the span built inside that closure, and random ids otherwise. Without an installed tracer
 //! provider (no OTLP endpoint configured) every span here is a no-op.
+//!
+//! An operation's trace is sampled whole or not at all: [`sampled`] decides it from the trace id
+//! with the process's sampler (`OTEL_TRACES_SAMPLER`), as for a root, and every context jobtrail
+//! builds for it (its root's parent, its steps' parent, the `traceparent` providers receive)
+//! carries that decision. Many workers step one operation over its life: a decision by the trace
+//! id alone is the same on each of them.
 
 use jobtrail_core::{OperationId, TraceId};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceState, Tracer};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, ShouldSample,
+};
 use std::cell::Cell;
+use std::sync::OnceLock;
 
 /// The instrumentation scope every jobtrail span is recorded under.
 pub const SCOPE: &str = "jobtrail";
@@ -68,6 +77,36 @@ pub fn otel_trace(t: TraceId) -> opentelemetry::trace::TraceId {
     opentelemetry::trace::TraceId::from_bytes(t.to_bytes())
 }
 
+/// The sampler the process's tracer provider samples with, once one is installed.
+static SAMPLER: OnceLock<Sampler> = OnceLock::new();
+
+/// Decide operations' traces with `sampler` from now on: the one the process's tracer provider
+/// was built with (a second call is ignored: one process, one sampler).
+pub fn set_sampler(sampler: Sampler) {
+    let _ = SAMPLER.set(sampler);
+}
+
+/// Whether the operation whose trace this is is sampled: the process's sampler's decision for a
+/// root span of this trace id (`traceidratio`: by the id's low 8 bytes, as the SDK decides each of
+/// its spans). Sampled where no tracer provider is installed: nothing is recorded here then, and a
+/// provider that traces is not told to drop what it records.
+pub fn sampled(trace: TraceId) -> bool {
+    SAMPLER.get().is_none_or(|s| {
+        let kind = opentelemetry::trace::SpanKind::Internal;
+        let decided = s.should_sample(None, otel_trace(trace), "operation", &kind, &[], &[]);
+        decided.decision == SamplingDecision::RecordAndSample
+    })
+}
+
+/// The trace flags every context of this trace carries: its [`sampled`] decision.
+pub fn flags(trace: TraceId) -> TraceFlags {
+    if sampled(trace) {
+        TraceFlags::SAMPLED
+    } else {
+        TraceFlags::default()
+    }
+}
+
 /// The operation's root span id: the first 8 bytes of the SHA-256 of its whole id (never zero). Not
 /// the id's own tail: a caller may choose its operation id and may send another's trace id, and
 /// with the same tail its root span would have been that other operation's, corrupting its trace.
@@ -87,7 +126,7 @@ pub fn operation_context(op: OperationId, trace: TraceId) -> Context {
     Context::new().with_remote_span_context(SpanContext::new(
         otel_trace(trace),
         root_span_id(op),
-        TraceFlags::SAMPLED,
+        flags(trace),
         false,
         TraceState::default(),
     ))
@@ -117,7 +156,7 @@ pub fn record_operation(
         Some(s) => Context::new().with_remote_span_context(SpanContext::new(
             otel_trace(trace),
             SpanId::from_bytes(s.to_bytes()),
-            TraceFlags::SAMPLED,
+            flags(trace),
             true,
             TraceState::default(),
         )),

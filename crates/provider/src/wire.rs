@@ -7,7 +7,7 @@
 use chrono::Utc;
 use jobtrail_core::{CallKind, CallRecord, SecretRef, TraceId};
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceState};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceState};
 use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 
@@ -510,12 +510,13 @@ pub fn new_span_id() -> SpanId {
     SpanId::from_bytes(b)
 }
 
-/// W3C trace context for this operation's trace id and this call's span id.
+/// W3C trace context for this operation's trace id and this call's span id, flagged sampled as
+/// the operation's trace is ([`crate::spans::sampled`]).
 pub fn inject_trace(headers: &mut http::HeaderMap, trace: TraceId, span: SpanId) {
     let sc = SpanContext::new(
         opentelemetry::trace::TraceId::from_bytes(trace.to_bytes()),
         span,
-        TraceFlags::SAMPLED,
+        crate::spans::flags(trace),
         true,
         TraceState::default(),
     );

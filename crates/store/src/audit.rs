@@ -1086,6 +1086,23 @@ fn check_operation(
             format!("#{calls_seq} {}", hex::encode(&calls_hash)),
         ));
     }
+    // Every writer has chained its calls since migration 0007, and the schema has refused an
+    // unchained one since 0015: an operation submitted after the link-shapes cutover (0022, later
+    // than both) has none. One there was logged around the database's checks, a call no chain
+    // covers (it changes no head, so only this finds it).
+    let submitted = history.iter().find(|h| h.seq == 1).map(|h| h.at);
+    if let (Some(since), Some(at)) = (cut.link_shapes, submitted)
+        && at >= since
+    {
+        for c in calls.iter().filter(|c| c.seq.is_none()) {
+            report.breaks.push(br(
+                0,
+                "a provider call that no chain covers, in an operation submitted after every call was chained (logged around the database's checks)".into(),
+                "none".into(),
+                format!("call {} ({} at {})", c.id, c.kind, c.started_at),
+            ));
+        }
+    }
     // A job polled for weeks has a link and a call per read: looked up, not scanned per link.
     let call_ids: std::collections::HashSet<uuid::Uuid> = calls.iter().map(|c| c.id).collect();
     for link in history.iter().filter(|h| h.call_id.is_some()) {

@@ -1324,6 +1324,47 @@ async fn infinite_times_and_nan_durations_are_refused_by_the_schema() {
     assert!(store.verify_operation(op.id).await.unwrap().is_clean());
 }
 
+/// A call logged without a chain link (the schema's check dropped, as only an owner can) changes
+/// no chain head. In an operation submitted after every writer chained its calls it is a break
+/// `audit verify` names; in one submitted before, a call of those days, counted as unchained.
+#[tokio::test]
+async fn an_unchained_call_in_an_operation_of_chained_days_is_a_break() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let op = accepted_with_a_call(&store).await;
+    let id = op.id.as_uuid();
+    let clean = store.verify_operation(op.id).await.unwrap();
+    assert!(clean.is_clean(), "{clean:#?}");
+    assert_eq!(clean.unchained_calls, 0);
+    exec(
+        &db,
+        &format!(
+            "ALTER TABLE provider_calls DROP CONSTRAINT provider_calls_chained; \
+             CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}'; \
+             UPDATE c SET id = gen_random_uuid(), seq = NULL, prev_hash = NULL, hash = NULL; \
+             INSERT INTO provider_calls SELECT * FROM c"
+        ),
+    )
+    .await
+    .unwrap();
+    let r = store.verify_operation(op.id).await.unwrap();
+    assert_eq!(r.unchained_calls, 1, "{r:#?}");
+    assert_eq!(r.breaks.len(), 1, "{r:#?}");
+    assert!(r.breaks[0].problem.contains("no chain covers"), "{r:#?}");
+    assert!(r.breaks[0].stored.contains("create"), "{r:#?}");
+    assert_eq!(store.verify_all().await.unwrap().breaks.len(), 1);
+    // Submitted before calls were always chained: a call of those days.
+    exec(
+        &db,
+        "SET session_replication_role = replica; UPDATE jobtrail_cutovers SET since = now() + interval '1 day' WHERE name = 'current_link_shapes'",
+    )
+    .await
+    .unwrap();
+    let r = store.verify_operation(op.id).await.unwrap();
+    assert!(r.is_clean(), "{r:#?}");
+    assert_eq!(r.unchained_calls, 1);
+}
+
 /// PostgreSQL's `jsonb` keeps numbers beyond a double and nesting deeper than serde_json reads. A
 /// writer role's own SQL could append such a link to a history that can never lose it: it must be a
 /// break `audit verify` names, not an error that stops every verification (and every read of that

@@ -1,10 +1,13 @@
 //! Trace export over OTLP/HTTP (protobuf), configured the standard way: on when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set (and
 //! `OTEL_SDK_DISABLED` is not `true`), a no-op otherwise. The exporter reads the other standard
-//! variables itself (headers, timeout); `OTEL_SERVICE_NAME` defaults to `jobtrail`.
+//! variables itself (headers, timeout); `OTEL_SERVICE_NAME` defaults to `jobtrail`. The sampler is
+//! read here (`OTEL_TRACES_SAMPLER`, refused when unknown) and handed to the provider crate too, so
+//! the flags of every context jobtrail builds, and of the `traceparent` providers receive, carry the
+//! sampler's decision for the operation's trace.
 
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 
 /// The installed exporter, if any; [`Traces::shutdown`] flushes what is buffered.
 pub struct Traces(Option<SdkTracerProvider>);
@@ -36,6 +39,7 @@ pub fn init() -> Result<Traces, String> {
             ));
         }
     }
+    let sampler = sampler()?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()
@@ -46,11 +50,51 @@ pub fn init() -> Result<Traces, String> {
     }
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
+        .with_sampler(sampler.clone())
         .with_id_generator(jobtrail_provider::spans::ChosenIds::default())
         .with_resource(resource.build())
         .build();
+    jobtrail_provider::spans::set_sampler(sampler);
     opentelemetry::global::set_tracer_provider(provider.clone());
     Ok(Traces(Some(provider)))
+}
+
+/// The sampler `OTEL_TRACES_SAMPLER` names (with `OTEL_TRACES_SAMPLER_ARG`, a ratio from 0 to 1,
+/// for the `traceidratio` ones; 1 when unset), as the OpenTelemetry spec defines them; unset:
+/// `parentbased_always_on`. A name or a ratio jobtrail cannot honour is refused, where the SDK
+/// would fall back to sampling everything and say so only in its own log.
+fn sampler() -> Result<Sampler, String> {
+    let ratio = || {
+        match set("OTEL_TRACES_SAMPLER_ARG") {
+        None => Ok(1.0),
+        Some(a) => a
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or_else(|| {
+                format!(
+                    "OTEL_TRACES_SAMPLER_ARG={a:?}: the share of operations whose traces are sampled, a number from 0 to 1 (0.25 samples a quarter of them)"
+                )
+            }),
+    }
+    };
+    let name = set("OTEL_TRACES_SAMPLER").map(|n| n.trim().to_ascii_lowercase());
+    Ok(match name.as_deref().unwrap_or("parentbased_always_on") {
+        "always_on" => Sampler::AlwaysOn,
+        "always_off" => Sampler::AlwaysOff,
+        "traceidratio" => Sampler::TraceIdRatioBased(ratio()?),
+        "parentbased_always_on" => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        "parentbased_always_off" => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        "parentbased_traceidratio" => {
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio()?)))
+        }
+        other => {
+            return Err(format!(
+                "OTEL_TRACES_SAMPLER={other:?}: jobtrail samples with always_on, always_off, traceidratio, parentbased_always_on (the default), parentbased_always_off or parentbased_traceidratio"
+            ));
+        }
+    })
 }
 
 impl Traces {
