@@ -620,7 +620,9 @@ async fn an_expired_result_url_is_renewed_from_the_status_and_the_result_collect
     let op = env
         .submit(
             "sim",
-            serde_json::json!({"duration_ms": 200, "result_urls_expired": 2}),
+            // Each status answer names where to read it next, and each is followed: the status
+            // read for a fresh URL too.
+            serde_json::json!({"duration_ms": 200, "result_urls_expired": 2, "moving_status_url": true}),
             |_| {},
         )
         .await;
@@ -662,6 +664,26 @@ async fn an_expired_result_url_is_renewed_from_the_status_and_the_result_collect
             ("status", Some(200)),
             ("result", Some(200)),
         ]
+    );
+    let status_reads: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.kind == "status")
+        .map(|c| c.url.as_str())
+        .collect();
+    let mut distinct = status_reads.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        status_reads.len(),
+        "a status URL read twice: {status_reads:?}"
+    );
+    let last = status_reads.last().unwrap();
+    let n: u32 = last.rsplit('/').next().unwrap().parse().unwrap();
+    assert_eq!(
+        done.status_url.as_deref(),
+        Some(format!("{}/{}", last.rsplit_once('/').unwrap().0, n + 1).as_str()),
+        "the URL the last status read named is the one kept: {status_reads:?}"
     );
     env.stop_workers().await;
 }

@@ -952,13 +952,7 @@ pub fn after_status(
     let mut retry_after = None;
     let plan = match outcome {
         StatusOutcome::Observed(s) => {
-            let obs = Observation {
-                remote_state: Some(s.remote_state.clone()),
-                remote_updated_at: s.updated_at.clone(),
-                progress: s.progress.clone(),
-                status_url: s.status_url.clone(),
-                provider_context: None,
-            };
+            let obs = Observation::of(&s);
             retry_after = s.retry_after.map(|d| policy.retry_after.clamp(d));
             let counters = Counters {
                 failures: FailureCount::Reset,
@@ -1381,6 +1375,8 @@ pub enum Collected {
     /// another): downloaded at once.
     Renewed {
         fresh: bool,
+        /// The status read that named it: its state, and a status URL it moved to.
+        observed: Observation,
     },
     /// Worth another try later.
     Failed {
@@ -1504,9 +1500,12 @@ pub fn after_collect(
         }
         Collected::Failed { error_class } => failed_fetch(op, policy, error_class, None, draw),
         // The refused download counted as a failure already: the fresh URL is tried at once.
-        Collected::Renewed { fresh } => {
+        Collected::Renewed { fresh, observed } => {
             go_on = true;
-            Step::event(Event::ResultUrlRenewed { fresh })
+            Step {
+                observation: Some(observed),
+                ..Step::event(Event::ResultUrlRenewed { fresh })
+            }
         }
     };
     if let Some((c, ctx)) = call {

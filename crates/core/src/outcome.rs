@@ -224,9 +224,11 @@ pub enum ResultOutcome {
     },
     /// A download of the URL the status named was refused, and the status was read again for a
     /// fresh one (a pre-signed URL expires): the next download is due at once. `fresh`: the status
-    /// named another URL than the refused one.
+    /// named another URL than the refused one; `seen`: that read, recorded as any status read is
+    /// (a status URL it moved to is followed from now on).
     Renewed {
         fresh: bool,
+        seen: Box<RemoteStatus>,
     },
 }
 

@@ -17,6 +17,19 @@ pub struct Observation {
     pub provider_context: Option<serde_json::Value>,
 }
 
+impl Observation {
+    /// What a status read saw (the provider context is the call's, attached with it).
+    pub fn of(s: &crate::outcome::RemoteStatus) -> Self {
+        Self {
+            remote_state: Some(s.remote_state.clone()),
+            remote_updated_at: s.updated_at.clone(),
+            progress: s.progress.clone(),
+            status_url: s.status_url.clone(),
+            provider_context: None,
+        }
+    }
+}
+
 /// How the failure counter (the retry budget) moves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FailureCount {

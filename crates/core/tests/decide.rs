@@ -1368,12 +1368,26 @@ fn collection_outcomes_map_to_one_event_each() {
         let plan = after_collect(
             &spent,
             &p,
-            Collected::Renewed { fresh },
+            Collected::Renewed {
+                fresh,
+                observed: Observation {
+                    remote_state: Some("succeeded".into()),
+                    status_url: Some("/v1/operations/7/3".into()),
+                    ..Observation::default()
+                },
+            },
             Some((call(CallKind::Status), None)),
             now,
             0.5,
         );
         assert_eq!(kind(&plan), Some(EventKind::ResultUrlRenewed));
+        // The status read is recorded as any is: a status URL it moved to is followed next.
+        let seen = plan
+            .step
+            .observation
+            .as_ref()
+            .expect("the read's observation");
+        assert_eq!(seen.status_url.as_deref(), Some("/v1/operations/7/3"));
         assert!(plan.go_on && plan.step.keep_lease && plan.step.next_in.is_none());
         assert_eq!(plan.step.counters.failures, FailureCount::Keep);
         legal(&spent, &plan);

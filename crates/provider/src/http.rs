@@ -1902,7 +1902,10 @@ impl HttpProvider {
                         ),
                     }
                 } else {
-                    ResultOutcome::Renewed { fresh }
+                    ResultOutcome::Renewed {
+                        fresh,
+                        seen: Box::new(s),
+                    }
                 }
             }
             // Asked again at the next attempt: the mark stays.

@@ -855,7 +855,10 @@ async fn fetch_result(ctx: &mut Ctx<'_>, op: &OperationRecord, attempt: i32) -> 
         ResultOutcome::Failed { error_class } => Collected::Failed { error_class },
         ResultOutcome::RetryLater { delay, reason } => Collected::RetryLater { delay, reason },
         ResultOutcome::Refused { url } => Collected::Refused { url },
-        ResultOutcome::Renewed { fresh } => Collected::Renewed { fresh },
+        ResultOutcome::Renewed { fresh, seen } => Collected::Renewed {
+            fresh,
+            observed: jobtrail_core::Observation::of(&seen),
+        },
     };
     Box::new(decide::after_collect(
         op,
