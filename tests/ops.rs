@@ -424,7 +424,7 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
             vec!["worker"],
             vec![
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
-                ("OTEL_TRACES_SAMPLER", "xray"),
+                ("OTEL_TRACES_SAMPLER", "traceidration"),
             ],
             "parentbased_traceidratio",
         ),
@@ -931,6 +931,55 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
             assert!(calls.iter().all(|t| t.ends_with("-00")), "{calls:?}");
         }
     }
+}
+
+/// A remote sampler the spec names but this SDK lacks (the OpenTelemetry Operator may inject
+/// one) does not stop a worker: it samples everything, as the default does, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_sampler_named_falls_back_to_sampling_everything_with_a_warning() {
+    let env = Env::new().await;
+    let (endpoint, spans) = otlp_receiver().await;
+    let mut worker = env.spawn_worker(
+        "otel-xray",
+        "10s",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_TRACES_SAMPLER", " XRay "),
+        ],
+    );
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
+        .await;
+    let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
+    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    worker.signal(libc::SIGTERM);
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("stopped")
+            .success()
+    );
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert!(log.contains("remote sampler"), "{log}");
+    let trace = hex::decode(op.trace_id.to_string()).unwrap();
+    let names: Vec<String> = spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.trace_id == trace)
+        .map(|s| s.name.clone())
+        .collect();
+    assert!(names.iter().any(|n| n == "operation sim"), "{names:?}");
+    let sent = env.sim.ledger().traceparents;
+    let ours: Vec<&String> = sent
+        .iter()
+        .filter(|t| t.contains(&op.trace_id.to_string()))
+        .collect();
+    assert!(
+        !ours.is_empty() && ours.iter().all(|t| t.ends_with("-01")),
+        "{ours:?}"
+    );
 }
 
 /// The query the chart's KEDA trigger runs (helm/jobtrail/templates/_helpers.tpl, "dueQuery").

@@ -36,7 +36,8 @@ pub struct VerifyReport {
     pub rows: u64,
     /// Provider calls verified through their chain.
     pub calls: u64,
-    /// Calls logged before calls were chained (checked for existence only).
+    /// Calls with no chain link (no `seq`, `prev_hash` or `hash`): logged before calls were chained
+    /// (checked for existence only), or, in an operation submitted since, also a break.
     pub unchained_calls: u64,
     /// Stored results checked against their digests and the chain.
     pub results: u64,
@@ -1086,15 +1087,15 @@ fn check_operation(
             format!("#{calls_seq} {}", hex::encode(&calls_hash)),
         ));
     }
-    // Every writer has chained its calls since migration 0007, and the schema has refused an
-    // unchained one since 0015: an operation submitted after the link-shapes cutover (0022, later
+    // Every writer has chained its calls since migration 0007, and the schema has refused a call
+    // missing any of its link's columns since 0015: an operation submitted after the link-shapes cutover (0022, later
     // than both) has none. One there was logged around the database's checks, a call no chain
     // covers (it changes no head, so only this finds it).
     let submitted = history.iter().find(|h| h.seq == 1).map(|h| h.at);
     if let (Some(since), Some(at)) = (cut.link_shapes, submitted)
         && at >= since
     {
-        for c in calls.iter().filter(|c| c.seq.is_none()) {
+        for c in calls.iter().filter(|c| c.link().is_none()) {
             report.breaks.push(br(
                 0,
                 "a provider call that no chain covers, in an operation submitted after every call was chained (logged around the database's checks)".into(),

@@ -1353,6 +1353,20 @@ async fn an_unchained_call_in_an_operation_of_chained_days_is_a_break() {
     assert!(r.breaks[0].problem.contains("no chain covers"), "{r:#?}");
     assert!(r.breaks[0].stored.contains("create"), "{r:#?}");
     assert_eq!(store.verify_all().await.unwrap().breaks.len(), 1);
+    // One that keeps a number in the chain but lacks its hash is no link either.
+    exec(
+        &db,
+        &format!(
+            "CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}' AND seq = 1; \
+             UPDATE c SET id = gen_random_uuid(), seq = 7, hash = NULL; \
+             INSERT INTO provider_calls SELECT * FROM c"
+        ),
+    )
+    .await
+    .unwrap();
+    let r = store.verify_operation(op.id).await.unwrap();
+    assert_eq!(r.unchained_calls, 2, "{r:#?}");
+    assert_eq!(r.breaks.len(), 2, "{r:#?}");
     // Submitted before calls were always chained: a call of those days.
     exec(
         &db,
@@ -1362,7 +1376,7 @@ async fn an_unchained_call_in_an_operation_of_chained_days_is_a_break() {
     .unwrap();
     let r = store.verify_operation(op.id).await.unwrap();
     assert!(r.is_clean(), "{r:#?}");
-    assert_eq!(r.unchained_calls, 1);
+    assert_eq!(r.unchained_calls, 2);
 }
 
 /// PostgreSQL's `jsonb` keeps numbers beyond a double and nesting deeper than serde_json reads. A

@@ -59,39 +59,48 @@ pub fn init() -> Result<Traces, String> {
     Ok(Traces(Some(provider)))
 }
 
+/// What an out-of-range or unparsable `OTEL_TRACES_SAMPLER_ARG` is told.
+const RATIO_HELP: &str = "the share of operations whose traces are sampled, a number from 0 to 1 (0.25 samples a quarter of them)";
+
 /// The sampler `OTEL_TRACES_SAMPLER` names (with `OTEL_TRACES_SAMPLER_ARG`, a ratio from 0 to 1,
-/// for the `traceidratio` ones; 1 when unset), as the OpenTelemetry spec defines them; unset:
-/// `parentbased_always_on`. A name or a ratio jobtrail cannot honour is refused, where the SDK
-/// would fall back to sampling everything and say so only in its own log.
+/// for the `traceidratio` ones; 1 when unset); unset: `parentbased_always_on`. The spec's remote
+/// samplers (`jaeger_remote`, `parentbased_jaeger_remote`, `xray`), which this SDK does not have,
+/// fall back to the default with a warning, as the spec asks. Departing from it on purpose, a name
+/// it does not list (a typo) or a ratio that is none is refused: the spec would ignore it, and a
+/// fleet would sample everything while its operator believed otherwise.
 fn sampler() -> Result<Sampler, String> {
-    let ratio = || {
-        match set("OTEL_TRACES_SAMPLER_ARG") {
+    let ratio = || match set("OTEL_TRACES_SAMPLER_ARG") {
         None => Ok(1.0),
         Some(a) => a
             .trim()
             .parse::<f64>()
             .ok()
             .filter(|r| (0.0..=1.0).contains(r))
-            .ok_or_else(|| {
-                format!(
-                    "OTEL_TRACES_SAMPLER_ARG={a:?}: the share of operations whose traces are sampled, a number from 0 to 1 (0.25 samples a quarter of them)"
-                )
-            }),
-    }
+            .ok_or_else(|| format!("OTEL_TRACES_SAMPLER_ARG={a:?}: {RATIO_HELP}")),
     };
-    let name = set("OTEL_TRACES_SAMPLER").map(|n| n.trim().to_ascii_lowercase());
+    let given = set("OTEL_TRACES_SAMPLER");
+    let name = given.as_deref().map(|n| n.trim().to_ascii_lowercase());
+    let default = || Sampler::ParentBased(Box::new(Sampler::AlwaysOn));
     Ok(match name.as_deref().unwrap_or("parentbased_always_on") {
         "always_on" => Sampler::AlwaysOn,
         "always_off" => Sampler::AlwaysOff,
         "traceidratio" => Sampler::TraceIdRatioBased(ratio()?),
-        "parentbased_always_on" => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        "parentbased_always_on" => default(),
         "parentbased_always_off" => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
         "parentbased_traceidratio" => {
             Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio()?)))
         }
-        other => {
+        remote @ ("jaeger_remote" | "parentbased_jaeger_remote" | "xray") => {
+            tracing::warn!(
+                sampler = remote,
+                "OTEL_TRACES_SAMPLER names a remote sampler jobtrail does not have: every operation is sampled (parentbased_always_on)"
+            );
+            default()
+        }
+        _ => {
             return Err(format!(
-                "OTEL_TRACES_SAMPLER={other:?}: jobtrail samples with always_on, always_off, traceidratio, parentbased_always_on (the default), parentbased_always_off or parentbased_traceidratio"
+                "OTEL_TRACES_SAMPLER={:?}: jobtrail samples with always_on, always_off, traceidratio, parentbased_always_on (the default), parentbased_always_off or parentbased_traceidratio",
+                given.unwrap_or_default()
             ));
         }
     })
