@@ -745,6 +745,7 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
     let agent = jobtrail_core::TraceParent {
         trace: "0af7651916cd43dd8448eb211c80319c".parse().unwrap(),
         span: "b7ad6b7169203331".parse().unwrap(),
+        sampled: true,
     };
     let joined = env
         .submit("sim", serde_json::json!({"duration_ms": 100}), |s| {
@@ -762,6 +763,7 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
             jobtrail_provider::spans::root_span_id(own).to_bytes(),
         )
         .unwrap(),
+        sampled: true,
     };
     env.submit("sim", serde_json::json!({"duration_ms": 100}), |s| {
         s.operation_id = Some(own);
@@ -849,9 +851,10 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
     }
 }
 
-/// With a ratio sampler an operation's trace is sampled whole or not at all, by its trace id: the
-/// SDK's parent-based sampler follows the flags jobtrail sets on the contexts it builds, so those
-/// flags must carry the decision, and providers are told it in the `traceparent` they receive.
+/// With a parent-based ratio sampler an operation's trace is sampled whole or not at all: by the
+/// agent's flag where it sent a trace context, by its trace id otherwise. The SDK's parent-based
+/// sampler follows the flags jobtrail sets on the contexts it builds, so those flags must carry the
+/// decision, and providers are told it in the `traceparent` they receive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_the_provider() {
     let env = Env::new().await;
@@ -866,15 +869,15 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
             ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
         ],
     );
-    // The ratio sampler reads a trace id's low 8 bytes: these fall either side of one half. Each
-    // is an agent's trace (the only way to choose a trace id), two of each.
+    // An operation of an agent's trace follows the agent's sampled flag, whatever its trace id
+    // (the ratio sampler reads an id's low 8 bytes: these fall either side of one half) ...
     let caller: jobtrail_core::SpanId = "b7ad6b7169203331".parse().unwrap();
     let mut ops = Vec::new();
-    for trace in [
-        "4bf92f3577b34da60000000000000001",
-        "5bf92f3577b34da60000000000000001",
-        "4bf92f3577b34da6ffffffffffffffff",
-        "5bf92f3577b34da6ffffffffffffffff",
+    for (trace, sampled) in [
+        ("4bf92f3577b34da60000000000000001", true),
+        ("5bf92f3577b34da60000000000000001", false),
+        ("4bf92f3577b34da6ffffffffffffffff", true),
+        ("5bf92f3577b34da6ffffffffffffffff", false),
     ] {
         let trace: jobtrail_core::TraceId = trace.parse().unwrap();
         let op = env
@@ -882,12 +885,21 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
                 s.trace = Some(jobtrail_core::TraceParent {
                     trace,
                     span: caller,
+                    sampled,
                 })
             })
             .await;
-        ops.push(op);
+        ops.push((op, sampled));
     }
-    for op in &ops {
+    // ... and one of its own trace is decided by the ratio, from its id, on every worker alike.
+    for _ in 0..6 {
+        let op = env
+            .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
+            .await;
+        let low = u64::from_be_bytes(op.trace_id.to_bytes()[8..].try_into().unwrap());
+        ops.push((op, (low >> 1) < (1u64 << 62)));
+    }
+    for (op, _) in &ops {
         let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
         assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
     }
@@ -900,9 +912,8 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
     );
     let spans = spans.lock().unwrap().clone();
     let received = env.sim.ledger().traceparents;
-    for op in &ops {
+    for (op, sampled) in &ops {
         let trace = op.trace_id.to_string();
-        let sampled = trace.ends_with("0000000000000001");
         let mine: Vec<&str> = spans
             .iter()
             .filter(|s| hex::encode(&s.trace_id) == trace)
@@ -913,7 +924,7 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
             .filter(|t| t.starts_with(&format!("00-{trace}-")))
             .collect();
         assert!(calls.len() >= 3, "{trace}: {calls:?}");
-        if sampled {
+        if *sampled {
             for name in [
                 "operation sim",
                 "step ",

@@ -258,6 +258,8 @@ async fn each_role_runs_its_commands_and_nothing_else() {
             format!("UPDATE operations SET approved_by = 'mallory' WHERE id = {some}"),
             // Whose grants each send checks: written once, with the intent.
             format!("UPDATE operations SET edited_by = 'mallory' WHERE id = {some}"),
+            // Trace metadata, written once too.
+            format!("UPDATE operations SET parent_sampled = false WHERE id = {some}"),
             format!("UPDATE operations SET request_body = '{{}}' WHERE id = {some}"),
             "CREATE TABLE mischief (x int)".to_owned(),
             // The schedule is kept by the owner's triggers only (migration 0012).

@@ -269,6 +269,8 @@ impl From<SpanId> for String {
 pub struct TraceParent {
     pub trace: TraceId,
     pub span: SpanId,
+    /// The caller's sampled flag: a parent-based sampler follows it.
+    pub sampled: bool,
 }
 
 impl TryFrom<String> for TraceId {

@@ -203,6 +203,9 @@ pub struct Intent {
     /// evidence: no decision reads it, and it is outside the record's hashes).
     #[serde(default)]
     pub parent_span: Option<SpanId>,
+    /// Whether the caller's trace was sampled (trace metadata, as `parent_span`).
+    #[serde(default)]
+    pub parent_sampled: Option<bool>,
     pub caller: String,
     pub approved_by: String,
     pub approval_ref: Option<String>,
@@ -550,6 +553,7 @@ impl Submission {
                 .trace
                 .map_or(TraceId::from_random(entropy.trace), |t| t.trace),
             parent_span: self.trace.map(|t| t.span),
+            parent_sampled: self.trace.map(|t| t.sampled),
             caller,
             approved_by,
             approval_ref,

@@ -29,6 +29,8 @@ pub struct OperationRecord {
     pub trace_id: TraceId,
     /// The caller's span the operation's root span is recorded under (trace metadata only).
     pub parent_span: Option<SpanId>,
+    /// Whether the caller's trace was sampled (`None`: no caller trace, or not kept then).
+    pub parent_sampled: Option<bool>,
     pub created_at: DateTime<Utc>,
     pub create_deadline: DateTime<Utc>,
     pub result_deadline: DateTime<Utc>,

@@ -29,6 +29,7 @@ fn record(state: State) -> OperationRecord {
         approved_by: "alice".into(),
         approval_ref: None,
         parent_span: None,
+        parent_sampled: None,
         trace_id: TraceId::from_random([2; 16]),
         created_at: now - Td::seconds(10),
         create_deadline: now + Td::seconds(60),

@@ -565,6 +565,7 @@ impl HttpProvider {
                 headers,
                 body,
                 trace: op.trace_id,
+                sampled: crate::spans::sampled(op.trace_id, op.parent_sampled),
                 trace_header: self.contract.trace_header.as_ref(),
                 client_request_id: self
                     .contract

@@ -8,11 +8,11 @@
 //! the span built inside that closure, and random ids otherwise. Without an installed tracer
 //! provider (no OTLP endpoint configured) every span here is a no-op.
 //!
-//! An operation's trace is sampled whole or not at all: [`sampled`] decides it from the trace id
-//! with the process's sampler (`OTEL_TRACES_SAMPLER`), as for a root, and every context jobtrail
-//! builds for it (its root's parent, its steps' parent, the `traceparent` providers receive)
-//! carries that decision. Many workers step one operation over its life: a decision by the trace
-//! id alone is the same on each of them.
+//! An operation's trace is sampled whole or not at all: [`sampled`] decides it with the process's
+//! sampler (`OTEL_TRACES_SAMPLER`) from the trace id and the caller's sampled flag (kept with the
+//! operation), and every context jobtrail builds for it (its root's parent, its steps' parent, the
+//! `traceparent` providers receive) carries that decision. Many workers step one operation over
+//! its life: a decision from what the operation keeps is the same on each of them.
 
 use jobtrail_core::{OperationId, TraceId};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceState, Tracer};
@@ -86,21 +86,39 @@ pub fn set_sampler(sampler: Sampler) {
     let _ = SAMPLER.set(sampler);
 }
 
-/// Whether the operation whose trace this is is sampled: the process's sampler's decision for a
-/// root span of this trace id (`traceidratio`: by the id's low 8 bytes, as the SDK decides each of
-/// its spans). Sampled where no tracer provider is installed: nothing is recorded here then, and a
-/// provider that traces is not told to drop what it records.
-pub fn sampled(trace: TraceId) -> bool {
+/// Whether an operation of this trace is sampled: the process's sampler's decision for its root
+/// span, under the caller's span where the caller sent one (`caller_sampled`, its flag: a
+/// parent-based sampler follows it) and as a root otherwise (`traceidratio`: by the id's low 8
+/// bytes, as the SDK decides each of its spans). Sampled where no tracer provider is installed:
+/// nothing is recorded here then, and a provider that traces is not told to drop what it records.
+pub fn sampled(trace: TraceId, caller_sampled: Option<bool>) -> bool {
     SAMPLER.get().is_none_or(|s| {
+        // Only the parent's validity, remoteness and flag are read: any span id will do.
+        let parent = caller_sampled.map(|on| {
+            Context::new().with_remote_span_context(SpanContext::new(
+                otel_trace(trace),
+                SpanId::from_bytes([0, 0, 0, 0, 0, 0, 0, 1]),
+                as_flags(on),
+                true,
+                TraceState::default(),
+            ))
+        });
         let kind = opentelemetry::trace::SpanKind::Internal;
-        let decided = s.should_sample(None, otel_trace(trace), "operation", &kind, &[], &[]);
+        let decided = s.should_sample(
+            parent.as_ref(),
+            otel_trace(trace),
+            "operation",
+            &kind,
+            &[],
+            &[],
+        );
         decided.decision == SamplingDecision::RecordAndSample
     })
 }
 
-/// The trace flags every context of this trace carries: its [`sampled`] decision.
-pub fn flags(trace: TraceId) -> TraceFlags {
-    if sampled(trace) {
+/// The trace flags of a context whose trace is (or is not) sampled.
+pub fn as_flags(sampled: bool) -> TraceFlags {
+    if sampled {
         TraceFlags::SAMPLED
     } else {
         TraceFlags::default()
@@ -121,12 +139,13 @@ pub fn root_span_id(op: OperationId) -> SpanId {
 }
 
 /// A context whose parent is the operation's root span (exported once, by the worker that writes
-/// the operation's terminal step; an operation a person ends has no exported root).
-pub fn operation_context(op: OperationId, trace: TraceId) -> Context {
+/// the operation's terminal step; an operation a person ends has no exported root), flagged with
+/// the operation's [`sampled`] decision.
+pub fn operation_context(op: OperationId, trace: TraceId, sampled: bool) -> Context {
     Context::new().with_remote_span_context(SpanContext::new(
         otel_trace(trace),
         root_span_id(op),
-        flags(trace),
+        as_flags(sampled),
         false,
         TraceState::default(),
     ))
@@ -143,6 +162,7 @@ pub fn record_operation(
     op: OperationId,
     trace: TraceId,
     caller_span: Option<jobtrail_core::SpanId>,
+    sampled: bool,
     submitted: std::time::SystemTime,
     state: &str,
     provider: &str,
@@ -156,7 +176,7 @@ pub fn record_operation(
         Some(s) => Context::new().with_remote_span_context(SpanContext::new(
             otel_trace(trace),
             SpanId::from_bytes(s.to_bytes()),
-            flags(trace),
+            as_flags(sampled),
             true,
             TraceState::default(),
         )),

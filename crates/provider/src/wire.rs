@@ -511,12 +511,12 @@ pub fn new_span_id() -> SpanId {
 }
 
 /// W3C trace context for this operation's trace id and this call's span id, flagged sampled as
-/// the operation's trace is ([`crate::spans::sampled`]).
-pub fn inject_trace(headers: &mut http::HeaderMap, trace: TraceId, span: SpanId) {
+/// the operation's trace is (`sampled`, [`crate::spans::sampled`]).
+pub fn inject_trace(headers: &mut http::HeaderMap, trace: TraceId, span: SpanId, sampled: bool) {
     let sc = SpanContext::new(
         opentelemetry::trace::TraceId::from_bytes(trace.to_bytes()),
         span,
-        crate::spans::flags(trace),
+        crate::spans::as_flags(sampled),
         true,
         TraceState::default(),
     );
@@ -537,6 +537,7 @@ pub fn extract_trace(headers: &http::HeaderMap) -> Option<jobtrail_core::TracePa
     Some(jobtrail_core::TraceParent {
         trace: TraceId::from_random(sc.trace_id().to_bytes()),
         span: jobtrail_core::SpanId::from_bytes(sc.span_id().to_bytes())?,
+        sampled: sc.is_sampled(),
     })
 }
 
@@ -674,6 +675,9 @@ pub struct Outgoing<'a> {
     pub headers: http::HeaderMap,
     pub body: Option<Vec<u8>>,
     pub trace: TraceId,
+    /// Whether the operation's trace is sampled ([`crate::spans::sampled`]): its `traceparent`
+    /// says so.
+    pub sampled: bool,
     pub trace_header: Option<&'a http::HeaderName>,
     /// Where the call's own id goes (Azure's `x-ms-client-request-id`): an answer that echoes
     /// another id is not the answer to this call.
@@ -703,7 +707,7 @@ pub async fn exchange(client: &reqwest::Client, mut out: Box<Outgoing<'_>>) -> E
             http::HeaderValue::from_str(&id.to_string()).expect("a UUID is a header value"),
         );
     }
-    inject_trace(&mut headers, out.trace, span);
+    inject_trace(&mut headers, out.trace, span, out.sampled);
     if let Some(h) = out.trace_header
         && !headers.contains_key(h)
         && let Ok(v) = http::HeaderValue::from_str(&out.trace.to_string())
@@ -1592,16 +1596,18 @@ mod tests {
     #[test]
     fn traceparent_carries_the_operation_trace() {
         let trace: TraceId = "4bf92f3577b34da6a3ce929d0e0e4736".parse().unwrap();
-        let mut h = http::HeaderMap::new();
-        inject_trace(
-            &mut h,
-            trace,
-            SpanId::from_bytes([0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]),
-        );
-        assert_eq!(
-            h.get("traceparent").unwrap(),
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        );
+        let span = SpanId::from_bytes([0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]);
+        for (sampled, flags) in [(true, "01"), (false, "00")] {
+            let mut h = http::HeaderMap::new();
+            inject_trace(&mut h, trace, span, sampled);
+            assert_eq!(
+                h.get("traceparent").unwrap(),
+                &format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}")
+            );
+            // Read back as it was sent, its flag too.
+            let back = extract_trace(&h).unwrap();
+            assert_eq!((back.trace, back.sampled), (trace, sampled));
+        }
     }
 
     #[test]

@@ -148,14 +148,14 @@ impl ApiClient {
             req = req.json(b);
         }
         if let Some(t) = trace {
-            // The caller's trace and span (flagged sampled: this process installs no sampler,
-            // and the API keeps only the ids): it records no span of its own, so the operation's
-            // root span is recorded under the caller's.
+            // The caller's context as given, its sampled flag too: this client records no span
+            // of its own, so the operation's root span is recorded under the caller's.
             let mut headers = reqwest::header::HeaderMap::new();
             jobtrail_provider::wire::inject_trace(
                 &mut headers,
                 t.trace,
                 opentelemetry::trace::SpanId::from_bytes(t.span.to_bytes()),
+                t.sampled,
             );
             req = req.headers(headers);
         }

@@ -2119,6 +2119,7 @@ async fn insert_intent(
         .bind(hash.as_slice())
         .bind(intent.parent_span.map(|s| s.to_string()))
         .bind(&intent.edited_by)
+        .bind(intent.parent_sampled)
         .fetch_optional(&mut **tx)
         .await;
     match inserted {

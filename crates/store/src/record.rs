@@ -108,6 +108,7 @@ pub(crate) struct OperationRow {
     approval_ref: Option<String>,
     trace_id: String,
     parent_span_id: Option<String>,
+    parent_sampled: Option<bool>,
     created_at: DateTime<Utc>,
     create_deadline: DateTime<Utc>,
     result_deadline: DateTime<Utc>,
@@ -202,6 +203,7 @@ impl TryFrom<OperationRow> for OperationRecord {
                 .map(|s| s.parse())
                 .transpose()
                 .map_err(|e| corrupt("parent_span_id", e))?,
+            parent_sampled: r.parent_sampled,
             created_at: r.created_at,
             create_deadline: r.create_deadline,
             result_deadline: r.result_deadline,

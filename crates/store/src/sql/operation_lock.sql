@@ -4,7 +4,7 @@
 SELECT
     now() AS db_now,
     id, provider, target, 'null'::jsonb AS request_body, request_fingerprint, idempotency_token,
-    idempotency_mode, at_most_once, caller, approved_by, approval_ref, trace_id, parent_span_id, created_at,
+    idempotency_mode, at_most_once, caller, approved_by, approval_ref, trace_id, parent_span_id, parent_sampled, created_at,
     create_deadline, result_deadline, cancel_window_ms, cancel_deadline, state, state_changed_at,
     finished_at, escalated_at, escalation_reason, remote_job_id, conflicting_remote_job_id,
     remote_state, remote_updated_at, remote_progress, observed_at, status_url, provider_context,
