@@ -682,10 +682,7 @@ async fn postgres_over_tls_require_and_verify_full_work_and_a_wrong_authority_is
 }
 
 /// An OTLP/HTTP receiver on loopback: every trace export request it was sent, decoded.
-async fn otlp_receiver() -> (
-    String,
-    std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::trace::v1::Span>>>,
-) {
+async fn otlp_receiver() -> (String, ReceivedSpans) {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use prost::Message;
     let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -724,18 +721,39 @@ async fn otlp_receiver() -> (
     (format!("http://{addr}"), spans)
 }
 
+type ReceivedSpans =
+    std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::trace::v1::Span>>>;
+
+/// A worker exporting its spans (every 100 ms) to a receiver of its own, with `extra` settings.
+async fn traced_worker(
+    env: &Env,
+    id: &str,
+    extra: &[(&str, &str)],
+) -> (support::WorkerProcess, ReceivedSpans) {
+    let (endpoint, spans) = otlp_receiver().await;
+    let mut vars = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    vars.extend_from_slice(extra);
+    (env.spawn_worker(id, "10s", &vars), spans)
+}
+
+/// Stop a worker as Kubernetes does; it exits cleanly, its spans flushed.
+fn stop_cleanly(worker: &mut support::WorkerProcess) {
+    worker.signal(libc::SIGTERM);
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("stopped")
+            .success()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_providers_received() {
     let env = Env::new().await;
-    let (endpoint, spans) = otlp_receiver().await;
-    let mut worker = env.spawn_worker(
-        "otel-1",
-        "10s",
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
+    let (mut worker, spans) = traced_worker(&env, "otel-1", &[]).await;
     let op = env
         .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
         .await;
@@ -755,7 +773,8 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
     let done = env.wait_settled(joined.id, Duration::from_secs(60)).await;
     assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
     // A caller that names the root's own span id (it derives from an id the caller may choose)
-    // does not make the root its own parent.
+    // does not make the root its own parent: the root is a root, and the operation is sampled as
+    // one (its flag, unsampled, is not followed), all of it alike.
     let own = jobtrail_core::OperationId::from_uuid(uuid::Uuid::now_v7());
     let looped = jobtrail_core::TraceParent {
         trace: "1af7651916cd43dd8448eb211c80319c".parse().unwrap(),
@@ -763,7 +782,7 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
             jobtrail_provider::spans::root_span_id(own).to_bytes(),
         )
         .unwrap(),
-        sampled: true,
+        sampled: false,
     };
     env.submit("sim", serde_json::json!({"duration_ms": 100}), |s| {
         s.operation_id = Some(own);
@@ -772,13 +791,7 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
     .await;
     let done = env.wait_settled(own, Duration::from_secs(60)).await;
     assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
-    worker.signal(libc::SIGTERM);
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("stopped")
-            .success()
-    );
+    stop_cleanly(&mut worker);
 
     let trace = hex::decode(op.trace_id.to_string()).unwrap();
     let spans = spans.lock().unwrap().clone();
@@ -796,6 +809,12 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
     assert!(
         looped_roots[0].parent_span_id.is_empty(),
         "{looped_roots:?}"
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name.starts_with("step ") && s.trace_id == looped.trace.to_bytes()),
+        "the looped operation's steps are sampled as its root is"
     );
     let ours: Vec<_> = spans.iter().filter(|s| s.trace_id == trace).collect();
     let hexid = |b: &[u8]| hex::encode(b);
@@ -858,17 +877,15 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_the_provider() {
     let env = Env::new().await;
-    let (endpoint, spans) = otlp_receiver().await;
-    let mut worker = env.spawn_worker(
+    let (mut worker, spans) = traced_worker(
+        &env,
         "otel-ratio",
-        "10s",
         &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
             ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
             ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
         ],
-    );
+    )
+    .await;
     // An operation of an agent's trace follows the agent's sampled flag, whatever its trace id
     // (the ratio sampler reads an id's low 8 bytes: these fall either side of one half) ...
     let caller: jobtrail_core::SpanId = "b7ad6b7169203331".parse().unwrap();
@@ -903,13 +920,7 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
         let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
         assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
     }
-    worker.signal(libc::SIGTERM);
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("stopped")
-            .success()
-    );
+    stop_cleanly(&mut worker);
     let spans = spans.lock().unwrap().clone();
     let received = env.sim.ledger().traceparents;
     for (op, sampled) in &ops {
@@ -949,28 +960,14 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_sampler_named_falls_back_to_sampling_everything_with_a_warning() {
     let env = Env::new().await;
-    let (endpoint, spans) = otlp_receiver().await;
-    let mut worker = env.spawn_worker(
-        "otel-xray",
-        "10s",
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-            ("OTEL_TRACES_SAMPLER", " XRay "),
-        ],
-    );
+    let (mut worker, spans) =
+        traced_worker(&env, "otel-xray", &[("OTEL_TRACES_SAMPLER", " XRay ")]).await;
     let op = env
         .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
         .await;
     let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
     assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
-    worker.signal(libc::SIGTERM);
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("stopped")
-            .success()
-    );
+    stop_cleanly(&mut worker);
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(log.contains("remote sampler"), "{log}");
     let trace = hex::decode(op.trace_id.to_string()).unwrap();

@@ -203,7 +203,8 @@ pub struct Intent {
     /// evidence: no decision reads it, and it is outside the record's hashes).
     #[serde(default)]
     pub parent_span: Option<SpanId>,
-    /// Whether the caller's trace was sampled (trace metadata, as `parent_span`).
+    /// Whether the caller's trace was sampled: trace metadata, outside the record's hashes, read
+    /// only by the worker's trace sampler.
     #[serde(default)]
     pub parent_sampled: Option<bool>,
     pub caller: String,

@@ -565,7 +565,12 @@ impl HttpProvider {
                 headers,
                 body,
                 trace: op.trace_id,
-                sampled: crate::spans::sampled(op.trace_id, op.parent_sampled),
+                sampled: crate::spans::operation_sampled(
+                    op.id,
+                    op.trace_id,
+                    op.parent_span,
+                    op.parent_sampled,
+                ),
                 trace_header: self.contract.trace_header.as_ref(),
                 client_request_id: self
                     .contract

@@ -86,12 +86,32 @@ pub fn set_sampler(sampler: Sampler) {
     let _ = SAMPLER.set(sampler);
 }
 
-/// Whether an operation of this trace is sampled: the process's sampler's decision for its root
-/// span, under the caller's span where the caller sent one (`caller_sampled`, its flag: a
-/// parent-based sampler follows it) and as a root otherwise (`traceidratio`: by the id's low 8
-/// bytes, as the SDK decides each of its spans). Sampled where no tracer provider is installed:
-/// nothing is recorded here then, and a provider that traces is not told to drop what it records.
-pub fn sampled(trace: TraceId, caller_sampled: Option<bool>) -> bool {
+/// Whether operation `op` is sampled: the process's sampler's decision for its root span, as
+/// [`record_operation`] records it — under the caller's span where the caller sent one (its
+/// `caller_sampled` flag: a parent-based sampler follows it), as a root otherwise, or where the
+/// caller named the root's own id (`traceidratio`: by the trace id's low 8 bytes, as the SDK
+/// decides each of its spans). Sampled where no tracer provider is installed: nothing is recorded
+/// here then, and a provider that traces is not told to drop what it records.
+pub fn operation_sampled(
+    op: OperationId,
+    trace: TraceId,
+    caller_span: Option<jobtrail_core::SpanId>,
+    caller_sampled: Option<bool>,
+) -> bool {
+    let under_caller = caller_of(op, caller_span).is_some();
+    sampled(trace, caller_sampled.filter(|_| under_caller))
+}
+
+/// The caller's span the root of `op` is recorded under: none where the caller named the root's
+/// own id (it derives from the operation id, which a caller may choose), or the root would be its
+/// own parent.
+fn caller_of(op: OperationId, caller_span: Option<jobtrail_core::SpanId>) -> Option<SpanId> {
+    caller_span
+        .map(|s| SpanId::from_bytes(s.to_bytes()))
+        .filter(|s| *s != root_span_id(op))
+}
+
+fn sampled(trace: TraceId, caller_sampled: Option<bool>) -> bool {
     SAMPLER.get().is_none_or(|s| {
         // Only the parent's validity, remoteness and flag are read: any span id will do.
         let parent = caller_sampled.map(|on| {
@@ -169,13 +189,10 @@ pub fn record_operation(
 ) {
     use opentelemetry::trace::Span as _;
     let tracer = tracer();
-    // A caller that names the root's own id as its span (the id derives from the operation id,
-    // which a caller may choose) would make the root its own parent: it is then a root.
-    let parent = match caller_span.filter(|s| SpanId::from_bytes(s.to_bytes()) != root_span_id(op))
-    {
+    let parent = match caller_of(op, caller_span) {
         Some(s) => Context::new().with_remote_span_context(SpanContext::new(
             otel_trace(trace),
-            SpanId::from_bytes(s.to_bytes()),
+            s,
             as_flags(sampled),
             true,
             TraceState::default(),

@@ -511,7 +511,7 @@ pub fn new_span_id() -> SpanId {
 }
 
 /// W3C trace context for this operation's trace id and this call's span id, flagged sampled as
-/// the operation's trace is (`sampled`, [`crate::spans::sampled`]).
+/// the operation's trace is (`sampled`, [`crate::spans::operation_sampled`]).
 pub fn inject_trace(headers: &mut http::HeaderMap, trace: TraceId, span: SpanId, sampled: bool) {
     let sc = SpanContext::new(
         opentelemetry::trace::TraceId::from_bytes(trace.to_bytes()),
@@ -675,7 +675,7 @@ pub struct Outgoing<'a> {
     pub headers: http::HeaderMap,
     pub body: Option<Vec<u8>>,
     pub trace: TraceId,
-    /// Whether the operation's trace is sampled ([`crate::spans::sampled`]): its `traceparent`
+    /// Whether the operation's trace is sampled ([`crate::spans::operation_sampled`]): its `traceparent`
     /// says so.
     pub sampled: bool,
     pub trace_header: Option<&'a http::HeaderName>,

@@ -497,7 +497,12 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                             op.id,
                             op.trace_id,
                             op.parent_span,
-                            jobtrail_provider::spans::sampled(op.trace_id, op.parent_sampled),
+                            jobtrail_provider::spans::operation_sampled(
+                                op.id,
+                                op.trace_id,
+                                op.parent_span,
+                                op.parent_sampled,
+                            ),
                             op.created_at.into(),
                             ended.as_str(),
                             &op.provider,
@@ -603,7 +608,12 @@ async fn log_unwritten_calls<'s>(
 fn step_context(op: &OperationRecord) -> opentelemetry::Context {
     use opentelemetry::trace::{TraceContextExt as _, Tracer as _};
     let tracer = jobtrail_provider::spans::tracer();
-    let sampled = jobtrail_provider::spans::sampled(op.trace_id, op.parent_sampled);
+    let sampled = jobtrail_provider::spans::operation_sampled(
+        op.id,
+        op.trace_id,
+        op.parent_span,
+        op.parent_sampled,
+    );
     let parent = jobtrail_provider::spans::operation_context(op.id, op.trace_id, sampled);
     let span = tracer
         .span_builder(format!("step {}", op.state.as_str()))
