@@ -1252,6 +1252,43 @@ async fn a_number_put_in_the_place_of_the_one_hashed_is_a_break() {
     );
 }
 
+/// A column a migration adds (while pods of the release before run, as in every rolling upgrade)
+/// does not change what the store's statements return: one prepared before it on a connection
+/// kept open still runs after it, where `SELECT *` would fail ("cached plan must not change result
+/// type") until the connection was replaced.
+#[tokio::test]
+async fn statements_prepared_before_an_added_column_still_run_after_it() {
+    let db = TestDb::new().await;
+    // One connection: whatever ran on it before the migration is what runs after it.
+    let store = Store::connect_with(&db.url, 1).await.unwrap();
+    let read_all = async |store: &Store, op: &OperationRecord| {
+        store.get(op.id).await.unwrap();
+        store.history(op.id).await.unwrap();
+        store.calls(op.id).await.unwrap();
+        let r = store.verify_operation(op.id).await.unwrap();
+        assert!(r.is_clean(), "{r:#?}");
+    };
+    let op = accepted_with_a_call(&store).await;
+    read_all(&store, &op).await;
+    exec(
+        &db,
+        "ALTER TABLE operations ADD COLUMN later_release text; \
+         ALTER TABLE operation_history ADD COLUMN later_release text; \
+         ALTER TABLE provider_calls ADD COLUMN later_release text",
+    )
+    .await
+    .unwrap();
+    read_all(&store, &op).await;
+    // A submit and a claim, prepared by the first operation's, run too.
+    let next = store
+        .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    claim_one(&store, "w2", Duration::from_secs(30)).await;
+    store.get(next.id).await.unwrap();
+}
+
 async fn accepted_with_a_call(store: &Store) -> OperationRecord {
     let op = store
         .submit_new(&submission("{}"), &providers(), SubmitLimits::default())
@@ -1336,17 +1373,17 @@ async fn an_unchained_call_in_an_operation_of_chained_days_is_a_break() {
     let clean = store.verify_operation(op.id).await.unwrap();
     assert!(clean.is_clean(), "{clean:#?}");
     assert_eq!(clean.unchained_calls, 0);
-    exec(
-        &db,
-        &format!(
-            "ALTER TABLE provider_calls DROP CONSTRAINT provider_calls_chained; \
-             CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}'; \
-             UPDATE c SET id = gen_random_uuid(), seq = NULL, prev_hash = NULL, hash = NULL; \
-             INSERT INTO provider_calls SELECT * FROM c"
-        ),
-    )
-    .await
-    .unwrap();
+    // A copy of the create's call, with `set` (the schema's check dropped first, as only an owner
+    // can).
+    let copy_create = |set: &str| {
+        format!(
+            "ALTER TABLE provider_calls DROP CONSTRAINT IF EXISTS provider_calls_chained; \
+             CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}' AND seq = 1; \
+             UPDATE c SET id = gen_random_uuid(), {set}; INSERT INTO provider_calls SELECT * FROM c"
+        )
+    };
+    let unlinked = copy_create("seq = NULL, prev_hash = NULL, hash = NULL");
+    exec(&db, &unlinked).await.unwrap();
     let r = store.verify_operation(op.id).await.unwrap();
     assert_eq!(r.unchained_calls, 1, "{r:#?}");
     assert_eq!(r.breaks.len(), 1, "{r:#?}");
@@ -1354,16 +1391,9 @@ async fn an_unchained_call_in_an_operation_of_chained_days_is_a_break() {
     assert!(r.breaks[0].stored.contains("create"), "{r:#?}");
     assert_eq!(store.verify_all().await.unwrap().breaks.len(), 1);
     // One that keeps a number in the chain but lacks its hash is no link either.
-    exec(
-        &db,
-        &format!(
-            "CREATE TEMP TABLE c AS SELECT * FROM provider_calls WHERE operation_id = '{id}' AND seq = 1; \
-             UPDATE c SET id = gen_random_uuid(), seq = 7, hash = NULL; \
-             INSERT INTO provider_calls SELECT * FROM c"
-        ),
-    )
-    .await
-    .unwrap();
+    exec(&db, &copy_create("seq = 7, hash = NULL"))
+        .await
+        .unwrap();
     let r = store.verify_operation(op.id).await.unwrap();
     assert_eq!(r.unchained_calls, 2, "{r:#?}");
     assert_eq!(r.breaks.len(), 2, "{r:#?}");

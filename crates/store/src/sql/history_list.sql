@@ -1,2 +1,10 @@
 -- An operation's history in chain order.
-SELECT * FROM operation_history WHERE operation_id = $1 ORDER BY seq
+-- Columns by name, never `*`: a column a later migration adds must not change what this
+-- statement returns, or a running pod's prepared copy of it fails ("cached plan must not change
+-- result type") until its connection is replaced.
+SELECT
+    operation_id, seq, at, actor, from_state, to_state, event, cause, remote_job_id, call_id,
+    detail, prev_hash, hash, recorded_by
+FROM operation_history
+WHERE operation_id = $1
+ORDER BY seq
