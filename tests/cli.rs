@@ -181,6 +181,15 @@ async fn submit_show_wait_result_and_exit_codes() {
         code(&jobtrail(&env, &["wait", &id2, "--timeout", "1s"], None)),
         6
     );
+    // No result of a job still running: exit 9 (not finished), not 1 (ended other than succeeded).
+    let running = jobtrail(&env, &["result", &id2], None);
+    assert_eq!(
+        code(&running),
+        9,
+        "{}",
+        String::from_utf8_lossy(&running.stderr)
+    );
+    assert!(running.stdout.is_empty());
     assert_eq!(
         code(&jobtrail(
             &env,
@@ -197,6 +206,7 @@ async fn submit_show_wait_result_and_exit_codes() {
         env.store.get(id2.parse().unwrap()).await.unwrap().state,
         jobtrail_core::State::Cancelled
     );
+    assert_eq!(code(&jobtrail(&env, &["result", &id2], None)), 1);
     // Held for a person, another's operation is cancelled only on the view seen (4 without one,
     // nothing written); on it, the cancel is recorded.
     let mut held = submit.to_vec();
@@ -216,6 +226,8 @@ async fn submit_show_wait_result_and_exit_codes() {
         )
         .await;
     let id3 = id3.to_string();
+    // Held for a person is not finished either.
+    assert_eq!(code(&jobtrail(&env, &["result", &id3], None)), 9);
     let cancel = ["cancel", &id3, "--actor", "bob", "--reason", "not needed"];
     let out = jobtrail(&env, &cancel, None);
     assert_eq!(code(&out), 4, "{}", String::from_utf8_lossy(&out.stderr));

@@ -366,6 +366,16 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         |o| o.remote_job_id.is_some(),
     )
     .await;
+    // Running is not failed: no result yet, said so (exit 9), not "ended other than succeeded".
+    let r = c
+        .get(server.url(&format!("/v1/operations/{long}/result")))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, StatusCode::CONFLICT, "not-finished").await;
+    assert_eq!(p["exit_code"], 9, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("wait"), "{p}");
     let r = c
         .post(server.url(&format!("/v1/operations/{long}/cancel")))
         .bearer_auth(&bob)
@@ -408,7 +418,8 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         .send()
         .await
         .unwrap();
-    problem(r, StatusCode::CONFLICT, "not-succeeded").await;
+    let p = problem(r, StatusCode::CONFLICT, "not-succeeded").await;
+    assert_eq!(p["exit_code"], 1, "{p}");
 
     // Pages: newest first, with a cursor.
     let p1: Value = c

@@ -185,6 +185,10 @@ async fn plain_session(env: &Env, client: &Client, caller: &str) {
         |o| o.remote_job_id.is_some(),
     )
     .await;
+    // Running is not failed: the error says there is no result yet.
+    let r = call(client, "get_result", json!({"operation_id": long})).await;
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(structured(&r)["error"], "not-finished");
     let c = structured(
         &call(
             client,

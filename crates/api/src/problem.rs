@@ -21,8 +21,8 @@ pub struct ProblemDoc {
     /// What happened, for a person or an agent to act on.
     pub detail: String,
     /// The kind (bad-input, unauthenticated, forbidden, not-found, method-not-allowed, conflict,
-    /// not-succeeded, tampered, unavailable, too-large, rate-limited, too-many-open); the CLI exits
-    /// with the matching code.
+    /// not-succeeded, not-finished, tampered, unavailable, too-large, rate-limited, too-many-open);
+    /// the CLI exits with the matching code.
     pub kind: String,
     /// The CLI's exit code for this kind.
     pub exit_code: u8,

@@ -373,7 +373,7 @@ fn sent_holding(
         (status = 401, description = "No valid bearer token", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 403, description = "Another caller's operation, and the token has no decide scope (an audit token sees operations, not their result bytes)", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 404, description = "No such operation of this caller", body = ProblemDoc, content_type = PROBLEM_JSON),
-        (status = 409, description = "Not succeeded: there is no validated result", body = ProblemDoc, content_type = PROBLEM_JSON),
+        (status = 409, description = "No validated result: the operation ended other than succeeded (`not-succeeded`), or has not finished yet (`not-finished`: wait for it, then ask again)", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 500, description = "The stored bytes disagree with the chain: refused", body = ProblemDoc, content_type = PROBLEM_JSON),
     ),
     security(("bearer" = []))

@@ -89,6 +89,8 @@ pub mod exit {
     pub const NEEDS_HUMAN: u8 = 7;
     /// The evidence disagrees with its chain.
     pub const TAMPERED: u8 = 8;
+    /// `result` of an operation that has not finished (it runs, or is held for a person).
+    pub const NOT_FINISHED: u8 = 9;
 }
 
 /// A failure with the exit code it maps to.

@@ -380,7 +380,7 @@ impl JobtrailMcp {
     }
 
     #[tool(
-        description = "The validated result of a succeeded operation, exactly as recorded (its sha256 is checked against the evidence chain). Text results come as `text`, others as `base64`; one over 1 MiB is refused here (fetch it over the HTTP API). Each call holds one of your result turns until its answer has been sent.",
+        description = "The validated result of a succeeded operation (of one not finished yet: the error `not-finished`; wait for it first), exactly as recorded (its sha256 is checked against the evidence chain). Text results come as `text`, others as `base64`; one over 1 MiB is refused here (fetch it over the HTTP API). Each call holds one of your result turns until its answer has been sent.",
         annotations(read_only_hint = true)
     )]
     async fn get_result(

@@ -19,6 +19,9 @@ pub enum Kind {
     Conflict,
     /// The operation did not succeed, so there is no validated result.
     NotSucceeded,
+    /// The operation has not finished (it runs, or is held for a person): no result yet. Wait for
+    /// it, then ask again.
+    NotFinished,
     /// Evidence disagrees with its chain: what depends on it is refused.
     Tampered,
     /// The database, a provider contract or a configured part is unavailable. Try again later.
@@ -39,6 +42,7 @@ impl Kind {
     pub fn exit_code(self) -> u8 {
         match self {
             Kind::NotSucceeded => 1,
+            Kind::NotFinished => 9,
             Kind::BadInput | Kind::TooLarge | Kind::MethodNotAllowed => 2,
             Kind::NotFound => 3,
             Kind::Conflict => 4,
@@ -59,7 +63,7 @@ impl Kind {
             Kind::Forbidden => 403,
             Kind::NotFound => 404,
             Kind::MethodNotAllowed => 405,
-            Kind::Conflict | Kind::NotSucceeded => 409,
+            Kind::Conflict | Kind::NotSucceeded | Kind::NotFinished => 409,
             Kind::TooLarge => 413,
             Kind::RateLimited | Kind::TooManyOpen => 429,
             Kind::Tampered => 500,
@@ -76,6 +80,7 @@ impl Kind {
             Kind::NotFound => "not-found",
             Kind::Conflict => "conflict",
             Kind::NotSucceeded => "not-succeeded",
+            Kind::NotFinished => "not-finished",
             Kind::Tampered => "tampered",
             Kind::Unavailable => "unavailable",
             Kind::TooLarge => "too-large",
@@ -98,6 +103,7 @@ impl Kind {
             Kind::NotFound => "No such operation",
             Kind::Conflict => "Conflict: nothing was written",
             Kind::NotSucceeded => "The operation did not succeed: there is no validated result",
+            Kind::NotFinished => "The operation has not finished: there is no result yet",
             Kind::Tampered => "Evidence disagrees with its chain",
             Kind::Unavailable => "Temporarily unavailable",
             Kind::TooLarge => "Request body too large",
@@ -108,13 +114,14 @@ impl Kind {
     }
 }
 
-pub const ALL: [Kind; 12] = [
+pub const ALL: [Kind; 13] = [
     Kind::BadInput,
     Kind::Unauthenticated,
     Kind::Forbidden,
     Kind::NotFound,
     Kind::Conflict,
     Kind::NotSucceeded,
+    Kind::NotFinished,
     Kind::Tampered,
     Kind::Unavailable,
     Kind::TooLarge,

@@ -1042,9 +1042,15 @@ impl Service {
                 op.id
             )));
         }
+        // Not finished is not failed: an agent told "no result" of a job still running must not
+        // take it for one that ended without one.
         if op.state != State::Succeeded {
+            let kind = match op.state.is_terminal() {
+                true => Kind::NotSucceeded,
+                false => Kind::NotFinished,
+            };
             return Err(ServiceError::new(
-                Kind::NotSucceeded,
+                kind,
                 format!(
                     "{} is {}: there is no validated result ({})",
                     op.id,

@@ -101,7 +101,7 @@ fn describe() {
     );
     describe_counter!(
         "jobtrail_api_problems_total",
-        "Problems the API and its MCP door answered (jobtrail serve), by kind: bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded, tampered, too-large, rate-limited, too-many-open, method-not-allowed, unavailable (refusals for load are logged at most once a minute: this counts each)"
+        "Problems the API and its MCP door answered (jobtrail serve), by kind: bad-input, unauthenticated, forbidden, not-found, conflict, not-succeeded, not-finished, tampered, too-large, rate-limited, too-many-open, method-not-allowed, unavailable (refusals for load are logged at most once a minute: this counts each)"
     );
     describe_counter!(
         "jobtrail_metrics_refresh_failures_total",
