@@ -1173,11 +1173,21 @@ async fn an_mcp_call_over_stdio_with_a_key_twice_is_refused_and_writes_nothing()
         )
         .replace('\n', " ")
     };
-    for (id, extra, names) in [
-        (2, r#""report": "payroll", "#, "report"),
-        (3, r#""amount": 123456789012345678901234, "#, "string"),
+    // A byte-order mark in front is JSON still (RFC 8259 §8.1; rmcp reads past it): checked alike.
+    for (id, message, names) in [
+        (2, call(2, r#""report": "payroll", "#), "report"),
+        (
+            3,
+            call(3, r#""amount": 123456789012345678901234, "#),
+            "string",
+        ),
+        (
+            5,
+            format!("\u{FEFF}{}", call(5, r#""report": "payroll", "#)),
+            "report",
+        ),
     ] {
-        send(call(id, extra)).await;
+        send(message).await;
         let refused = answer(&mut stdout, id).await;
         let message = refused["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(names), "{refused}");

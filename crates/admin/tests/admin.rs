@@ -2042,6 +2042,42 @@ async fn a_view_pasted_onto_another_operation_is_refused() {
         b.history_seq,
         "nothing written"
     );
+    // A cancel is sent to the job and cannot be taken back: refused alike, and taken on the
+    // operation's own view.
+    let cancel = |id: &OperationId, seen: &str| {
+        admin(
+            &db,
+            &[
+                "cancel",
+                &id.to_string(),
+                "--seen",
+                seen,
+                "--actor",
+                "alice",
+                "--reason",
+                "support: not wanted",
+            ],
+        )
+    };
+    let out = cancel(&b.id, &seen_a);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 4, "{said}");
+    assert!(said.contains(&seen_b), "{said}");
+    let now = store.get(b.id).await.unwrap();
+    assert_eq!(now.history_seq, b.history_seq, "nothing written");
+    assert_eq!(now.cancel_requested_by, None);
+    let c = unresolved(&store, 33).await;
+    let out = cancel(&c.id, &view(&c.id));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        store
+            .get(c.id)
+            .await
+            .unwrap()
+            .cancel_requested_by
+            .as_deref(),
+        Some("alice")
+    );
     // A head that is no hex is a typo, not a view.
     assert_eq!(
         code(&declare(

@@ -759,7 +759,10 @@ async fn serve_lines(
 /// Why a message read over stdio is refused, with its id to answer (`Null` for a notification or
 /// an id that cannot be read), or `None` to pass it on.
 fn refused(line: &[u8]) -> Option<(serde_json::Value, String)> {
-    let text = line.trim_ascii();
+    // A byte-order mark first is read past by rmcp (RFC 8259 §8.1 lets a parser ignore it), so
+    // what follows it is what must be checked.
+    const BOM: &[u8] = b"\xEF\xBB\xBF";
+    let text = line.strip_prefix(BOM).unwrap_or(line).trim_ascii();
     if text.is_empty() {
         return None;
     }

@@ -54,6 +54,9 @@ pub const MAX_PAGE: u32 = 200;
 /// at its request rate.
 pub const PAGE_BYTES: usize = 256 * 1024;
 
+/// A view a person gave (`STATE@SEQ[:HEAD]`) as written, and parsed.
+type GivenView<'a> = (&'a str, (State, Option<i64>, Option<String>));
+
 /// The operations service: a store, the provider contracts, and the state watcher.
 pub struct Service {
     store: Store,
@@ -957,7 +960,8 @@ impl Service {
 
     /// A person's cancel (`jobtrail-admin cancel`) on the view `seen` (`STATE@SEQ`, or a bare
     /// state), checked under the row lock; an operation held for a person is refused without a
-    /// whole `STATE@SEQ`.
+    /// whole `STATE@SEQ`. One pinned to another operation (`STATE@SEQ:HEAD`, its head not this
+    /// one's) is refused as a decision's is: a cancel is sent to a job, and cannot be taken back.
     pub async fn cancel_as_seen(
         &self,
         p: &Principal,
@@ -965,22 +969,29 @@ impl Service {
         reason: &str,
         seen: Option<&str>,
     ) -> Result<CancelResponse, ServiceError> {
-        let seen = seen.map(operator::parse_seen).transpose()?;
+        let seen = seen
+            .map(|s| operator::parse_seen_pinned(s).map(|v| (s, v)))
+            .transpose()?;
         self.cancel_as(p, id, reason, Some(seen)).await
     }
 
-    /// `person`: `Some(view)` for a person's cancel, `None` for an agent's.
+    /// `person`: `Some(view)` for a person's cancel (the view as given, parsed), `None` for an
+    /// agent's.
     async fn cancel_as(
         &self,
         p: &Principal,
         id: &str,
         reason: &str,
-        person: Option<Option<(State, Option<i64>)>>,
+        person: Option<Option<GivenView<'_>>>,
     ) -> Result<CancelResponse, ServiceError> {
         p.require(Scope::Cancel)?;
         let op = self.own(p, id).await?;
         let req = jobtrail_core::CancelRequest::new(p.caller(), reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
+        if let Some(Some((given, (_, seq, head)))) = &person {
+            operator::refuse_pasted(given, *seq, head.as_deref(), &op)?;
+        }
+        let person = person.map(|seen| seen.map(|(_, (state, seq, _))| (state, seq)));
         // Another caller's operation (the decide scope): a person's cancel.
         let person = match person {
             None if op.caller != p.caller() => Some(None),

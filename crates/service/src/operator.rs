@@ -72,6 +72,31 @@ pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
     parse_seen_pinned(s).map(|(state, seq, _)| (state, seq))
 }
 
+/// A view pinned to one operation (`STATE@SEQ:HEAD`) at `now`'s number but with another head was
+/// copied from another operation that went the same way (same state, same number of links):
+/// refused, naming this one's view. At another number it is stale, and the write refuses it under
+/// the row lock; a link's hash never changes, so `now` needs no lock of its own.
+pub fn refuse_pasted(
+    seen: &str,
+    seq: Option<i64>,
+    head: Option<&str>,
+    now: &jobtrail_store::OperationRecord,
+) -> Result<(), ServiceError> {
+    let (Some(seq), Some(head)) = (seq, head) else {
+        return Ok(());
+    };
+    if now.history_seq != seq || hex::encode(&now.history_head).starts_with(head) {
+        return Ok(());
+    }
+    let current = seen_token(now.state, now.history_seq, &now.history_head);
+    Err(ServiceError::conflict(format!(
+        "seen {:?} is not {}'s view: its history #{seq} is {current}. Was it copied from another operation? Look at this one (`show`) and decide on its own view",
+        seen.trim(),
+        now.id
+    ))
+    .with_detail(serde_json::json!({ "current": current })))
+}
+
 /// The view token an operation shows (`seen`): `STATE@SEQ:HEAD`, HEAD the first 8 hex digits of
 /// its history head. Two operations that went the same way share STATE@SEQ; the head is theirs
 /// alone, so a view pasted onto the wrong operation is refused.
@@ -224,22 +249,9 @@ impl Service {
         let decision = jobtrail_core::Decision::new(p.caller(), &req.reason)
             .map_err(|e| ServiceError::bad_input(e.to_string()))?;
         let store = self.operator();
-        // A view pasted onto another operation that went the same way (same state, same number
-        // of links) is refused by its head. At another number it is refused as stale under the
-        // row lock; a link's hash never changes, so this read needs no lock of its own.
-        if let (Some(seq), Some(head)) = (seq, &head) {
-            let now = store.get(id).await?;
-            if now.history_seq == seq && !hex::encode(&now.history_head).starts_with(head.as_str())
-            {
-                return Err(ServiceError::conflict(format!(
-                    "seen {:?} is not {id}'s view: its history #{seq} is {}. Was it copied from another operation? Look at this one (`show`) and decide on its own view",
-                    req.seen.trim(),
-                    seen_token(now.state, now.history_seq, &now.history_head)
-                ))
-                .with_detail(serde_json::json!({
-                    "current": seen_token(now.state, now.history_seq, &now.history_head)
-                })));
-            }
+        // Read without its body: only the view is compared (a body may be 16 MiB).
+        if seq.is_some() && head.is_some() {
+            refuse_pasted(&req.seen, seq, head.as_deref(), &store.get_shown(id).await?)?;
         }
         let step = match req.decision {
             Decision::Adopt { job_id } => {
