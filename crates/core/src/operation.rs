@@ -91,6 +91,11 @@ pub struct ProviderTerms {
     /// naming another is refused at submit).
     #[serde(default)]
     pub result_formats: Option<ResultFormats>,
+    /// Where the create writes values of its own into the request body (the idempotency key's
+    /// field, the client reference's), as JSON pointers: a body that cannot take one (not an
+    /// object, or a value on the way that is not) could never be sent, and is refused at submit.
+    #[serde(default)]
+    pub written_fields: Vec<String>,
 }
 
 /// The result formats a request may choose between (`result.format_from` in the contract).
@@ -115,12 +120,34 @@ impl ProviderTerms {
             default_result_window: Duration::from_secs(3600),
             default_cancel_window: Duration::from_secs(300),
             result_formats: None,
+            written_fields: Vec::new(),
         }
     }
 }
 
 fn default_body_bytes() -> usize {
     DEFAULT_BODY_BYTES
+}
+
+/// Where a value cannot be written at `pointer` in `body`: the pointer to the first value on the
+/// way (the body itself: `""`) that is not an object, and what it is. Parts not there yet are
+/// made as the value is written; the last part's value is replaced.
+fn blocked_write(body: &serde_json::Value, pointer: &str) -> Option<(String, &'static str)> {
+    let parts: Vec<&str> = pointer.strip_prefix('/')?.split('/').collect();
+    let mut cur = body;
+    let mut at = String::new();
+    for (i, raw) in parts.iter().enumerate() {
+        let Some(obj) = cur.as_object() else {
+            return Some((at, crate::json::kind_of(cur)));
+        };
+        if i + 1 == parts.len() {
+            return None;
+        }
+        cur = obj.get(&raw.replace("~1", "/").replace("~0", "~"))?;
+        at.push('/');
+        at.push_str(raw);
+    }
+    None
 }
 
 /// Untrusted input to submit.
@@ -244,6 +271,16 @@ pub enum SubmitError {
     #[error("request body is {found}; provider {provider} takes a JSON object")]
     BodyNotObject {
         provider: String,
+        found: &'static str,
+    },
+    #[error(
+        "provider {provider} writes a value of its own at {pointer} in the request body, but {at} is {found}, not an object: send an object there (or leave it out)"
+    )]
+    FieldNotWritable {
+        provider: String,
+        pointer: String,
+        /// The body (`the body`) or the pointer to the value in the way.
+        at: String,
         found: &'static str,
     },
     #[error("{field} is {at}, more than ten years ahead (latest allowed {max})")]
@@ -422,6 +459,22 @@ impl Submission {
             return Err(SubmitError::BodyNotObject {
                 provider: terms.name.clone(),
                 found: crate::json::kind_of(&body),
+            });
+        }
+        if let Some((pointer, at, found)) = terms
+            .written_fields
+            .iter()
+            .find_map(|p| blocked_write(&body, p).map(|(at, found)| (p, at, found)))
+        {
+            return Err(SubmitError::FieldNotWritable {
+                provider: terms.name.clone(),
+                pointer: pointer.clone(),
+                at: if at.is_empty() {
+                    "the body".to_owned()
+                } else {
+                    at
+                },
+                found,
             });
         }
         let target = text::TARGET.check(&self.target)?;
@@ -826,6 +879,30 @@ mod tests {
         let mut any = terms();
         any.body = BodyShape::Any;
         assert!(v(sub("null"), &any).is_ok());
+        // Where the create writes a value of its own (a client reference, an idempotency key),
+        // the body must take it: refused at submit, not left to fail every create attempt.
+        let mut writes = any.clone();
+        writes.written_fields = vec!["/meta/ref".into(), "/a~1b/key".into()];
+        for (body, at, found) in [
+            ("[1, 2]", "the body", "an array"),
+            ("null", "the body", "null"),
+            (r#"{"meta": 5}"#, "/meta", "a number"),
+            (r#"{"meta": {}, "a/b": "s"}"#, "/a~1b", "a string"),
+        ] {
+            match v(sub(body), &writes) {
+                Err(SubmitError::FieldNotWritable {
+                    at: a, found: f, ..
+                }) => assert_eq!((a.as_str(), f), (at, found), "{body}"),
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        for body in [
+            "{}",
+            r#"{"meta": {"x": 1}}"#,
+            r#"{"meta": {"ref": 3}, "a/b": {}}"#,
+        ] {
+            assert!(v(sub(body), &writes).is_ok(), "{body}");
+        }
         for body in [
             r#"{"a": 1, "a": 2}"#,
             r#"{"n": 18446744073709551616}"#,

@@ -1013,6 +1013,11 @@ impl Contract {
                 names: r.formats.keys().cloned().collect(),
             });
         }
+        if let TokenPlacement::BodyField(p) = &self.create.token {
+            t.written_fields.push(p.clone());
+        }
+        t.written_fields
+            .extend(self.create.client_reference_field.iter().cloned());
         t
     }
 
@@ -1752,6 +1757,22 @@ impl Validator<'_> {
         if let Some(name) = credential_in_query(base_url.as_str()) {
             return Err(self.err("base_url", credential_in_url(&name)));
         }
+        // Paths are appended to the base URL as text: behind a query or a fragment every one
+        // would land inside it (`?api-version=1/jobs`), each call sent to the base path.
+        if base_url.query().is_some() || base_url.fragment().is_some() {
+            return Err(self.err(
+                "base_url",
+                format!(
+                    "a URL without a query or fragment (paths are appended to it; parameters every call sends go in `query`), got {:?}{}",
+                    crate::wire::sanitize_url(&base_url),
+                    if std::env::var(&env_key).is_ok_and(|v| !v.is_empty()) {
+                        format!(" from {env_key}")
+                    } else {
+                        String::new()
+                    }
+                ),
+            ));
+        }
         let origin_of = |key: &str, text: &str| -> Result<url::Origin, ContractError> {
             url::Url::parse(text)
                 .ok()
@@ -2046,6 +2067,15 @@ impl Validator<'_> {
             return Err(self.err("status.state_absent", "status.state beside it"));
         }
         let done = self.pointer("status.done", &s.done)?;
+        // While the flag is not true a document states nothing, and a status read that states
+        // nothing is a failed read: with no state for "not done", every read of a running job
+        // would fail until the job was held for a person.
+        if done.is_some() && s.state_absent.is_none() {
+            return Err(self.err(
+                "status.state_absent",
+                "a state beside status.done, for documents whose flag is not yet true (Google's profile: \"false\")",
+            ));
+        }
         let follow = match &s.follow {
             Some(list) => list
                 .iter()

@@ -96,6 +96,17 @@ fn each_invalid_field_is_refused_with_its_name() {
             "base_url = \"http://u:p@h\"",
             "base_url",
         ),
+        // Every path would be appended inside the query (or the fragment).
+        (
+            "base_url = \"http://127.0.0.1:8700\"",
+            "base_url = \"http://127.0.0.1:8700/v1?api-version=2024-01-01\"",
+            "base_url",
+        ),
+        (
+            "base_url = \"http://127.0.0.1:8700\"",
+            "base_url = \"http://127.0.0.1:8700/v1#top\"",
+            "base_url",
+        ),
         (
             "method = \"POST\"\npath = \"/v1/jobs\"",
             "method = \"FETCH\"\npath = \"/v1/jobs\"",
@@ -452,6 +463,18 @@ fn the_base_url_can_be_overridden_per_environment() {
     let text = sim_text().replacen("name = \"sim\"", "name = \"override-me\"", 1);
     let c = parse(&text).unwrap();
     assert_eq!(c.base_url.as_str(), "http://127.0.0.1:1234/");
+    // An override pasted with a query is refused as the file's would be, naming where it came from.
+    unsafe {
+        std::env::set_var(
+            "JOBTRAIL_PROVIDER_OVERRIDE_ME_BASE_URL",
+            "http://127.0.0.1:1234/v1?api-version=1",
+        )
+    };
+    let e = parse(&text).unwrap_err();
+    assert!(
+        e.contains("base_url") && e.contains("JOBTRAIL_PROVIDER_OVERRIDE_ME_BASE_URL"),
+        "{e}"
+    );
 }
 
 /// `[limits]`: caps and rates a careless operator could mistype are refused with their key; what is
@@ -716,13 +739,13 @@ idempotency = "none"
         let state = c.status.state_in(&body).unwrap();
         assert_eq!(c.status.phase(&state), Some(phase), "{body}");
     }
-    // Without a state for "not done", a document not done states none; a created resource (no
-    // `done` of its own) is read at the state pointers alone.
-    let c2 = parse(&format!("unset = [\"status.state_absent\"]\n{minimal}")).unwrap();
-    assert_eq!(
-        c2.status
-            .state_in(&serde_json::json!({"done": false, "error": {"code": 1}})),
-        None
+    // Without a state for "not done", a document not done would state none, and every read of a
+    // running job fail: refused at load. A created resource (no `done` of its own) is read at the
+    // state pointers alone.
+    let e = parse(&format!("unset = [\"status.state_absent\"]\n{minimal}")).unwrap_err();
+    assert!(
+        e.contains("status.state_absent") && e.contains("status.done"),
+        "{e}"
     );
     assert_eq!(
         c.status
@@ -1623,5 +1646,26 @@ fn an_expected_count_from_the_status_needs_items_in_every_json_result() {
     assert!(
         err.contains("status.expected_count") && err.contains("[result.formats.bare]"),
         "{err}"
+    );
+}
+
+/// Submit is told where the create writes values of its own into the body (the client reference,
+/// an idempotency key in a body field), so a body that cannot take them is refused there.
+#[test]
+fn the_fields_a_create_writes_are_named_to_submit() {
+    let base = sim_text();
+    assert_eq!(
+        parse(&base).unwrap().terms().written_fields,
+        ["/client_reference"]
+    );
+    let text = base.replacen(
+        "idempotency = \"header\"\nidempotency_header = \"Idempotency-Key\"",
+        "idempotency = \"body_field\"\nidempotency_field = \"/meta/key\"",
+        1,
+    );
+    assert_ne!(text, base);
+    assert_eq!(
+        parse(&text).unwrap().terms().written_fields,
+        ["/meta/key", "/client_reference"]
     );
 }
