@@ -97,7 +97,7 @@ fn resolved(ex: &Exchange, given: String) -> String {
 /// A status URL as a job id for the record: credentials and secret-looking query values blanked
 /// (as every recorded URL), a relative one kept relative.
 fn job_id_of_url(u: &str) -> String {
-    wire::sanitize_url_text(u)
+    wire::job_url_text(u)
 }
 
 /// Whether a job id the provider gave is a URL (absolute with a host, or a path from the root):
@@ -706,15 +706,25 @@ impl HttpProvider {
         // refused the job would run unwatched, as "not now" a token-less provider would start it
         // twice. Only a rule that lists the 2xx code says so.
         let accepted_create = call == CallName::Create && (200..300).contains(&status);
+        // Nor one that names no codes and not the result call a result's 2xx: its bytes are the
+        // job's output, and text in them (`"error": null`) is not the provider speaking.
+        let result_bytes = call == CallName::Result && (200..300).contains(&status);
         self.contract
             .rules
             .iter()
             .find(|r| {
-                (r.calls.is_empty() || r.calls.contains(&call))
+                let named = r.calls.contains(&call);
+                // `already_exists` says a create's duplicate is the original job: of any other
+                // call's answer it would make a success of an error.
+                let applies = named
+                    || (r.calls.is_empty()
+                        && (r.means != Meaning::AlreadyExists || call == CallName::Create));
+                applies
                     && (r.status.contains(&status)
                         || (r.status.is_empty()
                             && !(accepted_create
-                                && matches!(r.means, Meaning::Reject | Meaning::RetryLater))))
+                                && matches!(r.means, Meaning::Reject | Meaning::RetryLater))
+                            && (!result_bytes || named)))
                     // Searched in the bytes as sent: a copy of the body as text (every answer's,
                     // a result of hundreds of MiB too, three bytes for each one not UTF-8) would be
                     // made on the runtime's thread and counted by no bound.
@@ -2102,6 +2112,12 @@ fn listed_jobs(
             .pointer(id_ptr)
             .and_then(id_text)
             .ok_or_else(|| format!("malformed_lookup: a listed job has no id at {id_ptr}"))?;
+        // A URL is recorded as the create's answer records one, so the two compare.
+        let id = if names_a_url(&id) {
+            job_id_of_url(&id)
+        } else {
+            id
+        };
         jobtrail_core::ids::check_remote_job_id(&id)
             .map_err(|why| format!("unusable_job_id: {why}"))?;
         if !job_ids.contains(&id) {
@@ -2282,6 +2298,15 @@ mod tests {
         assert_eq!(listed.unwrap().len(), 20);
         let twice = serde_json::json!({"jobs": [{"id": "a", "ref": "op_1"}, {"id": "a", "ref": "op_1"}, {"id": "b", "ref": "other"}]});
         assert_eq!(listed_jobs(&rc, &twice, &["op_1".into()]).unwrap(), ["a"]);
+        // A job listed by its URL is recorded as a create's answer records one: its capability
+        // blanked, so the two compare (and the token is not kept).
+        let url = "https://h.test/jobs/7?access_token=tok-123";
+        let by_url = serde_json::json!({"jobs": [{"id": url, "ref": "op_1"}]});
+        assert_eq!(
+            listed_jobs(&rc, &by_url, &["op_1".into()]).unwrap(),
+            [job_id_of_url(url)]
+        );
+        assert!(!job_id_of_url(url).contains("tok-123"));
 
         let mut h = http::HeaderMap::new();
         h.insert("x-checksum", "a".repeat(100_000).parse().unwrap());
@@ -2328,6 +2353,19 @@ mod tests {
             job_id_of_url("https://h.test/api/status?id=A"),
             job_id_of_url("https://h.test/api/status?id=B"),
             "two jobs stay two"
+        );
+        // A name that only contains a secret's word (`key`) has its value blanked too, but each
+        // blanked value leaves its own digest: two jobs stay two, and the values are not kept.
+        let (a, b) = (
+            job_id_of_url("https://h.test/v1/exports/status?exportKey=first-export"),
+            job_id_of_url("https://h.test/v1/exports/status?exportKey=second-export"),
+        );
+        assert_ne!(a, b, "two jobs stay two");
+        assert!(!a.contains("first") && !b.contains("second"), "{a} {b}");
+        assert_eq!(
+            a,
+            job_id_of_url("https://h.test/v1/exports/status?exportKey=first-export"),
+            "the same job is the same id"
         );
         assert_eq!(job_id_of_url("/v1/operations/j1/0"), "/v1/operations/j1/0");
         let rel = job_id_of_url("/v1/ops/1?sig=abc&n=2");

@@ -425,12 +425,36 @@ impl Scrubber {
 /// A URL a provider wrote, absolute or relative, as it may be stored (see [`sanitize_url`]); a
 /// relative one stays relative.
 pub fn sanitize_url_text(u: &str) -> String {
+    sanitized_text(u, |_| REDACTED.to_owned())
+}
+
+/// A URL that names a job, as it may be stored ([`sanitize_url_text`]), but each redacted query
+/// value replaced by `REDACTED-` and the first 16 hex digits of its SHA-256: two jobs whose URLs
+/// differ only there (`?exportKey=A`, `?exportKey=B`: a name that merely contains `key`) stay
+/// two, and no value is kept.
+pub fn job_url_text(u: &str) -> String {
+    sanitized_text(u, |v| {
+        use sha2::Digest;
+        let digest = hex::encode(sha2::Sha256::digest(v.as_bytes()));
+        format!("{REDACTED}-{}", &digest[..16])
+    })
+}
+
+/// What a redacted query value is stored as.
+const REDACTED: &str = "REDACTED";
+
+fn sanitized_text(u: &str, redacted: impl Fn(&str) -> String) -> String {
     const BASE: &str = "http://relative.invalid";
     match url::Url::parse(u) {
-        Ok(abs) => sanitize_url(&abs),
+        Ok(abs) => sanitized(&abs, redacted),
         Err(_) => url::Url::parse(BASE)
             .and_then(|b| b.join(u))
-            .map(|j| sanitize_url(&j).strip_prefix(BASE).unwrap_or(u).to_owned())
+            .map(|j| {
+                sanitized(&j, redacted)
+                    .strip_prefix(BASE)
+                    .unwrap_or(u)
+                    .to_owned()
+            })
             .unwrap_or_else(|_| u.split(['?', '#']).next().unwrap_or_default().to_owned()),
     }
 }
@@ -476,6 +500,10 @@ pub fn credential_query_name(name: &str) -> bool {
 /// The URL as it may be stored: no user info, secret-looking query values redacted, no fragment
 /// (never sent, and where a sign-in leaves its `#access_token=`).
 pub fn sanitize_url(u: &url::Url) -> String {
+    sanitized(u, |_| REDACTED.to_owned())
+}
+
+fn sanitized(u: &url::Url, redacted: impl Fn(&str) -> String) -> String {
     let mut u = u.clone();
     let _ = u.set_username("");
     let _ = u.set_password(None);
@@ -487,11 +515,7 @@ pub fn sanitize_url(u: &url::Url) -> String {
                 let secret = secret_looking_query_name(&k);
                 (
                     k.into_owned(),
-                    if secret {
-                        "REDACTED".to_owned()
-                    } else {
-                        v.into_owned()
-                    },
+                    if secret { redacted(&v) } else { v.into_owned() },
                 )
             })
             .collect();

@@ -1982,6 +1982,73 @@ async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
     server.abort();
 }
 
+/// A rule that names neither codes nor the result call (`body_contains` alone: `"error"`, written
+/// for status answers) never judges a result's 2xx: its bytes are the job's output, and
+/// `"error": null` in them is not the provider speaking; a rule naming the result call does. And
+/// `already_exists`, said of a create's duplicate, never makes a success of another call's error
+/// (a 404 kept as the result). Over real HTTP from a provider on 127.0.0.1.
+#[tokio::test]
+async fn rules_meant_for_other_calls_never_judge_a_results_bytes() {
+    use jobtrail_provider::contract::{CallName, Meaning, ResultFrom, Rule};
+    let answer = std::sync::Arc::new(std::sync::Mutex::new((200u16, "")));
+    let app = axum::Router::new().route(
+        "/v1/jobs/{id}",
+        axum::routing::get({
+            let answer = answer.clone();
+            move || {
+                let (status, body) = *answer.lock().unwrap();
+                async move {
+                    (
+                        axum::http::StatusCode::from_u16(status).unwrap(),
+                        [("content-type", "application/json")],
+                        body,
+                    )
+                }
+            }
+        }),
+    );
+    let (addr, server) = serve_router(app).await;
+    let error_rule = |calls| Rule {
+        calls,
+        status: vec![],
+        body_contains: Some("\"error\"".into()),
+        means: Meaning::Reject,
+    };
+    let duplicate = Rule {
+        calls: vec![],
+        status: vec![404],
+        body_contains: None,
+        means: Meaning::AlreadyExists,
+    };
+    let whole = r#"{"state": "succeeded", "error": null, "items": []}"#;
+    for (rules, status, body, kept) in [
+        (vec![error_rule(vec![])], 200, whole, true),
+        (vec![error_rule(vec![CallName::Status])], 200, whole, true),
+        (vec![error_rule(vec![CallName::Result])], 200, whole, false),
+        (vec![duplicate], 404, r#"{"error": "no such job"}"#, false),
+    ] {
+        *answer.lock().unwrap() = (status, body);
+        let h = harness_with(jobtrail_sim::Config::default(), |_| {
+            let mut c = contract("sim", &format!("http://{addr}"));
+            c.result.as_mut().unwrap().from = ResultFrom::Resource;
+            c.rules = rules;
+            c
+        })
+        .await;
+        let mut op = h.op(serde_json::json!({})).await;
+        op.remote_job_id = Some("job_1".into());
+        op.state = jobtrail_core::State::ResultCollecting;
+        let r = h.provider.fetch_result(&op, 1.into()).await;
+        assert_eq!(
+            matches!(r.outcome, ResultOutcome::Fetched(_)),
+            kept,
+            "{status} {body}: {:?}",
+            r.outcome
+        );
+    }
+    server.abort();
+}
+
 /// A result read from the status document (or the resource) is that document read again: if it
 /// no longer says the job succeeded (a provider gone back to "running", or a stale replica that
 /// says "failed"), it is no result, and is read again within the failure budget; never kept as
