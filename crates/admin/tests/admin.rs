@@ -371,6 +371,34 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
         ("alice", "adopt_remote_job")
     );
     assert_eq!(h.detail["decision"]["reason"], "found it in the console");
+    // A job named by a URL that carries a capability is recorded as the provider's answer would
+    // be: the token blanked (never on the record), the same job the same id.
+    let u = unresolved(&store, 41).await;
+    let out = admin(
+        &db,
+        &[
+            "adopt",
+            &u.id.to_string(),
+            "--job-id",
+            "https://jobs.test/v1/jobs/7?access_token=tok-pasted-1",
+            "--seen",
+            &format!("create_unresolved@{}", u.history_seq),
+            "--actor",
+            "alice",
+            "--reason",
+            "the console's link",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let job = store.get(u.id).await.unwrap().remote_job_id.unwrap();
+    assert_eq!(
+        job,
+        jobtrail_provider::wire::recorded_job_id(
+            "https://jobs.test/v1/jobs/7?access_token=tok-pasted-1".into()
+        )
+    );
+    let kept = format!("{job} {:?}", store.history(u.id).await.unwrap());
+    assert!(!kept.contains("tok-pasted-1"), "the token is on the record");
 
     let b = unresolved(&store, 2).await;
     check(
@@ -2066,6 +2094,18 @@ async fn a_view_pasted_onto_another_operation_is_refused() {
     let now = store.get(b.id).await.unwrap();
     assert_eq!(now.history_seq, b.history_seq, "nothing written");
     assert_eq!(now.cancel_requested_by, None);
+    // A number the operation has not reached is no view of it, whatever its head: it could be
+    // reached before the write takes its lock, which compares no head.
+    let ahead = format!(
+        "create_unresolved@{}:{}",
+        b.history_seq + 1,
+        &seen_b[seen_b.len() - 8..]
+    );
+    let out = cancel(&b.id, &ahead);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 4, "{said}");
+    assert!(said.contains("copied from another operation"), "{said}");
+    assert_eq!(store.get(b.id).await.unwrap().history_seq, b.history_seq);
     let c = unresolved(&store, 33).await;
     let out = cancel(&c.id, &view(&c.id));
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));

@@ -350,7 +350,9 @@ async fn deliver(
     let job = match v.pointer(&spec.job_id) {
         None | Some(serde_json::Value::Null) => None,
         Some(_) => {
-            let job = id_at(&v, &spec.job_id, "job id")?;
+            // Recorded as the create's answer records it (a URL's capability blanked), or a
+            // job named by its URL would never be found.
+            let job = jobtrail_provider::wire::recorded_job_id(id_at(&v, &spec.job_id, "job id")?);
             jobtrail_core::ids::check_remote_job_id(&job)
                 .map_err(|why| Problem::new(Kind::BadInput, format!("the payload names {why}")))?;
             Some(job)

@@ -1708,6 +1708,50 @@ impl Validator<'_> {
         Ok(())
     }
 
+    /// The create writes our operation id (`client_reference_field`) and the token
+    /// (`idempotency_field`) into the body, one after the other, after the caller's secrets are
+    /// put in: one place under (or at) another would overwrite the token, or fail every create
+    /// ("not an object on the way"), and the empty pointer would replace the whole request.
+    fn written_fields_apart(
+        &self,
+        create: &CreateSpec,
+        redact: &[String],
+    ) -> Result<(), ContractError> {
+        let under =
+            |a: &str, b: &str| a == b || a.strip_prefix(b).is_some_and(|x| x.starts_with('/'));
+        let token = match &create.token {
+            TokenPlacement::BodyField(t) => Some(("create.idempotency_field", t.as_str())),
+            _ => None,
+        };
+        let reference = create
+            .client_reference_field
+            .as_deref()
+            .map(|r| ("create.client_reference_field", r));
+        if let Some((key, _)) = reference.filter(|(_, r)| r.is_empty()) {
+            return Err(self.err(
+                key,
+                "a JSON pointer to a field of the body (\"\" is the whole request)",
+            ));
+        }
+        if let (Some((_, t)), Some((key, r))) = (token, reference)
+            && (under(t, r) || under(r, t))
+        {
+            return Err(self.err(
+                key,
+                format!("a field apart from create.idempotency_field ({t}), got {r}: both are written into the body, and one would overwrite the other"),
+            ));
+        }
+        for (key, field) in token.into_iter().chain(reference) {
+            if let Some(s) = redact.iter().find(|s| under(field, s) || under(s, field)) {
+                return Err(self.err(
+                    key,
+                    format!("a field apart from the sensitive field {s} (redact), got {field}: a secret named there is put in first, and the create's own value would replace it or could not be written under it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn contract(&self, r: Raw, path: &Path) -> Result<Contract, ContractError> {
         if r.name.is_empty()
             || !r
@@ -1997,6 +2041,7 @@ impl Validator<'_> {
                 }),
             headers: http::HeaderMap::new(),
         };
+        self.written_fields_apart(&create, &r.redact)?;
 
         let s = &r.status;
         let mut states = BTreeMap::new();

@@ -100,12 +100,6 @@ fn job_id_of_url(u: &str) -> String {
     wire::job_url_text(u)
 }
 
-/// Whether a job id the provider gave is a URL (absolute with a host, or a path from the root):
-/// Google's `operations/abc` or a plain id is not.
-fn names_a_url(id: &str) -> bool {
-    id.starts_with('/') || url::Url::parse(id).is_ok_and(|u| u.has_host())
-}
-
 /// What a template becomes when a value it needs is missing (no status URL from the provider, a
 /// request field that is absent): `call` sends nothing for it, and the reason follows the mark (a
 /// NUL cannot come from a provider's header, a contract, or a percent-encoded value).
@@ -706,25 +700,32 @@ impl HttpProvider {
         // refused the job would run unwatched, as "not now" a token-less provider would start it
         // twice. Only a rule that lists the 2xx code says so.
         let accepted_create = call == CallName::Create && (200..300).contains(&status);
-        // Nor one that names no codes and not the result call a result's 2xx: its bytes are the
-        // job's output, and text in them (`"error": null`) is not the provider speaking.
-        let result_bytes = call == CallName::Result && (200..300).contains(&status);
+        let two_xx = (200..300).contains(&status);
         self.contract
             .rules
             .iter()
             .find(|r| {
-                let named = r.calls.contains(&call);
+                // A rule for every call judges a result's answer only where it cannot lose or
+                // fake the job's output: never a 2xx (its bytes are the output, and text in them,
+                // `"error": null`, is not the provider speaking), and never as a success (an
+                // error's body would be kept as the result). Only a rule naming `result` does.
                 // `already_exists` says a create's duplicate is the original job: of any other
                 // call's answer it would make a success of an error.
-                let applies = named
+                let applies = r.calls.contains(&call)
                     || (r.calls.is_empty()
-                        && (r.means != Meaning::AlreadyExists || call == CallName::Create));
+                        && match call {
+                            CallName::Create => true,
+                            CallName::Result => {
+                                !two_xx
+                                    && !matches!(r.means, Meaning::Success | Meaning::AlreadyExists)
+                            }
+                            _ => r.means != Meaning::AlreadyExists,
+                        });
                 applies
                     && (r.status.contains(&status)
                         || (r.status.is_empty()
                             && !(accepted_create
-                                && matches!(r.means, Meaning::Reject | Meaning::RetryLater))
-                            && (!result_bytes || named)))
+                                && matches!(r.means, Meaning::Reject | Meaning::RetryLater))))
                     // Searched in the bytes as sent: a copy of the body as text (every answer's,
                     // a result of hundreds of MiB too, three bytes for each one not UTF-8) would be
                     // made on the runtime's thread and counted by no bound.
@@ -1128,13 +1129,7 @@ impl HttpProvider {
             // capability's token in its query (`?access_token=…`) or credentials in it are
             // blanked. The id addresses nothing (a `{job_id}` is filled percent-encoded): the
             // status URL, kept apart, does.
-            Some(l) => self.locate(l, ex, json).map(|id| {
-                if names_a_url(&id) {
-                    job_id_of_url(&id)
-                } else {
-                    id
-                }
-            }),
+            Some(l) => self.locate(l, ex, json).map(wire::recorded_job_id),
             // Sanitised: a query may carry a key (`?code=…`), and the id is on the record for
             // auditors; the full URL is kept only as the status URL. Other query values stay (a
             // provider may name the job there: `?id=A` and `?id=B` are two jobs).
@@ -2113,11 +2108,7 @@ fn listed_jobs(
             .and_then(id_text)
             .ok_or_else(|| format!("malformed_lookup: a listed job has no id at {id_ptr}"))?;
         // A URL is recorded as the create's answer records one, so the two compare.
-        let id = if names_a_url(&id) {
-            job_id_of_url(&id)
-        } else {
-            id
-        };
+        let id = wire::recorded_job_id(id);
         jobtrail_core::ids::check_remote_job_id(&id)
             .map_err(|why| format!("unusable_job_id: {why}"))?;
         if !job_ids.contains(&id) {

@@ -440,6 +440,18 @@ pub fn job_url_text(u: &str) -> String {
     })
 }
 
+/// A job id as it is recorded: one that is a URL (absolute with a host, or a path from the root:
+/// OGC's `Location`) as [`job_url_text`] keeps it, any other as given (Google's `operations/abc`).
+/// Every id compared with a recorded one (a create's answer, a lookup's list, a webhook's, one a
+/// person adopts) is made so, and the same job is the same id.
+pub fn recorded_job_id(id: String) -> String {
+    if id.starts_with('/') || url::Url::parse(&id).is_ok_and(|u| u.has_host()) {
+        job_url_text(&id)
+    } else {
+        id
+    }
+}
+
 /// What a redacted query value is stored as.
 const REDACTED: &str = "REDACTED";
 
@@ -1631,6 +1643,21 @@ mod tests {
             // Read back as it was sent, its flag too.
             let back = extract_trace(&h).unwrap();
             assert_eq!((back.trace, back.sampled), (trace, sampled));
+        }
+    }
+
+    #[test]
+    fn a_job_id_is_recorded_with_a_urls_capability_blanked_and_others_as_given() {
+        for plain in ["job_1", "operations/abc-1", "projects/p/operations/9?x"] {
+            assert_eq!(recorded_job_id(plain.into()), plain);
+        }
+        for (url, token) in [
+            ("https://h.test/jobs/7?access_token=tok-1&page=2", "tok-1"),
+            ("/jobs/7?sig=sig-2", "sig-2"),
+        ] {
+            let id = recorded_job_id(url.into());
+            assert!(id.contains("REDACTED-") && !id.contains(token), "{id}");
+            assert_eq!(id, recorded_job_id(url.into()), "the same job, the same id");
         }
     }
 

@@ -1982,11 +1982,12 @@ async fn a_result_answer_that_is_not_the_whole_result_is_not_kept() {
     server.abort();
 }
 
-/// A rule that names neither codes nor the result call (`body_contains` alone: `"error"`, written
-/// for status answers) never judges a result's 2xx: its bytes are the job's output, and
-/// `"error": null` in them is not the provider speaking; a rule naming the result call does. And
-/// `already_exists`, said of a create's duplicate, never makes a success of another call's error
-/// (a 404 kept as the result). Over real HTTP from a provider on 127.0.0.1.
+/// A rule that does not name the result call (`body_contains = "\"error\""`, written for status
+/// answers, with or without codes) never judges a result's 2xx: its bytes are the job's output,
+/// and `"error": null` in them is not the provider speaking; a rule naming the result call does.
+/// Nor does such a rule make a success of a result call's error (`success` for a cancel's 409,
+/// `already_exists` for a create's duplicate): the error would be kept as the result. Over real
+/// HTTP from a provider on 127.0.0.1.
 #[tokio::test]
 async fn rules_meant_for_other_calls_never_judge_a_results_bytes() {
     use jobtrail_provider::contract::{CallName, Meaning, ResultFrom, Rule};
@@ -2020,12 +2021,29 @@ async fn rules_meant_for_other_calls_never_judge_a_results_bytes() {
         body_contains: None,
         means: Meaning::AlreadyExists,
     };
+    // Written for status answers, for a provider that answers its errors with a 200.
+    let error_200 = Rule {
+        calls: vec![],
+        status: vec![200],
+        body_contains: Some("\"error\"".into()),
+        means: Meaning::Reject,
+    };
+    // Written for cancels: "already cancelled".
+    let cancelled_409 = Rule {
+        calls: vec![],
+        status: vec![409],
+        body_contains: None,
+        means: Meaning::Success,
+    };
     let whole = r#"{"state": "succeeded", "error": null, "items": []}"#;
+    let error = r#"{"error": "no such job"}"#;
     for (rules, status, body, kept) in [
         (vec![error_rule(vec![])], 200, whole, true),
+        (vec![error_200], 200, whole, true),
         (vec![error_rule(vec![CallName::Status])], 200, whole, true),
         (vec![error_rule(vec![CallName::Result])], 200, whole, false),
-        (vec![duplicate], 404, r#"{"error": "no such job"}"#, false),
+        (vec![duplicate], 404, error, false),
+        (vec![cancelled_409], 409, error, false),
     ] {
         *answer.lock().unwrap() = (status, body);
         let h = harness_with(jobtrail_sim::Config::default(), |_| {

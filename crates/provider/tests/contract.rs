@@ -1668,4 +1668,45 @@ fn the_fields_a_create_writes_are_named_to_submit() {
         parse(&text).unwrap().terms().written_fields,
         ["/meta/key", "/client_reference"]
     );
+    // Written one after the other: one under (or at) the other, or at the whole body, or at or
+    // over a sensitive field (a secret is put in first), could never be sent as meant.
+    let reference = "client_reference_field = \"/client_reference\"";
+    let token = "idempotency_field = \"/meta/key\"";
+    for (from, to, key) in [
+        (
+            reference,
+            "client_reference_field = \"/meta\"",
+            "create.client_reference_field",
+        ),
+        (
+            reference,
+            "client_reference_field = \"/meta/key\"",
+            "create.client_reference_field",
+        ),
+        (
+            reference,
+            "client_reference_field = \"\"",
+            "create.client_reference_field",
+        ),
+        (
+            token,
+            "idempotency_field = \"/client_reference/x\"",
+            "create.client_reference_field",
+        ),
+        (
+            reference,
+            "client_reference_field = \"/payment/card_number/ref\"",
+            "create.client_reference_field",
+        ),
+        (
+            token,
+            "idempotency_field = \"/payment\"",
+            "create.idempotency_field",
+        ),
+    ] {
+        let bad = text.replacen(from, to, 1);
+        assert_ne!(bad, text, "{to}");
+        let e = parse(&bad).unwrap_err();
+        assert!(e.contains(key), "{to}: {e}");
+    }
 }

@@ -73,9 +73,10 @@ pub fn parse_seen(s: &str) -> Result<(State, Option<i64>), ServiceError> {
 }
 
 /// A view pinned to one operation (`STATE@SEQ:HEAD`) at `now`'s number but with another head was
-/// copied from another operation that went the same way (same state, same number of links):
-/// refused, naming this one's view. At another number it is stale, and the write refuses it under
-/// the row lock; a link's hash never changes, so `now` needs no lock of its own.
+/// copied from another operation that went the same way (same state, same number of links), and
+/// one at a number `now` has not reached is no view of it either: refused, naming this one's
+/// view. At a lower number it is stale, and the write refuses it under the row lock; a link's
+/// hash never changes, so `now` needs no lock of its own.
 pub fn refuse_pasted(
     seen: &str,
     seq: Option<i64>,
@@ -85,12 +86,17 @@ pub fn refuse_pasted(
     let (Some(seq), Some(head)) = (seq, head) else {
         return Ok(());
     };
-    if now.history_seq != seq || hex::encode(&now.history_head).starts_with(head) {
+    // A number this operation has not reached is no view of it: refused now, since it could be
+    // reached between this read and the write's lock, which compares no head. A lower one is
+    // stale there for good (a history only grows).
+    if seq < now.history_seq
+        || (seq == now.history_seq && hex::encode(&now.history_head).starts_with(head))
+    {
         return Ok(());
     }
     let current = seen_token(now.state, now.history_seq, &now.history_head);
     Err(ServiceError::conflict(format!(
-        "seen {:?} is not {}'s view: its history #{seq} is {current}. Was it copied from another operation? Look at this one (`show`) and decide on its own view",
+        "seen {:?} is not {}'s view: this operation is at {current}. Was it copied from another operation? Look at this one (`show`) and decide on its own view",
         seen.trim(),
         now.id
     ))
@@ -260,6 +266,9 @@ impl Service {
                 let job = jobtrail_core::text::JOB_ID
                     .check(&job_id)
                     .map_err(|e| ServiceError::bad_input(e.to_string()))?;
+                // Recorded as the provider's answer would be: a URL's capability blanked (never
+                // on the record), and the same job the same id as another operation's.
+                let job = jobtrail_provider::wire::recorded_job_id(job);
                 jobtrail_core::ids::check_remote_job_id(&job)
                     .map_err(|why| ServiceError::bad_input(format!("job_id: {why}")))?;
                 Step::event(jobtrail_core::Event::AdoptRemoteJob {
