@@ -98,8 +98,9 @@ pub struct CancelArgs {
     pub operation_id: String,
     /// Why (recorded in the operation's history with your caller name).
     pub reason: String,
-    /// The view you saw (`seen` in the operation's view, `STATE@SEQ`): needed to cancel another
-    /// caller's operation held for a person; a stale one is refused.
+    /// The view you saw (`seen` in the operation's view, `STATE@SEQ:HEAD`): needed to cancel
+    /// another caller's operation held for a person; a stale one, or another operation's, is
+    /// refused.
     #[serde(default)]
     pub seen: Option<String>,
 }

@@ -237,8 +237,8 @@ pub struct WaitResponse {
 pub struct CancelBody {
     /// Why (recorded in history with your caller name).
     pub reason: String,
-    /// The view you saw (`STATE@SEQ`, as `seen` in the operation's view): checked under the row
-    /// lock, a stale one is 409. Needed to cancel another caller's operation held for a person
+    /// The view you saw (`STATE@SEQ:HEAD`, as `seen` in the operation's view): checked under the
+    /// row lock, a stale one is 409, and one whose HEAD is another operation's is 409. Needed to cancel another caller's operation held for a person
     /// (the decide scope): cancelling it is a decision on what you saw, and another person may
     /// have resumed it since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
