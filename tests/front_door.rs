@@ -367,13 +367,14 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     )
     .await;
     // Running is not failed: no result yet, said so (exit 9), not "ended other than succeeded".
-    let r = c
-        .get(server.url(&format!("/v1/operations/{long}/result")))
-        .bearer_auth(&alice)
-        .send()
-        .await
-        .unwrap();
-    let p = problem(r, StatusCode::CONFLICT, "not-finished").await;
+    let long_result = async || {
+        c.get(server.url(&format!("/v1/operations/{long}/result")))
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .unwrap()
+    };
+    let p = problem(long_result().await, StatusCode::CONFLICT, "not-finished").await;
     assert_eq!(p["exit_code"], 9, "{p}");
     assert!(p["detail"].as_str().unwrap().contains("wait"), "{p}");
     let r = c
@@ -412,13 +413,7 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         )
         .await;
     assert_eq!(done.cancel_requested_by.as_deref(), Some("agent-alice"));
-    let r = c
-        .get(server.url(&format!("/v1/operations/{long}/result")))
-        .bearer_auth(&alice)
-        .send()
-        .await
-        .unwrap();
-    let p = problem(r, StatusCode::CONFLICT, "not-succeeded").await;
+    let p = problem(long_result().await, StatusCode::CONFLICT, "not-succeeded").await;
     assert_eq!(p["exit_code"], 1, "{p}");
 
     // Pages: newest first, with a cursor.

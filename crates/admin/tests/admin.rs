@@ -2046,20 +2046,18 @@ async fn a_view_pasted_onto_another_operation_is_refused() {
     };
     let (seen_a, seen_b) = (view(&a.id), view(&b.id));
     assert_ne!(seen_a, seen_b);
-    let declare = |id: &OperationId, seen: &str| {
+    // A person's move on the view they name.
+    let on_view = |verb: &str, reason: &str, id: &OperationId, seen: &str| {
+        let id = id.to_string();
         admin(
             &db,
             &[
-                "declare-not-created",
-                &id.to_string(),
-                "--seen",
-                seen,
-                "--actor",
-                "alice",
-                "--reason",
-                "support: no such request",
+                verb, &id, "--seen", seen, "--actor", "alice", "--reason", reason,
             ],
         )
+    };
+    let declare = |id: &OperationId, seen: &str| {
+        on_view("declare-not-created", "support: no such request", id, seen)
     };
     let out = declare(&b.id, &seen_a);
     let said = String::from_utf8_lossy(&out.stderr);
@@ -2072,21 +2070,7 @@ async fn a_view_pasted_onto_another_operation_is_refused() {
     );
     // A cancel is sent to the job and cannot be taken back: refused alike, and taken on the
     // operation's own view.
-    let cancel = |id: &OperationId, seen: &str| {
-        admin(
-            &db,
-            &[
-                "cancel",
-                &id.to_string(),
-                "--seen",
-                seen,
-                "--actor",
-                "alice",
-                "--reason",
-                "support: not wanted",
-            ],
-        )
-    };
+    let cancel = |id: &OperationId, seen: &str| on_view("cancel", "support: not wanted", id, seen);
     let out = cancel(&b.id, &seen_a);
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 4, "{said}");
