@@ -94,13 +94,7 @@ async fn notification_lag_is_not_the_time_a_busy_worker_took_to_look() {
     let sum = sample(&metrics, "jobtrail_notification_lag_seconds_sum", &[]).unwrap_or(0.0);
     assert!(count >= 1.0, "{metrics}");
     assert!(sum < 0.5, "{count} notifications, {sum} s of lag in all");
-    worker.signal(libc::SIGTERM);
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("stopped")
-            .success()
-    );
+    stop_cleanly(&mut worker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1171,13 +1165,7 @@ async fn a_credential_the_worker_cannot_find_keeps_it_unready_and_named() {
     );
     let no_response = [create[0], create[1], "status=\"no_response\""];
     assert_eq!(sample(&metrics, series, &no_response), None, "{metrics}");
-    worker.signal(libc::SIGTERM);
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("stopped")
-            .success()
-    );
+    stop_cleanly(&mut worker);
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(
         log.contains("provider sim: env:JOBTRAIL_SIM_TOKEN is not set"),
