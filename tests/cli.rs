@@ -274,6 +274,51 @@ fn help_explains_exit_codes_and_shows_examples() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Examples"));
 }
 
+/// A path setting's variable set to nothing (a chart value left blank) is taken as unset, as every
+/// other setting is: not a usage error for every command.
+#[test]
+fn an_empty_path_variable_is_taken_as_unset() {
+    let admin = concat!(env!("CARGO_BIN_EXE_jobtrail"), "-admin");
+    // Each refused later for what it lacks (its own flag, a database), not for the variable.
+    for (bin, var, args, then) in [
+        (
+            env!("CARGO_BIN_EXE_jobtrail"),
+            "JOBTRAIL_PROVIDERS",
+            &["list"][..],
+            "DATABASE_URL is not set",
+        ),
+        (
+            admin,
+            "JOBTRAIL_PROVIDERS",
+            &["escalations"][..],
+            "DATABASE_URL is not set",
+        ),
+        (
+            env!("CARGO_BIN_EXE_jobtrail"),
+            "JOBTRAIL_RESULT_DIR",
+            &["worker", "--lease", "soon"][..],
+            "--lease",
+        ),
+        (
+            admin,
+            "JOBTRAIL_ANCHOR_SIGNING_KEY_FILE",
+            &["audit", "anchor", "--actor", "alice"][..],
+            "DATABASE_URL is not set",
+        ),
+    ] {
+        let out = Command::new(bin)
+            .args(args)
+            .env(var, "")
+            .env_remove("DATABASE_URL")
+            .env_remove("JOBTRAIL_API")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains(then), "{var} {args:?}: {said}");
+        assert_ne!(out.status.code(), Some(0), "{var}: {said}");
+    }
+}
+
 /// `contract check`: the effective contract with its profile expanded and the timings, exit 0; a
 /// broken contract names file and key, exit 2; a file that is not there or not TOML, exit 2. It
 /// needs no database.

@@ -1325,6 +1325,22 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
             ],
             "no unit",
         ),
+        // `+30ms` meant `+30m`: a token dead before anyone could use it.
+        (
+            vec![
+                "tokens",
+                "create",
+                "--caller",
+                "agent-7",
+                "--scopes",
+                "read",
+                "--created-by",
+                "alice",
+                "--expires",
+                "+30ms",
+            ],
+            "less than a minute",
+        ),
         (
             vec!["tokens", "revoke", "not-a-uuid", "--actor", "alice"],
             "invalid",

@@ -408,6 +408,109 @@ async fn a_worker_goes_on_when_the_database_stops_answering_on_a_connection() {
     );
 }
 
+/// A lease extension the database never answers, before a create is sent: the worker gives the
+/// operation back with nothing sent, and the next claim sends the create. It is not taken as a
+/// create sent and unanswered (reconciled, or held for a person where the contract cannot look
+/// one up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_extension_lost_before_a_create_leaves_the_create_unsent_not_ambiguous() {
+    let env = Env::new().await;
+    let proxy = silencing::Proxy::start(&env.url).await;
+    // The sim's calls may take 3 s, more than the 3 s lease: every call extends it first. The
+    // first extension's connection goes silent.
+    proxy.silence_next(b"Extend a live lease", 1);
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
+        .await
+        .id;
+    let url = proxy.url();
+    let mut w = env.spawn_worker(
+        "extends",
+        "3s",
+        &[
+            ("DATABASE_URL", url.as_str()),
+            ("JOBTRAIL_DB_ANSWER_WITHIN", "1s"),
+        ],
+    );
+    env.wait_state(op, State::Succeeded, Duration::from_secs(30))
+        .await;
+    assert_eq!(proxy.silenced(), 1, "the extension went unanswered");
+    let logs = std::fs::read_to_string(env.dir.join("extends.log")).unwrap();
+    assert!(logs.contains("could not plan a step"), "{logs}");
+    let events: Vec<String> = env
+        .store
+        .history(op)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.event)
+        .collect();
+    assert!(
+        !events.iter().any(|e| e == "create_ambiguous"),
+        "{events:?}"
+    );
+    assert_eq!(env.sim.ledger().max_jobs_per_token(), 1);
+    assert!(env.store.verify_all().await.unwrap().is_clean());
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(0)
+    );
+}
+
+/// A create answered while the database stops answering the worker's writes until its lease runs
+/// out: the step is not written, but the call was made (the job exists, its id in the answer), so
+/// it is logged in the operation's call chain when the database answers again, as a refused
+/// step's call is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_step_could_not_be_written_is_still_in_the_call_log() {
+    let env = Env::new().await;
+    let proxy = silencing::Proxy::start(&env.url).await;
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 300}), |_| {})
+        .await
+        .id;
+    // More silent writes than fit in the lease (each given up after 1 s, retried while the 5 s
+    // the create extended it to last: four); the rest silence a later write, retried.
+    proxy.silence_next(b"Lock the row for a fenced write", 5);
+    let url = proxy.url();
+    let mut w = env.spawn_worker(
+        "unwritten",
+        "3s",
+        &[
+            ("DATABASE_URL", url.as_str()),
+            ("JOBTRAIL_DB_ANSWER_WITHIN", "1s"),
+        ],
+    );
+    env.wait_state(op, State::Succeeded, Duration::from_secs(90))
+        .await;
+    assert_eq!(proxy.silenced(), 5);
+    let logs = std::fs::read_to_string(env.dir.join("unwritten.log")).unwrap();
+    assert!(logs.contains("could not write a step"), "{logs}");
+    // Every create that reached the provider is in the call log (the one whose step was not
+    // written, and the resend that reconciled it).
+    let calls = env.store.calls(op).await.unwrap();
+    let logged = calls.iter().filter(|c| c.kind == "create").count();
+    let reached: u32 = env.sim.ledger().create_requests.values().sum();
+    assert!(reached >= 2, "the create was sent again: {reached}");
+    assert_eq!(
+        logged as u32,
+        reached,
+        "{:?}",
+        calls
+            .iter()
+            .map(|c| (&c.kind, c.http_status))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(env.sim.ledger().max_jobs_per_token(), 1);
+    assert!(env.store.verify_all().await.unwrap().is_clean());
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(0)
+    );
+}
+
 /// A synchronous result read back from the database is a round trip like any other: a
 /// connection gone silent in the middle of it is given up after `--db-answer-within`, and the
 /// operation goes back to be tried again at once, not held (with its slot, and the room taken for

@@ -100,3 +100,57 @@ fn the_readme_using_it_section_runs_as_written() {
     std::thread::sleep(Duration::from_millis(100));
     std::fs::remove_dir_all(&work).unwrap();
 }
+
+/// Each binary's `--help` names every exit code README.md's table (or line) for it names: a
+/// script reading `--help` must not meet a code it was never told of.
+#[test]
+fn every_exit_code_the_readme_names_is_in_the_help() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let table = readme
+        .split("### Exit codes (`jobtrail`)\n")
+        .nth(1)
+        .expect("the exit code table");
+    let cli_codes: Vec<&str> = table
+        .lines()
+        .skip(3)
+        .take_while(|l| l.starts_with("| "))
+        .filter_map(|l| l.split(" | ").next()?.strip_prefix("| "))
+        .collect();
+    assert!(cli_codes.contains(&"9"), "{cli_codes:?}");
+    let admin_line = readme
+        .split("`jobtrail-admin` exit codes: ")
+        .nth(1)
+        .and_then(|r| r.split("\n\n").next())
+        .expect("the admin exit code line");
+    let admin_codes: Vec<String> = admin_line
+        .split([';', ':'])
+        .filter_map(|part| {
+            let n = part.split_whitespace().next()?;
+            (n.len() == 1 && n.chars().all(|c| c.is_ascii_digit())).then(|| n.to_owned())
+        })
+        .collect();
+    assert!(admin_codes.contains(&"8".to_owned()), "{admin_codes:?}");
+    for (bin, codes) in [
+        (
+            env!("CARGO_BIN_EXE_jobtrail"),
+            cli_codes.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        ),
+        (
+            concat!(env!("CARGO_BIN_EXE_jobtrail"), "-admin"),
+            admin_codes,
+        ),
+    ] {
+        let out = Command::new(bin)
+            .arg("--help")
+            .output()
+            .expect("run --help");
+        let help = String::from_utf8(out.stdout).unwrap();
+        for code in codes {
+            assert!(
+                help.contains(&format!("\n  {code}  ")),
+                "{bin} --help does not name exit code {code}:\n{help}"
+            );
+        }
+    }
+}

@@ -24,7 +24,9 @@ const EXIT_CODES: &str = "Exit codes:
      up the job that moment); retry of an operation abandoned before anyone settled whether its
      create made a job, without --job-may-exist
   5  database or provider configuration unavailable
-  8  audit verify: the anchor you named is not in the database, or its signature does not verify";
+  8  audit verify: the anchor you named is not in the database, or its signature does not
+     verify; audit anchor: an operation's chain and the head its row names disagree (nothing
+     anchored: run audit verify)";
 
 #[derive(Parser)]
 #[command(
@@ -131,13 +133,13 @@ enum Command {
     )]
     Resume {
         operation: String,
-        /// New result deadline (RFC 3339 or +2h) — for result_timed_out.
+        /// New result deadline (RFC 3339 or +2h, at least a minute ahead) — for result_timed_out.
         #[arg(long)]
         result_deadline: Option<String>,
         /// New time to confirm the cancel (10m) — for cancellation_unconfirmed.
         #[arg(long)]
         cancel_window: Option<String>,
-        /// New create deadline (RFC 3339 or +10m) — for create_unresolved.
+        /// New create deadline (RFC 3339 or +10m, at least a minute ahead) — for create_unresolved.
         #[arg(long)]
         create_deadline: Option<String>,
         #[command(flatten)]
@@ -252,7 +254,11 @@ enum AuditCmd {
         #[arg(long)]
         out: Option<PathBuf>,
         /// Sign the anchor with this Ed25519 private key (a file of 64 hex digits: the 32-byte seed).
-        #[arg(long, env = "JOBTRAIL_ANCHOR_SIGNING_KEY_FILE")]
+        #[arg(
+            long,
+            env = "JOBTRAIL_ANCHOR_SIGNING_KEY_FILE",
+            value_parser = jobtrail_console::shell::path_or_none()
+        )]
         signing_key: Option<PathBuf>,
     },
 }
@@ -426,7 +432,10 @@ async fn run(cli: Cli) -> CmdResult {
                     out,
                     signing_key,
                 },
-        } => audit::anchor(&store, &actor, out, signing_key, json).await,
+        } => {
+            let signing_key = jobtrail_console::shell::given_path(signing_key);
+            audit::anchor(&store, &actor, out, signing_key, json).await
+        }
         Command::Cancel {
             operation,
             actor,

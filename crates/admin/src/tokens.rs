@@ -25,7 +25,8 @@ pub enum TokensCmd {
         /// Who creates it (recorded).
         #[arg(long)]
         created_by: String,
-        /// When it stops working (RFC 3339 or +30d). Default: never (revoke it).
+        /// When it stops working (RFC 3339 or +30d), at least a minute ahead. Default: never (revoke
+        /// it).
         #[arg(long)]
         expires: Option<String>,
         /// What it is for.
@@ -169,12 +170,8 @@ pub async fn run(store: &Store, what: TokensCmd, json: bool) -> CmdResult {
             let expires_at = expires
                 .as_deref()
                 .map(|e| {
-                    let t = jobtrail_core::when::parse_time(e)
-                        .map_err(|m| fail(exit::BAD_INPUT, format!("--expires: {m}")))?;
-                    if t <= chrono::Utc::now() {
-                        return Err(fail(exit::BAD_INPUT, "--expires is not in the future"));
-                    }
-                    Ok(t)
+                    jobtrail_core::when::parse_future_at(e, chrono::Utc::now())
+                        .map_err(|m| fail(exit::BAD_INPUT, format!("--expires: {m}")))
                 })
                 .transpose()?;
             let given = token_stdin.then(token_made_by_hand).transpose()?;

@@ -649,6 +649,30 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
         2,
         "resume needs a new deadline"
     );
+    // A deadline a typo away from now (`+5ms` meant `+5m`) would pass before anyone saw the
+    // decision's effect: refused, nothing written.
+    let out = admin(
+        &db,
+        &[
+            "resume",
+            &t.id.to_string(),
+            "--result-deadline",
+            "+5ms",
+            "--seen",
+            "result_timed_out",
+            "--actor",
+            "alice",
+            "--reason",
+            "x",
+        ],
+    );
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("less than a minute"));
+    assert_eq!(
+        store.get(t.id).await.unwrap().history_seq,
+        t.history_seq,
+        "nothing written"
+    );
     check(
         &t,
         &[

@@ -173,11 +173,13 @@ fn verify(
             signature_header,
             timestamp_header,
         } => {
+            // The key first, as above: with it too short, no delivery could prove anything,
+            // signed or not, and the operator is told so.
+            too_short(secret.len())?;
             let given = header(signature_header.as_str())?;
             let given = given.trim();
             let given = given.strip_prefix("sha256=").unwrap_or(given);
             let given = hex::decode(given).map_err(|_| unauthorized("the signature is not hex"))?;
-            too_short(secret.len())?;
             let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
                 .map_err(|_| unusable("the webhook secret is unusable"))?;
             if let Some(th) = timestamp_header {

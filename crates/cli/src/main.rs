@@ -28,6 +28,8 @@ const EXIT_CODES: &str = "Exit codes:
   6  wait timed out
   7  the operation is held for a person (see jobtrail-admin escalations)
   8  evidence disagrees with its chain (a result refused as tampered)
+  9  result: the operation has not finished (it runs, or is held for a person); wait, then ask
+     again
 
 Agents on another machine: set JOBTRAIL_API (or --api) and JOBTRAIL_TOKEN; then submit,
 submit-batch, show, list, providers, cancel, result and wait go through the HTTP API and need no

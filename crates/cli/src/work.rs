@@ -28,7 +28,7 @@ pub struct WorkerArgs {
     idle: String,
     /// Keep result bytes as files in this local directory instead of in the database (the
     /// default). Only this host can then read them back (`jobtrail result`).
-    #[arg(long, env = "JOBTRAIL_RESULT_DIR")]
+    #[arg(long, env = "JOBTRAIL_RESULT_DIR", value_parser = shell::path_or_none())]
     result_dir: Option<PathBuf>,
     /// Most steps written per transaction (group commit); 1 writes each step on its own. At most
     /// 10000.
@@ -119,7 +119,7 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
     }
     let db_wait = a.db_wait.parse()?;
     let registry = shell::registry(&common.providers)?;
-    let results = match a.result_dir.filter(|d| !d.as_os_str().is_empty()) {
+    let results = match shell::given_path(a.result_dir) {
         Some(d) => jobtrail_worker::ResultStore::directory(d),
         None => jobtrail_worker::ResultStore::Database,
     };

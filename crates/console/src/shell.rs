@@ -23,11 +23,24 @@ pub struct Common {
     #[arg(long, env = "JOBTRAIL_DB_POOL", global = true, default_value_t = 16)]
     pub db_pool: u32,
     /// Directory of provider contracts (*.toml). Default: ./providers, then /etc/jobtrail/providers.
-    #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true)]
+    #[arg(long, env = "JOBTRAIL_PROVIDERS", global = true, value_parser = path_or_none())]
     pub providers: Option<PathBuf>,
     /// Machine-readable output.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+/// The parser of a path flag with a variable: a variable set to nothing (`JOBTRAIL_PROVIDERS=`, a
+/// chart value left blank) parses as an empty path, which the command takes as unset, as for every
+/// other setting. (clap's own path parser refuses it, and every command with it.)
+pub fn path_or_none() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::OsStringValueParser::new().map(PathBuf::from)
+}
+
+/// A path flag's value, `None` when empty (see [`path_or_none`]).
+pub fn given_path(flag: Option<PathBuf>) -> Option<PathBuf> {
+    flag.filter(|p| !p.as_os_str().is_empty())
 }
 
 /// A reader that goes away (`jobtrail list | head -1`) ends the command as it ends any Unix tool,
@@ -307,9 +320,8 @@ pub const MAX_DB_POOL: u32 = 1000;
 
 /// The providers directory: `--providers`, `$JOBTRAIL_PROVIDERS`, `./providers`, `/etc/jobtrail/providers`.
 pub fn providers_dir(flag: &Option<PathBuf>) -> PathBuf {
-    // An empty one (a variable set to nothing) names none, as for every other setting.
-    if let Some(p) = flag.as_ref().filter(|p| !p.as_os_str().is_empty()) {
-        return p.clone();
+    if let Some(p) = given_path(flag.clone()) {
+        return p;
     }
     for candidate in ["providers", "/etc/jobtrail/providers"] {
         let p = PathBuf::from(candidate);

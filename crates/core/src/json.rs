@@ -375,12 +375,25 @@ pub fn integers_beyond_double_as_text(v: &mut Value) {
     }
 }
 
-/// The first number in JSON `text` (outside strings, in document order) that is not exactly the
-/// shortest decimal of a double: the chain's hash reads it as that double, so it could have been
-/// put in the place of the number hashed (`5` changed to `5.0000000000000001`, or 2^53 + 1 to
-/// 2^53) without the hash changing. Numbers written from a double, and integers within ±2^53, are
-/// such decimals; `None` when every number is. The token is cut to 64 bytes.
-pub fn first_number_beyond_double(text: &[u8]) -> Option<String> {
+/// A number in JSON text that is not exactly the shortest decimal of a double (see
+/// [`number_beyond_double`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeyondDouble {
+    /// The number as written, cut to 64 bytes.
+    pub token: String,
+    /// Written as an integer: digits only, no fraction or exponent (told before the cut).
+    pub integer: bool,
+}
+
+/// A number in JSON `text` (outside strings) that is not exactly the shortest decimal of a
+/// double: the chain's hash reads it as that double, so it could have been put in the place of
+/// the number hashed (`5` changed to `5.0000000000000001`, or 2^53 + 1 to 2^53) without the hash
+/// changing. Numbers written from a double, and integers within ±2^53, are such decimals; `None`
+/// when every number is. The first one not written as an integer, else the first integer: a
+/// reader may excuse large integers (a provider's, kept as it came), and one of those must not
+/// hide a fraction put in later.
+pub fn number_beyond_double(text: &[u8]) -> Option<BeyondDouble> {
+    let mut first_integer = None;
     let mut i = 0;
     while i < text.len() {
         match text[i] {
@@ -400,13 +413,20 @@ pub fn first_number_beyond_double(text: &[u8]) -> Option<String> {
                 }
                 let token = std::str::from_utf8(&text[start..i]).unwrap_or("");
                 if !is_shortest_double(token) {
-                    return Some(crate::text::truncate(token.to_owned(), 64));
+                    let found = BeyondDouble {
+                        token: crate::text::truncate(token.to_owned(), 64),
+                        integer: token.bytes().all(|b| b.is_ascii_digit() || b == b'-'),
+                    };
+                    if !found.integer {
+                        return Some(found);
+                    }
+                    first_integer.get_or_insert(found);
                 }
             }
             _ => i += 1,
         }
     }
-    None
+    first_integer
 }
 
 /// Whether decimal `token` is exactly the shortest decimal of the double it reads as (Rust writes
@@ -621,7 +641,7 @@ mod tests {
     /// any of the forms PostgreSQL or serde_json write them, are not; nor is anything in a string.
     #[test]
     fn numbers_a_hash_cannot_tell_apart_are_found() {
-        use super::first_number_beyond_double as beyond;
+        let beyond = |text: &[u8]| super::number_beyond_double(text).map(|b| b.token);
         for exact in [
             "5",
             "5.0",
@@ -646,9 +666,23 @@ mod tests {
                 "18446744073709551615",
             ),
             ("1e400", "1e400"),
+            // A large integer first does not hide a fraction after it.
+            (
+                r#"{"a":9007199254740993,"b":5.0000000000000001}"#,
+                "5.0000000000000001",
+            ),
+            (
+                r#"{"a":9007199254740993,"b":9007199254740995}"#,
+                "9007199254740993",
+            ),
         ] {
             assert_eq!(beyond(text.as_bytes()).as_deref(), Some(found), "{text}");
         }
+        // An integer too long to show whole is still told an integer.
+        let long = "9".repeat(70);
+        let found = super::number_beyond_double(long.as_bytes()).unwrap();
+        assert!(found.integer && found.token.len() < long.len(), "{found:?}");
+        assert!(!super::number_beyond_double(b"1e400").unwrap().integer);
         let mut v = serde_json::json!({"a": 9007199254740993_u64, "b": [5, -9007199254740993_i64], "c": 1.5});
         super::integers_beyond_double_as_text(&mut v);
         assert_eq!(

@@ -37,6 +37,24 @@ pub fn parse_time_at(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Strin
     Ok(t)
 }
 
+/// The nearest a time a person sets (a token's expiry, a deadline a decision moves) may be: a
+/// minute. Nearer is a typo (`+30ms` meant `+30m`) that makes a token dead on arrival, or a
+/// deadline that has passed before the decision's effect could be seen.
+pub const NEAREST_FUTURE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// As [`parse_time_at`], at least [`NEAREST_FUTURE`] after `now`.
+pub fn parse_future_at(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    let t = parse_time_at(s, now)?;
+    let nearest = now + chrono::Duration::from_std(NEAREST_FUTURE).expect("a minute fits");
+    if t < nearest {
+        return Err(format!(
+            "{t} is less than a minute from now ({now}): a time that near is taken for a typo \
+             (+30ms for +30m); give one at least a minute ahead"
+        ));
+    }
+    Ok(t)
+}
+
 /// `90s`, `5m`, `2h`, `1d`, `250ms`; at most ten years. A number needs its unit (`0` alone is
 /// zero): a bare `30` meant as minutes or days, read as seconds, made a token that died at once or
 /// a deadline that passed before anyone looked.
@@ -115,6 +133,22 @@ pub fn show_duration(d: std::time::Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_a_person_sets_is_at_least_a_minute_ahead() {
+        let now = Utc::now();
+        for near in ["+30ms", "+59s", "+0s"] {
+            let e = parse_future_at(near, now).unwrap_err();
+            assert!(e.contains("less than a minute"), "{near}: {e}");
+        }
+        let past = (now - chrono::Duration::hours(1)).to_rfc3339();
+        assert!(parse_future_at(&past, now).is_err());
+        assert_eq!(
+            parse_future_at("+60s", now).unwrap(),
+            now + chrono::Duration::seconds(60)
+        );
+        assert!(parse_future_at("+30m", now).is_ok());
+    }
 
     #[test]
     fn durations_and_times_parse() {

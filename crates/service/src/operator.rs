@@ -147,20 +147,15 @@ pub fn parse_seen_pinned(s: &str) -> Result<(State, Option<i64>, Option<String>)
     Ok((state, seq, head))
 }
 
-/// A time a person gives (RFC 3339, or relative: `+2h`), counted from `now`, the database's clock.
+/// A time a person gives (RFC 3339, or relative: `+2h`), counted from `now`, the database's clock;
+/// at least a minute ahead.
 fn in_future(
     s: &str,
     what: &str,
     now: chrono::DateTime<Utc>,
 ) -> Result<chrono::DateTime<Utc>, ServiceError> {
-    let t = jobtrail_core::when::parse_time_at(s, now)
-        .map_err(|e| ServiceError::bad_input(format!("{what}: {e}")))?;
-    if t <= now {
-        return Err(ServiceError::bad_input(format!(
-            "{what}: {t} is not in the future"
-        )));
-    }
-    Ok(t)
+    jobtrail_core::when::parse_future_at(s, now)
+        .map_err(|e| ServiceError::bad_input(format!("{what}: {e}")))
 }
 
 fn refused(id: OperationId, e: StoreError) -> ServiceError {

@@ -800,15 +800,14 @@ fn check_operation(
         let Some(n) = &r.detail_number_beyond_double else {
             continue;
         };
-        let integer = n.bytes().all(|b| b.is_ascii_digit() || b == b'-');
-        if integer && cut.exact_numbers.is_none_or(|since| r.at < since) {
+        if n.integer && cut.exact_numbers.is_none_or(|since| r.at < since) {
             continue;
         }
         report.breaks.push(br(
             r.seq,
             "the link's detail holds a number its hash cannot tell from the numbers nearest it (beyond a double's precision): it may have been put in the place of the one hashed".into(),
             "a number a double holds exactly".into(),
-            n.clone(),
+            n.token.clone(),
         ));
     }
 

@@ -1327,11 +1327,35 @@ impl Store {
     }
 
     /// Give a lease back without a transition, with the next action time. `LeaseLost` if not held.
+    /// A create this lease may have sent stays marked as such (see [`Store::release_unsent`]).
     pub async fn release(
         &self,
         lease: &Lease,
         after: Duration,
         reason: &str,
+    ) -> Result<(), StoreError> {
+        self.release_marked(lease, after, reason, false).await
+    }
+
+    /// [`Store::release`] by a holder that sent no create its steps did not record (it could not
+    /// plan its call, or stopped before it): the claim's "a create may leave under this epoch" mark
+    /// is cleared with the lease, so the next holder sends the create rather than reconciling one
+    /// never sent.
+    pub async fn release_unsent(
+        &self,
+        lease: &Lease,
+        after: Duration,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.release_marked(lease, after, reason, true).await
+    }
+
+    async fn release_marked(
+        &self,
+        lease: &Lease,
+        after: Duration,
+        reason: &str,
+        unsent: bool,
     ) -> Result<(), StoreError> {
         let row: Option<(uuid::Uuid,)> =
             sqlx::query_as(include_str!("sql/operation_release_if_leased.sql"))
@@ -1340,6 +1364,7 @@ impl Store {
                 .bind(lease.epoch)
                 .bind(i64::try_from(after.as_millis()).unwrap_or(i64::MAX))
                 .bind(reason)
+                .bind(unsent)
                 .fetch_optional(&self.pool)
                 .await?;
         row.map(|_| ()).ok_or_else(|| lost(lease))
@@ -2154,20 +2179,26 @@ pub(crate) async fn write_batch_in(
             .bind(&epochs)
             .fetch_all(&mut **tx)
             .await?;
-    let mut by_id: std::collections::HashMap<uuid::Uuid, LockedRow> =
-        locked.into_iter().map(|l| (l.row_id(), l)).collect();
+    // Keyed by lease, not by id alone: one batch can hold a step of a lease since lost and one
+    // of the lease that replaced it (the same worker claimed the operation again while the old
+    // step waited for the writer), and the row locked is the current lease's only.
+    let held = |lease: &Lease| (lease.operation_id.as_uuid(), lease.epoch);
+    let mut by_id: std::collections::HashMap<(uuid::Uuid, i64), LockedRow> = locked
+        .into_iter()
+        .map(|l| ((l.row_id(), l.row_lease_epoch()), l))
+        .collect();
     // The steps naming a job another operation holds, each replaced (two statements for a batch
     // that names jobs, none for the status reads that make up most steps).
     let named: Vec<_> = writes
         .iter()
-        .map(|(lease, step)| Some((by_id.get(&lease.operation_id.as_uuid())?, step)))
+        .map(|(lease, step)| Some((by_id.get(&held(lease))?, step)))
         .collect();
     let instead = held_elsewhere(tx, &named).await?;
     let mut planned = Vec::new();
     let mut slots: Vec<Result<usize, StoreError>> = Vec::with_capacity(writes.len());
     for ((lease, step), instead) in writes.iter().zip(&instead) {
         let step = instead.as_ref().unwrap_or(step);
-        let outcome = match by_id.remove(&lease.operation_id.as_uuid()) {
+        let outcome = match by_id.remove(&held(lease)) {
             None => Err(lost(lease)),
             Some(row) => write::plan(row, &lease.owner, step),
         };

@@ -61,11 +61,11 @@ impl<'r> sqlx::Decode<'r, sqlx::Postgres> for ReadableJson {
 }
 
 /// A history link's detail, as [`ReadableJson`], with the first number in its stored text that the
-/// chain's hash cannot tell from another (see `jobtrail_core::json::first_number_beyond_double`):
+/// chain's hash cannot tell from another (see `jobtrail_core::json::number_beyond_double`):
 /// the text is what the database keeps, the hash was of the value read from it.
 pub(crate) struct HashedJson {
     value: serde_json::Value,
-    beyond_double: Option<String>,
+    beyond_double: Option<jobtrail_core::json::BeyondDouble>,
 }
 
 impl sqlx::Type<sqlx::Postgres> for HashedJson {
@@ -82,7 +82,7 @@ impl<'r> sqlx::Decode<'r, sqlx::Postgres> for HashedJson {
         let text = json_text(&value)?;
         Ok(Self {
             value: readable(text),
-            beyond_double: jobtrail_core::json::first_number_beyond_double(text),
+            beyond_double: jobtrail_core::json::number_beyond_double(text),
         })
     }
 }
@@ -276,10 +276,10 @@ pub struct HistoryRecord {
     /// The database login that inserted the link (migration 0032; `None` before it): what the
     /// database saw, beside the `actor` the writer named. Not hashed.
     pub recorded_by: Option<String>,
-    /// The first number in the stored `detail` that is not exactly the double the hash read it as
-    /// (`audit verify` reports one; see `jobtrail_core::json::first_number_beyond_double`).
+    /// A number in the stored `detail` that is not exactly the double the hash read it as
+    /// (`audit verify` reports one; see `jobtrail_core::json::number_beyond_double`).
     #[serde(skip)]
-    pub detail_number_beyond_double: Option<String>,
+    pub detail_number_beyond_double: Option<jobtrail_core::json::BeyondDouble>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -443,6 +443,9 @@ impl LockedRow {
     }
     pub(crate) fn row_lease_owner(&self) -> Option<&str> {
         self.row.lease_owner.as_deref()
+    }
+    pub(crate) fn row_lease_epoch(&self) -> i64 {
+        self.row.lease_epoch
     }
     pub(crate) fn row_history_seq(&self) -> i64 {
         self.row.history_seq

@@ -548,6 +548,55 @@ async fn a_lease_given_back_is_due_again_by_the_database_clock() {
     assert_eq!(op.lease_owner, None);
 }
 
+/// A claim marks a pending create as possibly sent under its epoch. A lease given back by a holder
+/// that sent nothing clears its own mark (the next claim sends the create); one given back
+/// otherwise keeps it (the next claim reconciles), and no release clears an earlier epoch's mark.
+#[tokio::test]
+async fn a_lease_given_back_unsent_clears_only_its_own_create_mark() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mark = async |id| store.get(id).await.unwrap().create_sent_epoch;
+    let c = submit_and_claim(&store, 1, "m").await.remove(0);
+    let id = c.lease.operation_id;
+    assert_eq!(mark(id).await, Some(c.lease.epoch));
+    store
+        .release(&c.lease, Duration::ZERO, "kept")
+        .await
+        .unwrap();
+    assert_eq!(mark(id).await, Some(c.lease.epoch), "a release keeps it");
+    // The next claim keeps the earlier epoch's mark; giving it back unsent does not clear that.
+    let c = claim_one(&store, "m", Duration::from_secs(30)).await;
+    let earlier = c.lease.epoch - 1;
+    assert_eq!(mark(id).await, Some(earlier));
+    store
+        .release_unsent(&c.lease, Duration::ZERO, "unsent")
+        .await
+        .unwrap();
+    assert_eq!(mark(id).await, Some(earlier), "not this lease's mark");
+    exec(
+        &db,
+        &format!(
+            "UPDATE operations SET create_sent_epoch = NULL WHERE id = '{}'",
+            id.as_uuid()
+        ),
+    )
+    .await
+    .unwrap();
+    let c = claim_one(&store, "m", Duration::from_secs(30)).await;
+    assert_eq!(mark(id).await, Some(c.lease.epoch));
+    store
+        .release_unsent(&c.lease, Duration::ZERO, "unsent")
+        .await
+        .unwrap();
+    assert_eq!(mark(id).await, None, "this lease's mark goes with it");
+    assert!(matches!(
+        store
+            .release_unsent(&c.lease, Duration::ZERO, "again")
+            .await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+}
+
 #[tokio::test]
 async fn a_stale_worker_gets_lease_lost_on_every_write_and_the_row_is_untouched() {
     let db = TestDb::new().await;
@@ -1195,7 +1244,9 @@ async fn a_number_put_in_the_place_of_the_one_hashed_is_a_break() {
         .operation;
     let c = claim_one(&store, "w", Duration::from_secs(30)).await;
     let step = Step {
-        detail: Some(serde_json::json!({"n": 5, "big": 9007199254740992_u64})),
+        detail: Some(
+            serde_json::json!({"a": 9007199254740992_u64, "n": 5, "big": 9007199254740992_u64}),
+        ),
         ..Step::event(Event::CreateAccepted {
             remote_job_id: "job_1".into(),
             remote_state: None,
@@ -1238,6 +1289,12 @@ async fn a_number_put_in_the_place_of_the_one_hashed_is_a_break() {
     .await
     .unwrap();
     assert!(store.verify_operation(op.id).await.unwrap().is_clean());
+    // An excused integer before `n` in the stored text hides nothing put in after it.
+    exec(&db, &set("evidence,a", "9007199254740993"))
+        .await
+        .unwrap();
+    let r = store.verify_operation(op.id).await.unwrap();
+    assert!(r.is_clean(), "{r:#?}");
     exec(&db, &set("evidence,n", "5.0000000000000001"))
         .await
         .unwrap();
@@ -1811,6 +1868,57 @@ async fn group_committed_writes_fence_each_operation_on_its_own() {
         5,
         "every call is logged, refused writes included"
     );
+    assert!(store.verify_all().await.unwrap().is_clean());
+}
+
+/// One batch can hold a step of a lease since lost and one of the lease that replaced it: the same
+/// worker claimed the operation again while its old step waited for the writer. The current
+/// lease's step is written; the lost one's is refused, whichever comes first.
+#[tokio::test]
+async fn a_lost_lease_and_its_successor_in_one_batch_write_only_the_successors_step() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let claimed = submit_and_claim(&store, 2, "w").await;
+    for (old_first, c) in [true, false].into_iter().zip(claimed) {
+        let lost = c.lease;
+        take_over(&db, &lost).await;
+        let current = Lease {
+            epoch: lost.epoch + 1,
+            ..lost.clone()
+        };
+        let accept = |job: &str| {
+            Step::event(Event::CreateAccepted {
+                remote_job_id: job.into(),
+                remote_state: None,
+            })
+            .with_call(accepted_create(&format!(
+                "http://127.0.0.1:1/v1/jobs/{job}"
+            )))
+        };
+        // Job ids of their own each round: a job another operation holds is not accepted twice.
+        let (lost_job, current_job) = (format!("job_lost_{old_first}"), format!("job_{old_first}"));
+        let mut writes = vec![
+            (lost.clone(), accept(&lost_job)),
+            (current.clone(), accept(&current_job)),
+        ];
+        if !old_first {
+            writes.reverse();
+        }
+        let mut results = store.apply_many(writes).await;
+        if !old_first {
+            results.reverse();
+        }
+        assert!(
+            matches!(results[0], Err(StoreError::LeaseLost { .. })),
+            "old first: {old_first}: {:?}",
+            results[0]
+        );
+        let written = results[1].as_ref().unwrap();
+        assert_eq!(written.record.remote_job_id, Some(current_job.clone()));
+        let row = store.get(current.operation_id).await.unwrap();
+        assert_eq!(row.remote_job_id, Some(current_job));
+        assert_eq!(row.lease_epoch, current.epoch);
+    }
     assert!(store.verify_all().await.unwrap().is_clean());
 }
 

@@ -418,12 +418,14 @@ const PLAN_RETRY: Duration = Duration::from_secs(2);
 
 pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Driven {
     let mut out = Driven::default();
-    for round in 0..6 {
-        if round > 0 && ctx.shutdown.is_cancelled() {
+    for _ in 0..6 {
+        // Stopping: no new call, the first included (an operation claimed as the signal came).
+        // Every call of an earlier round is recorded by its step, so nothing is in flight.
+        if ctx.shutdown.is_cancelled() {
             let _ = Box::pin(answered_within(
                 ctx.answer_within,
                 ctx.store
-                    .release(&ctx.lease, Duration::ZERO, "worker shutdown"),
+                    .release_unsent(&ctx.lease, Duration::ZERO, "worker shutdown"),
             ))
             .await;
             return out;
@@ -442,13 +444,14 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
             }
             Err(Stop::Other(e)) => {
                 tracing::error!(operation = %op.id, error = %e, "could not plan a step");
-                // Nothing was written: the lease goes back (fenced, best effort), so the operation
-                // is tried again in a few seconds rather than when a lease stretched for a long
-                // call runs out.
+                // Nothing was written, nor sent (a plan fails only before its call): the lease goes
+                // back (fenced, best effort), so the operation is tried again in a few seconds
+                // rather than when a lease stretched for a long call runs out, and a create is
+                // sent then, not taken as sent and unanswered.
                 let _ = Box::pin(answered_within(
                     ctx.answer_within,
                     ctx.store
-                        .release(&ctx.lease, PLAN_RETRY, "could not plan a step"),
+                        .release_unsent(&ctx.lease, PLAN_RETRY, "could not plan a step"),
                 ))
                 .await;
                 return out;
@@ -552,6 +555,12 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                 }
                 Err(Stop::Other(e)) => {
                     tracing::error!(operation = %op.id, error = %e, "could not write a step");
+                    // Its own call too: no write logged it (the database away past the lease,
+                    // or a commit whose answer was lost; logged again after a commit that
+                    // landed, it is refused: the call's id is its key).
+                    if let Some(call) = &step.call {
+                        Box::pin(log_call(ctx, call, step.retry_after)).await;
+                    }
                     Box::pin(log_unwritten_calls(ctx, &op.provider, rest())).await;
                     return out;
                 }
@@ -592,15 +601,19 @@ async fn log_unwritten_calls<'s>(
     for step in rest {
         let Some(call) = &step.call else { continue };
         metrics::call(provider, call);
-        if let Err(e) = answered_within(
-            ctx.answer_within,
-            ctx.store
-                .log_refused_call(&ctx.lease, call, step.retry_after),
-        )
-        .await
-        {
-            tracing::error!(operation = %ctx.lease.operation_id, call = %call.id, error = %e, "a call that was made could not be logged");
-        }
+        log_call(ctx, call, step.retry_after).await;
+    }
+}
+
+/// Log a call whose step was not written into the operation's call chain (best effort, bounded).
+async fn log_call(ctx: &Ctx<'_>, call: &jobtrail_core::CallRecord, retry_after: Option<Duration>) {
+    if let Err(e) = answered_within(
+        ctx.answer_within,
+        ctx.store.log_refused_call(&ctx.lease, call, retry_after),
+    )
+    .await
+    {
+        tracing::error!(operation = %ctx.lease.operation_id, call = %call.id, error = %e, "a call that was made could not be logged");
     }
 }
 

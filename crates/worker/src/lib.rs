@@ -440,7 +440,7 @@ impl Worker {
             let _ = Box::pin(answered_within(
                 self.config.db_answer_within,
                 self.store
-                    .release(&c.lease, Duration::ZERO, "provider not configured here"),
+                    .release_unsent(&c.lease, Duration::ZERO, "provider not configured here"),
             ))
             .await;
             return Driven::default();
