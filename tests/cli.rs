@@ -76,6 +76,13 @@ async fn submit_show_wait_result_and_exit_codes() {
     let human = jobtrail(&env, &["show", &id], None);
     let human = String::from_utf8_lossy(&human.stdout);
     assert!(human.contains("approved by alice (CHG-42)"));
+    // The view `cancel --seen` repeats, as the JSON names it.
+    let seen = s["seen"].as_str().unwrap();
+    assert!(
+        seen.starts_with("succeeded@") && seen.contains(':'),
+        "{seen}"
+    );
+    assert!(human.contains(&format!("view: {seen}")), "{human}");
     // Times are printed in UTC and say so, whatever the reader's zone.
     let first: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(s["history"][0]["at"].clone()).unwrap();
@@ -1293,4 +1300,21 @@ async fn a_local_submit_holds_the_caller_to_its_open_operations_cap() {
     assert_eq!(code(&bad), 2, "{}", String::from_utf8_lossy(&bad.stderr));
     assert_eq!(env.store.totals().await.unwrap().0, 1, "one written");
     assert_eq!(code(&submit("2")), 0);
+    // Commands that submit nothing are not refused for a submit setting they never use.
+    for args in [&["list"][..], &["providers"][..]] {
+        let out = support::run_bin_with(
+            std::path::Path::new(env!("CARGO_BIN_EXE_jobtrail")),
+            &env.url,
+            &support::providers_dir(),
+            args,
+            None,
+            &[("JOBTRAIL_OPEN_PER_CALLER", "10 000")],
+        );
+        assert_eq!(
+            code(&out),
+            0,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

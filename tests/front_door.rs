@@ -711,6 +711,14 @@ async fn the_cli_works_through_the_api_with_a_token_and_nothing_else() {
     assert_eq!(op_sha(&env, &id).await, sha);
     let out = jobtrail(&["show", &id], &token, None);
     assert!(String::from_utf8_lossy(&out.stdout).contains("succeeded"));
+    let seen = env.store.get(id.parse().unwrap()).await.unwrap();
+    let seen =
+        jobtrail_service::operator::seen_token(seen.state, seen.history_seq, &seen.history_head);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("view {seen}")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let out = jobtrail(&["list", "--json"], &token, None);
     let page: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(page["operations"][0]["id"], id.as_str());
@@ -723,6 +731,25 @@ async fn the_cli_works_through_the_api_with_a_token_and_nothing_else() {
         jobtrail(&["show", &other], &token, None).status.code(),
         Some(3)
     );
+    // A wrong API URL (with /v1 on it, or another server's) is no missing operation: exit 5,
+    // naming the URL's fault, never 3.
+    let with_v1 = format!("{}/v1", server.base.trim_end_matches('/'));
+    for base in [with_v1.as_str(), env.sim.base_url().as_str()] {
+        for args in [&["show", &id][..], &["list"][..]] {
+            let out = Command::new(env!("CARGO_BIN_EXE_jobtrail"))
+                .args(args)
+                .env_remove("DATABASE_URL")
+                .env("JOBTRAIL_API", base)
+                .env("JOBTRAIL_TOKEN", &token)
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(5), "{base} {args:?}: {said}");
+            if base == with_v1 {
+                assert!(said.contains("without /v1"), "{said}");
+            }
+        }
+    }
     let out = jobtrail(
         &[
             "submit",

@@ -20,7 +20,7 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use jobtrail_service::{Kind, Principal, Service};
+use jobtrail_service::{Kind, Principal, Service, ServiceError};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -285,10 +285,13 @@ pub fn router(service: Arc<Service>) -> axum::Router {
             }),
         )
         .fallback(|| async {
-            Problem::new(
+            // `extra.route` tells a client this is no missing operation: its base URL is wrong.
+            let mut p = ServiceError::new(
                 Kind::NotFound,
                 "no such route (see /openapi.json for the API)",
-            )
+            );
+            p.detail = Some(serde_json::json!({"route": "unknown"}));
+            Problem(p)
         })
         .method_not_allowed_fallback(|| async {
             Problem::new(

@@ -23,8 +23,8 @@ const EXIT_CODES: &str = "Exit codes:
   3  operation not found
   4  conflict: another request under this id, a stale view, or a move the state machine refuses
   5  database or provider configuration unavailable; a submit refused past the caller's open
-     operations (too-many-open); through the API also: the token is refused, or the API asked to
-     slow down (rate-limited)
+     operations (too-many-open); through the API also: the token is refused, the API asked to
+     slow down (rate-limited), or JOBTRAIL_API is no jobtrail API's base URL
   6  wait timed out
   7  the operation is held for a person (see jobtrail-admin escalations)
   8  evidence disagrees with its chain (a result refused as tampered)
@@ -125,8 +125,8 @@ enum Command {
         actor: Option<String>,
         #[arg(long)]
         reason: String,
-        /// The view you saw (`STATE@SEQ`, as `show` prints it), checked before the cancel is
-        /// recorded: needed to cancel another caller's operation held for a person.
+        /// The view you saw (`STATE@SEQ:HEAD`, as `show` prints it after "view"), checked before
+        /// the cancel is recorded: needed to cancel another caller's operation held for a person.
         #[arg(long)]
         seen: Option<String>,
     },
@@ -282,16 +282,18 @@ async fn run(cli: Cli) -> CmdResult {
         }
         Command::Submit(args) => {
             let caller = args.caller.clone().unwrap_or_default();
-            let door = ops::door(&cli.common, &cli.door, Some(&caller), true).await?;
+            let door =
+                ops::door(&cli.common, &cli.door, Some(&caller), ops::Needs::Submits).await?;
             ops::submit(&door, args, json).await
         }
         Command::SubmitBatch(args) => {
             let caller = args.caller.clone().unwrap_or_default();
-            let door = ops::door(&cli.common, &cli.door, Some(&caller), true).await?;
+            let door =
+                ops::door(&cli.common, &cli.door, Some(&caller), ops::Needs::Submits).await?;
             ops::submit_batch(&door, args, json).await
         }
         Command::Show { operation } => {
-            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            let door = ops::door(&cli.common, &cli.door, None, ops::Needs::Records).await?;
             ops::show(&door, &operation, json).await
         }
         Command::List {
@@ -309,12 +311,12 @@ async fn run(cli: Cli) -> CmdResult {
                 limit: Some(limit),
                 ..Default::default()
             };
-            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            let door = ops::door(&cli.common, &cli.door, None, ops::Needs::Records).await?;
             ops::list(&door, q, json).await
         }
         Command::Contract(ContractCommand::Check { file }) => contract::check(&file, json),
         Command::Providers => {
-            let door = ops::door(&cli.common, &cli.door, None, true).await?;
+            let door = ops::door(&cli.common, &cli.door, None, ops::Needs::Contracts).await?;
             ops::providers(&door, json).await
         }
         Command::Cancel {
@@ -324,11 +326,11 @@ async fn run(cli: Cli) -> CmdResult {
             seen,
         } => {
             let actor = actor.unwrap_or_default();
-            let door = ops::door(&cli.common, &cli.door, Some(&actor), false).await?;
+            let door = ops::door(&cli.common, &cli.door, Some(&actor), ops::Needs::Records).await?;
             ops::cancel(&door, &operation, &reason, seen.as_deref(), json).await
         }
         Command::Result { operation, output } => {
-            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            let door = ops::door(&cli.common, &cli.door, None, ops::Needs::Records).await?;
             ops::result(&door, &operation, output.as_deref()).await
         }
         Command::Wait { operation, timeout } => {
@@ -338,7 +340,7 @@ async fn run(cli: Cli) -> CmdResult {
                 Duration::ZERO,
                 Duration::from_secs(7 * 86_400),
             )?;
-            let door = ops::door(&cli.common, &cli.door, None, false).await?;
+            let door = ops::door(&cli.common, &cli.door, None, ops::Needs::Records).await?;
             ops::wait(&door, &operation, timeout, json).await
         }
         Command::Serve(args) => serve::serve(&cli.common, args).await,

@@ -20,12 +20,24 @@ pub struct DoorArgs {
     pub api: Option<String>,
 }
 
+/// What a command needs of its door in database mode.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// The records only.
+    Records,
+    /// The providers' contracts too.
+    Contracts,
+    /// Contracts and the submit settings (`JOBTRAIL_OPEN_PER_CALLER`): a read-only command is not
+    /// refused for a submit setting it never uses.
+    Submits,
+}
+
 /// The door for a command acting as `caller` (database mode; with the API the token decides).
 pub async fn door(
     common: &shell::Common,
     d: &DoorArgs,
     caller: Option<&str>,
-    needs_contracts: bool,
+    needs: Needs,
 ) -> Result<Door, Failure> {
     if let Some(api) = d.api.as_deref().filter(|a| !a.trim().is_empty()) {
         // Checked first: a URL carrying a password is refused before anything prints it.
@@ -64,8 +76,11 @@ pub async fn door(
         }
         None => "cli".to_owned(),
     };
-    let open_cap = open_per_caller()?;
-    let registry = if needs_contracts {
+    let open_cap = match needs {
+        Needs::Submits => open_per_caller()?,
+        Needs::Records | Needs::Contracts => None,
+    };
+    let registry = if needs != Needs::Records {
         shell::registry(&common.providers)?
     } else {
         jobtrail_provider::Registry::default()
@@ -444,6 +459,10 @@ pub async fn show(door: &Door, id: &str, json: bool) -> CmdResult {
                     "{}",
                     jobtrail_console::timeline::render(&op, &history, &calls)
                 );
+                println!(
+                    "view: {}   (what cancel --seen repeats)",
+                    OperationView::of(&op).seen
+                );
             }
         }
         Door::Remote(c) => {
@@ -492,6 +511,7 @@ fn render_view(v: &OperationView) -> String {
         let _ = writeln!(s, "  held because {}", text(r));
     }
     let _ = writeln!(s, "  trace {}", v.trace_id);
+    let _ = writeln!(s, "  view {}   (what cancel --seen repeats)", text(&v.seen));
     if let Some(seq) = v.timeline_earlier {
         let _ = writeln!(
             s,

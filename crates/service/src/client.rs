@@ -169,7 +169,7 @@ impl ApiClient {
         if resp.status().is_success() {
             return Ok(resp);
         }
-        Err(problem(resp).await)
+        Err(problem(resp, &self.base).await)
     }
 
     async fn json<T: serde::de::DeserializeOwned>(
@@ -216,10 +216,27 @@ async fn read_bounded(mut resp: reqwest::Response) -> Result<Vec<u8>, ServiceErr
     Ok(out)
 }
 
-async fn problem(resp: reqwest::Response) -> ServiceError {
+/// What the API's answer `resp` (not a success) says went wrong.
+///
+/// A `404` for a route the server does not have (its `extra.route` says so), or one with no
+/// jobtrail problem at all (another server at that address), is the API URL's fault, not a missing
+/// operation's: `JOBTRAIL_API=http://host:8080/v1` sent every request to `/v1/v1/…`, and a script
+/// reading exit 3 took its operation for gone.
+async fn problem(resp: reqwest::Response, base: &url::Url) -> ServiceError {
     let status = resp.status();
+    let path = resp.url().path().to_owned();
     let bytes = read_bounded(resp).await.unwrap_or_default();
     let p: Option<Problem> = serde_json::from_slice(&bytes).ok();
+    let no_route = p.as_ref().is_none_or(|p| {
+        p.kind.is_none()
+            || p.extra.as_ref().and_then(|e| e.get("route")) == Some(&serde_json::json!("unknown"))
+    });
+    if status == StatusCode::NOT_FOUND && no_route {
+        return ServiceError::unavailable(format!(
+            "the server at {base} has no route {:?}: is JOBTRAIL_API (--api) the jobtrail API's base URL, as http://host:8080, without /v1?",
+            jobtrail_core::ids::shown(&path)
+        ));
+    }
     let kind = p
         .as_ref()
         .and_then(|p| p.kind.as_deref())
