@@ -1153,6 +1153,9 @@ fn absurd_demo_and_bench_flags_are_refused_before_anything_starts() {
         vec!["demo", "--operations", "0"],
         vec!["demo", "--timeout-secs", "18446744073709551615"],
         vec!["bench", "--phases", "e2"],
+        // --quick sets the sizes: beside one given, it would override it unsaid.
+        vec!["bench", "--quick", "--workers", "8"],
+        vec!["bench", "--quick", "--clients", "64"],
         // Checked before a database is looked for (none is set here: that would be exit 5).
         vec!["list", "--limit", "0"],
         vec!["list", "--limit", "201"],

@@ -47,7 +47,10 @@ fn the_readme_using_it_section_runs_as_written() {
         .replace("127.0.0.1:8700", &format!("127.0.0.1:{port}"));
     assert!(script.contains("jobtrail dev-db"));
 
-    let work = std::env::temp_dir().join(format!("jobtrail-readme-{}", std::process::id()));
+    // A `+` in the directory and JOBTRAIL_PGDATA relative to it, as a careless setup has them: the
+    // URL `dev-db` prints must still name the socket (a `+` read as a space, a relative directory
+    // PostgreSQL reads from inside its data directory, were a cluster nothing could reach).
+    let work = std::env::temp_dir().join(format!("jobtrail-readme+{}", std::process::id()));
     let pgdata = work.join("pg");
     std::fs::create_dir_all(&work).unwrap();
     let path = format!(
@@ -59,7 +62,7 @@ fn the_readme_using_it_section_runs_as_written() {
         .args(["300", "bash", "-euo", "pipefail", "-c", &script])
         .current_dir(&work)
         .env("PATH", path)
-        .env("JOBTRAIL_PGDATA", &pgdata)
+        .env("JOBTRAIL_PGDATA", "pg")
         .env(
             "JOBTRAIL_PROVIDERS",
             concat!(env!("CARGO_MANIFEST_DIR"), "/../../providers"),

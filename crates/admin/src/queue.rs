@@ -32,7 +32,7 @@ fn unchecked_warning<'a>(
             .any(|op| op.state == State::CreateUnresolved)
     {
         eprintln!(
-            "warning: the provider contracts were not read ({e}): `resume` is offered for create_unresolved whether or not the provider can reconcile (it is refused where it cannot)"
+            "warning: the provider contracts were not read ({e}): `resume` is offered for create_unresolved whether or not the provider can reconcile (it is refused until the contracts can be read)"
         );
     }
 }

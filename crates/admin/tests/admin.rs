@@ -2561,6 +2561,17 @@ async fn careless_decisions_are_refused_and_write_nothing() {
         held.history_seq,
         "nothing written"
     );
+    // Where the contracts cannot be read, whether it can be reconciled cannot be told: refused
+    // too (exit 5), not spent on a resume held again at once.
+    let out = resume(&std::env::temp_dir().join("jobtrail-no-such-providers-dir"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 5, "{err}");
+    assert!(err.contains("nothing was decided"), "{err}");
+    assert_eq!(
+        store.get(held.id).await.unwrap().history_seq,
+        held.history_seq,
+        "nothing written"
+    );
     // Where it reconciles (the shipped contract resends), the same resume is taken.
     let out = resume(std::path::Path::new(shipped));
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));

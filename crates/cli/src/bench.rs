@@ -59,8 +59,12 @@ pub struct BenchArgs {
     /// Where to write the JSON results.
     #[arg(long, default_value = "jobtrail-bench.json")]
     json_out: std::path::PathBuf,
-    /// Small numbers everywhere (a smoke run of every phase in about a minute).
-    #[arg(long)]
+    /// Small numbers everywhere (a smoke run of every phase in about a minute). It sets the
+    /// sizes itself: given with one of them, it is refused rather than overriding it unsaid.
+    #[arg(long, conflicts_with_all = [
+        "ceiling_secs", "clients", "workers", "e2e_operations", "realistic_operations",
+        "hol_operations", "idle_secs", "large_table", "rss_in_flight",
+    ])]
     quick: bool,
     /// Phases to run (claim, ceiling, e2e, realistic, hol, idle, takeover, rss, large); default all.
     #[arg(long, value_delimiter = ',', value_parser = PHASES)]

@@ -189,8 +189,16 @@ impl Cluster {
     /// `$JOBTRAIL_PGDATA`, else `$XDG_DATA_HOME/jobtrail/postgres` (`~/.local/share/...`), or
     /// `/var/lib/jobtrail/postgres` when running as root.
     pub fn persistent() -> Result<Self, ClusterError> {
-        let root = match std::env::var_os("JOBTRAIL_PGDATA") {
-            Some(d) => PathBuf::from(d),
+        // Set to nothing, it names none (as every setting); relative, it is made absolute here:
+        // PostgreSQL reads the socket directory written into its configuration from inside the
+        // data directory, and a relative one there never starts.
+        let root = match std::env::var_os("JOBTRAIL_PGDATA").filter(|d| !d.is_empty()) {
+            Some(d) => {
+                std::path::absolute(PathBuf::from(d)).map_err(|e| ClusterError::Command {
+                    what: "finding the data directory".into(),
+                    detail: format!("JOBTRAIL_PGDATA: {e}"),
+                })?
+            }
             None => default_data_root()?,
         };
         Self::persistent_at(&root)
@@ -255,10 +263,18 @@ impl Cluster {
 
     /// The connection URL of database `db` (over the private socket).
     pub fn url(&self, db: &str) -> String {
-        format!(
-            "postgres://postgres@localhost/{db}?host={}",
-            self.socket_dir.display()
-        )
+        // A directory holding `&`, `#`, `+`, a space (…) would end or change the value:
+        // percent-encoded then; as it is otherwise, to be read at a glance.
+        let raw = self.socket_dir.as_os_str().as_encoded_bytes();
+        let plain = raw
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-~".contains(b));
+        let dir: String = if plain {
+            self.socket_dir.display().to_string()
+        } else {
+            url::form_urlencoded::byte_serialize(raw).collect()
+        };
+        format!("postgres://postgres@localhost/{db}?host={dir}")
     }
 
     fn command(&self, program: &str) -> Command {
