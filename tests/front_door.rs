@@ -715,7 +715,7 @@ async fn the_cli_works_through_the_api_with_a_token_and_nothing_else() {
     let seen =
         jobtrail_service::operator::seen_token(seen.state, seen.history_seq, &seen.history_head);
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains(&format!("view {seen}")),
+        String::from_utf8_lossy(&out.stdout).contains(&format!("view: {seen}")),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );

@@ -94,7 +94,7 @@ async fn notification_lag_is_not_the_time_a_busy_worker_took_to_look() {
     let sum = sample(&metrics, "jobtrail_notification_lag_seconds_sum", &[]).unwrap_or(0.0);
     assert!(count >= 1.0, "{metrics}");
     assert!(sum < 0.5, "{count} notifications, {sum} s of lag in all");
-    stop_cleanly(&mut worker);
+    worker.stop_cleanly();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -733,17 +733,6 @@ async fn traced_worker(
     (env.spawn_worker(id, "10s", &vars), spans)
 }
 
-/// Stop a worker as Kubernetes does; it exits cleanly, its spans flushed.
-fn stop_cleanly(worker: &mut support::WorkerProcess) {
-    worker.signal(libc::SIGTERM);
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("stopped")
-            .success()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_providers_received() {
     let env = Env::new().await;
@@ -785,7 +774,7 @@ async fn spans_reach_an_otlp_receiver_one_trace_per_operation_with_the_ids_provi
     .await;
     let done = env.wait_settled(own, Duration::from_secs(60)).await;
     assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
-    stop_cleanly(&mut worker);
+    worker.stop_cleanly();
 
     let trace = hex::decode(op.trace_id.to_string()).unwrap();
     let spans = spans.lock().unwrap().clone();
@@ -914,7 +903,7 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
         let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
         assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
     }
-    stop_cleanly(&mut worker);
+    worker.stop_cleanly();
     let spans = spans.lock().unwrap().clone();
     let received = env.sim.ledger().traceparents;
     for (op, sampled) in &ops {
@@ -961,7 +950,7 @@ async fn a_remote_sampler_named_falls_back_to_sampling_everything_with_a_warning
         .await;
     let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
     assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
-    stop_cleanly(&mut worker);
+    worker.stop_cleanly();
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(log.contains("remote sampler"), "{log}");
     let trace = hex::decode(op.trace_id.to_string()).unwrap();
@@ -1165,7 +1154,7 @@ async fn a_credential_the_worker_cannot_find_keeps_it_unready_and_named() {
     );
     let no_response = [create[0], create[1], "status=\"no_response\""];
     assert_eq!(sample(&metrics, series, &no_response), None, "{metrics}");
-    stop_cleanly(&mut worker);
+    worker.stop_cleanly();
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(
         log.contains("provider sim: env:JOBTRAIL_SIM_TOKEN is not set"),

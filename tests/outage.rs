@@ -88,11 +88,7 @@ async fn a_worker_survives_the_database_going_away_and_coming_back() {
         logs.contains("database may be away") || logs.contains("database unavailable"),
         "the outage was noticed:\n{logs}"
     );
-    w.signal(libc::SIGTERM);
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(0)
-    );
+    w.stop_cleanly();
 }
 
 /// A worker and an API server started while their database is down (a pod scheduled before its
@@ -310,11 +306,7 @@ async fn a_schema_read_held_up_at_start_is_waited_out() {
         "{}",
         env.logs()
     );
-    w.signal(libc::SIGTERM);
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(0)
-    );
+    w.stop_cleanly();
 }
 
 /// How `p` exited (waited for up to `secs`), and what its log said.
@@ -401,11 +393,7 @@ async fn a_worker_goes_on_when_the_database_stops_answering_on_a_connection() {
     );
     assert_eq!(env.sim.ledger().max_jobs_per_token(), 1);
     assert!(env.store.verify_all().await.unwrap().is_clean());
-    w.signal(libc::SIGTERM);
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(0)
-    );
+    w.stop_cleanly();
 }
 
 /// A lease extension the database never answers, before a create is sent: the worker gives the
@@ -451,11 +439,7 @@ async fn a_lease_extension_lost_before_a_create_leaves_the_create_unsent_not_amb
     );
     assert_eq!(env.sim.ledger().max_jobs_per_token(), 1);
     assert!(env.store.verify_all().await.unwrap().is_clean());
-    w.signal(libc::SIGTERM);
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(0)
-    );
+    w.stop_cleanly();
 }
 
 /// A create answered while the database stops answering the worker's writes until its lease runs
@@ -504,11 +488,7 @@ async fn a_create_whose_step_could_not_be_written_is_still_in_the_call_log() {
     );
     assert_eq!(env.sim.ledger().max_jobs_per_token(), 1);
     assert!(env.store.verify_all().await.unwrap().is_clean());
-    w.signal(libc::SIGTERM);
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(0)
-    );
+    w.stop_cleanly();
 }
 
 /// A synchronous result read back from the database is a round trip like any other: a
@@ -542,11 +522,7 @@ async fn a_result_read_back_over_a_silent_connection_is_given_up() {
         logs.contains("no answer from the database within 3.0 s"),
         "{logs}"
     );
-    w.signal(libc::SIGTERM);
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(0)
-    );
+    w.stop_cleanly();
 }
 
 /// The database stops answering on one of the API server's connections in the middle of a
@@ -986,9 +962,5 @@ async fn a_worker_with_a_pool_of_one_connection_still_claims() {
     let mut w = env.spawn_worker("frugal", "5s", &[("JOBTRAIL_DB_POOL", "1")]);
     env.wait_state(id, State::Succeeded, Duration::from_secs(30))
         .await;
-    w.signal(libc::SIGTERM);
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(0)
-    );
+    w.stop_cleanly();
 }

@@ -272,6 +272,52 @@ async fn a_cancel_noted_during_a_refused_create_is_withdrawn_by_the_worker() {
     assert_eq!(last.actor, "w1", "the worker withdrew it: {history:?}");
 }
 
+/// A worker told to stop (SIGTERM) between its claim and the operation's first call sends
+/// nothing: the operation goes back, its create unsent and not marked as maybe sent, so the next
+/// worker creates the job rather than reconciling one that was never asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopping_as_it_claims_gives_the_operation_back_unsent() {
+    let env = Env::new().await;
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 200}), |_| {})
+        .await;
+    // The claim's thread is held 3 s before the first round, long enough for the signal.
+    let mut w = env.spawn_worker(
+        "stopping",
+        "30s",
+        &[("JOBTRAIL_FAULT", "slow_at:claimed:3000")],
+    );
+    let deadline = Instant::now() + T;
+    while env.store.get(op.id).await.unwrap().lease_owner.is_none() {
+        assert!(Instant::now() < deadline, "never claimed\n{}", env.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(0),
+        "{}",
+        env.logs()
+    );
+    assert!(
+        env.sim.ledger().create_requests.is_empty(),
+        "no create left after the signal"
+    );
+    let back = env.store.get(op.id).await.unwrap();
+    assert_eq!(back.state, State::CreatePending);
+    assert_eq!(back.lease_owner, None, "given back");
+    assert_eq!(back.create_sent_epoch, None, "not marked as maybe sent");
+    // The next worker sends the create: no reconciliation of one never sent.
+    let _next = env.spawn_worker("next", "5s", &[]);
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    let history = env.store.history(op.id).await.unwrap();
+    assert!(
+        !history.iter().any(|h| h.event == "create_ambiguous"),
+        "{history:#?}"
+    );
+}
+
 /// Item 5: a worker stopped (SIGSTOP) after its claim marked the create and before it sent, for
 /// longer than its lease. Another worker takes the operation over and settles it. On SIGCONT the
 /// stale worker checks its lease against its monotonic clock right before the bytes would leave,

@@ -420,6 +420,14 @@ impl WorkerProcess {
         }
         None
     }
+    /// Stop it as Kubernetes does (SIGTERM); it exits 0 within 30 s.
+    pub fn stop_cleanly(&mut self) {
+        self.signal(libc::SIGTERM);
+        let code = self
+            .wait_exit(Duration::from_secs(30))
+            .and_then(|s| s.code());
+        assert_eq!(code, Some(0), "{} did not stop cleanly", self.id);
+    }
 }
 
 impl Drop for WorkerProcess {

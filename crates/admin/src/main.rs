@@ -498,27 +498,16 @@ async fn run(cli: Cli) -> CmdResult {
                 cancel_window,
                 create_deadline,
             };
-            // The contracts tell whether an unresolved create can be reconciled at all (a resume
-            // that cannot is refused). Unread, a resume of one is refused too: it would spend the
-            // decision and, where the provider cannot reconcile, be held again at once. Other
-            // resumes need no contract. (The view names the state: a decision on another is
-            // refused as stale anyway.)
-            let registry = match contracts_read(&cli.common.providers) {
-                Ok(r) => r,
-                Err(e) => {
-                    let seen = jobtrail_service::operator::parse_seen(&decided.seen)
-                        .map_err(|e| shell::fail(shell::exit::BAD_INPUT, e.message))?;
-                    if seen.0 == jobtrail_core::State::CreateUnresolved {
-                        return Err(shell::fail(
-                            shell::exit::UNAVAILABLE,
-                            format!(
-                                "the provider contracts were not read ({e}): whether the provider can reconcile an unresolved create cannot be told, so nothing was decided; point --providers (JOBTRAIL_PROVIDERS) at them and decide again"
-                            ),
-                        ));
-                    }
-                    Registry::default()
-                }
-            };
+            // The contracts tell whether an unresolved create can be reconciled at all: a resume
+            // that cannot is refused, and so is one whose contract is not loaded (it would spend
+            // the decision and, where the provider cannot reconcile, be held again at once).
+            // Other resumes need no contract.
+            let registry = contracts_read(&cli.common.providers).unwrap_or_else(|e| {
+                eprintln!(
+                    "warning: the provider contracts were not read ({e}): a resume of create_unresolved is refused until they can be"
+                );
+                Registry::default()
+            });
             decide::decide(&store, registry, &operation, d, decided, json).await
         }
         Command::Abandon { operation, decided } => {

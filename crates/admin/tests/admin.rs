@@ -2549,7 +2549,6 @@ async fn careless_decisions_are_refused_and_write_nothing() {
         assert!(offered(std::path::Path::new(shipped), args), "{args:?}");
     }
     let out = resume(&none);
-    let _ = std::fs::remove_dir_all(&none);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 4, "{err}");
     assert!(
@@ -2561,17 +2560,24 @@ async fn careless_decisions_are_refused_and_write_nothing() {
         held.history_seq,
         "nothing written"
     );
-    // Where the contracts cannot be read, whether it can be reconciled cannot be told: refused
-    // too (exit 5), not spent on a resume held again at once.
-    let out = resume(&std::env::temp_dir().join("jobtrail-no-such-providers-dir"));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), 5, "{err}");
-    assert!(err.contains("nothing was decided"), "{err}");
-    assert_eq!(
-        store.get(held.id).await.unwrap().history_seq,
-        held.history_seq,
-        "nothing written"
-    );
+    // Where the contracts cannot be read, or are read without this provider's, whether it can be
+    // reconciled cannot be told: refused too (exit 5), not spent on a resume held again at once.
+    std::fs::rename(none.join("sim.toml"), none.join("sim.toml.off")).unwrap();
+    for providers in [
+        std::env::temp_dir().join("jobtrail-no-such-providers-dir"),
+        none.clone(),
+    ] {
+        let out = resume(&providers);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 5, "{err}");
+        assert!(err.contains("nothing was decided"), "{err}");
+        assert_eq!(
+            store.get(held.id).await.unwrap().history_seq,
+            held.history_seq,
+            "nothing written"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&none);
     // Where it reconciles (the shipped contract resends), the same resume is taken.
     let out = resume(std::path::Path::new(shipped));
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));

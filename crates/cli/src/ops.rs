@@ -459,10 +459,7 @@ pub async fn show(door: &Door, id: &str, json: bool) -> CmdResult {
                     "{}",
                     jobtrail_console::timeline::render(&op, &history, &calls)
                 );
-                println!(
-                    "view: {}   (what cancel --seen repeats)",
-                    OperationView::of(&op).seen
-                );
+                print!("{}", view_line(&OperationView::of(&op).seen));
             }
         }
         Door::Remote(c) => {
@@ -491,6 +488,11 @@ pub async fn show(door: &Door, id: &str, json: bool) -> CmdResult {
 const SHOWN_PAGES: usize = 50;
 
 /// An operation as the API gives it (no provider calls: those stay with operators).
+/// The line of `show` naming the view a cancel (or a decision) repeats as `--seen`.
+fn view_line(seen: &str) -> String {
+    format!("  view: {seen}   (what cancel --seen repeats)\n")
+}
+
 fn render_view(v: &OperationView) -> String {
     use jobtrail_console::visible::text;
     use std::fmt::Write;
@@ -511,7 +513,7 @@ fn render_view(v: &OperationView) -> String {
         let _ = writeln!(s, "  held because {}", text(r));
     }
     let _ = writeln!(s, "  trace {}", v.trace_id);
-    let _ = writeln!(s, "  view {}   (what cancel --seen repeats)", text(&v.seen));
+    s.push_str(&view_line(&text(&v.seen)));
     if let Some(seq) = v.timeline_earlier {
         let _ = writeln!(
             s,

@@ -365,6 +365,13 @@ impl Service {
                         // Resumed, it is reconciled again: with nothing to reconcile by, it would
                         // be held again at once, the person's decision spent on nothing.
                         let op = store.get_shown(id).await?;
+                        // Without its contract here, whether it can be reconciled cannot be told.
+                        if self.registry.get(&op.provider).is_none() {
+                            return Err(ServiceError::unavailable(format!(
+                                "no contract for {} is loaded here, so whether it can reconcile an unresolved create cannot be told: nothing was decided; load its contract (--providers) and decide again",
+                                op.provider
+                            )));
+                        }
                         if cannot_reconcile(&self.registry, &op.provider) {
                             return Err(ServiceError::conflict(format!(
                                 "{} offers no way to find a job by our reference (its contract's reconcile is none), so resuming {id} would hold it again at once: look in the provider's console, then adopt the job if one was created, or declare_not_created if none was",

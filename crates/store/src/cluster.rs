@@ -272,7 +272,10 @@ impl Cluster {
         let dir: String = if plain {
             self.socket_dir.display().to_string()
         } else {
-            url::form_urlencoded::byte_serialize(raw).collect()
+            // `%20` for a space, not form encoding's `+`, which libpq (psql) reads as a `+`.
+            url::form_urlencoded::byte_serialize(raw)
+                .collect::<String>()
+                .replace('+', "%20")
         };
         format!("postgres://postgres@localhost/{db}?host={dir}")
     }

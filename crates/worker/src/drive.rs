@@ -418,6 +418,8 @@ const PLAN_RETRY: Duration = Duration::from_secs(2);
 
 pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Driven {
     let mut out = Driven::default();
+    // Where a drill stops a worker between its claim and the operation's first call.
+    fault::point("claimed");
     for _ in 0..6 {
         // Stopping: no new call, the first included (an operation claimed as the signal came).
         // Every call of an earlier round is recorded by its step, so nothing is in flight.
@@ -559,7 +561,8 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                     // or a commit whose answer was lost; logged again after a commit that
                     // landed, it is refused: the call's id is its key).
                     if let Some(call) = &step.call {
-                        Box::pin(log_call(ctx, call, step.retry_after)).await;
+                        let maybe_logged = matches!(e, StoreError::CommitUnknown(_));
+                        Box::pin(log_call(ctx, call, step.retry_after, maybe_logged)).await;
                     }
                     Box::pin(log_unwritten_calls(ctx, &op.provider, rest())).await;
                     return out;
@@ -601,19 +604,32 @@ async fn log_unwritten_calls<'s>(
     for step in rest {
         let Some(call) = &step.call else { continue };
         metrics::call(provider, call);
-        log_call(ctx, call, step.retry_after).await;
+        log_call(ctx, call, step.retry_after, false).await;
     }
 }
 
 /// Log a call whose step was not written into the operation's call chain (best effort, bounded).
-async fn log_call(ctx: &Ctx<'_>, call: &jobtrail_core::CallRecord, retry_after: Option<Duration>) {
-    if let Err(e) = answered_within(
+/// `maybe_logged`: its step's commit may have landed with it (its answer lost), and then this
+/// one is refused (the call's id is its key): no alarm.
+async fn log_call(
+    ctx: &Ctx<'_>,
+    call: &jobtrail_core::CallRecord,
+    retry_after: Option<Duration>,
+    maybe_logged: bool,
+) {
+    match answered_within(
         ctx.answer_within,
         ctx.store.log_refused_call(&ctx.lease, call, retry_after),
     )
     .await
     {
-        tracing::error!(operation = %ctx.lease.operation_id, call = %call.id, error = %e, "a call that was made could not be logged");
+        Ok(()) => {}
+        Err(e) if maybe_logged => {
+            tracing::info!(operation = %ctx.lease.operation_id, call = %call.id, error = %e, "a call was not logged again: its step's commit may have logged it");
+        }
+        Err(e) => {
+            tracing::error!(operation = %ctx.lease.operation_id, call = %call.id, error = %e, "a call that was made could not be logged");
+        }
     }
 }
 
