@@ -1252,6 +1252,21 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
 
     // Careless input: nothing written.
     let long_note = "n".repeat(501);
+    // A token create that is fine but for `extra`.
+    fn valid_token<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "tokens",
+            "create",
+            "--caller",
+            "agent-7",
+            "--scopes",
+            "read",
+            "--created-by",
+            "alice",
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
     for (args, says) in [
         (
             vec![
@@ -1306,68 +1321,15 @@ async fn operators_issue_list_and_revoke_tokens_with_jobtrail_admin() {
             "--caller",
         ),
         (
-            vec![
-                "tokens",
-                "create",
-                "--caller",
-                "agent-7",
-                "--scopes",
-                "read",
-                "--created-by",
-                "alice",
-                "--expires",
-                "2020-01-01T00:00:00Z",
-            ],
+            valid_token(&["--expires", "2020-01-01T00:00:00Z"]),
             "--expires",
         ),
         // A note past what the database keeps was refused by its constraint, as exit 5.
-        (
-            vec![
-                "tokens",
-                "create",
-                "--caller",
-                "agent-7",
-                "--scopes",
-                "read",
-                "--created-by",
-                "alice",
-                "--note",
-                &long_note,
-            ],
-            "--note",
-        ),
+        (valid_token(&["--note", &long_note]), "--note"),
         // `+30` meant as days was a token that died in 30 seconds, shown once: a unit is needed.
-        (
-            vec![
-                "tokens",
-                "create",
-                "--caller",
-                "agent-7",
-                "--scopes",
-                "read",
-                "--created-by",
-                "alice",
-                "--expires",
-                "+30",
-            ],
-            "no unit",
-        ),
+        (valid_token(&["--expires", "+30"]), "no unit"),
         // `+30ms` meant `+30m`: a token dead before anyone could use it.
-        (
-            vec![
-                "tokens",
-                "create",
-                "--caller",
-                "agent-7",
-                "--scopes",
-                "read",
-                "--created-by",
-                "alice",
-                "--expires",
-                "+30ms",
-            ],
-            "less than a minute",
-        ),
+        (valid_token(&["--expires", "+30ms"]), "less than a minute"),
         (
             vec!["tokens", "revoke", "not-a-uuid", "--actor", "alice"],
             "invalid",
