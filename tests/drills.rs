@@ -173,6 +173,56 @@ async fn drill_a_check_that_outlasts_the_lease_keeps_it() {
     assert_eq!(holders.len(), 1, "one holder collected it: {holders:?}");
 }
 
+/// A check that never ends (a result directory whose fsync hangs; slowed here to 90 s) keeps the
+/// lease only for `--check-within` (3 s): the lease (stretched to cover the fetch's wait for
+/// room, some 22 s) then lapses, another worker takes the operation over and collects the result,
+/// and the stuck worker says why it let go. Kept alive for as long as the check ran, the operation
+/// was the stuck worker's for the whole 90 s. (One slot, which the stuck check holds: it cannot
+/// claim the operation back itself, as a worker with free slots would, counting itself lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_a_check_that_never_ends_lets_its_lease_lapse() {
+    let env = Env::new().await;
+    // Past 256 KiB, so it is checked on a thread handed over from the runtime.
+    let op = env
+        .submit(
+            "sim",
+            serde_json::json!({"duration_ms": 100, "items": 8000}),
+            |_| {},
+        )
+        .await;
+    let stuck = env.spawn_worker(
+        "stuck",
+        "2s",
+        &[
+            ("JOBTRAIL_FAULT", "slow_at:result_checking:90000"),
+            ("JOBTRAIL_CHECK_WITHIN", "3s"),
+            ("JOBTRAIL_CONCURRENCY", "1"),
+        ],
+    );
+    env.wait_for(op.id, "the stuck worker collecting", T, |o| {
+        o.state == State::ResultCollecting && o.lease_owner.as_deref() == Some("stuck")
+    })
+    .await;
+    let _taker = env.spawn_worker("taker", "2s", &[]);
+    let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    let history = env.store.history(op.id).await.unwrap();
+    let collector = history
+        .iter()
+        .find(|h| h.to_state == "succeeded")
+        .map(|h| h.actor.clone());
+    assert_eq!(
+        collector.as_deref(),
+        Some("taker"),
+        "taken over and collected"
+    );
+    let said = std::fs::read_to_string(&stuck.log).unwrap();
+    assert!(
+        said.contains("longer than --check-within"),
+        "the stuck worker says why it let the lease lapse"
+    );
+}
+
 /// A result whose collection kills the worker collecting it (one too large for its memory, say)
 /// is not taken up again for ever: a claim counts each holder lost before it, the claim after the
 /// third lost in a row holds the operation for a person without fetching again, and the person's
@@ -1041,6 +1091,82 @@ async fn a_result_directory_keeps_results_as_files() {
     let p: serde_json::Value = r.json().await.unwrap();
     assert_eq!(p["kind"], "unavailable", "{p}");
     assert!(!p.to_string().contains(path), "{p}");
+}
+
+/// A synchronous answer's result kept in one host's `--result-dir`, its worker lost before reading
+/// it back: the worker that takes over cannot read that directory (another host's; moved away
+/// here), and the provider will not send the result again. The operation is held for a person
+/// (`result_not_readable`), not ended `result_unavailable` as if there were no result; put back
+/// where it was kept and resumed, the result is read, checked and collected, the job created once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_a_synchronous_result_kept_on_another_host_is_held_not_lost() {
+    use std::os::unix::process::ExitStatusExt;
+    let env = Env::new().await;
+    let op = env
+        .submit("sim", serde_json::json!({"create": ["sync"]}), |_| {})
+        .await;
+    let (here, away) = (env.dir.join("host-a"), env.dir.join("host-a-away"));
+    let mut a = env.spawn_worker(
+        "host-a",
+        "2s",
+        &[
+            ("JOBTRAIL_RESULT_DIR", here.to_str().unwrap()),
+            ("JOBTRAIL_FAULT", "kill_after:after_create_completed"),
+        ],
+    );
+    let status = a
+        .wait_exit(Duration::from_secs(30))
+        .expect("the worker killed itself after keeping the result");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "died by SIGKILL");
+    let kept = env.store.get(op.id).await.unwrap();
+    assert_eq!(kept.state, State::ResultCollecting);
+    // The worker that takes over runs on another host: host-a's directory is not there.
+    std::fs::rename(&here, &away).unwrap();
+    let there = env.dir.join("host-b");
+    let _b = env.spawn_worker(
+        "host-b",
+        "2s",
+        &[("JOBTRAIL_RESULT_DIR", there.to_str().unwrap())],
+    );
+    let held = env.wait_settled(op.id, T).await;
+    assert_eq!(held.state, State::ResultStalled, "{}", env.logs());
+    let history = env.store.history(op.id).await.unwrap();
+    assert_eq!(history.last().unwrap().event, "result_not_readable");
+    let reason = held.escalation_reason.clone().unwrap();
+    assert!(reason.contains("restores it where it was kept"), "{reason}");
+
+    // A person puts the file back where it was kept and resumes: read, checked, collected.
+    std::fs::rename(&away, &here).unwrap();
+    let seen = format!("result_stalled@{}", held.history_seq);
+    let id = op.id.to_string();
+    let args = [
+        "resume",
+        &id,
+        "--seen",
+        &seen,
+        "--actor",
+        "alice",
+        "--reason",
+        "restored host-a's results",
+    ];
+    let out = support::run_bin(&support::admin_bin(), &env.url, &env.providers, &args, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = env.wait_settled(op.id, T).await;
+    assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+    assert_eq!(
+        done.result_sha256.as_deref(),
+        kept.provider_context["sync_result"]["sha256"].as_str(),
+        "the result kept at create is the result"
+    );
+    assert_eq!(
+        env.sim.ledger().tokens[op.token.as_str()].len(),
+        1,
+        "one remote job"
+    );
 }
 
 /// Drill 8: Retry-After is honoured, in seconds and as an HTTP-date: no early polls.

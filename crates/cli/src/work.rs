@@ -55,6 +55,12 @@ pub struct WorkerArgs {
     #[arg(long, env = "JOBTRAIL_CHECK_MIB",
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     check_mib: Option<u32>,
+    /// The longest the worker keeps an operation's lease while one result is checked and kept
+    /// (a large one may take minutes; a result directory whose fsync hangs, for ever). Past it
+    /// the lease lapses: another worker takes the operation over, and the third holder lost in a
+    /// row holds it for a person (result_stalled). 1s to 24h.
+    #[arg(long, env = "JOBTRAIL_CHECK_WITHIN", default_value = "10m")]
+    check_within: String,
     /// Serve /livez, /readyz and /metrics (Prometheus) on this address (e.g. 0.0.0.0:9090).
     /// Unset: no listener.
     #[arg(long, env = "JOBTRAIL_OPS_LISTEN")]
@@ -113,6 +119,12 @@ pub async fn run(common: &shell::Common, a: WorkerArgs) -> CmdResult {
         &a.db_answer_within,
         Duration::from_secs(1),
         Duration::from_secs(3600),
+    )?;
+    config.check_within = shell::parse_duration_within(
+        "--check-within",
+        &a.check_within,
+        Duration::from_secs(1),
+        Duration::from_secs(24 * 3600),
     )?;
     if let Some(mib) = a.check_mib {
         config.check_bytes = u64::from(mib) << 20;

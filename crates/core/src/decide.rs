@@ -1363,8 +1363,13 @@ pub enum Collected {
         /// Where its bytes are kept for inspection, where they could be.
         kept: Option<Kept>,
     },
-    /// It will not become available (404, 410, no URL, a kept result unreadable).
+    /// It will not become available (404, 410, no URL, a kept result altered).
     Unavailable {
+        reason: String,
+    },
+    /// A result kept at create (a synchronous answer) cannot be read back here: kept in another
+    /// host's result directory, or its file gone. The provider will not send it again.
+    NotReadable {
         reason: String,
     },
     /// The provider named a result URL outside the contract's origins; nothing was sent.
@@ -1483,6 +1488,8 @@ pub fn after_collect(
             Step::event(Event::ResultBeyondCheckMemory { room_bytes: room }),
         ),
         Collected::Unavailable { reason } => Step::event(Event::ResultUnavailable { why: reason }),
+        // Held, not ended: the result existed, and a person can put it back where it was kept.
+        Collected::NotReadable { reason } => Step::event(Event::ResultNotReadable { why: reason }),
         Collected::Refused { url } => Step {
             detail: Some(serde_json::json!({"refused_url": url})),
             ..Step::event(Event::UrlRefused { url })

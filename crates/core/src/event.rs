@@ -231,6 +231,11 @@ pub enum Event {
     /// the job's result exists, and a person decides (room made, then resumed) rather than the
     /// operation ending as if the provider had failed it.
     ResultNotKept { why: String },
+    /// The result kept when the create was answered synchronously cannot be read back by this
+    /// worker (kept in another host's result directory, or its file gone): the provider will not
+    /// send it again, so a person decides (the file restored where it was kept, then resumed)
+    /// rather than the operation ending as if the result never existed.
+    ResultNotReadable { why: String },
     /// Calls kept failing past the contract's retry budget.
     RetryBudgetExhausted { error_class: String, failures: i32 },
 
@@ -331,6 +336,7 @@ event_kinds! {
     ResultStalled = "result_stalled",
     ResultBeyondCheckMemory = "result_beyond_check_memory",
     ResultNotKept = "result_not_kept",
+    ResultNotReadable = "result_not_readable",
     RetryBudgetExhausted = "retry_budget_exhausted",
     CancelRequested = "cancel_requested",
     Withdraw = "withdraw",
@@ -397,6 +403,7 @@ impl Event {
             Event::ResultStalled { .. } => EventKind::ResultStalled,
             Event::ResultBeyondCheckMemory { .. } => EventKind::ResultBeyondCheckMemory,
             Event::ResultNotKept { .. } => EventKind::ResultNotKept,
+            Event::ResultNotReadable { .. } => EventKind::ResultNotReadable,
             Event::RetryBudgetExhausted { .. } => EventKind::RetryBudgetExhausted,
             Event::CancelRequested(_) => EventKind::CancelRequested,
             Event::Withdraw(_) => EventKind::Withdraw,
@@ -500,6 +507,9 @@ impl Event {
             Event::ResultBeyondCheckMemory { room_bytes } => format!(
                 "checked, the result would take more than the {} MiB of memory the worker gives the results it checks (--check-mib): it holds too many small values; a person decides (a larger room, or the result taken some other way)",
                 room_bytes >> 20
+            ),
+            Event::ResultNotReadable { why } => format!(
+                "the result kept when the job answered at once cannot be read back here ({why}): a person restores it where it was kept and resumes, or abandons"
             ),
             Event::ResultNotKept { why } => format!(
                 "the result could not be kept, attempt after attempt ({why}): a person makes room where results are kept and resumes it"

@@ -231,6 +231,12 @@ pub static RULES: &[Rule] = &[
         why: "the result exists but cannot be kept where results are kept: a person decides",
     },
     Rule {
+        on: EventKind::ResultNotReadable,
+        from: &[ResultCollecting],
+        to: To::State(ResultStalled),
+        why: "the result kept at create cannot be read back here (another host's result directory, or gone): a person decides",
+    },
+    Rule {
         on: EventKind::ResultDeadlinePassed,
         from: &[Accepted, Observing],
         to: To::State(ResultTimedOut),

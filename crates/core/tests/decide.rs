@@ -1336,6 +1336,14 @@ fn collection_outcomes_map_to_one_event_each() {
             },
             EventKind::ResultBeyondCheckMemory,
         ),
+        // A result kept at create that cannot be read back here: held, not ended.
+        (
+            &op,
+            Collected::NotReadable {
+                reason: "kept on another host".into(),
+            },
+            EventKind::ResultNotReadable,
+        ),
         // "Not now" spends no failure, even with the budget spent, until the result deadline.
         (&spent, later(Some(7)), EventKind::ResultFetchFailed),
         (&late, later(Some(7)), EventKind::RetryBudgetExhausted),

@@ -73,6 +73,9 @@ fn sample_events() -> Vec<Event> {
         Event::ResultNotKept {
             why: "result store: No space left on device".into(),
         },
+        Event::ResultNotReadable {
+            why: "/var/lib/jobtrail/results/ab/cd: no such file".into(),
+        },
         Event::RetryBudgetExhausted {
             error_class: "timeout".into(),
             failures: 9,

@@ -83,6 +83,9 @@ pub(crate) struct Ctx<'a> {
     pub ttl: Duration,
     /// How long a database round trip may go unanswered ([`crate::answered_within`]).
     pub answer_within: Duration,
+    /// The longest a result's check and keeping is covered by lease extensions
+    /// ([`Ctx::keeping_lease`]).
+    pub check_within: Duration,
     /// When the lease ends by our monotonic clock, measured from before the claim (or extension)
     /// was sent: never later than the database's expiry.
     pub expires: Instant,
@@ -298,9 +301,17 @@ impl Ctx<'_> {
     /// from shortly before the lease would run short (a check done by then costs nothing), and
     /// each extension reaches past the lease this worker counts on (`expires`), so the database's
     /// expiry is never earlier than it. It stops when the lease is lost (the step's fenced write
-    /// then says so) and with `work`, however that ends (a panic included).
+    /// then says so), with `work`, however that ends (a panic included), and after
+    /// `check_within`: work that never ends (a result directory whose fsync hangs) must not keep
+    /// the operation from every other worker, and a person, for good. The lease then lapses; the
+    /// next holder counts this one lost (three in a row: `result_stalled`, held for a person), and
+    /// this worker's step, if the work ever ends, is refused as a lost lease's.
     async fn keeping_lease<T>(&self, work: impl std::future::Future<Output = T>) -> T {
         let (store, lease, within) = (self.store.clone(), self.lease.clone(), self.answer_within);
+        let (check_within, give_up) = (
+            self.check_within,
+            tokio::time::Instant::now() + self.check_within,
+        );
         let ttl = self.ttl + LEASE_MARGIN;
         let every = (ttl / 3).max(Duration::from_millis(100));
         let first = tokio::time::Instant::from_std(
@@ -313,6 +324,14 @@ impl Ctx<'_> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                if tokio::time::Instant::now() >= give_up {
+                    tracing::error!(
+                        operation = %lease.operation_id,
+                        check_within = ?check_within,
+                        "checking and keeping a result has taken longer than --check-within: its lease is left to lapse, so another worker takes the operation over (the third holder lost in a row holds it for a person as result_stalled)"
+                    );
+                    return;
+                }
                 match answered_within(within, store.extend_lease(&lease, ttl)).await {
                     Ok(_) => {}
                     Err(StoreError::LeaseLost { .. }) => return,
@@ -513,8 +532,11 @@ pub(crate) async fn drive(ctx: &mut Ctx<'_>, mut op: Box<OperationRecord>) -> Dr
                             &op.provider,
                         );
                     }
-                    if kind == Some(EventKind::CreateAccepted) {
-                        fault::point("after_create_accepted");
+                    match kind {
+                        Some(EventKind::CreateAccepted) => fault::point("after_create_accepted"),
+                        // A synchronous answer's result kept, not yet read back and checked.
+                        Some(EventKind::CreateCompleted) => fault::point("after_create_completed"),
+                        _ => {}
                     }
                     // The database's clock read again: the next call (continuing under this lease)
                     // is dated after the link just written, whatever the claim's own lag.
@@ -961,6 +983,8 @@ async fn sync_result(
         }
         // The database is away: nothing is known about the result yet; try again later.
         Err(ReadError::Database(e)) => return Err(Stop::Other(e)),
+        // Kept on another host (a worker that took over from the one that kept it), or gone.
+        Err(ReadError::Missing(reason)) => Collected::NotReadable { reason },
         Err(why) => Collected::Unavailable {
             reason: why.to_string(),
         },

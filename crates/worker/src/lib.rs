@@ -107,6 +107,12 @@ pub struct WorkerConfig {
     /// whose parse would take more is held for a person, never parsed. Half as much (at least 1 MiB) is the
     /// room for results' bytes in flight, from fetch to written.
     pub check_bytes: u64,
+    /// The longest the worker keeps an operation's lease alive while one of its results is
+    /// checked and kept (a check that outlasts the lease is normal for a large result; one that
+    /// never ends, on a result directory whose fsync hangs, say, must not pin the operation).
+    /// Past it the lease is left to lapse: the next holder counts this one lost, and the third
+    /// lost in a row holds the operation for a person (`result_stalled`).
+    pub check_within: Duration,
 }
 
 impl WorkerConfig {
@@ -126,6 +132,7 @@ impl WorkerConfig {
             write_batch: 64,
             db_answer_within: Duration::from_secs(60),
             check_bytes: check_room::default_check_bytes(),
+            check_within: Duration::from_secs(600),
         }
     }
 
@@ -463,6 +470,7 @@ impl Worker {
             lease: c.lease.clone(),
             ttl: self.config.lease,
             answer_within: self.config.db_answer_within,
+            check_within: self.config.check_within,
             expires: sent + self.config.lease,
             clock: drive::DbClock {
                 at: c.db_now,
