@@ -1741,6 +1741,8 @@ async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
         // Reads as "alice" and is not: invisible and reordering characters in a name.
         ("approved_by", "alice\u{200b}".to_owned()),
         ("target", "reports\u{202e}fdp.exe".to_owned()),
+        // A leap second: PostgreSQL would keep the next minute's :00, a time not written.
+        ("create_deadline", "2031-01-01T00:00:60Z".to_owned()),
     ] {
         let mut req = good.clone();
         req[field] = json!(value);
@@ -1770,6 +1772,19 @@ async fn careless_text_is_refused_and_a_repeated_cancel_writes_nothing() {
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{field}");
         let said = r.bytes().await.unwrap();
         assert!(said.len() < 4096, "{field}: {} bytes answered", said.len());
+    }
+    // Nor in a key the body may not have, or a value of the wrong type (serde repeats both whole).
+    let mut unknown = good.clone();
+    unknown[huge.as_str()] = json!(1);
+    let batch = c
+        .post(server.url("/v1/operations:batch"))
+        .bearer_auth(&alice)
+        .json(&json!({"operations": huge}))
+        .send();
+    for r in [submit(unknown).await.unwrap(), batch.await.unwrap()] {
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let said = r.bytes().await.unwrap();
+        assert!(said.len() < 4096, "{} bytes answered", said.len());
     }
     assert!(env.store.get(id).await.is_err(), "nothing written");
     assert_eq!(submit(good).await.unwrap().status(), StatusCode::CREATED);

@@ -73,8 +73,14 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     held.join(s.service.hold(p.caller(), parsed)?);
     let v = jobtrail_core::json::parse_strict(&body).map_err(crate::body::refused_json)?;
     drop(body);
-    let t = serde_json::from_value(v)
-        .map_err(|e| Problem::new(Kind::BadInput, format!("the body: {e}")))?;
+    // Cut: serde repeats an unknown key or a wrongly typed string whole, and a caller's
+    // megabytes are not echoed back (nor held in an answer a client that does not read keeps).
+    let t = serde_json::from_value(v).map_err(|e| {
+        Problem::new(
+            Kind::BadInput,
+            format!("the body: {}", jobtrail_core::ids::cut(&e.to_string(), 300)),
+        )
+    })?;
     Ok((t, (slot, held)))
 }
 

@@ -58,7 +58,15 @@ fn micros<S: serde::Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Er
 }
 
 /// Truncate a timestamp to what PostgreSQL stores, so hashing before and after storage agrees.
+/// A leap second (`23:59:60`, which chrono holds as second 59 with a nanosecond count past a
+/// billion) is stored by PostgreSQL as the next minute's `:00`: it is moved there first, or the
+/// chain would say `:60` where the row says `:00`, and `audit verify` would call that an alteration.
 pub fn storable(at: DateTime<Utc>) -> DateTime<Utc> {
+    use chrono::Timelike;
+    let at = match at.nanosecond().checked_sub(1_000_000_000) {
+        Some(past) => at.with_nanosecond(past).unwrap_or(at) + chrono::Duration::seconds(1),
+        None => at,
+    };
     at.trunc_subsecs(6)
 }
 

@@ -52,7 +52,8 @@ macro_rules! states {
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 match s {
                     $($name => Ok(State::$variant),)*
-                    other => Err(UnknownState(other.to_owned())),
+                    // Cut: a caller's megabytes are not echoed back in the refusal.
+                    other => Err(UnknownState(crate::ids::shown(other))),
                 }
             }
         }

@@ -34,6 +34,13 @@ pub fn parse_time_at(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Strin
             "{shown:?} is more than ten years ahead (latest {latest})"
         ));
     }
+    // A leap second (`:60`) names no instant a clock here keeps: PostgreSQL would store the next
+    // minute's `:00` for it, a time the caller did not write.
+    if chrono::Timelike::nanosecond(&t) >= 1_000_000_000 {
+        return Err(format!(
+            "{shown:?} names a leap second (:60): write :59 or the next minute's :00"
+        ));
+    }
     Ok(t)
 }
 
@@ -133,6 +140,13 @@ pub fn show_duration(d: std::time::Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leap_second_is_refused() {
+        let e = parse_time_at("2031-01-01T00:00:60Z", Utc::now()).unwrap_err();
+        assert!(e.contains("leap second"), "{e}");
+        assert!(parse_time_at("2031-01-01T00:00:59Z", Utc::now()).is_ok());
+    }
 
     #[test]
     fn a_time_a_person_sets_is_at_least_a_minute_ahead() {

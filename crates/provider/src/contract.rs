@@ -2752,6 +2752,22 @@ impl Validator<'_> {
                 ));
             }
         }
+        // A status, cancel or result call names the job somewhere, or every operation would read
+        // (or cancel) one resource: `/v1/jobs/job_id`, its braces forgotten. (A lookup may list
+        // every job, and pick ours by its reference.)
+        let names_any =
+            |t: &str| names_ours(t) || t.contains("{status_url}") || t.contains("{target}");
+        for (key, url, _, body, _) in calls.iter().filter(|call| call.4) {
+            if key != "reconcile.lookup_url"
+                && !names_any(url)
+                && !body.as_deref().is_some_and(names_any)
+            {
+                return Err(self.err(
+                    key,
+                    "a placeholder that names the job in its URL or body ({job_id}, {job_id_path}, {status_url}, {operation_id}, {client_reference}, {idempotency_key} or {target}): as written, every operation would call the same resource",
+                ));
+            }
+        }
         // A lookup answers the provider's ids, which a job known by its status URL never equals.
         if c.create.job_id.is_none() && c.reconcile.lookup_url.is_some() {
             return Err(self.err(

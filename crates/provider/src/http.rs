@@ -421,7 +421,14 @@ impl HttpProvider {
             };
             url::Url::parse(&format!("{base}{path}"))
         }
-        .map_err(|e| Refused::Malformed(format!("bad URL {path_or_url:?}: {e}")))?;
+        // Quoted as it may be stored: a pre-signed URL that does not parse still carries its
+        // signature in its query.
+        .map_err(|e| {
+            Refused::Malformed(format!(
+                "bad URL {:?}: {e}",
+                jobtrail_core::ids::shown(&wire::sanitize_url_text(path_or_url))
+            ))
+        })?;
         let access = self
             .contract
             .access(&u)
@@ -1095,12 +1102,23 @@ impl HttpProvider {
         Self::finish(ex, outcome, d, ctx)
     }
 
+    /// Whether an answer may be built whole: within the answers' own limit (`max_response_bytes`),
+    /// and within what such an answer may take parsed. An answer that may carry the result is
+    /// read to the result's limit, and the wire bounds its parse by that; a small one of many
+    /// tiny values would otherwise take sixteen times the result's limit, on every poll in flight.
+    fn within_answer_bounds(&self, body: &[u8]) -> bool {
+        let most = self.contract.max_response_bytes;
+        body.len() as u64 <= most
+            && !jobtrail_core::json::footprint_within(body, wire::parsed_most(most))
+                .is_err_and(|e| e.too_large)
+    }
+
     /// A create's answer as JSON, for what the contract reads in it. One larger than the answers'
     /// own limit (a synchronous result, read to the result's limit) is read for those values only:
     /// parsed whole, a few megabytes of small values would take some thirty times their size, on
     /// every create in flight, outside any bound on results (whose own parse is bounded later).
     fn create_answer(&self, ex: &Exchange) -> Option<serde_json::Value> {
-        if ex.body.len() as u64 <= self.contract.max_response_bytes {
+        if self.within_answer_bounds(&ex.body) {
             return serde_json::from_slice(&ex.body).ok();
         }
         let create = &self.contract.create;
@@ -1435,7 +1453,9 @@ impl HttpProvider {
         // only what a status says is built from it, not the result, on every poll in flight; one
         // that cannot be read so (no object) is not built whole either
         // (a list of small numbers parsed takes some thirty times its text, on every poll).
-        let large = ex.body.len() as u64 > self.contract.max_response_bytes;
+        // So is one within that size whose parse would pass the answers' own bound (the wire
+        // measured it against the result's, sixteen times larger).
+        let large = !self.within_answer_bounds(&ex.body);
         let parsed = if large {
             wire::sparse(&ex.body, self.status_pointers()).ok_or("large_status_unreadable")
         } else {

@@ -375,6 +375,14 @@ fn check_csv(
         }
     };
     let status_col = match &spec.csv_status_column {
+        // Named twice, one column is checked here and a reader by name (Python's DictReader keeps
+        // the last) may take the other: refused, as a JSON key given twice is.
+        Some(name) if headers.iter().filter(|h| h == name).count() > 1 => {
+            violations.push(format!(
+                "CSV names its status column {name:?} more than once: which one a reader takes is not agreed"
+            ));
+            return;
+        }
         Some(name) => match headers.iter().position(|h| h == name) {
             Some(i) => Some(i),
             None => {
@@ -753,6 +761,27 @@ csv_error_values = ["ERROR"]"#,
         assert_eq!(s["items"]["total"], 3);
         assert_eq!(s["items"]["failed_refs"], serde_json::json!(["line 5"]));
         assert_eq!(s["items"]["failures"][0]["why"], "status = \"ERROR\"");
+    }
+
+    /// A status column named twice is refused: the check would read the first, and a reader by
+    /// name (Python's `csv.DictReader`) the last, which here says the row failed.
+    #[test]
+    fn a_csv_naming_its_status_column_twice_is_refused() {
+        let spec = spec(
+            r#"format = "csv"
+csv_status_column = "status"
+csv_error_values = ["ERROR"]"#,
+        );
+        let fetched = FetchedResult {
+            bytes: bytes::Bytes::from_static(b"id,status,status\n1,OK,ERROR\n"),
+            content_type: None,
+            checksum: None,
+        };
+        let Checked::Invalid { violations } = check(&spec, &fetched, &ResultHints::default())
+        else {
+            panic!("passed");
+        };
+        assert!(violations[0].contains("more than once"), "{violations:?}");
     }
 
     /// A deny-list passes what it does not name (`Error` where it lists `ERROR`); an allow-list

@@ -459,13 +459,17 @@ fn sanitized_text(u: &str, redacted: impl Fn(&str) -> String) -> String {
     const BASE: &str = "http://relative.invalid";
     match url::Url::parse(u) {
         Ok(abs) => sanitized(&abs, redacted),
+        // Relative: resolved against a stand-in to be read, then written relative again. One that
+        // names its own host (`//host/x`, or `/\host/x`, which a URL parser reads alike) stays
+        // scheme-relative, sanitized like any other: never stored as written, query and all.
         Err(_) => url::Url::parse(BASE)
             .and_then(|b| b.join(u))
             .map(|j| {
-                sanitized(&j, redacted)
-                    .strip_prefix(BASE)
-                    .unwrap_or(u)
-                    .to_owned()
+                let s = sanitized(&j, redacted);
+                match s.strip_prefix(BASE) {
+                    Some(relative) => relative.to_owned(),
+                    None => s.strip_prefix("http:").unwrap_or(&s).to_owned(),
+                }
             })
             .unwrap_or_else(|_| u.split(['?', '#']).next().unwrap_or_default().to_owned()),
     }
@@ -1378,25 +1382,22 @@ pub fn raw_at<'a>(body: &'a [u8], pointer: &str) -> Option<&'a [u8]> {
     if !pointer.is_empty() {
         for token in pointer.strip_prefix('/')?.split('/') {
             let token = token.replace("~1", "/").replace("~0", "~");
-            here = match here.get().trim_start().as_bytes().first()? {
-                b'{' => {
-                    let map: std::collections::HashMap<String, &RawValue> =
-                        serde_json::from_str(here.get()).ok()?;
-                    map.get(&token).copied()?
-                }
-                b'[' => {
-                    // RFC 6901: an index is digits without a leading zero.
-                    if token.is_empty()
-                        || !token.bytes().all(|b| b.is_ascii_digit())
-                        || (token.len() > 1 && token.starts_with('0'))
-                    {
-                        return None;
-                    }
-                    let list: Vec<&RawValue> = serde_json::from_str(here.get()).ok()?;
-                    *list.get(token.parse::<usize>().ok()?)?
+            // One member found by walking past the others, none of them kept: a map of every key
+            // (or a list of every item) of a provider's megabytes would cost many times them.
+            let step = match here.get().trim_start().as_bytes().first()? {
+                b'{' => Member::Key(&token),
+                // RFC 6901: an index is digits without a leading zero.
+                b'[' if !token.is_empty()
+                    && token.bytes().all(|b| b.is_ascii_digit())
+                    && (token.len() == 1 || !token.starts_with('0')) =>
+                {
+                    Member::Index(token.parse::<usize>().ok()?)
                 }
                 _ => return None,
             };
+            let mut de = serde_json::Deserializer::from_str(here.get());
+            here = serde::de::DeserializeSeed::deserialize(step, &mut de).ok()??;
+            de.end().ok()?;
         }
     }
     let text = here.get();
@@ -1406,6 +1407,83 @@ pub fn raw_at<'a>(body: &'a [u8], pointer: &str) -> Option<&'a [u8]> {
     // `text` borrows from `body`: hand back that very slice.
     let start = text.as_ptr() as usize - body.as_ptr() as usize;
     Some(&body[start..start + text.len()])
+}
+
+/// One member of a JSON object (by key; the last of a key given twice, as a map would keep) or
+/// array (by index), read by [`raw_at`] without building the others.
+enum Member<'t> {
+    Key(&'t str),
+    Index(usize),
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Member<'_> {
+    type Value = Option<&'de serde_json::value::RawValue>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        match self {
+            Member::Key(_) => d.deserialize_map(self),
+            Member::Index(_) => d.deserialize_seq(self),
+        }
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Member<'_> {
+    type Value = Option<&'de serde_json::value::RawValue>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object or array")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+        let Member::Key(key) = self else {
+            return Err(serde::de::Error::custom("an index into an object"));
+        };
+        let mut found = None;
+        while let Some(this) = m.next_key_seed(IsKey(key))? {
+            if this {
+                found = Some(m.next_value()?);
+            } else {
+                m.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> Result<Self::Value, A::Error> {
+        let Member::Index(at) = self else {
+            return Err(serde::de::Error::custom("a key into an array"));
+        };
+        let (mut found, mut i) = (None, 0usize);
+        loop {
+            if i == at {
+                match s.next_element()? {
+                    Some(v) => found = Some(v),
+                    None => break,
+                }
+            } else if s.next_element::<serde::de::IgnoredAny>()?.is_none() {
+                break;
+            }
+            i += 1;
+        }
+        Ok(found)
+    }
+}
+
+/// Whether an object's key is this one, compared as read (an escaped key is unescaped into a
+/// buffer of the reader's; nothing is kept).
+struct IsKey<'t>(&'t str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for IsKey<'_> {
+    type Value = bool;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl serde::de::Visitor<'_> for IsKey<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
+    }
 }
 
 /// `Retry-After` as a delay: delta-seconds or an HTTP-date (parsed by `httpdate`). A number of
@@ -1547,7 +1625,7 @@ mod tests {
     #[test]
     fn the_value_at_a_pointer_is_the_providers_own_bytes() {
         let body = br#"{"id": "j1", "result": {"b": 1.50,  "a": "\u00e9", "n": [1, 2e3]},
-            "a/b": {"~x": [true, null]}, "dup": 1, "dup": 2}"#;
+            "a/b": {"~x": [true, null]}, "dup": 1, "dup": 2, "e\u0073c": 7}"#;
         let at = |p: &str| raw_at(body, p).map(|b| String::from_utf8(b.to_vec()).unwrap());
         // Spacing, number spelling and escapes as sent: re-serialising would change all three.
         assert_eq!(
@@ -1555,6 +1633,7 @@ mod tests {
             Some(r#"{"b": 1.50,  "a": "\u00e9", "n": [1, 2e3]}"#)
         );
         assert_eq!(at("/result/n/1").as_deref(), Some("2e3"));
+        assert_eq!(at("/esc").as_deref(), Some("7"), "a key read unescaped");
         assert_eq!(at("/a~1b/~0x/0").as_deref(), Some("true"));
         assert_eq!(
             at("/dup").as_deref(),
@@ -1856,6 +1935,26 @@ mod tests {
         assert_eq!(
             sanitize_url_text("https://u:p@p.example/a#x"),
             "https://p.example/a"
+        );
+        // A reference to another host without a scheme (`Location: //host/x` is legal) is sanitized
+        // as any other and stays scheme-relative; so is a job id of that form.
+        assert_eq!(
+            sanitize_url_text("//h.test/x?sig=s3cr3t"),
+            "//h.test/x?sig=REDACTED"
+        );
+        assert_eq!(
+            sanitize_url_text("/\\h.test/x?sig=s3cr3t"),
+            "//h.test/x?sig=REDACTED"
+        );
+        let id = recorded_job_id("//h.test/jobs/1?access_token=s3cr3t".into());
+        assert!(
+            id.starts_with("//h.test/jobs/1?access_token=REDACTED-"),
+            "{id}"
+        );
+        // A URL that does not parse keeps no query.
+        assert_eq!(
+            sanitize_url_text("https://h.test:99999/r?sig=s3cr3t"),
+            "https://h.test:99999/r"
         );
         // An escaped echo in a large answer that is no result.
         let large = format!(

@@ -2243,6 +2243,30 @@ async fn a_flood_of_small_values_or_a_key_from_a_store_costs_and_leaks_nothing()
         "the read for its state took {} MiB",
         peak >> 20
     );
+    // A poll's answer within the answers' own megabyte, of that shape beside its state: the wire
+    // bounds its parse by the result's limit (it may carry the result), sixteen times larger, so
+    // built whole it took some 90 MiB, on every poll in flight. It is read for its state only.
+    let h = harness_with(jobtrail_sim::Config::default(), |_| {
+        let mut c = contract("sim", &format!("http://{addr}"));
+        let r = c.result.as_mut().unwrap();
+        r.from = ResultFrom::Status;
+        r.max_bytes = 16 << 20;
+        c.max_response_bytes = 1 << 20;
+        c
+    })
+    .await;
+    let mut op = h.op(serde_json::json!({})).await;
+    op.remote_job_id = Some("job_1".into());
+    op.state = jobtrail_core::State::Observing;
+    let body = format!(r#"{{"state": "running", "pad": {}}}"#, flood("0"));
+    assert!(body.len() < 1 << 20);
+    *answer.lock().unwrap() = body;
+    let (r, peak) = heap::peak_of(h.provider.status(&op, 1.into())).await;
+    match r.outcome {
+        StatusOutcome::Observed(s) => assert_eq!(s.phase, Some(Phase::Running)),
+        other => panic!("{other:?}"),
+    }
+    assert!(peak < 24 << 20, "the poll took {} MiB", peak >> 20);
     server.abort();
     store_server.abort();
 }

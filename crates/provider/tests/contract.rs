@@ -113,6 +113,17 @@ fn each_invalid_field_is_refused_with_its_name() {
             "create.method",
         ),
         ("path = \"/v1/jobs\"", "path = \"v1/jobs\"", "create.path"),
+        // Braces forgotten: every operation would read, or cancel, one resource.
+        (
+            "url = \"/v1/jobs/{job_id}\"",
+            "url = \"/v1/jobs/job_id\"",
+            "status.url",
+        ),
+        (
+            "path = \"/v1/jobs/{job_id}/cancel\"",
+            "path = \"/v1/jobs/cancel\"",
+            "cancel.path",
+        ),
         (
             "idempotency = \"header\"",
             "idempotency = \"maybe\"",

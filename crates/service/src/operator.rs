@@ -441,7 +441,8 @@ impl Service {
         job_may_exist: bool,
     ) -> Result<DecideResponse, ServiceError> {
         let store = self.operator();
-        let old = store.get(id).await?;
+        // Without its request (up to 16 MiB): a refusal below costs no read of it.
+        let old = store.get_shown(id).await?;
         if !old.state.is_terminal() {
             return Err(ServiceError::conflict(format!(
                 "{id} is {}, not terminal: settle it first (declare_not_created only if you know no job was created; adopt the job if one was; a cancel if it runs), then retry. Abandoning it stops tracking without cancelling: a job it started may run on beside the retry's",
@@ -466,7 +467,8 @@ impl Service {
         }
         // A new request is this person's, not the original approver's: the approval recorded is
         // theirs, and the request is checked against the contract's schema like any submission.
-        let edited = request.as_ref().is_some_and(|r| r != &old.request_body);
+        let old_request = store.get(id).await?.request_body;
+        let edited = request.as_ref().is_some_and(|r| r != &old_request);
         if let (Some(r), Some(c)) = (
             request.as_ref().filter(|_| edited),
             self.registry.get(&old.provider).map(|x| x.contract()),
@@ -484,7 +486,7 @@ impl Service {
         } else {
             (old.approved_by.clone(), old.approval_ref.clone())
         };
-        let body = serde_json::to_vec(request.as_ref().unwrap_or(&old.request_body))
+        let body = serde_json::to_vec(request.as_ref().unwrap_or(&old_request))
             .map_err(|e| ServiceError::bad_input(format!("request: {e}")))?;
         // A relative deadline (`+2h`) counts from the database's clock, as the submission is
         // checked by it.

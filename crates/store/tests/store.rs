@@ -51,6 +51,35 @@ async fn exec(db: &TestDb, sql: &str) -> Result<u64, sqlx::Error> {
         .map(|r| r.rows_affected())
 }
 
+/// A leap second (`…:59:60`) in a deadline, which chrono holds and PostgreSQL stores as the next
+/// minute's `:00`: the chain must say what the row says, or `audit verify` reports an alteration
+/// nobody made.
+#[tokio::test]
+async fn a_leap_second_deadline_is_chained_as_it_is_stored() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let leap = |minutes: i64| {
+        let day = (chrono::Utc::now() + chrono::Duration::days(2)).date_naive();
+        let t = day.and_hms_nano_opt(0, 0, 59, 1_250_000_000).unwrap()
+            + chrono::Duration::minutes(minutes);
+        chrono::DateTime::<chrono::Utc>::from_naive_utc_and_offset(t, chrono::Utc)
+    };
+    let mut sub = submission("{}");
+    sub.create_deadline = Some(leap(0));
+    sub.result_deadline = Some(leap(10));
+    let op = store
+        .submit_new(&sub, &providers(), SubmitLimits::default())
+        .await
+        .unwrap()
+        .operation;
+    assert_eq!(
+        op.create_deadline.to_rfc3339(),
+        format!("{}T00:01:00.250+00:00", leap(0).date_naive())
+    );
+    let report = store.verify_operation(op.id).await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
 #[tokio::test]
 async fn submit_writes_the_intent_and_its_first_history_link() {
     let db = TestDb::new().await;
