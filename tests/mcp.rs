@@ -989,6 +989,46 @@ async fn a_tool_refusal_is_counted_as_a_problem_the_api_answered() {
     );
 }
 
+/// A person's token (one that may decide) configured in an agent's host: over MCP its decide scope
+/// is not used, so the model cannot submit to a provider that requires approval as that person
+/// approving, nor read other callers' operations. Over plain HTTP the same token may (a person
+/// submitting): `people_decide_through_the_api_and_approvals_come_from_a_person`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mcp_a_persons_token_approves_nothing() {
+    let env = Env::with_edited_contracts(&[(
+        "sim-legacy.toml",
+        "description = ",
+        "requires_approval = true\ndescription = ",
+    )])
+    .await;
+    let server = env.serve("api");
+    let agent = env.token("agent-7", &["submit", "read"]).await;
+    let alice = env.token("alice", &["submit", "read", "decide"]).await;
+    let theirs = call(
+        &over_http(&server, &agent, false).await,
+        "submit_operation",
+        json!({"provider": "sim", "target": "reports", "approved_by": "bob",
+               "request": request(json!({"duration_ms": 100}))}),
+    )
+    .await;
+    assert!(theirs.is_error != Some(true), "{theirs:?}");
+    let client = over_http(&server, &alice, false).await;
+    let refused = call(
+        &client,
+        "submit_operation",
+        json!({"provider": "sim-legacy", "target": "reports", "approved_by": "alice",
+               "request": request(json!({"duration_ms": 100}))}),
+    )
+    .await;
+    assert_eq!(structured(&refused)["error"], "forbidden", "{refused:?}");
+    let listed = call(&client, "list_operations", json!({})).await;
+    assert_eq!(
+        structured(&listed)["operations"],
+        json!([]),
+        "only alice's own, and she has none: {listed:?}"
+    );
+}
+
 /// A session keeps no answer once it is sent: were answers kept for a resume (rmcp can, for
 /// streams it has marked complete, until the session's next message), a caller could open its 32
 /// sessions, have each sent page after page of 256 KiB and leave them idle for their 5 minutes,

@@ -5,7 +5,9 @@
 //!
 //! * Tools: `submit_operation`, `get_operation`, `wait_operation` (bounded), `cancel_operation`,
 //!   `get_result`, `list_operations`, `list_providers`. Never the operator decisions: approvals stay
-//!   human.
+//!   human. Over `/mcp` a token's `decide` scope is not used (a person's token configured in an
+//!   agent's host would otherwise let the model approve its own submits as that person, or read
+//!   every caller's operations); over stdio the API sees the token, so give agents none with it.
 //! * MCP Tasks (the `io.modelcontextprotocol/tasks` extension, as rmcp implements it): a
 //!   `submit_operation` call from a client that declares the extension answers with a task whose id
 //!   is the operation id; `tasks/get` maps jobtrail's state to a task status (see [`task_of`]),
@@ -272,7 +274,9 @@ impl JobtrailMcp {
                     .cloned()
                     .ok_or_else(|| {
                         ServiceError::new(Kind::Unauthenticated, "no bearer token on this session")
-                    })?;
+                    })?
+                    // Approvals stay human: an agent's door never decides.
+                    .without(jobtrail_service::Scope::Decide);
                 Ok(Door::Local(s.bind(principal)))
             }
         }
@@ -485,7 +489,7 @@ impl JobtrailMcp {
     }
 
     #[tool(
-        description = "The operations your token may read, newest first: your own (a token that may decide or audit reads every caller's, each naming its `caller`), optionally filtered by state or provider; pass `next_cursor` back as `cursor` for the next page.",
+        description = "The operations your token may read, newest first: your own (a token that may audit reads every caller's, each naming its `caller`), optionally filtered by state or provider; pass `next_cursor` back as `cursor` for the next page.",
         annotations(read_only_hint = true)
     )]
     async fn list_operations(

@@ -114,6 +114,12 @@ impl Principal {
         self.scopes.contains(&scope)
     }
 
+    /// The same caller and token without `scope` (a door that must not use it).
+    pub fn without(mut self, scope: Scope) -> Self {
+        self.scopes.retain(|s| *s != scope);
+        self
+    }
+
     /// Refused unless the principal holds `scope`.
     pub fn require(&self, scope: Scope) -> Result<(), ServiceError> {
         if self.has(scope) {
