@@ -223,6 +223,40 @@ async fn drill_a_check_that_never_ends_lets_its_lease_lapse() {
     );
 }
 
+/// Large results queue for the worker's two turns at checking, and a wait for a turn is no part of
+/// a check: a result whose own check fits `--check-within` keeps its lease however long it waited.
+/// The third of three here waits some 15 s for a turn and is then checked for 15 s, against a
+/// `--check-within` of 20 s and a lease the fetch stretched to some 22 s: each is fetched once.
+/// Counted from when the keeping began, the third let its lease lapse, and its worker, with slots
+/// free, took it back as a lost holder's and fetched it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drill_a_result_waiting_for_a_turn_to_be_checked_keeps_its_lease() {
+    let env = Env::new().await;
+    let mut ops = Vec::new();
+    for _ in 0..3 {
+        let body = serde_json::json!({"duration_ms": 100, "items": 8000});
+        ops.push(env.submit("sim", body, |_| {}).await);
+    }
+    let _w = env.spawn_worker(
+        "queued",
+        "2s",
+        &[
+            ("JOBTRAIL_FAULT", "slow_at:result_checking:15000"),
+            ("JOBTRAIL_CHECK_WITHIN", "20s"),
+        ],
+    );
+    for op in &ops {
+        let done = env.wait_settled(op.id, Duration::from_secs(90)).await;
+        assert_eq!(done.state, State::Succeeded, "{}", env.logs());
+        let job = done.remote_job_id.clone().unwrap();
+        assert_eq!(
+            env.sim.ledger().jobs[&job].calls.get("result").copied(),
+            Some(1),
+            "fetched once: its lease kept while it waited for a turn"
+        );
+    }
+}
+
 /// A result whose collection kills the worker collecting it (one too large for its memory, say)
 /// is not taken up again for ever: a claim counts each holder lost before it, the claim after the
 /// third lost in a row holds the operation for a person without fetching again, and the person's

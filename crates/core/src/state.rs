@@ -107,9 +107,10 @@ states! {
     /// would take more memory than a worker gives that (`--check-mib`), or workers were lost
     /// holding the operation several times in a row while collecting it, none recording a step
     /// (killed, by the memory limit say, or stalled past the lease), or it could not be kept where
-    /// results are kept (a full or read-only result directory) until the failure budget was spent.
-    /// Held for a person: make room (the workers' memory, their `--check-mib`, the result
-    /// directory's disk) and resume, or abandon.
+    /// results are kept (a full or read-only result directory) until the failure budget was spent,
+    /// or a result kept when the job answered at once cannot be read back (kept in another host's
+    /// result directory). Held for a person: make room (the workers' memory, their `--check-mib`,
+    /// the result directory's disk) or put the kept file back, and resume, or abandon.
     ResultStalled = "result_stalled", Human;
     /// Remote success and a fetched, validated, stored result.
     Succeeded = "succeeded", Nobody;

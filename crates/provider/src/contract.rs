@@ -2755,8 +2755,12 @@ impl Validator<'_> {
         // A status, cancel or result call names the job somewhere, or every operation would read
         // (or cancel) one resource: `/v1/jobs/job_id`, its braces forgotten. (A lookup may list
         // every job, and pick ours by its reference.)
-        let names_any =
-            |t: &str| names_ours(t) || t.contains("{status_url}") || t.contains("{target}");
+        let names_any = |t: &str| {
+            names_ours(t)
+                || ["{status_url}", "{target}", "{target_path}"]
+                    .iter()
+                    .any(|p| t.contains(p))
+        };
         for (key, url, _, body, _) in calls.iter().filter(|call| call.4) {
             if key != "reconcile.lookup_url"
                 && !names_any(url)
@@ -2764,7 +2768,7 @@ impl Validator<'_> {
             {
                 return Err(self.err(
                     key,
-                    "a placeholder that names the job in its URL or body ({job_id}, {job_id_path}, {status_url}, {operation_id}, {client_reference}, {idempotency_key} or {target}): as written, every operation would call the same resource",
+                    "a placeholder that names the job in its URL or body ({job_id}, {job_id_path}, {status_url}, {operation_id}, {client_reference}, {idempotency_key}, {target} or {target_path}): as written, every operation would call the same resource",
                 ));
             }
         }

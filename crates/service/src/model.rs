@@ -405,7 +405,7 @@ pub fn advice(state: State) -> &'static str {
             "held for a person: the provider pointed outside its declared origins; nothing was sent there"
         }
         State::ResultStalled => {
-            "held for a person: the job succeeded, but collecting its result keeps stopping the workers that try, or it cannot be kept where results are kept"
+            "held for a person: the job succeeded, but collecting its result keeps stopping the workers that try, or it cannot be kept (or read back) where results are kept"
         }
         State::Succeeded => "done: fetch the validated result",
         State::Failed => "done: the provider reported failure; there is no result",

@@ -441,7 +441,8 @@ impl Service {
         job_may_exist: bool,
     ) -> Result<DecideResponse, ServiceError> {
         let store = self.operator();
-        // Without its request (up to 16 MiB): a refusal below costs no read of it.
+        // Without its request (up to 16 MiB): the refusals just below (not finished, abandoned
+        // unsettled) cost no read of it; later ones still do.
         let old = store.get_shown(id).await?;
         if !old.state.is_terminal() {
             return Err(ServiceError::conflict(format!(

@@ -301,17 +301,18 @@ impl Ctx<'_> {
     /// from shortly before the lease would run short (a check done by then costs nothing), and
     /// each extension reaches past the lease this worker counts on (`expires`), so the database's
     /// expiry is never earlier than it. It stops when the lease is lost (the step's fenced write
-    /// then says so), with `work`, however that ends (a panic included), and after
-    /// `check_within`: work that never ends (a result directory whose fsync hangs) must not keep
-    /// the operation from every other worker, and a person, for good. The lease then lapses; the
-    /// next holder counts this one lost (three in a row: `result_stalled`, held for a person), and
-    /// this worker's step, if the work ever ends, is refused as a lost lease's.
+    /// then says so), with `work`, however that ends (a panic included), and once one part of
+    /// the work (measuring, checking, keeping: [`CheckPart`]) has run `check_within`: work that
+    /// never ends (a result directory whose fsync hangs) must not keep the operation from every
+    /// other worker, and a person, for good. Waits for a turn do not count (a queue of large
+    /// results is no fault). The lease then lapses; the next holder counts this one lost (three in
+    /// a row: `result_stalled`, held for a person), and this worker's step, if the work ever ends,
+    /// is refused as a lost lease's.
     async fn keeping_lease<T>(&self, work: impl std::future::Future<Output = T>) -> T {
         let (store, lease, within) = (self.store.clone(), self.lease.clone(), self.answer_within);
-        let (check_within, give_up) = (
-            self.check_within,
-            tokio::time::Instant::now() + self.check_within,
-        );
+        let check_within = self.check_within;
+        let part = CheckPart::new();
+        let watched = part.clone();
         let ttl = self.ttl + LEASE_MARGIN;
         let every = (ttl / 3).max(Duration::from_millis(100));
         let first = tokio::time::Instant::from_std(
@@ -324,7 +325,7 @@ impl Ctx<'_> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if tokio::time::Instant::now() >= give_up {
+                if watched.running_for().is_some_and(|d| d >= check_within) {
                     tracing::error!(
                         operation = %lease.operation_id,
                         check_within = ?check_within,
@@ -342,7 +343,7 @@ impl Ctx<'_> {
                 }
             }
         }));
-        work.await
+        CHECK_PART.scope(part, work).await
     }
 
     async fn check_and_keep(&self, op: &OperationRecord, fetched: FetchedResult) -> Collected {
@@ -387,6 +388,7 @@ impl Ctx<'_> {
         })
         .await;
         drop(room);
+        CheckPart::started();
         let kept = self.keep(op, &fetched).await;
         Collected::from_fetched(&fetched, checked, kept)
     }
@@ -424,8 +426,60 @@ async fn off_runtime<T>(size: usize, check: impl FnOnce() -> T) -> T {
         return check();
     }
     // The semaphore is never closed: a failed acquire cannot happen, and would only skip the bound.
+    CheckPart::waiting();
     let _turn = LARGE_CHECKING.acquire().await.ok();
+    CheckPart::started();
     jobtrail_provider::wire::sized_work(size, check)
+}
+
+tokio::task_local! {
+    /// The part of a result's check under way where [`Ctx::keeping_lease`] keeps the lease.
+    static CHECK_PART: CheckPart;
+}
+
+/// When the part of a result's check under way started (milliseconds since the process's first
+/// check), or [`CheckPart::WAITING`] while it waits for a turn: the keeper lets the lease lapse
+/// once one part has run `--check-within`, not counting the waits.
+#[derive(Clone)]
+struct CheckPart(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl CheckPart {
+    const WAITING: u64 = u64::MAX;
+
+    fn now() -> u64 {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let ms = START.get_or_init(Instant::now).elapsed().as_millis();
+        u64::try_from(ms).unwrap_or(Self::WAITING - 1)
+    }
+
+    fn new() -> Self {
+        Self(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
+            Self::now(),
+        )))
+    }
+
+    fn set(at: u64) {
+        // Outside a kept lease (a check run without one) there is nothing to tell.
+        let _ = CHECK_PART.try_with(|p| p.0.store(at, std::sync::atomic::Ordering::Relaxed));
+    }
+
+    /// A part of the work starts now.
+    fn started() {
+        Self::set(Self::now());
+    }
+
+    /// The work waits for a turn (does not count) until the next [`CheckPart::started`].
+    fn waiting() {
+        Self::set(Self::WAITING);
+    }
+
+    /// How long the part under way has run; `None` while it waits for a turn.
+    fn running_for(&self) -> Option<Duration> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            Self::WAITING => None,
+            since => Some(Duration::from_millis(Self::now().saturating_sub(since))),
+        }
+    }
 }
 
 /// Drive one claimed operation until it needs to wait (or is done, or the lease is lost).
@@ -983,8 +1037,14 @@ async fn sync_result(
         }
         // The database is away: nothing is known about the result yet; try again later.
         Err(ReadError::Database(e)) => return Err(Stop::Other(e)),
-        // Kept on another host (a worker that took over from the one that kept it), or gone.
-        Err(ReadError::Missing(reason)) => Collected::NotReadable { reason },
+        // A file kept on another host (a worker that took over from the one that kept it), or
+        // gone: a person can put it back. (The database's results are insert-only: one missing
+        // there is not coming back.)
+        Err(ReadError::Missing(reason))
+            if jobtrail_store::ResultBytes::parse_location(&location).is_none() =>
+        {
+            Collected::NotReadable { reason }
+        }
         Err(why) => Collected::Unavailable {
             reason: why.to_string(),
         },
