@@ -812,6 +812,10 @@ async fn careless_input_is_refused_with_exit_2_and_nothing_written() {
             vec!["worker", "--db-answer-within", "forever"],
             "--db-answer-within",
         ),
+        // A check of zero would let every large result's lease lapse; a day and more is a typo.
+        (vec!["worker", "--check-within", "0s"], "--check-within"),
+        (vec!["worker", "--check-within", "10"], "--check-within"),
+        (vec!["worker", "--check-within", "2d"], "--check-within"),
         // No room at all would hold every JSON result; a size with a unit is not a number of MiB.
         (vec!["worker", "--check-mib", "0"], "--check-mib"),
         (vec!["worker", "--check-mib", "512Mi"], "--check-mib"),
