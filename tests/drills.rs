@@ -10,6 +10,12 @@ use support::Env;
 
 const T: Duration = Duration::from_secs(40);
 
+/// A job whose result is past 256 KiB, so it is checked on a thread handed over from the runtime
+/// (and waits for one of the worker's turns at checking large results).
+fn large_result() -> serde_json::Value {
+    serde_json::json!({"duration_ms": 100, "items": 8000})
+}
+
 /// Drill 1: the create response is lost after the provider accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drill_lost_create_response_makes_exactly_one_remote_job() {
@@ -145,14 +151,7 @@ async fn drill_worker_killed_after_saving_the_job_id_resumes_without_a_second_cr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drill_a_check_that_outlasts_the_lease_keeps_it() {
     let env = Env::new().await;
-    // Past 256 KiB, so it is checked on a thread handed over from the runtime.
-    let op = env
-        .submit(
-            "sim",
-            serde_json::json!({"duration_ms": 100, "items": 8000}),
-            |_| {},
-        )
-        .await;
+    let op = env.submit("sim", large_result(), |_| {}).await;
     let slow = [("JOBTRAIL_FAULT", "slow_at:result_checking:24000")];
     let _a = env.spawn_worker("slow-a", "2s", &slow);
     let _b = env.spawn_worker("slow-b", "2s", &slow);
@@ -182,14 +181,7 @@ async fn drill_a_check_that_outlasts_the_lease_keeps_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drill_a_check_that_never_ends_lets_its_lease_lapse() {
     let env = Env::new().await;
-    // Past 256 KiB, so it is checked on a thread handed over from the runtime.
-    let op = env
-        .submit(
-            "sim",
-            serde_json::json!({"duration_ms": 100, "items": 8000}),
-            |_| {},
-        )
-        .await;
+    let op = env.submit("sim", large_result(), |_| {}).await;
     let stuck = env.spawn_worker(
         "stuck",
         "2s",
@@ -234,8 +226,7 @@ async fn drill_a_result_waiting_for_a_turn_to_be_checked_keeps_its_lease() {
     let env = Env::new().await;
     let mut ops = Vec::new();
     for _ in 0..3 {
-        let body = serde_json::json!({"duration_ms": 100, "items": 8000});
-        ops.push(env.submit("sim", body, |_| {}).await);
+        ops.push(env.submit("sim", large_result(), |_| {}).await);
     }
     let _w = env.spawn_worker(
         "queued",
