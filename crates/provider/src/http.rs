@@ -1108,18 +1108,7 @@ impl HttpProvider {
     /// tiny values would otherwise take sixteen times the result's limit, on every poll in flight.
     fn within_answer_bounds(&self, body: &[u8]) -> bool {
         let most = self.contract.max_response_bytes;
-        let parsed_most = wire::parsed_most(most);
-        // No text takes more than `MOST_PER_BYTE` times its length parsed: a short answer is not
-        // measured, and a long one is measured off the async threads.
-        body.len() as u64 <= most
-            && (body
-                .len()
-                .saturating_mul(jobtrail_core::json::MOST_PER_BYTE)
-                <= parsed_most
-                || !wire::sized_work(body.len(), || {
-                    jobtrail_core::json::footprint_within(body, parsed_most)
-                        .is_err_and(|e| e.too_large)
-                }))
+        body.len() as u64 <= most && !wire::parsed_beyond(body, wire::parsed_most(most))
     }
 
     /// A create's answer as JSON, for what the contract reads in it. One larger than the answers'

@@ -866,13 +866,7 @@ pub async fn exchange(client: &reqwest::Client, mut out: Box<Outgoing<'_>>) -> E
     // text takes more than `MOST_PER_BYTE` times its length: a short answer is not measured.
     if error.is_none()
         && let Some(most) = out.parsed_most
-        && body
-            .len()
-            .saturating_mul(jobtrail_core::json::MOST_PER_BYTE)
-            > most
-        && sized_work(body.len(), || {
-            jobtrail_core::json::footprint_within(&body, most).is_err_and(|e| e.too_large)
-        })
+        && parsed_beyond(&body, most)
     {
         error = Some(WireError::TooLarge);
     }
@@ -1013,6 +1007,18 @@ pub fn sized_work<T>(size: usize, work: impl FnOnce() -> T) -> T {
     } else {
         work()
     }
+}
+
+/// Whether `body`, parsed, would take more than `most` bytes. No text takes more than
+/// `MOST_PER_BYTE` times its length: a short one is not measured, a long one is measured off the
+/// async threads.
+pub fn parsed_beyond(body: &[u8], most: usize) -> bool {
+    body.len()
+        .saturating_mul(jobtrail_core::json::MOST_PER_BYTE)
+        > most
+        && sized_work(body.len(), || {
+            jobtrail_core::json::footprint_within(body, most).is_err_and(|e| e.too_large)
+        })
 }
 
 /// The most memory an answer of at most `max_body` bytes may take parsed: sixteen times its
