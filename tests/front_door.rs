@@ -59,6 +59,12 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
+    // The 201 names what it created (RFC 9110 §15.3.2), where a GET reads it.
+    let location = r.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(location, format!("/v1/operations/{id}"));
     let s: Value = r.json().await.unwrap();
     assert_eq!(s["created"], true);
     assert_eq!(s["operation"]["caller"], "agent-alice");
@@ -83,6 +89,13 @@ async fn agents_submit_wait_fetch_and_cancel_over_http_as_their_token_says() {
     let again: Value = r.json().await.unwrap();
     assert_eq!(again["created"], false);
     assert_eq!(again["operation"]["id"], op_id.as_str());
+    let at_location = c
+        .get(server.url(&location))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(at_location.status(), StatusCode::OK);
 
     // A different request under the same id: 409 naming both fingerprints.
     let mut other = req.clone();
@@ -2537,7 +2550,8 @@ async fn a_caller_holds_at_most_its_cap_of_open_operations() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resent.status(), StatusCode::CREATED);
+    // Nothing of it new: 200, as one submit sent again is answered.
+    assert_eq!(resent.status(), StatusCode::OK);
     let resent: Value = resent.json().await.unwrap();
     assert!(
         resent["operations"]

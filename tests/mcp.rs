@@ -450,6 +450,8 @@ async fn tasks_session(env: &Env, first: &Client, restart: impl AsyncFnOnce() ->
         format!("{e:?}").contains("-32602") || format!("{e:?}").contains("Task not found"),
         "{e:?}"
     );
+    // Its data says what kind of refusal it is, as a tool's error does.
+    assert!(format!("{e:?}").contains("not-found"), "{e:?}");
     let listed = client
         .send_request(ClientRequest::CustomRequest(CustomRequest::new(
             "tasks/list",
@@ -468,6 +470,23 @@ async fn tasks_session(env: &Env, first: &Client, restart: impl AsyncFnOnce() ->
         ids.contains(&task_id.as_str()) && ids.contains(&long.as_str()),
         "{listed}"
     );
+    // Each listed task carries MCP 2025-11-25's names (the revision whose clients call
+    // tasks/list) beside the extension's: `ttl` (null: kept for good) and `pollInterval`.
+    for t in listed["tasks"].as_array().unwrap() {
+        assert_eq!(t.get("ttl"), Some(&json!(null)), "{t}");
+        assert_eq!(t["pollInterval"], t["pollIntervalMs"], "{t}");
+        assert!(t["pollInterval"].as_u64().is_some(), "{t}");
+    }
+    // A cursor that is not a string is refused, not read as "from the start" (a client paging
+    // with it would never end).
+    let e = client
+        .send_request(ClientRequest::CustomRequest(CustomRequest::new(
+            "tasks/list",
+            Some(json!({"cursor": 5})),
+        )))
+        .await
+        .unwrap_err();
+    assert!(format!("{e:?}").contains("invalid cursor"), "{e:?}");
     let _ = client.cancel().await;
 }
 
@@ -1236,6 +1255,51 @@ async fn an_mcp_call_over_stdio_with_a_key_twice_is_refused_and_writes_nothing()
         env.store.totals().await.unwrap().0,
         0,
         "something was written"
+    );
+    // A request whose id is given twice is answered (JSON-RPC: with a null id, the id unknown),
+    // not dropped as if it were a notification: the client would wait for it for good.
+    send(call(8, "").replacen(r#""id": 8,"#, r#""id": 8, "id": 9,"#, 1)).await;
+    let refused = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let line: String = stdout.next_line().await.unwrap().expect("an answer");
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v.get("id") == Some(&Value::Null) {
+                return v;
+            }
+        }
+    })
+    .await
+    .expect("answered in time");
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("id")),
+        "{refused}"
+    );
+    assert_eq!(env.store.totals().await.unwrap().0, 0);
+    // An argument that does not deserialize is not quoted back whole (rmcp quotes it).
+    let long = "x".repeat(1_000_000);
+    send(
+        json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": {
+            "name": "get_operation",
+            "arguments": {"operation_id": "op_x", "timeline": long}}})
+        .to_string(),
+    )
+    .await;
+    // It is a tool error as the tools' own are: structured, `bad-input`, its message cut.
+    let refused = answer(&mut stdout, 10).await;
+    let said = &refused["result"]["structuredContent"];
+    let message = said["message"].as_str().unwrap_or_default();
+    assert!(
+        refused["result"]["isError"] == true
+            && said["error"] == "bad-input"
+            && message.contains("deserialize")
+            && message.chars().count() <= 301
+            && refused.to_string().len() < 4_000,
+        "{} bytes: {}",
+        refused.to_string().len(),
+        jobtrail_core::ids::cut(&refused.to_string(), 600)
     );
     send(call(4, "")).await;
     let taken = answer(&mut stdout, 4).await;

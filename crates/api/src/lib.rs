@@ -229,7 +229,7 @@ fn every_route_may_answer(doc: &mut utoipa::openapi::OpenApi) {
         .build();
     let unavailable = ResponseBuilder::new()
         .description(
-            "Unavailable: the database could not be reached, an internal error, or the request ran past its time bound (`--request-timeout`, 30 s by default; a wait, five minutes more), when `Retry-After` says when to come back and a change it had made stands. Try again later (a submit with the same `id` is safe to repeat)",
+            "Unavailable: the database could not be reached (`Retry-After` says when to come back), an internal error, or the request ran past its time bound (`--request-timeout`, 30 s by default; a wait, five minutes more), when `Retry-After` says when to come back and a change it had made stands. Try again later (a submit with the same `id` is safe to repeat)",
         )
         .content(PROBLEM_JSON, problem())
         .build();

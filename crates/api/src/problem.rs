@@ -83,7 +83,8 @@ impl IntoResponse for Problem {
         let status = StatusCode::from_u16(doc.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         metrics::counter!("jobtrail_api_problems_total", "kind" => self.0.kind.as_str())
             .increment(1);
-        // Refused for load (a rate, a caller's turns, the bytes held): come back later.
+        // Refused for load (a rate, a caller's turns, the bytes held, a route's time bound) or
+        // for the database away: come back later.
         let shed = self.0.kind == Kind::RateLimited
             || (self.0.kind == Kind::Unavailable
                 && self
@@ -91,12 +92,12 @@ impl IntoResponse for Problem {
                     .detail
                     .as_ref()
                     .is_some_and(|d| d.get("retry_after_secs").is_some()));
-        // A server error, or a cause kept from the caller (an internal 403: the caller is told
+        // A server error, or a cause kept from the caller (an internal one: the caller is told
         // the log has it), is logged; refusals for load at most once a minute (they come in
         // floods, and the counter has each).
         if shed {
             if status.is_server_error() && once_a_minute(&SHED_WARNED) {
-                tracing::warn!(kind = %doc.kind, detail = %self.0.message, "requests refused for load (said at most once a minute; jobtrail_api_problems_total counts them)");
+                tracing::warn!(kind = %doc.kind, detail = %self.0.message, "requests refused for load or an outage, told when to come back (said at most once a minute; jobtrail_api_problems_total counts them)");
             }
         } else if (status.is_server_error() || self.0.internal) && !self.0.logged_by_door {
             tracing::warn!(kind = %doc.kind, detail = %self.0.message, "request failed");
@@ -147,8 +148,8 @@ mod tests {
         assert_eq!(doc.detail, "op_1 was already retried");
     }
 
-    /// A cause kept from the caller (a 403 for a permission the server's own role lacks, whose
-    /// answer says "the server's log has the cause") is in the server's log.
+    /// A cause kept from the caller (a permission the server's own role lacks, answered 503: the
+    /// server's fault, whose answer says "the server's log has the cause") is in the server's log.
     #[test]
     fn a_cause_kept_from_the_caller_is_logged() {
         #[derive(Clone, Default)]
@@ -173,7 +174,7 @@ mod tests {
         let response = tracing::subscriber::with_default(subscriber, || {
             Problem::from(ServiceError::from(denied)).into_response()
         });
-        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
         assert!(
             text.contains("permission denied for table provider_calls"),

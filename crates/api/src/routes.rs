@@ -106,7 +106,8 @@ fn query<T: serde::de::DeserializeOwned>(
     request_body(content = SubmitRequest, content_type = "application/json"),
     params(("traceparent" = Option<String>, Header, description = "W3C trace context: the operation's provider calls join this trace")),
     responses(
-        (status = 201, description = "Submitted: the intent is durable; nothing may have been sent yet", body = SubmitResponse),
+        (status = 201, description = "Submitted: the intent is durable; nothing may have been sent yet", body = SubmitResponse,
+            headers(("Location" = String, description = "The new operation: `/v1/operations/{id}`"))),
         (status = 200, description = "This id already holds the same request: nothing new was written", body = SubmitResponse),
         (status = 400, description = "Bad input: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 401, description = "No valid token", body = ProblemDoc, content_type = PROBLEM_JSON),
@@ -123,7 +124,7 @@ async fn submit(
     minted: Option<axum::Extension<Minted>>,
     headers: HeaderMap,
     body: Body,
-) -> Result<(StatusCode, Json<SubmitResponse>), Problem> {
+) -> Result<Response, Problem> {
     p.require(Scope::Submit)?;
     let (mut req, _turn): (SubmitRequest, _) =
         json_body(&s, &p, &headers, body, crate::MAX_REQUEST_BYTES).await?;
@@ -144,12 +145,13 @@ async fn submit(
         .submit(&p, req, trace)
         .await
         .map_err(|e| Problem(maybe_submitted(e, made_up)))?;
-    let status = if r.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(r)))
+    if !r.created {
+        return Ok((StatusCode::OK, Json(r)).into_response());
+    }
+    // RFC 9110 §15.3.2: a 201 names what it created. (The id is ours, `op_` and a UUID.)
+    let location = HeaderValue::try_from(format!("/v1/operations/{}", r.operation.id))
+        .map_err(|_| Problem::new(Kind::Unavailable, "an operation id that is not a header"))?;
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(r)).into_response())
 }
 
 #[utoipa::path(
@@ -157,7 +159,8 @@ async fn submit(
     request_body(content = BatchSubmitRequest, content_type = "application/json"),
     params(("traceparent" = Option<String>, Header, description = "W3C trace context: every operation of the batch joins this trace")),
     responses(
-        (status = 201, description = "Every operation is durable (each says whether it was new); nothing may have been sent yet", body = BatchSubmitResponse),
+        (status = 201, description = "Every operation is durable, at least one of them new (each says whether it was); nothing may have been sent yet", body = BatchSubmitResponse),
+        (status = 200, description = "Every item's id already held the same request: nothing new was written", body = BatchSubmitResponse),
         (status = 400, description = "An item (named in the message and `extra.item`) is bad input, or the batch is empty or over 1000: nothing was written", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 401, description = "No valid token", body = ProblemDoc, content_type = PROBLEM_JSON),
         (status = 403, description = "The token lacks the submit scope, or an item's provider needs approval", body = ProblemDoc, content_type = PROBLEM_JSON),
@@ -204,10 +207,13 @@ async fn submit_batch(
         .submit_batch(&p, req.operations, trace)
         .await
         .map_err(|e| Problem(maybe_submitted_batch(e, ids, any_made_up)))?;
-    Ok((
-        StatusCode::CREATED,
-        Json(BatchSubmitResponse { operations }),
-    ))
+    // As one submit answers: 201 when something was created, 200 for a batch sent again whole.
+    let status = if operations.iter().any(|o| o.created) {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(BatchSubmitResponse { operations })))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -205,6 +205,18 @@ pub fn task_of(op: &OperationView) -> DetailedTask {
     DetailedTask::new(task, payload)
 }
 
+/// A task as `tasks/list` answers it: the extension's names (`ttlMs`, `pollIntervalMs`) and, for
+/// the clients of MCP 2025-11-25 that call `tasks/list`, that revision's (`ttl`, required, null for
+/// unlimited; `pollInterval`).
+fn listed(task: Task) -> serde_json::Value {
+    let mut v = to_value(&task);
+    v["ttl"] = task.ttl_ms.into();
+    if let Some(ms) = task.poll_interval_ms {
+        v["pollInterval"] = ms.into();
+    }
+    v
+}
+
 fn as_object(v: serde_json::Value) -> JsonObject {
     match v {
         serde_json::Value::Object(m) => m,
@@ -223,17 +235,57 @@ fn logged(e: &ServiceError) {
     }
 }
 
+/// A service error as a JSON-RPC error (the task methods, which have no tool result to carry it).
+/// Its `data` says what a tool's error says: the kind (`rate-limited`, `not-found`, …) and the
+/// details beside it (`retry_after_secs`, a stale view's `current`), so a client can tell "slow
+/// down" from "broken" without reading the message.
 fn mcp_error(e: ServiceError) -> McpError {
     logged(&e);
-    let e = ServiceError {
-        message: e.shown(),
-        ..e
-    };
+    let message = e.shown();
+    let mut data = serde_json::json!({ "error": e.kind.as_str() });
+    if let Some(serde_json::Value::Object(detail)) = e.detail {
+        for (k, v) in detail {
+            data[k.as_str()] = v;
+        }
+    }
     match e.kind {
-        Kind::NotFound => McpError::invalid_params("Failed to retrieve task: Task not found", None),
-        Kind::BadInput | Kind::Conflict => McpError::invalid_params(e.message, None),
-        Kind::Unauthenticated | Kind::Forbidden => McpError::invalid_request(e.message, None),
-        _ => McpError::internal_error(e.message, None),
+        Kind::NotFound => {
+            McpError::invalid_params("Failed to retrieve task: Task not found", Some(data))
+        }
+        Kind::BadInput | Kind::Conflict => McpError::invalid_params(message, Some(data)),
+        Kind::Unauthenticated | Kind::Forbidden => McpError::invalid_request(message, Some(data)),
+        _ => McpError::internal_error(message, Some(data)),
+    }
+}
+
+/// At most this much of rmcp's own refusal of a tool call is sent: it quotes what it refused (an
+/// argument that does not deserialize, an unknown argument's name), which may be megabytes long.
+const SHOWN_ERROR_CHARS: usize = 300;
+
+/// A tool call's answer as sent. rmcp answers arguments that do not deserialize itself, with a
+/// tool error whose text quotes them: that becomes a `bad-input` error as the tools' own are
+/// (structured, counted, its message cut to [`SHOWN_ERROR_CHARS`]). A protocol error is cut alike.
+fn as_sent(answer: Result<CallToolResponse, McpError>) -> Result<CallToolResponse, McpError> {
+    let cut = |text: &str| jobtrail_core::ids::cut(text, SHOWN_ERROR_CHARS);
+    match answer {
+        Ok(CallToolResponse::Complete(r))
+            if r.is_error == Some(true) && r.structured_content.is_none() =>
+        {
+            let said = r
+                .content
+                .iter()
+                .find_map(|c| c.as_text())
+                .map(|t| cut(&t.text))
+                .unwrap_or_else(|| "the tool call's arguments were refused".into());
+            Ok(tool_error(ServiceError::bad_input(said)).into())
+        }
+        Err(mut e) => {
+            if e.message.chars().nth(SHOWN_ERROR_CHARS).is_some() {
+                e.message = cut(&e.message).into();
+            }
+            Err(e)
+        }
+        answer => answer,
     }
 }
 
@@ -530,6 +582,16 @@ impl JobtrailMcp {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for JobtrailMcp {
+    /// As `tool_handler` writes it, with rmcp's refusals answered as ours (see [`as_sent`]).
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        as_sent(self.tool_router.call(tcc).await)
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()
@@ -600,12 +662,12 @@ impl ServerHandler for JobtrailMcp {
                 None,
             ));
         }
-        let cursor = request
-            .params
-            .as_ref()
-            .and_then(|p| p.get("cursor"))
-            .and_then(|c| c.as_str())
-            .map(str::to_owned);
+        let cursor = match request.params.as_ref().and_then(|p| p.get("cursor")) {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(c)) => Some(c.clone()),
+            // Not ignored: listing from the start again would loop a client for good.
+            Some(_) => return Err(McpError::invalid_params("invalid cursor", None)),
+        };
         let ops = self.ops(&ctx).map_err(mcp_error)?;
         let page = ops
             .list(ListQuery {
@@ -617,7 +679,11 @@ impl ServerHandler for JobtrailMcp {
                 Kind::BadInput => McpError::invalid_params("invalid cursor", None),
                 _ => mcp_error(e),
             })?;
-        let tasks: Vec<Task> = page.operations.iter().map(|o| task_of(o).task).collect();
+        let tasks: Vec<serde_json::Value> = page
+            .operations
+            .iter()
+            .map(|o| listed(task_of(o).task))
+            .collect();
         let mut v = serde_json::json!({ "tasks": tasks });
         if let Some(c) = page.next_cursor {
             v["nextCursor"] = c.into();
@@ -638,9 +704,10 @@ const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// checks a body: two equal keys or an inexact number are refused with a JSON-RPC error naming the
 /// message's id (rmcp's parser takes the last key and rounds the number, so
 /// `{"provider": "a", "provider": "b"}` would start a job other than the one a reader of the call
-/// saw). A message longer than [`MAX_LINE_BYTES`] is dropped unread (its id unknown, it cannot be
-/// answered), as rmcp drops one, and so is a refused notification or batch (no id). What is not
-/// JSON at all goes on to rmcp, which answers it.
+/// saw). A message longer than [`MAX_LINE_BYTES`] is dropped unread, as rmcp drops one, and so is
+/// a refused notification (no id). A refused message whose id cannot be read (given twice, or a
+/// batch) is answered with a null id, as JSON-RPC answers one. What is not JSON at all goes on to
+/// rmcp, which answers it.
 async fn serve_lines(
     backend: Backend,
     input: impl tokio::io::AsyncRead + Unpin + Send + 'static,
@@ -678,10 +745,7 @@ async fn serve_lines(
                         Ok(_) => {}
                     }
                 }
-                Some((
-                    serde_json::Value::Null,
-                    format!("message longer than {MAX_LINE_BYTES} bytes"),
-                ))
+                Some((None, format!("message longer than {MAX_LINE_BYTES} bytes")))
             } else {
                 refused(&line)
             };
@@ -692,10 +756,10 @@ async fn serve_lines(
                     }
                 }
                 // A notification (no id) cannot be answered: it is dropped.
-                Some((serde_json::Value::Null, why)) => {
+                Some((None, why)) => {
                     tracing::warn!("MCP message over stdio refused: {why}");
                 }
-                Some((id, why)) => {
+                Some((Some(id), why)) => {
                     let mut answer = serde_json::to_vec(&serde_json::json!({
                         "jsonrpc": "2.0",
                         "id": id,
@@ -761,9 +825,10 @@ async fn serve_lines(
     ended
 }
 
-/// Why a message read over stdio is refused, with its id to answer (`Null` for a notification or
-/// an id that cannot be read), or `None` to pass it on.
-fn refused(line: &[u8]) -> Option<(serde_json::Value, String)> {
+/// Why a message read over stdio is refused, with the id to answer it under (`None` for a
+/// notification, which is not answered; `Null` for an id that cannot be read, as JSON-RPC answers
+/// a request whose id it could not tell), or `None` to pass it on.
+fn refused(line: &[u8]) -> Option<(Option<serde_json::Value>, String)> {
     // A byte-order mark first is read past by rmcp (RFC 8259 §8.1 lets a parser ignore it), so
     // what follows it is what must be checked.
     const BOM: &[u8] = b"\xEF\xBB\xBF";
@@ -779,10 +844,11 @@ fn refused(line: &[u8]) -> Option<(serde_json::Value, String)> {
     struct Id {
         id: Option<serde_json::Value>,
     }
-    let id = serde_json::from_slice::<Id>(text)
-        .ok()
-        .and_then(|m| m.id)
-        .unwrap_or(serde_json::Value::Null);
+    let id = match serde_json::from_slice::<Id>(text) {
+        Ok(m) => m.id,
+        // The id given twice (or the message not an object): a request whose id is unknown.
+        Err(_) => Some(serde_json::Value::Null),
+    };
     Some((id, format!("refused: {}", e.message)))
 }
 

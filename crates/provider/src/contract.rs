@@ -2111,6 +2111,26 @@ impl Validator<'_> {
         if s.state_absent.is_some() && state.is_empty() {
             return Err(self.err("status.state_absent", "status.state beside it"));
         }
+        // A document that states nothing (a provider's error envelope, `{}`, an answer cut short)
+        // must never end the job: succeeded would fetch and keep a result nobody confirmed,
+        // failed or cancelled would give up on paid work (or confirm a cancel) on no word at all.
+        if let Some(absent) = &s.state_absent {
+            let key = if s.ignore_case {
+                absent.to_lowercase()
+            } else {
+                absent.clone()
+            };
+            if let Some(phase) = states.get(&key)
+                && !matches!(phase, Phase::Queued | Phase::Running)
+            {
+                return Err(self.err(
+                    "status.state_absent",
+                    format!(
+                        "a state the job is still in (queued or running): {absent:?} is {phase:?}, and a document that states nothing must not end the job"
+                    ),
+                ));
+            }
+        }
         let done = self.pointer("status.done", &s.done)?;
         // While the flag is not true a document states nothing, and a status read that states
         // nothing is a failed read: with no state for "not done", every read of a running job

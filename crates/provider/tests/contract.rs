@@ -665,6 +665,35 @@ fn the_state_may_come_from_several_pointers_or_from_the_status_code() {
         parse(&codes_only.replacen("[status.codes]", "state_absent = \"x\"\n[status.codes]", 1))
             .unwrap_err();
     assert!(e.contains("status.state_absent"), "{e}");
+    // A document that states nothing never ends the job: state_absent names a state it is still
+    // in (or one no list names, which is held), whatever the case.
+    for finished in ["succeeded", "failed", "cancelled"] {
+        let e = parse(&base.replacen(
+            "state = \"/state\"",
+            &format!("state = \"/state\"\nstate_absent = \"{finished}\""),
+            1,
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("status.state_absent") && e.contains("still in"),
+            "{finished}: {e}"
+        );
+    }
+    let e = parse(&base.replacen(
+        "state = \"/state\"",
+        "state = \"/state\"\nstate_absent = \"SUCCEEDED\"\nignore_case = true",
+        1,
+    ))
+    .unwrap_err();
+    assert!(e.contains("status.state_absent"), "{e}");
+    for unfinished in ["running", "queued", "not_a_listed_state"] {
+        parse(&base.replacen(
+            "state = \"/state\"",
+            &format!("state = \"/state\"\nstate_absent = \"{unfinished}\""),
+            1,
+        ))
+        .unwrap();
+    }
     // Names without any pointer to read them from.
     let e = parse(&base.replacen("state = \"/state\"\n", "", 1)).unwrap_err();
     assert!(e.contains("status.state"), "{e}");

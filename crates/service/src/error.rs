@@ -205,6 +205,9 @@ impl ServiceError {
     }
 }
 
+/// How long a caller is asked to wait when the database is away (`Retry-After`).
+pub const DATABASE_AWAY_RETRY_SECS: u64 = 2;
+
 impl From<StoreError> for ServiceError {
     fn from(e: StoreError) -> Self {
         let kind = match &e {
@@ -254,14 +257,13 @@ impl From<StoreError> for ServiceError {
             | StoreError::Moved { .. }
             | StoreError::Conflict(_) => Kind::Conflict,
             StoreError::Tampered(_) | StoreError::AnchorNotFound(_) => Kind::Tampered,
-            // The server's own database role may not do this: a misconfiguration whose words
-            // (the database's, naming its tables) are for the operator's log, not the caller.
-            StoreError::Denied(_) => {
-                let mut err = ServiceError::new(Kind::Forbidden, e.to_string());
-                err.internal = true;
-                return err;
-            }
-            StoreError::Corrupt(_)
+            // The server's own database role may not do this: a misconfiguration, the server's
+            // fault and not the caller's (a 403 would tell a client its token may not, and never
+            // to come back), whose words (the database's, naming its tables) are for the
+            // operator's log. A local door (the CLI, jobtrail-admin) prints them: its operator
+            // holds the role.
+            StoreError::Denied(_)
+            | StoreError::Corrupt(_)
             | StoreError::Unavailable(_)
             | StoreError::Unreachable(_)
             | StoreError::CommitUnknown(_)
@@ -271,6 +273,12 @@ impl From<StoreError> for ServiceError {
             | StoreError::Schema(_) => {
                 let mut err = ServiceError::new(Kind::Unavailable, e.to_string());
                 err.internal = true;
+                // The database away (or its pool exhausted): when to come back, as a refusal for
+                // load says it (`Retry-After`), so a client backs off rather than hammering.
+                if e.is_transient() {
+                    err.detail =
+                        Some(serde_json::json!({ "retry_after_secs": DATABASE_AWAY_RETRY_SECS }));
+                }
                 return err;
             }
         };
@@ -295,8 +303,32 @@ mod tests {
         let e = ServiceError::from(StoreError::Denied(
             "permission denied for table provider_calls".into(),
         ));
-        assert_eq!(e.kind, Kind::Forbidden);
+        assert_eq!(
+            e.kind,
+            Kind::Unavailable,
+            "the server's fault, not the caller's"
+        );
+        assert_eq!(
+            e.detail, None,
+            "no Retry-After: coming back will not mend it"
+        );
         assert!(e.message.contains("provider_calls"), "the log keeps it");
         assert!(!e.shown().contains("provider_calls"), "{}", e.shown());
+    }
+
+    /// The database away is a refusal to come back from, and says when; a fault that waiting will
+    /// not mend says nothing of the kind.
+    #[test]
+    fn the_database_away_says_when_to_come_back() {
+        for away in [
+            StoreError::Unavailable("connection refused".into()),
+            StoreError::Unreachable("no connection to 127.0.0.1:5432".into()),
+        ] {
+            let e = ServiceError::from(away);
+            assert_eq!(e.kind, Kind::Unavailable);
+            assert_eq!(e.retry_after_secs(), DATABASE_AWAY_RETRY_SECS);
+        }
+        let e = ServiceError::from(StoreError::Schema("older schema".into()));
+        assert_eq!(e.detail, None);
     }
 }
