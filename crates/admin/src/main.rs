@@ -267,7 +267,20 @@ enum AuditCmd {
 async fn main() -> ExitCode {
     shell::end_quietly_when_stdout_closes();
     jobtrail_provider::install_crypto();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // A key set to nothing (a chart or cron value left blank) is unset, as every other setting
+    // is: otherwise every scheduled verify would be refused for a key with no anchor to check.
+    if let Command::Audit {
+        what: AuditCmd::Verify {
+            anchor_public_key, ..
+        },
+    } = &mut cli.command
+        && anchor_public_key
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty())
+    {
+        *anchor_public_key = None;
+    }
     if let Err(f) = shell::refuse_passwords_in_arguments(std::env::args_os()) {
         return shell::exit_with(Err(f));
     }

@@ -343,6 +343,38 @@ async fn each_decision_moves_the_operation_and_records_who_and_why() {
         store.history(a.id).await.unwrap().len() as i64,
         a.history_seq
     );
+    // A lease's owner is a row's text, which a writer login sets: the refusal naming it shows an
+    // escape in it as text (it could erase the refusal's line and print a forged "recorded").
+    let leased = unresolved(&store, 43).await;
+    exec(
+        &db,
+        &format!(
+            "UPDATE operations SET lease_owner = E'\\x1b[2K\\rforged', lease_expires_at = now() + interval '1 hour' WHERE id = '{}'",
+            leased.id.as_uuid()
+        ),
+    )
+    .await;
+    let out = admin(
+        &db,
+        &[
+            "adopt",
+            &leased.id.to_string(),
+            "--job-id",
+            "job_found",
+            "--seen",
+            &format!("create_unresolved@{}", leased.history_seq),
+            "--actor",
+            "alice",
+            "--reason",
+            "r",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 4, "{err:?}");
+    assert!(
+        err.contains("holds") && err.contains("\\u{1b}[2K\\rforged") && !err.contains('\u{1b}'),
+        "{err:?}"
+    );
     let (id, want) = check(
         &a,
         &[
@@ -1137,6 +1169,42 @@ async fn a_whole_operation_deleted_after_an_anchor_is_found_through_the_anchor()
             .contains("no longer hash to its digest")),
         "{breaks:#?}"
     );
+    // The deleted operation checked by its id, its anchored head deleted too: still the finding
+    // (exit 1), the anchor's heads altered, not "not found".
+    let out = one(&gone.to_string());
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no longer hash to its digest"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // An operation's row deleted and its history left, checked by its id with no anchor: the
+    // rows left are the finding (exit 1), as `--all` reports them.
+    let orphaned = ops[2].id;
+    exec(
+        &db,
+        &format!(
+            "SET session_replication_role = replica; DELETE FROM operation_schedule WHERE operation_id = '{0}'; DELETE FROM operations WHERE id = '{0}'",
+            orphaned.as_uuid()
+        ),
+    )
+    .await;
+    let out = admin(&db, &["audit", "verify", &orphaned.to_string(), "--json"]);
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        json(&out)["breaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["operation_id"] == orphaned.to_string()
+                && b["problem"]
+                    .as_str()
+                    .unwrap()
+                    .contains("of an operation that does not exist")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 /// A succeeded operation with a stored, validated result and a logged call, as a worker would leave it.
@@ -1383,6 +1451,19 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         String::from_utf8_lossy(&keyless.stderr)
     );
     assert!(String::from_utf8_lossy(&keyless.stderr).contains("--expect-anchor"));
+    // The variable set to nothing (a chart or cron value left blank) is unset, not a key.
+    let blank = Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+        .args(["audit", "verify", "--all"])
+        .env("DATABASE_URL", &db.url)
+        .env("JOBTRAIL_ANCHOR_PUBLIC_KEY", "")
+        .output()
+        .unwrap();
+    assert_eq!(
+        code(&blank),
+        0,
+        "{}",
+        String::from_utf8_lossy(&blank.stderr)
+    );
     // An anchor file whose signature another key made is refused.
     let wrong = ed25519_public_of(&"8".repeat(64));
     assert_eq!(

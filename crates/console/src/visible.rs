@@ -9,23 +9,10 @@
 use jobtrail_store::{HistoryRecord, OperationRecord, StoredCall};
 use std::borrow::Cow;
 
-use jobtrail_core::text::acts_instead_of_printing as acts;
-
 /// `s` with every control, line-break and direction-override character shown escaped (`\u{1b}`,
 /// `\n`).
 pub fn text(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(acts) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if acts(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
+    jobtrail_core::text::visible(s)
 }
 
 fn fix(s: &mut String) {

@@ -77,6 +77,25 @@ pub fn truncate(mut text: String, max: usize) -> String {
     text
 }
 
+/// `s` with every character a terminal would act on instead of printing (see
+/// [`acts_instead_of_printing`]) shown escaped (`\u{1b}`, `\n`): for text from a row or a caller
+/// put into a message a person reads (an error naming a lease's owner, say), where an escape could
+/// erase the line and a line break forge another.
+pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(acts_instead_of_printing) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if acts_instead_of_printing(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Would a terminal act on this character instead of printing it, or print nothing a person could
 /// see? Controls; direction marks, embeddings, overrides and isolates (which reorder what is read);
 /// the line and paragraph separators (which break a line as `\n` does); and the characters that

@@ -1012,16 +1012,19 @@ impl Service {
             Err(e) => return Err(e.into()),
         };
         let rec = &applied.record;
+        // A row's text (a writer login sets it), put into a note a person reads: shown escaped.
+        let requested_by = rec
+            .cancel_requested_by
+            .as_deref()
+            .map_or("someone".into(), jobtrail_core::text::visible);
         let note = match rec.state {
             // Asked again while the first request waits: nothing was written, and saying "noted"
             // would pass this one's reason off as recorded.
             State::CancelRequested | State::Cancelling if applied.transition.is_none() => format!(
-                "a cancel was already requested by {}: nothing new was recorded (the first request stands); it is under way, and the operation is cancelled only when the provider confirms",
-                rec.cancel_requested_by.as_deref().unwrap_or("someone")
+                "a cancel was already requested by {requested_by}: nothing new was recorded (the first request stands); it is under way, and the operation is cancelled only when the provider confirms"
             ),
             _ if applied.transition.is_none() => format!(
-                "a cancel was already requested by {}: nothing new was recorded (the first request stands); it is acted on as soon as the remote job id is known",
-                rec.cancel_requested_by.as_deref().unwrap_or("someone")
+                "a cancel was already requested by {requested_by}: nothing new was recorded (the first request stands); it is acted on as soon as the remote job id is known"
             ),
             State::Withdrawn => "withdrawn: no create can have reached the provider".to_owned(),
             State::CancelRequested => {

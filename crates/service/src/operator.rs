@@ -297,7 +297,7 @@ impl Service {
                 if !answers.contains(&job_id.as_str()) {
                     return Err(ServiceError::bad_input(format!(
                         "job_id {job_id:?} is not one of the provider's answers for {id}: {}",
-                        answers.join(", ")
+                        jobtrail_core::text::visible(&answers.join(", "))
                     )));
                 }
                 Step::event(jobtrail_core::Event::ChooseRemoteJob {

@@ -217,6 +217,11 @@ impl<'a, T> PerOperation<'a, T> {
     }
 }
 
+/// How an anchor's own findings are filed (where an operation's id would be).
+fn anchor_tag(anchor: &Anchor) -> String {
+    format!("anchor #{}", anchor.id)
+}
+
 fn orphan(report: &mut VerifyReport, id: uuid::Uuid, seq: i64, what: &str) {
     report.breaks.push(ChainBreak {
         operation_id: OperationId::from_uuid(id).to_string(),
@@ -236,11 +241,10 @@ impl Store {
     pub async fn verify_operation(&self, id: OperationId) -> Result<VerifyReport, StoreError> {
         // All four reads as of one instant (see `one_snapshot`).
         let [mut tx] = self.one_snapshot().await?;
-        let facts: Facts = sqlx::query_as(include_str!("sql/operation_get_facts.sql"))
+        let facts: Option<Facts> = sqlx::query_as(include_str!("sql/operation_get_facts.sql"))
             .bind(id.as_uuid())
             .fetch_optional(&mut *tx)
-            .await?
-            .ok_or(StoreError::NotFound(id))?;
+            .await?;
         let history = crate::history_of(&mut *tx, id).await?;
         let calls = crate::calls_of(&mut *tx, id).await?;
         let results: Vec<ResultDigest> =
@@ -248,8 +252,35 @@ impl Store {
                 .bind(Some(id.as_uuid()))
                 .fetch_all(&mut *tx)
                 .await?;
-        let cut = cutovers(&mut tx).await?;
         let mut report = VerifyReport::default();
+        let Some(facts) = facts else {
+            // The row gone and its evidence left: the deletion is the finding (exit 1), as
+            // `--all` reports it, not "no such operation" (exit 3, which a script reads as a
+            // mistyped id).
+            for l in &history {
+                report.rows += 1;
+                orphan(&mut report, id.as_uuid(), l.seq, "history row");
+            }
+            for c in &calls {
+                report.calls += 1;
+                orphan(
+                    &mut report,
+                    id.as_uuid(),
+                    c.seq.unwrap_or(0),
+                    "provider call",
+                );
+            }
+            for _ in &results {
+                report.results += 1;
+                orphan(&mut report, id.as_uuid(), 0, "stored result");
+            }
+            if report.breaks.is_empty() {
+                return Err(StoreError::NotFound(id));
+            }
+            report.cap_breaks();
+            return Ok(report);
+        };
+        let cut = cutovers(&mut tx).await?;
         check_operation(&facts, (&history, &calls, &results), cut, &mut report);
         report.cap_breaks();
         Ok(report)
@@ -507,7 +538,7 @@ impl Store {
         only: Option<OperationId>,
         report: &mut VerifyReport,
     ) -> Result<(), StoreError> {
-        let tag = format!("anchor #{}", anchor.id);
+        let tag = anchor_tag(anchor);
         let (digest, count) = self.heads_digest(anchor).await?;
         if digest != anchor.digest || count != anchor.operations {
             report.breaks.push(ChainBreak {
@@ -609,7 +640,12 @@ impl Store {
             (Err(StoreError::NotFound(_)), Some(a)) => {
                 let mut report = VerifyReport::default();
                 self.verify_anchor(a, Some(id), &mut report).await?;
-                report.breaks.retain(|b| b.operation_id == id.to_string());
+                // Its own findings, and the anchor's (its heads altered: this operation's head
+                // deleted with it, say), which are every operation's.
+                let tag = anchor_tag(a);
+                report
+                    .breaks
+                    .retain(|b| b.operation_id == id.to_string() || b.operation_id == tag);
                 if report.breaks.is_empty() {
                     return Err(StoreError::NotFound(id));
                 }

@@ -1789,6 +1789,8 @@ impl Store {
             _ => false,
         };
         if settles_the_create && let Some((owner, until)) = locked.live_lease() {
+            // The owner is a row's text, which a writer login sets: shown, never acted on.
+            let owner = jobtrail_core::text::visible(owner);
             return Err(StoreError::Conflict(format!(
                 "worker {owner} holds {id} until {until}: it may be creating or looking up the job at this moment, so what you found may already be out of date; wait until it settles the create (create_unresolved comes to a person) or its lease ends, then decide again"
             )));
