@@ -440,6 +440,15 @@ fn commands_on_the_database_require_database_url_and_start_no_database_of_their_
             ],
             "a number from 0 to 1",
         ),
+        // An exporter other than otlp or none would be taken for one of them.
+        (
+            vec!["worker"],
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+                ("OTEL_TRACES_EXPORTER", "zipkin"),
+            ],
+            "otlp (the default) or none",
+        ),
     ] {
         let mut envs = envs.clone();
         envs.push(("DATABASE_URL", "postgres://nobody@127.0.0.1:9/none"));
@@ -731,6 +740,48 @@ async fn traced_worker(
     ];
     vars.extend_from_slice(extra);
     (env.spawn_worker(id, "10s", &vars), spans)
+}
+
+/// A collector that refuses every export (a wrong endpoint, a token it does not take) is seen in
+/// the worker's log, not only in traces that never come: the SDK's own errors are logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_refuses_every_export_is_said_in_the_log() {
+    let env = Env::new().await;
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(|| async { axum::http::StatusCode::UNAUTHORIZED }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let mut worker = env.spawn_worker(
+        "otel-refused",
+        "10s",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
+        .await;
+    let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
+    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&worker.log).unwrap_or_default();
+        if text.contains("ExportError") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refused export was never said:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    worker.stop_cleanly();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

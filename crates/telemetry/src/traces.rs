@@ -1,7 +1,11 @@
 //! Trace export over OTLP/HTTP (protobuf), configured the standard way: on when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set (and
-//! `OTEL_SDK_DISABLED` is not `true`), a no-op otherwise. The exporter reads the other standard
-//! variables itself (headers, timeout); `OTEL_SERVICE_NAME` defaults to `jobtrail`. The sampler is
+//! `OTEL_SDK_DISABLED` is not `true`, nor `OTEL_TRACES_EXPORTER` `none`), a no-op otherwise. The
+//! exporter reads the other standard variables itself (headers, timeout); the service's name is
+//! `OTEL_SERVICE_NAME`, else `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else `jobtrail`. What
+//! the SDK says of its own troubles (an export refused, spans dropped for a full queue) is logged
+//! under the `opentelemetry_sdk` and `opentelemetry-otlp` targets: a collector that refuses every
+//! export is seen in the log, not only in a trace that never comes. The sampler is
 //! read here (`OTEL_TRACES_SAMPLER`, refused when unknown) and handed to the provider crate too, so
 //! the flags of every context jobtrail builds, and of the `traceparent` providers receive, carry the
 //! sampler's decision for the operation's trace.
@@ -22,30 +26,49 @@ fn set(var: &str) -> Option<String> {
 pub fn init() -> Result<Traces, String> {
     let endpoint =
         set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    // The spec's list of exporters: `otlp` (the default) or `none`; another (a typo, `console`,
+    // `zipkin`) is refused rather than taken for one of them.
+    if let Some(e) = set("OTEL_TRACES_EXPORTER") {
+        match e.trim().to_ascii_lowercase().as_str() {
+            "otlp" => {}
+            "none" => return Ok(Traces(None)),
+            _ => {
+                return Err(format!(
+                    "OTEL_TRACES_EXPORTER={e:?}: jobtrail exports traces with otlp (the default) or none"
+                ));
+            }
+        }
+    }
     if endpoint.is_none()
         || set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
     {
         return Ok(Traces(None));
     }
-    for var in [
+    // The traces' own setting wins over the general one, as the spec says.
+    let protocol = [
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
         "OTEL_EXPORTER_OTLP_PROTOCOL",
-    ] {
-        if let Some(p) = set(var)
-            && p != "http/protobuf"
-        {
-            return Err(format!(
-                "{var}={p}: jobtrail exports traces over OTLP/HTTP with protobuf only (http/protobuf)"
-            ));
-        }
+    ]
+    .into_iter()
+    .find_map(|var| set(var).map(|p| (var, p)));
+    if let Some((var, p)) = protocol
+        && p.trim() != "http/protobuf"
+    {
+        return Err(format!(
+            "{var}={p}: jobtrail exports traces over OTLP/HTTP with protobuf only (http/protobuf)"
+        ));
     }
     let sampler = sampler()?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()
         .map_err(|e| format!("OTLP trace exporter: {e}"))?;
+    // The builder has read OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES already: the default
+    // name only where neither names the service (it would override them).
     let mut resource = Resource::builder();
-    if set("OTEL_SERVICE_NAME").is_none() {
+    let named_in_attributes =
+        set("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| names_the_service(&a));
+    if set("OTEL_SERVICE_NAME").is_none() && !named_in_attributes {
         resource = resource.with_service_name("jobtrail");
     }
     let provider = SdkTracerProvider::builder()
@@ -57,6 +80,14 @@ pub fn init() -> Result<Traces, String> {
     jobtrail_provider::spans::set_sampler(sampler);
     opentelemetry::global::set_tracer_provider(provider.clone());
     Ok(Traces(Some(provider)))
+}
+
+/// Whether resource attributes (`OTEL_RESOURCE_ATTRIBUTES`: `key=value,…`) name the service.
+fn names_the_service(attributes: &str) -> bool {
+    attributes.split(',').any(|kv| {
+        kv.split_once('=')
+            .is_some_and(|(k, _)| k.trim() == "service.name")
+    })
 }
 
 /// What an out-of-range or unparsable `OTEL_TRACES_SAMPLER_ARG` is told.
@@ -118,5 +149,21 @@ impl Traces {
         {
             tracing::warn!(error = %e, "could not flush traces at shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_the_service;
+
+    /// A service named in the resource attributes keeps its name (the default would override it).
+    #[test]
+    fn the_service_named_in_resource_attributes_is_kept() {
+        assert!(names_the_service("service.name=jobtrail-prod"));
+        assert!(names_the_service(
+            "deployment.environment=prod, service.name = jt"
+        ));
+        assert!(!names_the_service("service.namespace=payments,team=x"));
+        assert!(!names_the_service("service.name"));
     }
 }
