@@ -240,7 +240,8 @@ if "$helm" template jt helm/jobtrail --set autoscaling.keda.enabled=true --set d
 fi
 # values.schema.json: a name the chart does not know, or a value of the wrong kind, is refused
 # (before, a typo rendered with the default in its place, in silence).
-for bad in worker.replica=3 worker.lease=30 api.ratePerToken=fast api.heldMib=0 \
+for bad in worker.replica=3 worker.lease=30 worker.lease=250ms worker.lease=2h worker.lease=61m \
+  worker.shutdownGraceSeconds=3601 api.drain=601s api.ratePerToken=fast api.heldMib=0 \
   'image.pullPolicy=Sometimes' 'api.mcpAllowedHosts={https://jobtrail.example}' \
   'api.mcpAllowedHosts={jobtrail.example:}' 'api.mcpAllowedHosts={jobtrail.example:99999}' 'providerSecrets[0].name=X,providerSecrets[0].secretName=s,providerSecrets[0].key=k,providerSecrets[0].component=workers'; do
   if "$helm" template jt helm/jobtrail --set "$bad" >/dev/null 2>&1; then
@@ -248,6 +249,9 @@ for bad in worker.replica=3 worker.lease=30 api.ratePerToken=fast api.heldMib=0 
     exit 1
   fi
 done
+# What the worker and the server take at the ends of their ranges, the schema takes too.
+"$helm" template jt helm/jobtrail --set worker.lease=1h >/dev/null
+"$helm" template jt helm/jobtrail --set worker.lease=1s --set api.drain=0s >/dev/null
 "$helm" template jt helm/jobtrail --set api.ratePerAddress=off --set api.maxConnectionsPerAddress=512 \
   --set 'api.ratePerToken=50/s\,200' >/dev/null
 # What jobtrail serve's --mcp-allowed-host takes, the schema takes too.
