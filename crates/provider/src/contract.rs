@@ -1593,16 +1593,6 @@ impl Validator<'_> {
                     "a header jobtrail does not set itself (credentials go in [auth], the idempotency token in create.idempotency_header, the trace in traceparent)",
                 ));
             }
-            // Its value is in clear text in the contract file (a ConfigMap; `contract check`
-            // prints it): a credential is read from the environment or a file, through [auth].
-            if crate::wire::credential_header_name(h.as_str()) {
-                return Err(self.err(
-                    &k,
-                    format!(
-                        "no credential in a fixed header ({h} names one; the contract file is kept in clear text, in a ConfigMap, and printed by `contract check`): send it through [auth] with header = \"{h}\" and secret = \"env:…\" or \"file:…\""
-                    ),
-                ));
-            }
             let v = http::HeaderValue::from_str(value)
                 .map_err(|_| self.err(&k, "a header value of visible ASCII"))?;
             out.insert(h, v);

@@ -516,32 +516,6 @@ pub fn credential_query_name(name: &str) -> bool {
     NAMES.contains(&bare.as_str())
 }
 
-/// Whether a header's name says it carries a credential (`X-Api-Key`, `Ocp-Apim-Subscription-Key`,
-/// `X-Auth-Token`, `X-Functions-Key`, `Api-Secret`): refused among a contract's fixed headers, whose
-/// values sit in clear text in the contract file. `X-Api-Version`, `Prefer` or `Accept-Language`
-/// say nothing of the kind.
-pub fn credential_header_name(name: &str) -> bool {
-    const ENDINGS: &[&str] = &[
-        "key",
-        "token",
-        "secret",
-        "password",
-        "passwd",
-        "signature",
-        "auth",
-        "authorization",
-        "credential",
-        "credentials",
-        "cookie",
-    ];
-    let bare: String = name
-        .chars()
-        .filter(|c| !matches!(c, '-' | '_' | '.'))
-        .collect::<String>()
-        .to_ascii_lowercase();
-    ENDINGS.iter().any(|e| bare.ends_with(e)) || bare.contains("apikey")
-}
-
 /// The URL as it may be stored: no user info, secret-looking query values redacted, no fragment
 /// (never sent, and where a sign-in leaves its `#access_token=`).
 pub fn sanitize_url(u: &url::Url) -> String {

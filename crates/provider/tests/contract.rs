@@ -424,53 +424,6 @@ fn a_credential_in_the_fixed_query_is_refused_without_its_value() {
         assert!(err.contains(key) && err.contains("[auth]"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
     }
-    // Nor in a fixed header, on every call or on the create alone; a header that is no
-    // credential loads.
-    let with_headers = |at: &str, h: &str| {
-        let text = sim_text().replacen(at, &format!("{at}\nheaders = {{ {h} }}"), 1);
-        assert_ne!(text, sim_text(), "{at}");
-        text
-    };
-    let every_call = "base_url = \"http://127.0.0.1:8700\"";
-    for (at, h, key) in [
-        (
-            every_call,
-            r#""X-Api-Key" = "hunter2-SECRET""#,
-            "headers.x-api-key",
-        ),
-        (
-            every_call,
-            r#""Ocp-Apim-Subscription-Key" = "hunter2-SECRET""#,
-            "headers.ocp-apim-subscription-key",
-        ),
-        (
-            every_call,
-            r#""X-Auth-Token" = "hunter2-SECRET""#,
-            "headers.x-auth-token",
-        ),
-        (
-            every_call,
-            r#""Api_Secret" = "hunter2-SECRET""#,
-            "headers.api_secret",
-        ),
-        (
-            "[create]",
-            r#""X-Functions-Key" = "hunter2-SECRET""#,
-            "create.headers.x-functions-key",
-        ),
-    ] {
-        let err = parse(&with_headers(at, h)).unwrap_err();
-        assert!(
-            err.contains("[auth]") && err.contains("fixed header"),
-            "{err}"
-        );
-        assert!(err.to_lowercase().contains(key), "{key}: {err}");
-        assert!(!err.contains("hunter2"), "{err}");
-    }
-    for fine in [r#""X-Api-Version" = "2""#, r#""Accept-Language" = "en""#] {
-        let c = parse(&with_headers(every_call, fine)).unwrap();
-        assert_eq!(c.headers.len(), 1, "{fine}");
-    }
     // Nor written into a URL: the base URL, a path or a URL template's own query.
     for (from, to, key) in [
         (
