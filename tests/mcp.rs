@@ -486,7 +486,10 @@ async fn tasks_session(env: &Env, first: &Client, restart: impl AsyncFnOnce() ->
         )))
         .await
         .unwrap_err();
-    assert!(format!("{e:?}").contains("invalid cursor"), "{e:?}");
+    assert!(
+        format!("{e:?}").contains("invalid cursor") && format!("{e:?}").contains("bad-input"),
+        "{e:?}"
+    );
     let _ = client.cancel().await;
 }
 

@@ -742,6 +742,35 @@ async fn traced_worker(
     (env.spawn_worker(id, "10s", &vars), spans)
 }
 
+/// A traced worker (with `extra` settings) that has carried one operation to success, stopped.
+async fn traced_run(
+    env: &Env,
+    id: &str,
+    extra: &[(&str, &str)],
+) -> (
+    support::WorkerProcess,
+    ReceivedSpans,
+    jobtrail_store::OperationRecord,
+) {
+    let (mut worker, spans) = traced_worker(env, id, extra).await;
+    let op = env
+        .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
+        .await;
+    let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
+    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
+    worker.stop_cleanly();
+    (worker, spans, op)
+}
+
+/// `OTEL_TRACES_EXPORTER=none` exports nothing, whatever the endpoint (a platform that sets one for
+/// every pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_exporter_exports_nothing() {
+    let env = Env::new().await;
+    let (_, spans, _) = traced_run(&env, "otel-none", &[("OTEL_TRACES_EXPORTER", "none")]).await;
+    assert_eq!(spans.lock().unwrap().len(), 0);
+}
+
 /// A collector that refuses every export (a wrong endpoint, a token it does not take) is seen in
 /// the worker's log, not only in traces that never come: the SDK's own errors are logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -994,14 +1023,8 @@ async fn a_ratio_sampler_keeps_or_drops_each_operations_trace_whole_and_tells_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_sampler_named_falls_back_to_sampling_everything_with_a_warning() {
     let env = Env::new().await;
-    let (mut worker, spans) =
-        traced_worker(&env, "otel-xray", &[("OTEL_TRACES_SAMPLER", " XRay ")]).await;
-    let op = env
-        .submit("sim", serde_json::json!({"duration_ms": 100}), |_| {})
-        .await;
-    let done = env.wait_settled(op.id, Duration::from_secs(60)).await;
-    assert_eq!(done.state.as_str(), "succeeded", "{}", env.logs());
-    worker.stop_cleanly();
+    let (worker, spans, op) =
+        traced_run(&env, "otel-xray", &[("OTEL_TRACES_SAMPLER", " XRay ")]).await;
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(log.contains("remote sampler"), "{log}");
     let trace = hex::decode(op.trace_id.to_string()).unwrap();

@@ -269,11 +269,16 @@ async fn main() -> ExitCode {
     jobtrail_provider::install_crypto();
     let mut cli = Cli::parse();
     // A key set to nothing (a chart or cron value left blank) is unset, as every other setting
-    // is: otherwise every scheduled verify would be refused for a key with no anchor to check.
+    // is, where no anchor file is named: otherwise every scheduled verify would be refused for a
+    // key with no anchor to check. With a file, a blank key is refused (its signature unchecked
+    // would pass in silence).
     if let Command::Audit {
-        what: AuditCmd::Verify {
-            anchor_public_key, ..
-        },
+        what:
+            AuditCmd::Verify {
+                anchor_public_key,
+                expect_anchor: None,
+                ..
+            },
     } = &mut cli.command
         && anchor_public_key
             .as_deref()

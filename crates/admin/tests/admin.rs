@@ -1451,6 +1451,21 @@ async fn forged_rows_of_every_kind_are_found_and_a_missing_anchor_is_a_failure()
         String::from_utf8_lossy(&keyless.stderr)
     );
     assert!(String::from_utf8_lossy(&keyless.stderr).contains("--expect-anchor"));
+    // Set to nothing beside an anchor file, it is refused, not taken as unset: the file's
+    // signature would go unchecked in silence.
+    let blank_with_file = Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
+        .args(["audit", "verify", "--all", "--expect-anchor"])
+        .arg(&keep)
+        .env("DATABASE_URL", &db.url)
+        .env("JOBTRAIL_ANCHOR_PUBLIC_KEY", "")
+        .output()
+        .unwrap();
+    assert_eq!(
+        code(&blank_with_file),
+        2,
+        "{}",
+        String::from_utf8_lossy(&blank_with_file.stderr)
+    );
     // The variable set to nothing (a chart or cron value left blank) is unset, not a key.
     let blank = Command::new(env!("CARGO_BIN_EXE_jobtrail-admin"))
         .args(["audit", "verify", "--all"])

@@ -83,21 +83,22 @@ impl IntoResponse for Problem {
         let status = StatusCode::from_u16(doc.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         metrics::counter!("jobtrail_api_problems_total", "kind" => self.0.kind.as_str())
             .increment(1);
-        // Refused for load (a rate, a caller's turns, the bytes held, a route's time bound) or
-        // for the database away: come back later.
-        let shed = self.0.kind == Kind::RateLimited
-            || (self.0.kind == Kind::Unavailable
-                && self
-                    .0
-                    .detail
-                    .as_ref()
-                    .is_some_and(|d| d.get("retry_after_secs").is_some()));
+        // Told when to come back: refused for load, or the database away.
+        let come_back = (self.0.kind == Kind::RateLimited || self.0.kind == Kind::Unavailable)
+            && self
+                .0
+                .detail
+                .as_ref()
+                .is_some_and(|d| d.get("retry_after_secs").is_some());
+        // Refused for load (a rate, a caller's turns, the bytes held, a route's time bound): not
+        // a fault of ours (one kept from the caller, the database away, is logged each time).
+        let shed = self.0.kind == Kind::RateLimited || (come_back && !self.0.internal);
         // A server error, or a cause kept from the caller (an internal one: the caller is told
         // the log has it), is logged; refusals for load at most once a minute (they come in
         // floods, and the counter has each).
         if shed {
             if status.is_server_error() && once_a_minute(&SHED_WARNED) {
-                tracing::warn!(kind = %doc.kind, detail = %self.0.message, "requests refused for load or an outage, told when to come back (said at most once a minute; jobtrail_api_problems_total counts them)");
+                tracing::warn!(kind = %doc.kind, detail = %self.0.message, "requests refused for load (said at most once a minute; jobtrail_api_problems_total counts them)");
             }
         } else if (status.is_server_error() || self.0.internal) && !self.0.logged_by_door {
             tracing::warn!(kind = %doc.kind, detail = %self.0.message, "request failed");
@@ -114,7 +115,7 @@ impl IntoResponse for Problem {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         // When to come back, as the refusal says it.
-        if shed {
+        if shed || come_back {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, self.0.retry_after_secs().into());
         }

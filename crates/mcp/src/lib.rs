@@ -666,7 +666,12 @@ impl ServerHandler for JobtrailMcp {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(c)) => Some(c.clone()),
             // Not ignored: listing from the start again would loop a client for good.
-            Some(_) => return Err(McpError::invalid_params("invalid cursor", None)),
+            Some(_) => {
+                return Err(McpError::invalid_params(
+                    "invalid cursor",
+                    Some(serde_json::json!({ "error": "bad-input" })),
+                ));
+            }
         };
         let ops = self.ops(&ctx).map_err(mcp_error)?;
         let page = ops
@@ -676,7 +681,10 @@ impl ServerHandler for JobtrailMcp {
             })
             .await
             .map_err(|e| match e.kind {
-                Kind::BadInput => McpError::invalid_params("invalid cursor", None),
+                Kind::BadInput => McpError::invalid_params(
+                    "invalid cursor",
+                    Some(serde_json::json!({ "error": "bad-input" })),
+                ),
                 _ => mcp_error(e),
             })?;
         let tasks: Vec<serde_json::Value> = page
@@ -705,8 +713,8 @@ const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// message's id (rmcp's parser takes the last key and rounds the number, so
 /// `{"provider": "a", "provider": "b"}` would start a job other than the one a reader of the call
 /// saw). A message longer than [`MAX_LINE_BYTES`] is dropped unread, as rmcp drops one, and so is
-/// a refused notification (no id). A refused message whose id cannot be read (given twice, or a
-/// batch) is answered with a null id, as JSON-RPC answers one. What is not JSON at all goes on to
+/// a refused notification (no id). A refused message whose id cannot be read (given twice) is
+/// answered with a null id, as JSON-RPC answers one. What is not JSON at all goes on to
 /// rmcp, which answers it.
 async fn serve_lines(
     backend: Backend,

@@ -553,7 +553,7 @@ impl Service {
             if c.requires_approval {
                 if !p.has(Scope::Decide) {
                     return Err(ServiceError::forbidden(format!(
-                        "provider {provider} requires a person's approval: a person submits it, over the HTTP API or the CLI, with a token that has the decide scope (never over MCP, where that scope is not used)"
+                        "provider {provider} requires a person's approval: a person submits it with a token that has the decide scope (over /mcp that scope is not used)"
                     )));
                 }
                 if req.approved_by.trim() != p.caller() {

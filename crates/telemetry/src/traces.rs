@@ -26,23 +26,31 @@ fn set(var: &str) -> Option<String> {
 pub fn init() -> Result<Traces, String> {
     let endpoint =
         set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
-    // The spec's list of exporters: `otlp` (the default) or `none`; another (a typo, `console`,
-    // `zipkin`) is refused rather than taken for one of them.
-    if let Some(e) = set("OTEL_TRACES_EXPORTER") {
-        match e.trim().to_ascii_lowercase().as_str() {
-            "otlp" => {}
-            "none" => return Ok(Traces(None)),
-            _ => {
-                return Err(format!(
-                    "OTEL_TRACES_EXPORTER={e:?}: jobtrail exports traces with otlp (the default) or none"
-                ));
-            }
-        }
-    }
     if endpoint.is_none()
         || set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
     {
         return Ok(Traces(None));
+    }
+    // The spec's list of exporters (`otlp`, the default; `none`): export when it names otlp (the
+    // others it names, which jobtrail does not have, are said and left), none when it is `none`;
+    // a list naming neither (a typo, `console` alone) is refused rather than taken for either.
+    if let Some(e) = set("OTEL_TRACES_EXPORTER") {
+        let named: Vec<String> = e
+            .split(',')
+            .map(|x| x.trim().to_ascii_lowercase())
+            .filter(|x| !x.is_empty())
+            .collect();
+        if named.iter().all(|x| x == "none") {
+            return Ok(Traces(None));
+        }
+        if !named.iter().any(|x| x == "otlp") {
+            return Err(format!(
+                "OTEL_TRACES_EXPORTER={e:?}: jobtrail exports traces with otlp (the default) or none"
+            ));
+        }
+        for other in named.iter().filter(|x| *x != "otlp") {
+            tracing::warn!(exporter = %other, "OTEL_TRACES_EXPORTER names an exporter jobtrail does not have: traces go to otlp only");
+        }
     }
     // The traces' own setting wins over the general one, as the spec says.
     let protocol = [
@@ -52,7 +60,7 @@ pub fn init() -> Result<Traces, String> {
     .into_iter()
     .find_map(|var| set(var).map(|p| (var, p)));
     if let Some((var, p)) = protocol
-        && p.trim() != "http/protobuf"
+        && !p.trim().eq_ignore_ascii_case("http/protobuf")
     {
         return Err(format!(
             "{var}={p}: jobtrail exports traces over OTLP/HTTP with protobuf only (http/protobuf)"
