@@ -8,6 +8,32 @@ use jobtrail_core::{CancelRequest, State};
 use std::time::{Duration, Instant};
 use support::Env;
 
+/// A person resumes `held`, an operation held in `result_stalled`, as `jobtrail-admin resume` does
+/// (alice, on the view `held` is, for `reason`).
+fn resume_stalled(env: &Env, held: &jobtrail_store::OperationRecord, reason: &str) {
+    let out = support::run_bin(
+        &support::admin_bin(),
+        &env.url,
+        &env.providers,
+        &[
+            "resume",
+            &held.id.to_string(),
+            "--seen",
+            &format!("result_stalled@{}", held.history_seq),
+            "--actor",
+            "alice",
+            "--reason",
+            reason,
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 const T: Duration = Duration::from_secs(40);
 
 /// A job whose result is past 256 KiB, so it is checked on a thread handed over from the runtime
@@ -291,29 +317,7 @@ async fn drill_a_result_that_keeps_killing_its_workers_is_held_for_a_person() {
     assert_eq!(fetched(), Some(3), "one fetch per lost holder, no fourth");
 
     // A person made room for the result and resumes it: fetched and checked again, and kept.
-    let admin = support::admin_bin();
-    let seen = format!("result_stalled@{}", held.history_seq);
-    let out = support::run_bin(
-        &admin,
-        &env.url,
-        &env.providers,
-        &[
-            "resume",
-            &op.id.to_string(),
-            "--seen",
-            &seen,
-            "--actor",
-            "alice",
-            "--reason",
-            "raised the workers' memory limit",
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    resume_stalled(&env, &held, "raised the workers' memory limit");
     let done = env.wait_settled(op.id, T).await;
     assert_eq!(done.state, State::Succeeded, "{}", env.logs());
     assert_eq!(fetched(), Some(4));
@@ -438,27 +442,7 @@ async fn drill_a_result_beyond_the_workers_check_memory_is_held_not_parsed() {
     assert!(narrow.wait_exit(Duration::from_secs(30)).is_some());
 
     let _roomy = env.spawn_worker("roomy", "5s", &[]);
-    let out = support::run_bin(
-        &support::admin_bin(),
-        &env.url,
-        &env.providers,
-        &[
-            "resume",
-            &large.id.to_string(),
-            "--seen",
-            &format!("result_stalled@{}", held.history_seq),
-            "--actor",
-            "alice",
-            "--reason",
-            "a worker with room for it",
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    resume_stalled(&env, &held, "a worker with room for it");
     let done = env.wait_settled(large.id, T).await;
     assert_eq!(done.state, State::Succeeded, "{}", env.logs());
     let summary = done.result_summary.unwrap();
@@ -1162,24 +1146,7 @@ async fn drill_a_synchronous_result_kept_on_another_host_is_held_not_lost() {
 
     // A person puts the file back where it was kept and resumes: read, checked, collected.
     std::fs::rename(&away, &here).unwrap();
-    let seen = format!("result_stalled@{}", held.history_seq);
-    let id = op.id.to_string();
-    let args = [
-        "resume",
-        &id,
-        "--seen",
-        &seen,
-        "--actor",
-        "alice",
-        "--reason",
-        "restored host-a's results",
-    ];
-    let out = support::run_bin(&support::admin_bin(), &env.url, &env.providers, &args, None);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    resume_stalled(&env, &held, "restored host-a's results");
     let done = env.wait_settled(op.id, T).await;
     assert_eq!(done.state, State::Succeeded, "{}", env.logs());
     assert_eq!(
